@@ -1,0 +1,1 @@
+"""kvpilot.collectors."""

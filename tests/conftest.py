@@ -1,0 +1,73 @@
+"""Shared fixtures: real CPU vLLM servers, one per configuration, shared across tests."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import pytest
+
+from kvpilot.rig.server import ServerSpec, VllmServer, free_port
+
+# Tiny-llama KV cost: 2 layers * 2 (K and V) * 2 KV heads * 64 head dim * 2 bytes = 1 KiB a
+# token, so a 32-token block is 32 KiB.
+KV_BYTES_PER_BLOCK = 32 * 1024
+
+# Enough blocks that a moderate load never preempts.
+ROOMY = ServerSpec(port=0, kv_cache_memory_bytes=64 * 1024 * 1024)
+# 63 usable blocks of 32 tokens: 64 requests of ~200 tokens preempt heavily.
+PREEMPTING = ServerSpec(port=0, kv_cache_memory_bytes=None, num_gpu_blocks_override=64)
+
+
+class ServerPool:
+    """Starts each configuration once per session and keeps at most `keep` of them alive."""
+
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
+        self._servers: dict[ServerSpec, VllmServer] = {}
+
+    def get(self, template: ServerSpec) -> VllmServer:
+        if template in self._servers:
+            server = self._servers.pop(template)
+            self._servers[template] = server  # most recently used last
+            if server.process is not None and server.process.poll() is None:
+                return server
+            server.stop()
+            del self._servers[template]
+        while len(self._servers) >= self.keep:
+            oldest = next(iter(self._servers))
+            self._servers.pop(oldest).stop()
+        spec = dataclasses.replace(template, port=free_port(), kvpool_port=free_port())
+        server = VllmServer(spec)
+        server.start()
+        try:
+            server.wait_healthy()
+        except BaseException:
+            server.stop()
+            raise
+        self._servers[template] = server
+        return server
+
+    def close(self) -> None:
+        for server in self._servers.values():
+            server.stop()
+        self._servers.clear()
+
+
+@pytest.fixture(scope="session")
+def server_pool() -> Iterator[ServerPool]:
+    pool = ServerPool()
+    yield pool
+    pool.close()
+
+
+@pytest.fixture
+def vllm_server(server_pool: ServerPool) -> VllmServer:
+    """A real CPU vLLM with the kvpool plugin and a roomy KV pool."""
+    return server_pool.get(ROOMY)
+
+
+@pytest.fixture
+def preempting_vllm_server(server_pool: ServerPool) -> VllmServer:
+    """A real CPU vLLM with the kvpool plugin and 63 usable KV blocks: load preempts."""
+    return server_pool.get(PREEMPTING)
