@@ -1,0 +1,5 @@
+"""`python -m kvpilot.agent` runs the `kvpilot` command."""
+
+from kvpilot.agent.cli import main
+
+main()

@@ -1,0 +1,178 @@
+"""The agent's own `/metrics`: kvpilot_* families built from the latest tick.
+
+This is the only place in the agent that uses prometheus-client. Families are rebuilt from
+the latest snapshot on every scrape, so series whose labels disappeared (an engine gone, a
+GPU process exited) vanish with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+import kvpilot
+from kvpilot.agent.derive import EngineFigures
+from kvpilot.agent.metric_catalog import CATALOG
+from kvpilot.agent.snapshot import SOURCES
+from kvpilot.agent.tick import TickState
+from kvpilot.collectors.errors import SourceError
+from kvpilot.collectors.gpu_samples import GpuSample, NvmlSnapshot
+from kvpilot.collectors.kvpool.client import KvPoolScrape
+from kvpilot.collectors.vllm_metrics import VllmScrape
+
+Family = GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily
+
+
+class _Families:
+    """Families declared in the catalog, created on first use, in catalog order."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, Family] = {}
+
+    def add(self, name: str, labels: Iterable[str], value: float | None) -> None:
+        if value is None:
+            return  # unknown stays absent; never a substituted zero
+        family = self._family(name)
+        family.add_metric(list(labels), value)
+
+    def info(self, name: str, values: dict[str, str]) -> None:
+        family = self._family(name)
+        assert isinstance(family, InfoMetricFamily)
+        family.add_metric([], values)
+
+    def _family(self, name: str) -> Family:
+        if name not in self._made:
+            spec = CATALOG[name]
+            base = name.removesuffix("_total") if spec.kind == "counter" else name
+            base = base.removesuffix("_info") if spec.kind == "info" else base
+            labels = [] if spec.kind == "info" else list(spec.labels)
+            kinds = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
+            maker = kinds.get(spec.kind, InfoMetricFamily)
+            self._made[name] = maker(base, spec.help, labels=labels)
+        return self._made[name]
+
+    def __iter__(self) -> Iterator[Family]:
+        return iter(self._made.values())
+
+
+class AgentCollector(Collector):
+    """A prometheus-client collector over the agent's latest tick."""
+
+    def __init__(self, state: TickState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Family]:
+        out = _Families()
+        out.info("kvpilot_build_info", {"version": kvpilot.__version__})
+        state = self._state
+        out.add("kvpilot_ticks_total", (), state.ticks_total)
+        for (source, reason), count in sorted(state.errors_total.items()):
+            out.add("kvpilot_collector_errors_total", (source, reason), count)
+        snapshot = state.latest
+        if snapshot is not None:
+            for source in SOURCES:
+                value = getattr(snapshot, source)
+                if value is None:
+                    continue  # not configured
+                up = 0.0 if isinstance(value, SourceError) else 1.0
+                out.add("kvpilot_collector_up", (source,), up)
+                duration = snapshot.duration_s(source)
+                out.add("kvpilot_collector_scrape_duration_seconds", (source,), duration)
+            if isinstance(snapshot.vllm, VllmScrape):
+                _vllm(out, snapshot.vllm)
+            if isinstance(snapshot.kvpool, KvPoolScrape):
+                _kvpool(out, snapshot.kvpool)
+            if isinstance(snapshot.nvml, NvmlSnapshot):
+                for gpu in snapshot.nvml.gpus:
+                    _gpu(out, gpu)
+        for figures in state.figures:
+            _figures(out, figures)
+        yield from out
+
+
+def _vllm(out: _Families, scrape: VllmScrape) -> None:
+    if scrape.vllm_version:
+        out.info("kvpilot_vllm_info", {"version": scrape.vllm_version})
+    for e in scrape.engines:
+        key = (e.model_name, e.engine)
+        out.add("kvpilot_kv_usage_ratio", key, e.kv_usage_ratio)
+        out.add("kvpilot_kv_blocks", (*key, "capacity"), e.blocks_total)
+        out.add("kvpilot_kv_blocks", (*key, "free"), e.blocks_free)
+        out.add("kvpilot_kv_block_size_tokens", key, e.block_size)
+        out.add("kvpilot_requests_running", key, e.requests_running)
+        out.add("kvpilot_requests_waiting", key, e.requests_waiting)
+        out.add("kvpilot_preemptions_total", (*key, "vllm"), e.preemptions_total)
+
+
+def _kvpool(out: _Families, scrape: KvPoolScrape) -> None:
+    for e in scrape.engines:
+        key = (e.model_name, e.engine)
+        for state, value in (
+            ("total", e.blocks_total),
+            ("free", e.blocks_free),
+            ("free_cached", e.blocks_free_cached),
+            ("empty", e.blocks_empty),
+        ):
+            out.add("kvpilot_kvpool_blocks", (*key, state), value)
+        out.add("kvpilot_kvpool_longest_free_run_blocks", key, e.longest_free_run_blocks)
+        ratio = e.fragmentation.ratio if e.fragmentation is not None else None
+        out.add("kvpilot_fragmentation_ratio", (*key, "kv_blocks", "", ""), ratio)
+        out.add("kvpilot_internal_fragmentation_slots", key, e.internal_fragmentation_slots)
+        out.add("kvpilot_preemptions_total", (*key, "kvpool"), e.preemptions_total)
+        out.add("kvpilot_last_preemption_timestamp_seconds", key, e.last_preemption_wall_s)
+    for a in scrape.allocators:
+        key = (a.device, a.rank)
+        out.add("kvpilot_fragmentation_ratio", ("", "", "allocator", *key), a.fragmentation_ratio)
+        for state, value in (
+            ("reserved", a.reserved_bytes),
+            ("allocated", a.allocated_bytes),
+            ("inactive_split", a.inactive_split_bytes),
+            ("free_in_reserved", a.free_in_reserved_bytes),
+            ("largest_free_block", a.largest_free_block_bytes),
+        ):
+            out.add("kvpilot_allocator_bytes", (*key, state), value)
+
+
+def _gpu(out: _Families, gpu: GpuSample) -> None:
+    key = (str(gpu.index), gpu.uuid or "")
+    for state, value in (
+        ("total", gpu.total_bytes),
+        ("used", gpu.used_bytes),
+        ("free", gpu.free_bytes),
+        ("reserved", gpu.reserved_bytes),
+    ):
+        out.add("kvpilot_gpu_memory_bytes", (*key, state), value)
+    out.add("kvpilot_gpu_utilization_ratio", (*key, "sm"), gpu.utilization_gpu_ratio)
+    out.add("kvpilot_gpu_utilization_ratio", (*key, "memory"), gpu.utilization_memory_ratio)
+    for process in gpu.processes or ():
+        role = "server" if process.is_server else "neighbour"
+        labels = (*key, str(process.host_pid), role)
+        out.add("kvpilot_gpu_process_memory_bytes", labels, process.used_bytes)
+    for mig in gpu.mig_instances:
+        mig_key = (str(gpu.index), str(mig.mig_index), mig.uuid or "")
+        for state, value in (
+            ("total", mig.total_bytes),
+            ("used", mig.used_bytes),
+            ("free", mig.free_bytes),
+        ):
+            out.add("kvpilot_mig_memory_bytes", (*mig_key, state), value)
+
+
+def _figures(out: _Families, f: EngineFigures) -> None:
+    key = (f.model_name, f.engine)
+    out.add("kvpilot_preemption_rate_per_second", (*key, "vllm"), f.preemption_rate_per_s)
+    out.add("kvpilot_preemption_rate_per_second", (*key, "kvpool"), f.kvpool_preemption_rate_per_s)
+    out.add("kvpilot_prefix_cache_hit_ratio", key, f.prefix_cache_hit_ratio)
+    out.add("kvpilot_generation_tokens_per_second", key, f.generation_tokens_per_s)
+    out.add("kvpilot_iterations_per_second", key, f.iterations_per_s)
+    for metric, q, value in f.latency_quantiles_s:
+        out.add("kvpilot_latency_seconds", (*key, metric, f"{q:g}"), value)
+
+
+def build_registry(state: TickState) -> CollectorRegistry:
+    """A private registry holding only the agent's collector (no process/platform noise)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AgentCollector(state))
+    return registry

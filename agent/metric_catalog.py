@@ -1,0 +1,178 @@
+"""Every metric family the agent exports, in one table: name, type, labels, meaning.
+
+`exposition.py` builds families from this table (and refuses a name that is not in it);
+the README's metric table is generated from it (`kvpilot metrics-table`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["gauge", "counter", "info"]
+
+ENGINE = ("model_name", "engine")
+GPU = ("gpu", "uuid")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str
+    kind: Kind
+    labels: tuple[str, ...]
+    help: str
+
+
+_SPECS = (
+    # The agent itself.
+    MetricSpec("kvpilot_build_info", "info", ("version",), "kvpilot's version."),
+    MetricSpec(
+        "kvpilot_collector_up",
+        "gauge",
+        ("source",),
+        "1 when the source's last read succeeded, 0 when it failed (see errors_total).",
+    ),
+    MetricSpec(
+        "kvpilot_collector_scrape_duration_seconds",
+        "gauge",
+        ("source",),
+        "Time the source's last read took.",
+    ),
+    MetricSpec(
+        "kvpilot_collector_errors_total",
+        "counter",
+        ("source", "reason"),
+        "Failed reads by source and reason (refused, timeout, http_status, not_metrics, "
+        "parse_error, stats_disabled, unavailable, error) and NVML call errors.",
+    ),
+    MetricSpec("kvpilot_ticks_total", "counter", (), "Collection ticks the agent has completed."),
+    # vLLM /metrics, per engine.
+    MetricSpec("kvpilot_vllm_info", "info", ("version",), "The vLLM server's version."),
+    MetricSpec("kvpilot_kv_usage_ratio", "gauge", ENGINE, "KV-cache usage, 0..1 (vLLM's figure)."),
+    MetricSpec(
+        "kvpilot_kv_blocks",
+        "gauge",
+        (*ENGINE, "state"),
+        "KV blocks by state: capacity and free (from vLLM: num_gpu_blocks less the null block, "
+        "and the usage ratio).",
+    ),
+    MetricSpec("kvpilot_kv_block_size_tokens", "gauge", ENGINE, "Tokens per KV block."),
+    MetricSpec("kvpilot_requests_running", "gauge", ENGINE, "Requests in the running batch."),
+    MetricSpec("kvpilot_requests_waiting", "gauge", ENGINE, "Requests waiting to be scheduled."),
+    MetricSpec(
+        "kvpilot_preemptions_total",
+        "counter",
+        (*ENGINE, "counter"),
+        'Preemptions: counter="vllm" is vLLM\'s own (it lags until the victim produces '
+        'output again), counter="kvpool" is the plugin\'s, counted where the scheduler preempts.',
+    ),
+    MetricSpec(
+        "kvpilot_preemption_rate_per_second",
+        "gauge",
+        (*ENGINE, "counter"),
+        "Preemptions per second over the agent's rate window.",
+    ),
+    MetricSpec(
+        "kvpilot_prefix_cache_hit_ratio",
+        "gauge",
+        ENGINE,
+        "Prefix-cache hits over queries in the agent's rate window.",
+    ),
+    MetricSpec(
+        "kvpilot_generation_tokens_per_second",
+        "gauge",
+        ENGINE,
+        "Output tokens per second over the agent's rate window.",
+    ),
+    MetricSpec(
+        "kvpilot_iterations_per_second",
+        "gauge",
+        ENGINE,
+        "Engine steps per second over the rate window: the progress heartbeat.",
+    ),
+    MetricSpec(
+        "kvpilot_latency_seconds",
+        "gauge",
+        (*ENGINE, "metric", "quantile"),
+        "Latency quantiles over the agent's window from vLLM's histograms: metric is ttft, "
+        "inter_token, e2e or queue.",
+    ),
+    # kvpool, the in-engine plugin.
+    MetricSpec(
+        "kvpilot_kvpool_blocks",
+        "gauge",
+        (*ENGINE, "state"),
+        "KV blocks counted in the engine's block pool: state is total, free, free_cached, "
+        "empty (block 0, the null block, never counted).",
+    ),
+    MetricSpec(
+        "kvpilot_kvpool_longest_free_run_blocks",
+        "gauge",
+        ENGINE,
+        "The longest run of consecutive free block ids.",
+    ),
+    MetricSpec(
+        "kvpilot_fragmentation_ratio",
+        "gauge",
+        (*ENGINE, "source", "device", "rank"),
+        "1 - largest contiguous free / total free. source=kv_blocks: block ids in the KV pool "
+        "(absent while fewer than max(16, 2 % of total) blocks are free); source=allocator: "
+        "the CUDA caching allocator's reserved segments, per device and worker rank.",
+    ),
+    MetricSpec(
+        "kvpilot_internal_fragmentation_slots",
+        "gauge",
+        ENGINE,
+        "Token slots reserved but unused in the last block of each running request.",
+    ),
+    MetricSpec(
+        "kvpilot_last_preemption_timestamp_seconds",
+        "gauge",
+        ENGINE,
+        "Wall time of the latest preemption, taken in the engine.",
+    ),
+    MetricSpec(
+        "kvpilot_allocator_bytes",
+        "gauge",
+        ("device", "rank", "state"),
+        "CUDA caching allocator in the process owning the device: state is reserved, "
+        "allocated, inactive_split, free_in_reserved, largest_free_block.",
+    ),
+    # NVML.
+    MetricSpec(
+        "kvpilot_gpu_memory_bytes",
+        "gauge",
+        (*GPU, "state"),
+        "GPU memory by state: total, used, free, reserved (reserved needs NVML's v2 call).",
+    ),
+    MetricSpec(
+        "kvpilot_gpu_utilization_ratio",
+        "gauge",
+        (*GPU, "unit"),
+        "GPU utilisation over NVML's last sample period: unit is sm or memory.",
+    ),
+    MetricSpec(
+        "kvpilot_gpu_process_memory_bytes",
+        "gauge",
+        (*GPU, "pid", "role"),
+        "Memory of each compute process on the GPU: role is server (the vLLM server's "
+        "processes) or neighbour.",
+    ),
+    MetricSpec(
+        "kvpilot_mig_memory_bytes",
+        "gauge",
+        ("gpu", "mig", "uuid", "state"),
+        "MIG instance memory by state: total, used, free.",
+    ),
+)
+
+CATALOG: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
+
+
+def markdown_table() -> str:
+    """The README's table of every metric."""
+    rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for spec in _SPECS:
+        labels = ", ".join(f"`{label}`" for label in spec.labels) or "-"
+        rows.append(f"| `{spec.name}` | {spec.kind} | {labels} | {spec.help} |")
+    return "\n".join(rows)
