@@ -1,0 +1,80 @@
+"""Values passed between the sidecar loop's parts: conditions, alerts, instances, outbox rows."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+Labels = tuple[tuple[str, str], ...]  # sorted by name
+AlertState = Literal["inactive", "pending", "firing", "resolved"]
+Role = Literal["stable", "canary"]
+
+
+def labels_of(mapping: Mapping[str, str]) -> Labels:
+    return tuple(sorted((str(k), str(v)) for k, v in mapping.items()))
+
+
+def fingerprint(labels: Labels) -> str:
+    """A stable id for an alert: the hash of its sorted labels (alertname included)."""
+    text = "\x1f".join(f"{k}\x1e{v}" for k, v in sorted(labels))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """What one rule says about one target at one tick.
+
+    `active` is None when the rule cannot tell (a source is down, a guard holds); `reason`
+    says why. Unknown is never treated as healthy: an alert that is pending or firing stays
+    so while its condition is unknown.
+    """
+
+    rule: str
+    labels: Labels  # alertname and the target's labels (instance, model_name, engine, ...)
+    active: bool | None
+    value: float | None
+    summary: str
+    reason: str | None = None
+    annotations: Labels = ()
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.labels)
+
+
+@dataclass(frozen=True, slots=True)
+class AlertEvent:
+    """A notification-worthy change of one alert: it fired, is still firing, or resolved.
+
+    `incident_id` is the same for every event of one firing episode; receivers
+    de-duplicate on (fingerprint, starts_at_wall_s, status).
+    """
+
+    fingerprint: str
+    incident_id: str
+    status: Literal["firing", "resolved"]
+    labels: Labels
+    annotations: Labels
+    starts_at_wall_s: float
+    ends_at_wall_s: float | None
+    generator_url: str
+
+    @property
+    def dedup_key(self) -> str:
+        return f"{self.fingerprint}:{self.starts_at_wall_s:.3f}:{self.status}"
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """One vLLM server a runtime knows about. `pids` are in the agent's PID namespace."""
+
+    name: str
+    role: Role
+    url: str
+    kvpool_url: str | None
+    pids: frozenset[int]
+    main_pid: int | None
+    argv: tuple[str, ...] | None
+    started_at_wall_s: float | None
