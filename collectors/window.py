@@ -1,0 +1,164 @@
+"""The rolling window: timestamped samples per engine, turned into rates and quantiles.
+
+Time comes only from the samples' monotonic ``taken_at_s``; the window never reads a clock.
+A span ``span_s`` ending at the newest sample of a series covers the samples taken in
+``[newest - span_s, newest]``.
+
+Rates are Prometheus ``rate()``/``increase()`` without extrapolation: the increase is the
+sum of the differences between consecutive samples in the span, where a counter that went
+down counts from zero (a restart), and the rate divides it by the time between the span's
+first and last sample. Prometheus extrapolates to the span's edges, which makes
+``increase()`` of an integer counter fractional; here the figure is exactly what the
+server counted between two scrapes, which is what rules about preemptions need.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from itertools import pairwise
+from typing import Any, Protocol
+
+from kvpilot.collectors.histogram import Histogram, add, delta, quantile
+
+Key = tuple[str, str]
+DEFAULT_QUANTILES = (0.5, 0.95, 0.99)
+
+
+class Sample(Protocol):
+    """What the window needs of a sample: a key and a monotonic stamp."""
+
+    @property
+    def key(self) -> Key: ...
+
+    @property
+    def taken_at_s(self) -> float: ...
+
+
+class Scrape(Protocol):
+    """What the window needs of a scrape: a stamp and the samples taken then."""
+
+    @property
+    def taken_at_s(self) -> float: ...
+
+    @property
+    def engines(self) -> Sequence[Sample]: ...
+
+
+class RollingWindow:
+    """Samples per key over the last ``retention_s`` seconds; not thread-safe (one tick owns it)."""
+
+    def __init__(self, retention_s: float) -> None:
+        if retention_s <= 0:
+            raise ValueError("retention_s must be positive")
+        self.retention_s = retention_s
+        self._series: dict[Key, deque[Sample]] = {}
+        self._last_at_s: float | None = None
+
+    def add(self, scrape: Scrape) -> None:
+        """Append a scrape's samples, trim old ones, and drop engines the scrape no longer has."""
+        now = scrape.taken_at_s
+        if self._last_at_s is not None and now <= self._last_at_s:
+            raise ValueError(f"scrape at {now} is not newer than the last one at {self._last_at_s}")
+        self._last_at_s = now
+        horizon = now - self.retention_s
+        seen = set()
+        for sample in scrape.engines:
+            key = sample.key
+            seen.add(key)
+            series = self._series.get(key)
+            if series is None:
+                series = self._series[key] = deque()
+            series.append(sample)
+            while series[0].taken_at_s < horizon:
+                series.popleft()
+        if len(seen) != len(self._series):
+            for key in [k for k in self._series if k not in seen]:
+                del self._series[key]
+
+    def keys(self) -> list[Key]:
+        """The engines the latest scrape reported."""
+        return list(self._series)
+
+    def latest(self, key: Key) -> Sample | None:
+        """The newest sample of an engine."""
+        series = self._series.get(key)
+        return series[-1] if series else None
+
+    def samples(self, key: Key, span_s: float | None = None) -> list[Sample]:
+        """The samples of an engine, oldest first, within ``span_s`` of the newest if given."""
+        series = self._series.get(key)
+        if not series:
+            return []
+        if span_s is None:
+            return list(series)
+        start = series[-1].taken_at_s - span_s
+        out = []
+        for sample in reversed(series):
+            if sample.taken_at_s < start:
+                break
+            out.append(sample)
+        out.reverse()
+        return out
+
+    def increase(self, key: Key, field: str, span_s: float) -> float | None:
+        """How much a counter grew over the span, resets counted from 0; None below two values."""
+        points = _values(self.samples(key, span_s), field)
+        return _increase(points) if len(points) >= 2 else None
+
+    def rate(self, key: Key, field: str, span_s: float) -> float | None:
+        """Per-second increase of a counter over the span; None below two values."""
+        points = _values(self.samples(key, span_s), field)
+        if len(points) < 2:
+            return None
+        return _increase(points) / (points[-1][0] - points[0][0])  # stamps strictly increase
+
+    def histogram_over(self, key: Key, field: str, span_s: float) -> Histogram | None:
+        """The observations a cumulative histogram gained over the span; None below two values."""
+        points = _values(self.samples(key, span_s), field)
+        if len(points) < 2:
+            return None
+        hists: list[Histogram] = [h for _, h in points]
+        if all(b.count >= a.count for a, b in pairwise(hists)):
+            return delta(hists[-1], hists[0])  # no reset seen: one difference does it
+        total = delta(hists[1], hists[0])
+        for older, newer in pairwise(hists[1:]):
+            step = delta(newer, older)
+            summed = add(total, step)
+            total = step if summed is None else summed  # a new bucket layout starts over
+        return total
+
+    def quantiles(
+        self, key: Key, field: str, span_s: float, qs: Iterable[float] = DEFAULT_QUANTILES
+    ) -> dict[float, float | None]:
+        """Quantiles of the observations made during the span (as ``histogram_quantile``)."""
+        h = self.histogram_over(key, field, span_s)
+        return {q: (quantile(q, h) if h is not None else None) for q in qs}
+
+
+def quantiles_since_start(
+    sample: object, field: str, qs: Iterable[float] = DEFAULT_QUANTILES
+) -> dict[float, float | None]:
+    """Quantiles of everything a histogram saw since the server started (one scrape is enough)."""
+    h = getattr(sample, field)
+    return {q: (quantile(q, h) if h is not None else None) for q in qs}
+
+
+def _increase(points: list[tuple[float, float]]) -> float:
+    """Sum of consecutive differences; a value below its predecessor is a reset, counted from 0."""
+    total = 0.0
+    prev = points[0][1]
+    for _, value in points[1:]:
+        total += value - prev if value >= prev else value
+        prev = value
+    return total
+
+
+def _values(samples: list[Sample], field: str) -> list[tuple[float, Any]]:
+    """``(taken_at_s, value)`` of the samples where ``field`` is known."""
+    out = []
+    for s in samples:
+        value = getattr(s, field)
+        if value is not None:
+            out.append((s.taken_at_s, value))
+    return out
