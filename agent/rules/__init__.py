@@ -1,0 +1,1 @@
+"""The rules: each turns one tick's snapshot and windows into conditions."""

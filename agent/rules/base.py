@@ -1,0 +1,166 @@
+"""What every rule shares: the context of one evaluation, the protocol, and condition builders.
+
+A rule keeps only what it needs across ticks (the targets it saw, a history the windows do
+not hold); the engine owns one instance of each rule for the agent's lifetime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from kvpilot.agent.derive import EngineFigures
+from kvpilot.agent.model import Condition, Instance, Labels, labels_of
+from kvpilot.agent.snapshot import Snapshot
+from kvpilot.collectors.errors import SourceError
+from kvpilot.collectors.window import RollingWindow
+
+
+@dataclass(frozen=True, slots=True)
+class RuleContext:
+    """Everything one rule sees at one tick, for one instance; every rule sees the same."""
+
+    snapshot: Snapshot
+    vllm_window: RollingWindow
+    kvpool_window: RollingWindow
+    figures: tuple[EngineFigures, ...]
+    instance: Instance
+
+    @property
+    def now_s(self) -> float:
+        """Monotonic time of this tick: the snapshot's stamp."""
+        return self.snapshot.taken_at_s
+
+
+class Rule(Protocol):
+    """Turns one tick's context into conditions: active, inactive, or unknown with a reason."""
+
+    name: str
+
+    def evaluate(self, ctx: RuleContext) -> list[Condition]: ...
+
+
+def source_error_text(error: SourceError) -> str:
+    """A reason for conditions a failed source leaves unknown."""
+    return f"{error.source} source down ({error.kind}): {error.message}"
+
+
+class ConditionMaker:
+    """Builds one rule's conditions with its alertname, severity, user labels and runbook."""
+
+    def __init__(
+        self,
+        *,
+        rule: str,
+        alertname: str,
+        severity: str,
+        user_labels: Mapping[str, str],
+        runbook: str,
+    ) -> None:
+        self.rule = rule
+        self.alertname = alertname
+        self._severity = severity
+        self._user_labels = dict(user_labels)
+        self._runbook = runbook
+        # Targets seen per instance, so a source outage makes them unknown, not absent.
+        self._known: dict[str, dict[Labels, None]] = {}
+
+    def labels(self, ctx: RuleContext, target: Mapping[str, str]) -> Labels:
+        """The alert's labels: user labels first, then kvpilot's own (which win)."""
+        return labels_of(
+            {
+                **self._user_labels,
+                **target,
+                "alertname": self.alertname,
+                "instance": ctx.instance.name,
+                "role": ctx.instance.role,
+                "severity": self._severity,
+            }
+        )
+
+    def condition(
+        self,
+        ctx: RuleContext,
+        target: Mapping[str, str],
+        *,
+        active: bool | None,
+        value: float | None,
+        summary: str,
+        description: str,
+        reason: str | None = None,
+        extra: Mapping[str, str] | None = None,
+    ) -> Condition:
+        """One condition about one target; its labels are remembered for outages."""
+        labels = self.labels(ctx, target)
+        self._known.setdefault(ctx.instance.name, {})[labels] = None
+        annotations = {
+            **(extra or {}),
+            "summary": summary,
+            "description": description,
+            "runbook": self._runbook,
+        }
+        if reason is not None:
+            annotations["unknown_reason"] = reason
+        return Condition(
+            rule=self.rule,
+            labels=labels,
+            active=active,
+            value=value,
+            summary=summary,
+            reason=reason,
+            annotations=labels_of(annotations),
+        )
+
+    def was_seen(self, ctx: RuleContext, target: Mapping[str, str]) -> bool:
+        """Whether this target had a condition at the last successful read."""
+        return self.labels(ctx, target) in self._known.get(ctx.instance.name, {})
+
+    def forget_except(self, ctx: RuleContext, seen: list[Condition]) -> None:
+        """After a successful read: targets not reported any more are gone."""
+        self._known[ctx.instance.name] = {c.labels: None for c in seen}
+
+    def unknown_all(self, ctx: RuleContext, reason: str) -> list[Condition]:
+        """Unknown for every target seen before, or one instance-level unknown if none."""
+        known = self._known.get(ctx.instance.name)
+        summary = f"{self.alertname} unknown on {ctx.instance.name}: {reason}"
+        annotations = labels_of(
+            {
+                "summary": summary,
+                "description": summary,
+                "runbook": self._runbook,
+                "unknown_reason": reason,
+            }
+        )
+        if not known:
+            return [
+                Condition(
+                    rule=self.rule,
+                    labels=self.labels(ctx, {}),
+                    active=None,
+                    value=None,
+                    summary=summary,
+                    reason=reason,
+                    annotations=annotations,
+                )
+            ]
+        return [
+            Condition(
+                rule=self.rule,
+                labels=labels,
+                active=None,
+                value=None,
+                summary=summary,
+                reason=reason,
+                annotations=annotations,
+            )
+            for labels in known
+        ]
+
+
+def fmt_ratio(value: float) -> str:
+    return f"{value:.3f}"
+
+
+def fmt_bytes(value: float) -> str:
+    return f"{value / (1024 * 1024):.1f} MiB"

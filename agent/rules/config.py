@@ -1,0 +1,284 @@
+"""Settings of every rule: thresholds, `for` durations, labels, severity and action.
+
+Each rule has one model; `RulesConfig` groups them with the product's defaults. Units are in
+the field names. The `action` of a rule is one of the actions that rule supports:
+
+* `alert`: notify only.
+* `restart`: the restart ladder (the light step where vLLM offers one and the user enabled
+  it, then drain, restart and verify), under the remediation guards.
+* `ladder` (preemption spike only): alert; promote a validated better configuration if the
+  tuner holds one; restart with the same flags only for the capacity-leak signature (KV
+  usage high while few requests run); otherwise recommend a tuning run.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Severity = Literal["info", "warning", "critical"]
+# Labels a rule sets itself; a user label may not replace them.
+RESERVED_LABELS = frozenset(
+    {"alertname", "instance", "role", "model_name", "engine", "source", "gpu", "severity"}
+)
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+MIB = 1024 * 1024
+
+
+class _RuleBase(BaseModel):
+    """What every rule has: on/off, a `for` duration, extra labels and a severity."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(True, description="Evaluate this rule.")
+    for_s: float = Field(
+        60.0,
+        ge=0,
+        description="How long the condition must hold without a break before the alert "
+        "fires (Prometheus `for`); 0 fires on the first tick it holds.",
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra labels added to this rule's alerts (for routing in receivers).",
+    )
+    severity: Severity = Field("warning", description="The `severity` label of the alert.")
+
+    @field_validator("labels")
+    @classmethod
+    def _check_labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        for name in labels:
+            if not _LABEL_NAME.match(name):
+                raise ValueError(
+                    f"label name {name!r} is not a valid Prometheus label name "
+                    "(letters, digits and underscores, not starting with a digit)"
+                )
+            if name in RESERVED_LABELS or name.startswith("__"):
+                raise ValueError(
+                    f"label {name!r} is set by kvpilot itself and cannot be overridden"
+                )
+        return labels
+
+
+class FragmentationSourceRule(_RuleBase):
+    """Fragmentation (1 - largest contiguous free / total free) of one pool above a threshold."""
+
+    threshold_ratio: float = Field(
+        0.30,
+        gt=0,
+        lt=1,
+        description="Alert when the fragmentation rate is above this (0..1).",
+    )
+    for_s: float = Field(
+        120.0, ge=0, description="How long the rate must stay above the threshold before firing."
+    )
+    action: Literal["alert", "restart"] = Field(
+        "alert", description="`alert` notifies only; `restart` runs the restart ladder."
+    )
+
+
+class FragmentationRule(BaseModel):
+    """Fragmentation per source: the KV block pool and the CUDA caching allocator."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kv_blocks: FragmentationSourceRule = Field(
+        default_factory=FragmentationSourceRule,
+        description="The KV block pool (from the kvpool plugin). Paged attention can use any "
+        "free block, and the load scatters the free list again after a restart: alert only "
+        "unless configured.",
+    )
+    allocator: FragmentationSourceRule = Field(
+        default_factory=lambda: FragmentationSourceRule(action="restart"),
+        description="The CUDA caching allocator (GPU only): free memory that cannot be "
+        "allocated; a restart gives it back contiguous memory, so the default is the restart "
+        "ladder.",
+    )
+
+
+class PreemptionSpikeRule(_RuleBase):
+    """Preemption rate over a short window above a floor and above a multiple of its baseline."""
+
+    for_s: float = Field(
+        0.0,
+        ge=0,
+        description="How long the spike must last before firing; the rate is already taken "
+        "over `window_s`, so the default fires at once.",
+    )
+    window_s: float = Field(30.0, gt=0, description="The short window the rate is taken over.")
+    baseline_window_s: float = Field(
+        600.0,
+        gt=0,
+        description="The recent past the baseline rate is taken over (ending where the short "
+        "window starts). Limited by the agent's window retention.",
+    )
+    floor_per_s: float = Field(
+        0.1,
+        ge=0,
+        description="The absolute floor: the short-window rate (preemptions per second) must "
+        "be above it.",
+    )
+    baseline_multiple: float = Field(
+        3.0,
+        ge=1,
+        description="The short-window rate must also be above this multiple of the baseline "
+        "rate. Without a baseline yet (a fresh server) the floor alone decides.",
+    )
+    capacity_leak_usage_ratio: float = Field(
+        0.90,
+        gt=0,
+        le=1,
+        description="Capacity-leak signature, first half: KV usage at or above this "
+        "(with at most `capacity_leak_max_running` requests running).",
+    )
+    capacity_leak_max_running: int = Field(
+        2,
+        ge=0,
+        description="Capacity-leak signature, second half: at most this many requests running "
+        "(with KV usage at or above `capacity_leak_usage_ratio`). Only this signature makes "
+        "the `ladder` action restart with the same flags.",
+    )
+    action: Literal["alert", "ladder", "restart"] = Field(
+        "ladder",
+        description="`ladder`: alert, promote a validated better configuration if the tuner "
+        "has one, restart only for the capacity-leak signature, else recommend tuning; "
+        "`restart`: the restart ladder whatever the signature; `alert`: notify only.",
+    )
+
+    @model_validator(mode="after")
+    def _baseline_longer(self) -> PreemptionSpikeRule:
+        if self.baseline_window_s <= self.window_s:
+            raise ValueError(
+                f"baseline_window_s ({self.baseline_window_s}) must be longer than "
+                f"window_s ({self.window_s})"
+            )
+        return self
+
+
+class KvSaturationRule(_RuleBase):
+    """KV cache usage near 1 while requests wait for room."""
+
+    usage_threshold_ratio: float = Field(
+        0.98,
+        gt=0,
+        le=1,
+        description="Alert when KV cache usage is at or above this (0..1) and at least "
+        "`min_waiting` requests wait.",
+    )
+    min_waiting: int = Field(
+        1, ge=1, description="The fewest waiting requests that count as saturation."
+    )
+    action: Literal["alert", "restart"] = Field(
+        "alert", description="`alert` notifies only; `restart` runs the restart ladder."
+    )
+
+
+class EngineStallRule(_RuleBase):
+    """Requests waiting or running while the engine's iteration counter does not move."""
+
+    stall_s: float = Field(
+        30.0,
+        gt=0,
+        description="Alert when the iteration counter has not moved for this long while "
+        "requests wait or run (`/health` stays 200 when the engine is wedged).",
+    )
+    for_s: float = Field(
+        0.0, ge=0, description="Extra time the stall must last before firing, after `stall_s`."
+    )
+    severity: Severity = Field("critical", description="The `severity` label of the alert.")
+    action: Literal["alert", "restart"] = Field(
+        "alert", description="`alert` notifies only; `restart` runs the restart ladder."
+    )
+
+
+class GpuMemoryGrowthRule(_RuleBase):
+    """The vLLM process's GPU memory growing beyond weights + KV pool: a leak slope."""
+
+    window_s: float = Field(
+        1800.0, gt=0, description="The long window the growth slope is fitted over."
+    )
+    min_coverage_ratio: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="The slope is unknown until samples cover at least this share of `window_s`.",
+    )
+    slope_threshold_bytes_per_s: float = Field(
+        float(MIB) / 60.0,
+        gt=0,
+        description="Alert when the least-squares slope of the process's GPU memory is above "
+        "this (default 1 MiB per minute) and it grew by at least `min_growth_bytes`.",
+    )
+    min_growth_bytes: int = Field(
+        256 * MIB,
+        ge=0,
+        description="The least growth over the window (newest minus oldest) that counts.",
+    )
+    for_s: float = Field(300.0, ge=0, description="How long the growth must last before firing.")
+    action: Literal["alert", "restart"] = Field(
+        "alert", description="`alert` notifies only; `restart` runs the restart ladder."
+    )
+
+
+class GpuNeighbourPressureRule(_RuleBase):
+    """Other processes on the server's GPU holding memory the server would need to start again."""
+
+    margin_ratio: float = Field(
+        0.05,
+        ge=0,
+        lt=1,
+        description="Alert when the memory left to the server after a stop (total minus the "
+        "neighbours' use) is below what it needs at start-up (gpu_memory_utilization x "
+        "total) plus this margin of it.",
+    )
+    for_s: float = Field(30.0, ge=0, description="How long the pressure must last before firing.")
+    action: Literal["alert"] = Field(
+        "alert",
+        description="Only `alert`: a restart would not get the memory back and could leave "
+        "the server unable to start.",
+    )
+
+
+class RulesConfig(BaseModel):
+    """Every rule, with the product's defaults."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fragmentation: FragmentationRule = Field(
+        default_factory=FragmentationRule,
+        description="Fragmentation rate above 0.30, sustained, per source.",
+    )
+    preemption_spike: PreemptionSpikeRule = Field(
+        default_factory=PreemptionSpikeRule,
+        description="Preemption spike (from the plugin's lag-free counter where present, "
+        "else vLLM's).",
+    )
+    kv_saturation: KvSaturationRule = Field(
+        default_factory=KvSaturationRule,
+        description="KV cache usage near 1 with requests waiting.",
+    )
+    engine_stall: EngineStallRule = Field(
+        default_factory=EngineStallRule,
+        description="Requests waiting or running while the engine makes no progress.",
+    )
+    gpu_memory_growth: GpuMemoryGrowthRule = Field(
+        default_factory=GpuMemoryGrowthRule,
+        description="GPU memory of the vLLM process growing beyond weights + KV pool.",
+    )
+    gpu_neighbour_pressure: GpuNeighbourPressureRule = Field(
+        default_factory=GpuNeighbourPressureRule,
+        description="Other processes on the same GPU taking memory the server needs to restart.",
+    )
+
+    def for_s_by_rule(self) -> dict[str, float]:
+        """Each rule's name (as conditions carry it) and its `for` duration."""
+        return {
+            "fragmentation_kv_blocks": self.fragmentation.kv_blocks.for_s,
+            "fragmentation_allocator": self.fragmentation.allocator.for_s,
+            "preemption_spike": self.preemption_spike.for_s,
+            "kv_saturation": self.kv_saturation.for_s,
+            "engine_stall": self.engine_stall.for_s,
+            "gpu_memory_growth": self.gpu_memory_growth.for_s,
+            "gpu_neighbour_pressure": self.gpu_neighbour_pressure.for_s,
+        }

@@ -1,0 +1,309 @@
+"""GPU memory rules from NVML: the server's growth (a leak slope) and neighbour pressure.
+
+A memory domain is a GPU, or each MIG instance of a GPU that has them. The server's
+processes in a domain are those NVML marks as the server's (and, when the instance lists its
+PIDs, among them); every other process is a neighbour. Weights and the KV pool are allocated
+at start-up and stay, so growth of the server's total after that is growth beyond them.
+Without NVML on this machine (`unavailable`) the rules have nothing to evaluate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from kvpilot.agent.model import Condition
+from kvpilot.agent.rules.base import ConditionMaker, RuleContext, fmt_bytes, source_error_text
+from kvpilot.agent.rules.config import GpuMemoryGrowthRule as GrowthConfig
+from kvpilot.agent.rules.config import GpuNeighbourPressureRule as PressureConfig
+from kvpilot.collectors.errors import SourceError
+from kvpilot.collectors.gpu_samples import GpuProcess, NvmlSnapshot
+from kvpilot.collectors.vllm_metrics import VllmScrape
+
+GROWTH_ALERTNAME = "GpuMemoryGrowth"
+PRESSURE_ALERTNAME = "GpuNeighbourPressure"
+GROWTH_RUNBOOK = (
+    "The vLLM process keeps taking GPU memory after start-up, beyond its weights and KV "
+    "pool: a leak (custom logits processors, LoRA adapters, growing CUDA graph pools). "
+    "Compare with the allocator figures; a drained restart returns the memory, and the "
+    "slope says how long until the next OOM."
+)
+PRESSURE_RUNBOOK = (
+    "Other processes on this GPU hold memory the server needs to start again: a restart now "
+    "would fail with 'Free memory on device ... is less than desired GPU memory "
+    "utilization'. Move or stop the neighbours, or lower gpu_memory_utilization, before "
+    "any restart; kvpilot's restart pre-flight blocks restarts meanwhile."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Domain:
+    """One memory domain as the rules see it."""
+
+    gpu: str
+    total_bytes: int | None
+    free_bytes: int | None
+    reserved_bytes: int | None
+    processes: tuple[GpuProcess, ...] | None
+
+
+def domains(nvml: NvmlSnapshot) -> Iterator[Domain]:
+    """The GPUs, with a MIG-enabled GPU replaced by its instances."""
+    for gpu in nvml.gpus:
+        if gpu.mig_instances:
+            for mig in gpu.mig_instances:
+                yield Domain(
+                    gpu=f"{gpu.index}/mig{mig.mig_index}",
+                    total_bytes=mig.total_bytes,
+                    free_bytes=mig.free_bytes,
+                    reserved_bytes=None,
+                    processes=mig.processes,
+                )
+        else:
+            yield Domain(
+                gpu=str(gpu.index),
+                total_bytes=gpu.total_bytes,
+                free_bytes=gpu.free_bytes,
+                reserved_bytes=gpu.reserved_bytes,
+                processes=gpu.processes,
+            )
+
+
+def split_processes(
+    processes: tuple[GpuProcess, ...], pids: frozenset[int]
+) -> tuple[list[GpuProcess], list[GpuProcess]]:
+    """(the server's processes, the neighbours)."""
+    mine, others = [], []
+    for process in processes:
+        ours = process.is_server and (not pids or process.container_pid in pids)
+        (mine if ours else others).append(process)
+    return mine, others
+
+
+def used_sum(processes: list[GpuProcess]) -> int | None:
+    """Total used bytes; None when any process's figure is unknown."""
+    if any(p.used_bytes is None for p in processes):
+        return None
+    return sum(p.used_bytes or 0 for p in processes)
+
+
+def slope_per_s(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (t, value) points; at least two distinct times."""
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    var_t = sum((t - mean_t) ** 2 for t, _ in points)
+    cov = sum((t - mean_t) * (v - mean_v) for t, v in points)
+    return cov / var_t
+
+
+class _NvmlRule:
+    """Shared walk over the domains where the instance's server runs."""
+
+    name: str
+
+    def __init__(self, maker: ConditionMaker) -> None:
+        self._maker = maker
+
+    def evaluate(self, ctx: RuleContext) -> list[Condition]:
+        nvml = ctx.snapshot.nvml
+        if isinstance(nvml, SourceError):
+            if nvml.kind == "unavailable":
+                return []
+            return self._maker.unknown_all(ctx, source_error_text(nvml))
+        out = []
+        for domain in domains(nvml):
+            if domain.processes is None:
+                if self._maker.was_seen(ctx, {"gpu": domain.gpu}):
+                    out.append(self._unknown(ctx, domain, "NVML could not list the processes"))
+                continue
+            mine, others = split_processes(domain.processes, ctx.instance.pids)
+            if mine:
+                out.append(self._domain(ctx, domain, mine, others, nvml.taken_at_s))
+        self._maker.forget_except(ctx, out)
+        return out
+
+    def _domain(
+        self,
+        ctx: RuleContext,
+        domain: Domain,
+        mine: list[GpuProcess],
+        others: list[GpuProcess],
+        taken_at_s: float,
+    ) -> Condition:
+        raise NotImplementedError
+
+    def _unknown(self, ctx: RuleContext, domain: Domain, reason: str) -> Condition:
+        summary = f"{self._maker.alertname} unknown on GPU {domain.gpu} of {ctx.instance.name}: "
+        return self._maker.condition(
+            ctx,
+            {"gpu": domain.gpu},
+            active=None,
+            value=None,
+            summary=summary + reason,
+            description=summary + reason,
+            reason=reason,
+        )
+
+
+class GpuMemoryGrowthRule(_NvmlRule):
+    """The server's GPU memory slope over `window_s` above the threshold, and enough growth."""
+
+    name = "gpu_memory_growth"
+
+    def __init__(self, config: GrowthConfig) -> None:
+        super().__init__(
+            ConditionMaker(
+                rule=self.name,
+                alertname=GROWTH_ALERTNAME,
+                severity=config.severity,
+                user_labels=config.labels,
+                runbook=GROWTH_RUNBOOK,
+            )
+        )
+        self.config = config
+        # (instance, gpu) -> (the server's host PIDs, (taken_at_s, used_bytes) readings).
+        self._history: dict[tuple[str, str], tuple[frozenset[int], deque[tuple[float, int]]]] = {}
+
+    def _domain(
+        self,
+        ctx: RuleContext,
+        domain: Domain,
+        mine: list[GpuProcess],
+        others: list[GpuProcess],
+        taken_at_s: float,
+    ) -> Condition:
+        cfg = self.config
+        used = used_sum(mine)
+        if used is None:
+            return self._unknown(ctx, domain, "NVML does not report per-process memory here")
+        pids = frozenset(p.host_pid for p in mine)
+        key = (ctx.instance.name, domain.gpu)
+        known = self._history.get(key)
+        if known is None or known[0] != pids:
+            known = self._history[key] = (pids, deque())  # a new server starts a new history
+        history = known[1]
+        if not history or history[-1][0] < taken_at_s:
+            history.append((taken_at_s, used))
+        while history and history[0][0] < taken_at_s - cfg.window_s:
+            history.popleft()
+        covered_s = history[-1][0] - history[0][0]
+        needed_s = cfg.window_s * cfg.min_coverage_ratio
+        if covered_s < needed_s or len(history) < 2:
+            reason = f"collecting history: {covered_s:g} s of the {needed_s:g} s needed"
+            return self._unknown(ctx, domain, reason)
+        points = [(t, float(v)) for t, v in history]
+        slope = slope_per_s(points)
+        growth = history[-1][1] - history[0][1]
+        active = slope > cfg.slope_threshold_bytes_per_s and growth >= cfg.min_growth_bytes
+        verdict = "growing" if active else "steady"
+        limit = fmt_bytes(cfg.slope_threshold_bytes_per_s * 60)
+        summary = (
+            f"server GPU memory {verdict} on GPU {domain.gpu} of {ctx.instance.name}: "
+            f"{fmt_bytes(slope * 60)}/min (threshold {limit}/min), "
+            f"{fmt_bytes(growth)} over {covered_s:g} s "
+            f"(threshold {fmt_bytes(cfg.min_growth_bytes)})"
+        )
+        description = (
+            f"{summary}; now {fmt_bytes(used)} in {len(mine)} server processes. Fires after "
+            f"{cfg.for_s:g} s; action: {cfg.action}."
+        )
+        return self._maker.condition(
+            ctx,
+            {"gpu": domain.gpu},
+            active=active,
+            value=slope,
+            summary=summary,
+            description=description,
+            extra={"action": cfg.action},
+        )
+
+
+class GpuNeighbourPressureRule(_NvmlRule):
+    """Memory left after the server stops is short of what it needs to start again."""
+
+    name = "gpu_neighbour_pressure"
+
+    def __init__(self, config: PressureConfig) -> None:
+        super().__init__(
+            ConditionMaker(
+                rule=self.name,
+                alertname=PRESSURE_ALERTNAME,
+                severity=config.severity,
+                user_labels=config.labels,
+                runbook=PRESSURE_RUNBOOK,
+            )
+        )
+        self.config = config
+
+    def _domain(
+        self,
+        ctx: RuleContext,
+        domain: Domain,
+        mine: list[GpuProcess],
+        others: list[GpuProcess],
+        taken_at_s: float,
+    ) -> Condition:
+        cfg = self.config
+        mine_bytes, others_bytes = used_sum(mine), used_sum(others)
+        if domain.total_bytes is None:
+            return self._unknown(ctx, domain, "NVML did not report the GPU's total memory")
+        # What would be free once the server is gone: today's free plus what it holds; else
+        # the total less the neighbours and the driver's reserve.
+        if domain.free_bytes is not None and mine_bytes is not None:
+            left_bytes = domain.free_bytes + mine_bytes
+        elif others_bytes is not None:
+            left_bytes = domain.total_bytes - (domain.reserved_bytes or 0) - others_bytes
+        else:
+            return self._unknown(ctx, domain, "NVML does not report per-process memory here")
+        utilization = _gpu_memory_utilization(ctx)
+        if utilization is not None:
+            need_bytes = math.ceil(domain.total_bytes * utilization)
+            need_text = f"gpu_memory_utilization {utilization:g} x total"
+        elif mine_bytes is not None:
+            need_bytes, need_text = mine_bytes, "what the server holds now"
+        else:
+            reason = "neither gpu_memory_utilization nor the server's own usage is known"
+            return self._unknown(ctx, domain, reason)
+        limit_bytes = need_bytes * (1 + cfg.margin_ratio)
+        active = left_bytes < limit_bytes
+        verdict = "short" if active else "enough"
+        summary = (
+            f"{verdict} GPU memory to restart on GPU {domain.gpu} of {ctx.instance.name}: "
+            f"{fmt_bytes(left_bytes)} would be free, needs {fmt_bytes(need_bytes)} "
+            f"({need_text}) + {cfg.margin_ratio:.0%} margin"
+        )
+        neighbours = "unknown" if others_bytes is None else fmt_bytes(others_bytes)
+        description = (
+            f"{summary}; {len(others)} other processes hold {neighbours}. Fires after "
+            f"{cfg.for_s:g} s; action: {cfg.action}."
+        )
+        return self._maker.condition(
+            ctx,
+            {"gpu": domain.gpu},
+            active=active,
+            value=left_bytes / need_bytes if need_bytes else None,
+            summary=summary,
+            description=description,
+            extra={"action": cfg.action},
+        )
+
+
+def _gpu_memory_utilization(ctx: RuleContext) -> float | None:
+    """The server's `gpu_memory_utilization` from `vllm:cache_config_info`, if it said."""
+    scrape = ctx.snapshot.vllm
+    if not isinstance(scrape, VllmScrape):
+        return None
+    for sample in scrape.engines:
+        text = dict(sample.cache_config).get("gpu_memory_utilization")
+        if text is None:
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            continue
+        if 0 < value <= 1:
+            return value
+    return None

@@ -1,0 +1,160 @@
+"""Preemption spike: the rate over a short window above a floor and above its own baseline.
+
+The counter is the kvpool plugin's (engine-side, no lag) where that engine has one, else
+vLLM's `vllm:num_preemptions_total` (which lags until the victim produces output again).
+The short-window rate is the counter's increase over `window_s` divided by `window_s`.
+The baseline is the rate over `baseline_window_s` before the short window; without such
+history (a fresh server, a fresh agent) the floor alone decides. The capacity-leak signature
+(KV usage high while few requests run) is reported in the `capacity_leak` annotation for
+the remediation ladder.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+from kvpilot.agent.model import Condition
+from kvpilot.agent.rules.base import ConditionMaker, RuleContext, source_error_text
+from kvpilot.agent.rules.config import PreemptionSpikeRule as PreemptionSpikeConfig
+from kvpilot.collectors.errors import SourceError
+from kvpilot.collectors.vllm_metrics import EngineSample
+from kvpilot.collectors.window import RollingWindow
+
+ALERTNAME = "PreemptionSpike"
+RUNBOOK = (
+    "The KV cache is too small for the load: the scheduler evicts running requests and "
+    "recomputes them, so latency climbs. Compare the rate with the baseline; if a tuned "
+    "configuration has been validated, promote it; if KV usage is high while few requests "
+    "run, suspect a capacity leak and restart; otherwise run the tuner (gpu_memory_utilization, "
+    "max_num_seqs, max_num_batched_tokens) or shed load."
+)
+
+
+def counter_increase(points: list[tuple[float, float]]) -> float:
+    """Sum of consecutive differences; a value below its predecessor is a reset from 0."""
+    total = 0.0
+    for (_, prev), (_, value) in pairwise(points):
+        total += value - prev if value >= prev else value
+    return total
+
+
+def baseline_rate(
+    window: RollingWindow, key: tuple[str, str], *, window_s: float, baseline_window_s: float
+) -> float | None:
+    """The counter's rate over the baseline span, which ends where the short window starts."""
+    points = [
+        (s.taken_at_s, float(v))
+        for s in window.samples(key, baseline_window_s)
+        if (v := getattr(s, "preemptions_total", None)) is not None
+    ]
+    if not points:
+        return None
+    boundary = points[-1][0] - window_s
+    # Up to and including the first sample of the short window: the spans share that point.
+    before = [p for p in points if p[0] < boundary]
+    if not before:
+        return None
+    short_first = next((p for p in points if p[0] >= boundary), None)
+    span = before + ([short_first] if short_first is not None else [])
+    # A baseline shorter than the short window is noise: leave the decision to the floor.
+    if len(span) < 2 or span[-1][0] - span[0][0] < window_s:
+        return None
+    return counter_increase(span) / (span[-1][0] - span[0][0])
+
+
+class PreemptionSpikeRule:
+    """Per engine: short-window rate above `floor_per_s` and `baseline_multiple` x baseline."""
+
+    name = "preemption_spike"
+
+    def __init__(self, config: PreemptionSpikeConfig) -> None:
+        self.config = config
+        self._maker = ConditionMaker(
+            rule=self.name,
+            alertname=ALERTNAME,
+            severity=config.severity,
+            user_labels=config.labels,
+            runbook=RUNBOOK,
+        )
+
+    def evaluate(self, ctx: RuleContext) -> list[Condition]:
+        scrape = ctx.snapshot.vllm
+        if isinstance(scrape, SourceError):
+            return self._maker.unknown_all(ctx, source_error_text(scrape))
+        out = [self._engine(ctx, sample) for sample in scrape.engines]
+        self._maker.forget_except(ctx, out)
+        return out
+
+    def _counter_window(self, ctx: RuleContext, sample: EngineSample) -> tuple[RollingWindow, str]:
+        latest = ctx.kvpool_window.latest(sample.key)
+        if latest is not None and getattr(latest, "preemptions_total", None) is not None:
+            return ctx.kvpool_window, "kvpool"
+        return ctx.vllm_window, "vllm"
+
+    def _engine(self, ctx: RuleContext, sample: EngineSample) -> Condition:
+        cfg = self.config
+        target = {"model_name": sample.model_name, "engine": sample.engine}
+        where = f"engine {sample.engine} of {ctx.instance.name}"
+        window, counter = self._counter_window(ctx, sample)
+        increase = window.increase(sample.key, "preemptions_total", cfg.window_s)
+        # Divided by the whole window, not the time covered: a fresh agent's first seconds
+        # must not turn one preemption into a spike.
+        rate = None if increase is None else increase / cfg.window_s
+        leak = self._capacity_leak(sample)
+        extra = {"action": cfg.action, "counter": counter, "capacity_leak": leak}
+        if rate is None:
+            reason = f"fewer than two {counter} preemption counter readings in {cfg.window_s:g} s"
+            summary = f"preemption rate unknown on {where}: {reason}"
+            return self._maker.condition(
+                ctx,
+                target,
+                active=None,
+                value=None,
+                summary=summary,
+                description=summary,
+                reason=reason,
+                extra=extra,
+            )
+        baseline = baseline_rate(
+            window, sample.key, window_s=cfg.window_s, baseline_window_s=cfg.baseline_window_s
+        )
+        above_floor = rate > cfg.floor_per_s
+        above_baseline = baseline is None or rate > cfg.baseline_multiple * baseline
+        active = above_floor and above_baseline
+        baseline_text = (
+            "no baseline yet (the floor alone decides)"
+            if baseline is None
+            else f"baseline {baseline:.3f}/s over the {cfg.baseline_window_s:g} s before, "
+            f"limit {cfg.baseline_multiple:g}x = {cfg.baseline_multiple * baseline:.3f}/s"
+        )
+        verdict = "spike" if active else "no spike"
+        summary = (
+            f"{verdict}: {rate:.3f} preemptions/s over {cfg.window_s:g} s on {where} "
+            f"(floor {cfg.floor_per_s:g}/s)"
+        )
+        description = (
+            f"{summary}; {baseline_text}; counter: {counter}; capacity-leak signature: {leak}; "
+            f"action: {cfg.action}."
+        )
+        if baseline is not None:
+            extra["baseline_per_s"] = f"{baseline:.6g}"
+        return self._maker.condition(
+            ctx,
+            target,
+            active=active,
+            value=rate,
+            summary=summary,
+            description=description,
+            extra=extra,
+        )
+
+    def _capacity_leak(self, sample: EngineSample) -> str:
+        """'true' when KV usage is high while few requests run; 'unknown' without figures."""
+        usage, running = sample.kv_usage_ratio, sample.requests_running
+        if usage is None or running is None:
+            return "unknown"
+        leak = (
+            usage >= self.config.capacity_leak_usage_ratio
+            and running <= self.config.capacity_leak_max_running
+        )
+        return "true" if leak else "false"

@@ -1,0 +1,81 @@
+"""KV cache saturation: usage near 1 while requests wait for room."""
+
+from __future__ import annotations
+
+from kvpilot.agent.model import Condition
+from kvpilot.agent.rules.base import ConditionMaker, RuleContext, fmt_ratio, source_error_text
+from kvpilot.agent.rules.config import KvSaturationRule as KvSaturationConfig
+from kvpilot.collectors.errors import SourceError
+from kvpilot.collectors.vllm_metrics import EngineSample
+
+ALERTNAME = "KvCacheSaturated"
+RUNBOOK = (
+    "The KV cache is full and requests queue for it: time to first token grows and "
+    "preemptions follow. Check the load against capacity; give the cache more memory "
+    "(gpu_memory_utilization, a smaller max_model_len, an fp8 KV cache) or add replicas."
+)
+
+
+class KvSaturationRule:
+    """Per engine: usage at or above `usage_threshold_ratio` with `min_waiting` requests waiting."""
+
+    name = "kv_saturation"
+
+    def __init__(self, config: KvSaturationConfig) -> None:
+        self.config = config
+        self._maker = ConditionMaker(
+            rule=self.name,
+            alertname=ALERTNAME,
+            severity=config.severity,
+            user_labels=config.labels,
+            runbook=RUNBOOK,
+        )
+
+    def evaluate(self, ctx: RuleContext) -> list[Condition]:
+        scrape = ctx.snapshot.vllm
+        if isinstance(scrape, SourceError):
+            return self._maker.unknown_all(ctx, source_error_text(scrape))
+        out = [self._engine(ctx, sample) for sample in scrape.engines]
+        self._maker.forget_except(ctx, out)
+        return out
+
+    def _engine(self, ctx: RuleContext, sample: EngineSample) -> Condition:
+        cfg = self.config
+        target = {"model_name": sample.model_name, "engine": sample.engine}
+        where = f"engine {sample.engine} of {ctx.instance.name}"
+        usage, waiting = sample.kv_usage_ratio, sample.requests_waiting
+        extra = {"action": cfg.action}
+        if usage is None or waiting is None:
+            missing = "KV cache usage" if usage is None else "the waiting-request gauge"
+            reason = f"vLLM did not export {missing}"
+            summary = f"KV saturation unknown on {where}: {reason}"
+            return self._maker.condition(
+                ctx,
+                target,
+                active=None,
+                value=None,
+                summary=summary,
+                description=summary,
+                reason=reason,
+                extra=extra,
+            )
+        active = usage >= cfg.usage_threshold_ratio and waiting >= cfg.min_waiting
+        verdict = "saturated" if active else "not saturated"
+        summary = (
+            f"KV cache {verdict} on {where}: usage {fmt_ratio(usage)} "
+            f"(threshold {fmt_ratio(cfg.usage_threshold_ratio)}), {waiting} waiting "
+            f"(threshold {cfg.min_waiting})"
+        )
+        description = (
+            f"{summary}; {sample.requests_running} running. Fires after {cfg.for_s:g} s; "
+            f"action: {cfg.action}."
+        )
+        return self._maker.condition(
+            ctx,
+            target,
+            active=active,
+            value=usage,
+            summary=summary,
+            description=description,
+            extra=extra,
+        )
