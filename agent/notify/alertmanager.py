@@ -1,0 +1,103 @@
+"""Pushes alerts to a real Alertmanager through `POST /api/v2/alerts`.
+
+Users keep Alertmanager's routing, grouping, silences and inhibition. Alertmanager treats
+an alert as resolved once its `endsAt` passes, so a firing alert is sent with `endsAt` =
+now + `resend_validity_s` (Prometheus sends now + 4 x its resend delay) and must be sent
+again before that: the agent's repeat interval for firing alerts has to stay below
+`resend_validity_s` (and below Alertmanager's `resolve_timeout` for any client that omits
+`endsAt`). A resolved alert is sent with `endsAt` at its resolution time.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httpx
+from pydantic import SecretStr
+
+from kvpilot.agent.model import AlertEvent
+from kvpilot.agent.notify.base import post, redacted_url, rfc3339
+from kvpilot.agent.notify.webhook import INCIDENT_ANNOTATION
+
+# Prometheus: 4 x its default resend delay of 1 min.
+DEFAULT_RESEND_VALIDITY_S = 240.0
+
+
+class AlertmanagerNotifier:
+    """Sends events as Alertmanager's postable alerts, all of one call in one request."""
+
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        client: httpx.AsyncClient,
+        *,
+        resend_validity_s: float = DEFAULT_RESEND_VALIDITY_S,
+        username: str | None = None,
+        password: SecretStr | None = None,
+        bearer_token: SecretStr | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if resend_validity_s <= 0:
+            raise ValueError(f"resend_validity_s must be positive, got {resend_validity_s}")
+        if bearer_token is not None and username is not None:
+            raise ValueError("give either basic auth (username, password) or a bearer token")
+        self.name = name
+        self._endpoint = url.rstrip("/") + "/api/v2/alerts"
+        self._client = client
+        self.resend_validity_s = resend_validity_s
+        self._username = username
+        self._password = password
+        self._bearer_token = bearer_token
+        self._clock = clock
+
+    def __repr__(self) -> str:
+        return f"AlertmanagerNotifier(name={self.name!r}, url={redacted_url(self._endpoint)!r})"
+
+    def postable(self, event: AlertEvent, now_wall_s: float) -> dict[str, Any]:
+        """One postable alert; firing ones stay valid for `resend_validity_s` from now."""
+        if event.status == "firing":
+            ends = now_wall_s + self.resend_validity_s
+        else:
+            ends = now_wall_s if event.ends_at_wall_s is None else event.ends_at_wall_s
+        annotations = dict(event.annotations)
+        annotations[INCIDENT_ANNOTATION] = event.incident_id
+        alert: dict[str, Any] = {
+            "labels": dict(event.labels),
+            "annotations": annotations,
+            "startsAt": rfc3339(event.starts_at_wall_s),
+            "endsAt": rfc3339(max(ends, event.starts_at_wall_s)),
+        }
+        if event.generator_url:
+            alert["generatorURL"] = event.generator_url
+        return alert
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self._bearer_token is not None:
+            headers["Authorization"] = f"Bearer {self._bearer_token.get_secret_value()}"
+        elif self._username is not None:
+            password = "" if self._password is None else self._password.get_secret_value()
+            token = base64.b64encode(f"{self._username}:{password}".encode()).decode()
+            headers["Authorization"] = f"Basic {token}"
+        return headers
+
+    async def send(self, events: Sequence[AlertEvent]) -> None:
+        if not events:
+            return
+        now = self._clock()
+        body = json.dumps([self.postable(event, now) for event in events]).encode()
+        # A rejected batch names no single event; the worker then retries them one by one.
+        only = events[0].dedup_key if len(events) == 1 else None
+        await post(
+            self._client,
+            self.name,
+            self._endpoint,
+            content=body,
+            headers=self._headers(),
+            dedup_key=only,
+        )

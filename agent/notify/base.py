@@ -1,0 +1,120 @@
+"""The notifier interface, its error, and the HTTP POST that every notifier shares."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Protocol, runtime_checkable
+from urllib.parse import urlsplit
+
+import httpx
+
+from kvpilot.agent.model import AlertEvent
+
+# Alertmanager writes a firing alert's unknown end as Go's zero time.
+ZERO_TIME = "0001-01-01T00:00:00Z"
+# Statuses that say "try again later"; every other 4xx means the request itself is wrong.
+RETRYABLE_STATUSES = frozenset({408, 425, 429})
+MAX_RETRY_AFTER_S = 3600.0
+
+
+class DeliveryError(Exception):
+    """A notification did not arrive.
+
+    `retryable` is False when sending the same again cannot succeed (a 4xx other than
+    408/425/429, a redirect, a payload the receiver rejects). `delivered` holds the dedup
+    keys of the events that did arrive before the failure (notifiers that send one request
+    per event); `dedup_key` names the one event the error is about, when it is about one.
+    `retry_after_s` is the receiver's own Retry-After, when it sent one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        retryable: bool,
+        *,
+        delivered: frozenset[str] = frozenset(),
+        dedup_key: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+        self.delivered = delivered
+        self.dedup_key = dedup_key
+        self.retry_after_s = retry_after_s
+
+
+@runtime_checkable
+class Notifier(Protocol):
+    """Sends alert events somewhere; raises `DeliveryError` when they did not arrive."""
+
+    name: str
+
+    async def send(self, events: Sequence[AlertEvent]) -> None: ...
+
+
+def rfc3339(wall_s: float) -> str:
+    """Wall time as RFC 3339 in UTC with milliseconds (the precision of the dedup key)."""
+    text = datetime.fromtimestamp(wall_s, UTC).isoformat(timespec="milliseconds")
+    return text.replace("+00:00", "Z")
+
+
+def redacted_url(url: str) -> str:
+    """Scheme and host only: paths and queries of webhook URLs often hold tokens."""
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}/..."
+
+
+def _retry_after_s(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None  # an HTTP date: rare for webhooks; the worker's backoff applies
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
+async def post(
+    client: httpx.AsyncClient,
+    name: str,
+    url: str,
+    *,
+    content: bytes,
+    headers: Mapping[str, str],
+    dedup_key: str | None = None,
+    delivered: frozenset[str] = frozenset(),
+) -> httpx.Response:
+    """POST and classify the outcome; messages never carry the URL (it may hold a token)."""
+    try:
+        response = await client.post(url, content=content, headers=dict(headers))
+    except httpx.TimeoutException as exc:
+        raise DeliveryError(
+            f"{name}: timed out ({type(exc).__name__})",
+            True,
+            delivered=delivered,
+            dedup_key=dedup_key,
+        ) from exc
+    except httpx.TransportError as exc:
+        raise DeliveryError(
+            f"{name}: {type(exc).__name__}: {exc}",
+            True,
+            delivered=delivered,
+            dedup_key=dedup_key,
+        ) from exc
+    status = response.status_code
+    if 200 <= status < 300:
+        return response
+    excerpt = response.text[:200].strip()
+    retryable = status >= 500 or status in RETRYABLE_STATUSES
+    raise DeliveryError(
+        f"{name}: HTTP {status}" + (f": {excerpt}" if excerpt else ""),
+        retryable,
+        delivered=delivered,
+        dedup_key=dedup_key,
+        retry_after_s=_retry_after_s(response) if retryable else None,
+    )

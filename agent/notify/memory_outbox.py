@@ -1,0 +1,92 @@
+"""An in-memory `Outbox` for tests and dry runs; it forgets everything when the agent stops."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvpilot.agent.model import AlertEvent
+from kvpilot.agent.notify.delivery import OutboxItem
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedItem:
+    """A row that left the backlog: delivered, or given up with the last error."""
+
+    item: OutboxItem
+    delivered: bool
+    finished_wall_s: float | None
+
+
+class MemoryOutbox:
+    """Implements the `Outbox` protocol with a dict; single-threaded use only."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+        self._pending: dict[int, OutboxItem] = {}
+        self._finished: list[FinishedItem] = []
+
+    def enqueue(self, notifier: str, event: AlertEvent, now_wall_s: float) -> int:
+        for item in self._pending.values():
+            if (item.notifier, item.dedup_key) == (notifier, event.dedup_key):
+                return item.id
+        item_id = next(self._ids)
+        self._pending[item_id] = OutboxItem(
+            id=item_id,
+            notifier=notifier,
+            dedup_key=event.dedup_key,
+            event=event,
+            attempts=0,
+            next_attempt_wall_s=now_wall_s,
+            created_wall_s=now_wall_s,
+            last_error=None,
+        )
+        return item_id
+
+    def due(self, now_wall_s: float, limit: int = 100) -> list[OutboxItem]:
+        ready = [i for i in self._pending.values() if i.next_attempt_wall_s <= now_wall_s]
+        ready.sort(key=lambda i: (i.created_wall_s, i.id))
+        return ready[:limit]
+
+    def mark_delivered(self, item_ids: Sequence[int], now_wall_s: float) -> None:
+        for item_id in item_ids:
+            item = self._pending.pop(item_id, None)
+            if item is not None:
+                self._finished.append(FinishedItem(item, True, now_wall_s))
+
+    def mark_failed(
+        self,
+        item_ids: Sequence[int],
+        error: str,
+        next_attempt_wall_s: float,
+        *,
+        give_up: bool = False,
+    ) -> None:
+        for item_id in item_ids:
+            item = self._pending.get(item_id)
+            if item is None:
+                continue
+            item = dataclasses.replace(
+                item,
+                attempts=item.attempts + 1,
+                next_attempt_wall_s=next_attempt_wall_s,
+                last_error=error,
+            )
+            if give_up:
+                del self._pending[item_id]
+                self._finished.append(FinishedItem(item, False, None))
+            else:
+                self._pending[item_id] = item
+
+    def backlog(self) -> int:
+        return len(self._pending)
+
+    def pending(self) -> list[OutboxItem]:
+        """Every pending row, oldest first (for tests and `kvpilot status`)."""
+        return sorted(self._pending.values(), key=lambda i: (i.created_wall_s, i.id))
+
+    def finished(self) -> list[FinishedItem]:
+        """Rows that left the backlog, in the order they did."""
+        return list(self._finished)

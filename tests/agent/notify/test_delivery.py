@@ -1,0 +1,348 @@
+"""At-least-once delivery from the outbox, against real receivers, on a hand-driven clock."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+
+import httpx
+import pytest
+from notify_helpers import START_WALL_S, FakeClock, make_event
+from notify_receiver import Receiver
+from pydantic import SecretStr
+
+from kvpilot.agent.model import AlertEvent
+from kvpilot.agent.notify import (
+    Backoff,
+    DeliveryWorker,
+    MemoryOutbox,
+    Notifier,
+    SlackNotifier,
+    WebhookNotifier,
+)
+
+DRAW = 0.5  # the injected random: every delay is its base x (1 - 0.2 x 0.5)
+JITTER = 1 - 0.2 * DRAW
+
+
+def with_client(body: Callable[[httpx.AsyncClient], Awaitable[None]]) -> None:
+    async def main() -> None:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(0.5)) as client:
+            await body(client)
+
+    asyncio.run(main())
+
+
+def worker_for(
+    outbox, notifiers: dict[str, Notifier], clock: FakeClock, **kwargs
+) -> DeliveryWorker:
+    return DeliveryWorker(outbox, notifiers, clock=clock, random=lambda: DRAW, **kwargs)
+
+
+def keys_arrived(receiver: Receiver) -> list[str]:
+    return [r.headers["x-kvpilot-dedup-key"] for r in receiver.accepted()]
+
+
+def test_delivers_due_items_and_empties_the_backlog(receiver: Receiver) -> None:
+    clock, outbox = FakeClock(), MemoryOutbox()
+    events = [make_event(instance="vllm-0"), make_event(instance="vllm-1")]
+    for event in events:
+        outbox.enqueue("hook", event, clock())
+
+    async def body(client: httpx.AsyncClient) -> None:
+        worker = worker_for(outbox, {"hook": WebhookNotifier("hook", receiver.url, client)}, clock)
+        report = await worker.deliver_due()
+        assert report.count("hook", "delivered") == 2
+        assert report.backlog_items == 0 and report.errors == ()
+        again = await worker.deliver_due()
+        assert again.counts == ()
+
+    with_client(body)
+    assert keys_arrived(receiver) == [e.dedup_key for e in events]
+
+
+def test_receiver_down_then_back_gets_everything_in_order(receiver: Receiver) -> None:
+    """Refused, then 503, then up: nothing lost, resolved never overtakes firing."""
+    clock, outbox = FakeClock(), MemoryOutbox()
+    firing = make_event()
+    resolved = make_event(status="resolved")
+    other = make_event(instance="vllm-1", incident_id="inc-2")
+    receiver.stop()
+    outbox.enqueue("hook", firing, clock())
+    attempts_seen: list[float] = []
+
+    async def body(client: httpx.AsyncClient) -> None:
+        worker = worker_for(outbox, {"hook": WebhookNotifier("hook", receiver.url, client)}, clock)
+        for step in range(10):
+            if step == 1:
+                outbox.enqueue("hook", resolved, clock())
+                outbox.enqueue("hook", other, clock())
+            if step == 3:
+                receiver.start()
+                receiver.answer(503, times=2)
+            before = len(receiver.received())
+            report = await worker.deliver_due()
+            if report.count("hook", "retry") or report.count("hook", "delivered"):
+                attempts_seen.append(clock() - START_WALL_S)
+            if report.count("hook", "delivered"):
+                break
+            assert report.count("hook", "given_up") == 0
+            if step >= 3:
+                assert len(receiver.received()) == before + 1  # a 503 stops the batch
+            clock.now_wall_s = min(i.next_attempt_wall_s for i in outbox.pending())
+        assert outbox.backlog() == 0
+
+    with_client(body)
+    assert keys_arrived(receiver) == [firing.dedup_key, resolved.dedup_key, other.dedup_key]
+    # Refused 3 times, 503 twice, then accepted: after 1, 2, 4, 8, 16 s of backoff (less jitter).
+    expected, at = [0.0], 0.0
+    for base in (1, 2, 4, 8, 16):
+        at += base * JITTER
+        expected.append(at)
+    assert attempts_seen == pytest.approx(expected)
+
+
+def test_no_attempt_before_the_backoff_expires(receiver: Receiver) -> None:
+    clock, outbox = FakeClock(), MemoryOutbox()
+    receiver.answer(503)
+    outbox.enqueue("hook", make_event(), clock())
+
+    async def body(client: httpx.AsyncClient) -> None:
+        worker = worker_for(
+            outbox,
+            {"hook": WebhookNotifier("hook", receiver.url, client)},
+            clock,
+            backoff=Backoff(initial_s=10, factor=3, max_s=50, jitter_ratio=0.2),
+        )
+        delays = []
+        for _ in range(4):
+            await worker.deliver_due()
+            (item,) = outbox.pending()
+            delays.append(item.next_attempt_wall_s - clock())
+            requests = len(receiver.received())
+            clock.advance(delays[-1] - 0.01)
+            await worker.deliver_due()
+            assert len(receiver.received()) == requests  # not yet due
+            clock.advance(0.01)
+        assert delays == pytest.approx([10 * JITTER, 30 * JITTER, 50 * JITTER, 50 * JITTER])
+        (item,) = outbox.pending()
+        assert item.attempts == 4 and "503" in (item.last_error or "")
+
+    with_client(body)
+
+
+def test_backoff_caps_and_never_overflows() -> None:
+    backoff = Backoff()
+    assert backoff.delay_s(0, 0.0) == 1.0
+    assert backoff.delay_s(3, 0.0) == 8.0
+    assert backoff.delay_s(10, 0.0) == 300.0
+    assert backoff.delay_s(5000, 0.999) == pytest.approx(300 * (1 - 0.2 * 0.999))
+    with pytest.raises(ValueError):
+        Backoff(initial_s=0)
+    with pytest.raises(ValueError):
+        Backoff(jitter_ratio=1.0)
+
+
+def test_retry_after_is_honoured(receiver: Receiver) -> None:
+    clock, outbox = FakeClock(), MemoryOutbox()
+    receiver.answer(503, times=1, Retry_After="30")
+    outbox.enqueue("hook", make_event(), clock())
+
+    async def body(client: httpx.AsyncClient) -> None:
+        worker = worker_for(outbox, {"hook": WebhookNotifier("hook", receiver.url, client)}, clock)
+        await worker.deliver_due()
+        (item,) = outbox.pending()
+        assert item.next_attempt_wall_s == pytest.approx(clock() + 30)
+
+    with_client(body)
+
+
+def test_a_rejected_notification_is_given_up_once(receiver: Receiver) -> None:
+    clock, outbox = FakeClock(), MemoryOutbox()
+    receiver.answer(400, times=1)
+    rejected, fine = make_event(instance="vllm-0"), make_event(instance="vllm-1")
+    outbox.enqueue("hook", rejected, clock())
+    outbox.enqueue("hook", fine, clock())
+
+    async def body(client: httpx.AsyncClient) -> None:
+        worker = worker_for(outbox, {"hook": WebhookNotifier("hook", receiver.url, client)}, clock)
+        report = await worker.deliver_due()
+        assert report.count("hook", "given_up") == 1
+        assert report.count("hook", "delivered") == 1
+        for _ in range(3):
+            clock.advance(3600)
+            await worker.deliver_due()
+
+    with_client(body)
+    assert len(receiver.received()) == 2  # one each, the rejected one never again
+    (gone,) = [f for f in outbox.finished() if not f.delivered]
+    assert gone.item.event == rejected and "400" in (gone.item.last_error or "")
+    assert outbox.backlog() == 0
+
+
+def test_gives_up_after_max_age(receiver: Receiver) -> None:
+    clock, outbox = FakeClock(), MemoryOutbox()
+    receiver.answer(503)
+    outbox.enqueue("hook", make_event(), clock())
+
+    async def body(client: httpx.AsyncClient) -> None:
+        worker = worker_for(
+            outbox, {"hook": WebhookNotifier("hook", receiver.url, client)}, clock, max_age_s=600
+        )
+        while outbox.backlog():
+            assert clock() - START_WALL_S < 600 + 300, "kept retrying past max_age_s"
+            await worker.deliver_due()
+            if outbox.backlog():
+                clock.now_wall_s = outbox.pending()[0].next_attempt_wall_s
+
+    with_client(body)
+    (gone,) = outbox.finished()
+    assert not gone.delivered
+    assert gone.item.last_error is not None and gone.item.last_error.startswith("gave up after 600")
+    assert 5 <= len(receiver.received()) <= 12  # retried with backoff, then stopped
+
+
+def test_one_notifier_down_does_not_hold_up_another(receiver: Receiver) -> None:
+    clock, outbox = FakeClock(), MemoryOutbox()
+    down = Receiver().start()
+    down.hang()  # times out: the slow kind of down
+    for i in range(5):
+        outbox.enqueue("down", make_event(instance=f"vllm-{i}"), clock())
+    slack_event = make_event(instance="vllm-9")
+    outbox.enqueue("slack", slack_event, clock())
+
+    async def body(client: httpx.AsyncClient) -> None:
+        notifiers: dict[str, Notifier] = {
+            "down": WebhookNotifier("down", down.url, client),
+            "slack": SlackNotifier("slack", SecretStr(receiver.url + "/s"), client),
+        }
+        worker = worker_for(outbox, notifiers, clock, batch_limit=3)
+        first = await worker.deliver_due()  # only the 3 oldest, all for "down"
+        assert first.count("down", "retry") == 3
+        second = await worker.deliver_due()  # same instant: "down" is held, slack goes
+        assert second.count("slack", "delivered") == 1
+        assert second.count("down", "deferred") == 2
+
+    try:
+        with_client(body)
+    finally:
+        down.stop()
+    assert len(receiver.accepted()) == 1
+    assert [i.notifier for i in outbox.pending()] == ["down"] * 5
+
+
+def test_duplicates_carry_the_same_dedup_key(receiver: Receiver) -> None:
+    """A crash between sending and recording sends again: the receiver can tell."""
+
+    class ForgetfulOutbox(MemoryOutbox):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fail_next_mark = True
+
+        def mark_delivered(self, item_ids, now_wall_s) -> None:
+            if self.fail_next_mark:
+                self.fail_next_mark = False
+                raise OSError("disk I/O error")
+            super().mark_delivered(item_ids, now_wall_s)
+
+    clock, outbox = FakeClock(), ForgetfulOutbox()
+    events = [make_event(), make_event(status="resolved")]
+    for event in events:
+        outbox.enqueue("hook", event, clock())
+
+    async def body(client: httpx.AsyncClient) -> None:
+        notifiers = {"hook": WebhookNotifier("hook", receiver.url, client)}
+        first = await worker_for(outbox, notifiers, clock).deliver_due()
+        assert first.errors and "disk I/O error" in first.errors[0][1]
+        # A new worker, as after a restart, over the same (persistent) outbox.
+        await worker_for(outbox, notifiers, clock).deliver_due()
+
+    with_client(body)
+    assert outbox.backlog() == 0
+    by_key: dict[str, list[bytes]] = defaultdict(list)
+    for request in receiver.accepted():
+        by_key[request.headers["x-kvpilot-dedup-key"]].append(request.body)
+    assert set(by_key) == {e.dedup_key for e in events}
+    assert sum(len(v) for v in by_key.values()) == 4  # each twice
+    for bodies in by_key.values():
+        assert len(set(bodies)) == 1  # a duplicate is the same notification
+
+
+def test_unknown_notifier_is_given_up_and_recorded() -> None:
+    clock, outbox = FakeClock(), MemoryOutbox()
+    outbox.enqueue("gone", make_event(), clock())
+
+    async def body(client: httpx.AsyncClient) -> None:
+        report = await worker_for(outbox, {}, clock).deliver_due()
+        assert report.count("gone", "given_up") == 1
+
+    with_client(body)
+    (gone,) = outbox.finished()
+    assert "not configured" in (gone.item.last_error or "")
+
+
+def test_never_raises() -> None:
+    class Broken:
+        name = "broken"
+
+        async def send(self, events: list[AlertEvent]) -> None:
+            raise RuntimeError("bug")
+
+    class BrokenOutbox(MemoryOutbox):
+        def due(self, now_wall_s, limit=100):
+            raise OSError("database is locked")
+
+    clock, outbox = FakeClock(), MemoryOutbox()
+    outbox.enqueue("broken", make_event(), clock())
+
+    async def body(client: httpx.AsyncClient) -> None:
+        report = await worker_for(outbox, {"broken": Broken()}, clock).deliver_due()
+        assert report.count("broken", "retry") == 1
+        assert "RuntimeError" in report.errors[0][1]
+        report = await worker_for(BrokenOutbox(), {}, clock).deliver_due()
+        assert report.backlog_items is None and "database is locked" in (
+            report.backlog_reason or ""
+        )
+
+    with_client(body)
+
+
+def test_a_pass_in_progress_is_not_doubled(receiver: Receiver) -> None:
+    clock, outbox = FakeClock(), MemoryOutbox()
+    outbox.enqueue("hook", make_event(), clock())
+    receiver.hang()
+
+    async def body(client: httpx.AsyncClient) -> None:
+        worker = worker_for(outbox, {"hook": WebhookNotifier("hook", receiver.url, client)}, clock)
+        first = asyncio.create_task(worker.deliver_due())
+        await asyncio.sleep(0)  # let the first pass start its request
+        second = await worker.deliver_due()
+        assert second.busy and second.counts == ()
+        receiver.release()
+        assert (await first).count("hook", "delivered") == 1
+
+    with_client(body)
+    assert len(receiver.received()) == 1
+
+
+def test_items_enqueued_during_backoff_wait_behind_older_ones(receiver: Receiver) -> None:
+    clock, outbox = FakeClock(), MemoryOutbox()
+    receiver.answer(503, times=1)
+    firing, resolved = make_event(), make_event(status="resolved")
+    outbox.enqueue("hook", firing, clock())
+
+    async def body(client: httpx.AsyncClient) -> None:
+        worker = worker_for(outbox, {"hook": WebhookNotifier("hook", receiver.url, client)}, clock)
+        assert (await worker.deliver_due()).count("hook", "retry") == 1
+        clock.advance(0.3)
+        outbox.enqueue("hook", resolved, clock())
+        report = await worker.deliver_due()
+        assert report.count("hook", "deferred") == 1
+        assert len(receiver.received()) == 1  # the resolved one was not sent ahead
+        assert {i.next_attempt_wall_s for i in outbox.pending()} == {START_WALL_S + JITTER}
+        clock.now_wall_s = START_WALL_S + JITTER
+        assert (await worker.deliver_due()).count("hook", "delivered") == 2
+
+    with_client(body)
+    assert keys_arrived(receiver) == [firing.dedup_key, resolved.dedup_key]
