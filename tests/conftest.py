@@ -15,8 +15,9 @@ KV_BYTES_PER_BLOCK = 32 * 1024
 
 # Enough blocks that a moderate load never preempts.
 ROOMY = ServerSpec(port=0, kv_cache_memory_bytes=64 * 1024 * 1024)
-# 63 usable blocks of 32 tokens: 64 requests of ~200 tokens preempt heavily.
-PREEMPTING = ServerSpec(port=0, kv_cache_memory_bytes=None, num_gpu_blocks_override=64)
+# 64 blocks of 32 KiB (63 usable, block 0 is the null block), through vLLM's real sizing
+# path: 64 requests of ~200 tokens preempt heavily.
+PREEMPTING = ServerSpec(port=0, kv_cache_memory_bytes=64 * KV_BYTES_PER_BLOCK)
 
 
 class ServerPool:

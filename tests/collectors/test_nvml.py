@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from fake_nvml import (
+
+from kvpilot.collectors.errors import SourceError
+from kvpilot.collectors.gpu_samples import GpuSample, NvmlSnapshot
+from kvpilot.collectors.nvml import NvmlCollector, error_reason
+from kvpilot.collectors.pidmap import PidMapper
+from tests.collectors.fake_nvml import (
     GIB,
     OTHER_NAMESPACE,
     FakeGpu,
@@ -19,11 +24,6 @@ from fake_nvml import (
     install,
     write_proc,
 )
-
-from kvpilot.collectors.errors import SourceError
-from kvpilot.collectors.gpu_samples import GpuSample, NvmlSnapshot
-from kvpilot.collectors.nvml import NvmlCollector, error_reason
-from kvpilot.collectors.pidmap import PidMapper
 
 MIB = 1 << 20
 RETRY_S = 300.0

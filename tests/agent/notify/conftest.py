@@ -6,8 +6,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from alertmanager_server import AlertmanagerServer, find_binary
-from notify_receiver import Receiver
+
+from tests.agent.notify.alertmanager_server import AlertmanagerServer, find_binary
+from tests.agent.notify.notify_receiver import Receiver
 
 
 @pytest.fixture

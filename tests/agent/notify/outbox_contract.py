@@ -6,9 +6,8 @@ test persistence on its own).
 
 from __future__ import annotations
 
-from notify_helpers import START_WALL_S, make_event
-
 from kvpilot.agent.notify import Outbox
+from tests.agent.notify.notify_helpers import START_WALL_S, make_event
 
 T = START_WALL_S
 

@@ -10,8 +10,6 @@ from datetime import datetime
 
 import httpx
 import pytest
-from alertmanager_server import AlertmanagerServer
-from notify_helpers import make_event
 
 from kvpilot.agent.notify import (
     AlertmanagerNotifier,
@@ -19,6 +17,8 @@ from kvpilot.agent.notify import (
     DeliveryWorker,
     MemoryOutbox,
 )
+from tests.agent.notify.alertmanager_server import AlertmanagerServer
+from tests.agent.notify.notify_helpers import make_event
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,6 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
-from notify_helpers import START_WALL_S, FakeClock, make_event
-from notify_receiver import Receiver
 from pydantic import SecretStr
 
 from kvpilot.agent.model import AlertEvent
@@ -21,6 +19,8 @@ from kvpilot.agent.notify import (
     SlackNotifier,
     WebhookNotifier,
 )
+from tests.agent.notify.notify_helpers import START_WALL_S, FakeClock, make_event
+from tests.agent.notify.notify_receiver import Receiver
 
 DRAW = 0.5  # the injected random: every delay is its base x (1 - 0.2 x 0.5)
 JITTER = 1 - 0.2 * DRAW

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from notify_helpers import make_event
-from outbox_contract import OutboxContract
 
 from kvpilot.agent.notify import MemoryOutbox
+from tests.agent.notify.notify_helpers import make_event
+from tests.agent.notify.outbox_contract import OutboxContract
 
 
 class TestMemoryOutbox(OutboxContract):

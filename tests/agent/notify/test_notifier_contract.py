@@ -9,8 +9,6 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from notify_helpers import make_event
-from notify_receiver import Received, Receiver
 from pydantic import SecretStr
 
 from kvpilot.agent.model import AlertEvent
@@ -21,6 +19,8 @@ from kvpilot.agent.notify import (
     SlackNotifier,
     WebhookNotifier,
 )
+from tests.agent.notify.notify_helpers import make_event
+from tests.agent.notify.notify_receiver import Received, Receiver
 
 TOKEN = "tok-3f9a1c77e2"  # secret material that must never show in a repr or an error
 

@@ -8,8 +8,6 @@ from datetime import datetime
 
 import httpx
 import pytest
-from notify_helpers import START_WALL_S, FakeClock, make_event
-from notify_receiver import Receiver
 from pydantic import SecretStr
 
 from kvpilot.agent.notify import (
@@ -21,6 +19,8 @@ from kvpilot.agent.notify import (
     verify_signature,
 )
 from kvpilot.agent.notify.slack import message_of
+from tests.agent.notify.notify_helpers import START_WALL_S, FakeClock, make_event
+from tests.agent.notify.notify_receiver import Receiver
 
 V4_KEYS = {
     "version", "groupKey", "truncatedAlerts", "status", "receiver", "groupLabels",

@@ -44,16 +44,12 @@ def engine(t: float, engine_id: str = "0", **fields: object) -> EngineSample:
     )
 
 
-_KV_FIELDS = {f.name for f in dataclasses.fields(KvBlockSample)}
-
-
 def kv_block(
     *, total: int, free: int, longest: int, preemptions: int | None = None, engine_id: str = "0"
 ) -> KvBlockSample:
     """A plugin sample whose fragmentation comes from the collectors' one formula."""
-    stamp = {"taken_at_s": 0.0} if "taken_at_s" in _KV_FIELDS else {}
     return KvBlockSample(
-        **stamp,  # type: ignore[arg-type]
+        taken_at_s=0.0,
         engine=engine_id,
         model_name=MODEL,
         blocks_total=total,
@@ -74,26 +70,8 @@ def kv_block(
 
 
 def with_stamp(sample: KvBlockSample, t: float) -> KvBlockSample:
-    """The plugin sample as the window needs it: stamped and keyed (when the type has them)."""
-    names = {f.name for f in dataclasses.fields(sample)}
-    if "taken_at_s" in names:
-        return dataclasses.replace(sample, taken_at_s=t)  # type: ignore[call-arg]
-    return _Stamped(sample, t)  # type: ignore[return-value]
-
-
-class _Stamped:
-    """A stand-in that adds `taken_at_s` and `key` to a KvBlockSample for the window."""
-
-    def __init__(self, sample: KvBlockSample, t: float) -> None:
-        self._sample = sample
-        self.taken_at_s = t
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self._sample.model_name, self._sample.engine)
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._sample, name)
+    """The plugin sample stamped as the window needs it."""
+    return dataclasses.replace(sample, taken_at_s=t)
 
 
 def allocator(ratio: float | None, free_in_reserved: int = GIB) -> AllocatorSample:

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
-from rules_helpers import Driver, engine, instance, label
 
 from kvpilot.agent.model import Condition
 from kvpilot.agent.rules.base import RuleContext
 from kvpilot.agent.rules.config import RulesConfig
 from kvpilot.agent.rules.engine import RuleEngine, build_rules
+from tests.agent.rules.rules_helpers import Driver, engine, instance, label
 
 
 class _Broken:

@@ -1,11 +1,18 @@
 from __future__ import annotations
 
-from rules_helpers import Driver, allocator, annotation, instance, kv_block, label, only
-
 from kvpilot.agent.rules.config import FragmentationSourceRule, RulesConfig
 from kvpilot.agent.rules.fragmentation import FragmentationRule
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.fragmentation import NO_FREE_BYTES, TOO_FEW_FREE_BLOCKS
+from tests.agent.rules.rules_helpers import (
+    Driver,
+    allocator,
+    annotation,
+    instance,
+    kv_block,
+    label,
+    only,
+)
 
 
 def kv_rule(**cfg: object) -> FragmentationRule:

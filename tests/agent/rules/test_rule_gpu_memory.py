@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from rules_helpers import GIB, Driver, engine, gpu, instance, label, nvml, only, proc
-
 from kvpilot.agent.rules.config import GpuMemoryGrowthRule as GrowthConfig
 from kvpilot.agent.rules.config import GpuNeighbourPressureRule as PressureConfig
 from kvpilot.agent.rules.gpu_memory import (
@@ -10,6 +8,17 @@ from kvpilot.agent.rules.gpu_memory import (
     slope_per_s,
 )
 from kvpilot.collectors.errors import SourceError
+from tests.agent.rules.rules_helpers import (
+    GIB,
+    Driver,
+    engine,
+    gpu,
+    instance,
+    label,
+    nvml,
+    only,
+    proc,
+)
 
 MIB = 1024 * 1024
 

@@ -1,10 +1,9 @@
 from __future__ import annotations
 
-from rules_helpers import Driver, annotation, engine, kv_block, label, only
-
 from kvpilot.agent.rules.config import PreemptionSpikeRule as Config
 from kvpilot.agent.rules.preemption import PreemptionSpikeRule, counter_increase
 from kvpilot.collectors.errors import SourceError
+from tests.agent.rules.rules_helpers import Driver, annotation, engine, kv_block, label, only
 
 
 def rule(**cfg: object) -> PreemptionSpikeRule:

@@ -2,14 +2,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rules_helpers import Driver, engine, instance, label, only
-
 from kvpilot.agent.rules.config import EngineStallRule as StallConfig
 from kvpilot.agent.rules.config import KvSaturationRule as SaturationConfig
 from kvpilot.agent.rules.saturation import KvSaturationRule
 from kvpilot.agent.rules.stall import EngineStallRule
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.vllm_metrics import parse_vllm_metrics
+from tests.agent.rules.rules_helpers import Driver, engine, instance, label, only
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vllm"
 

@@ -1,0 +1,132 @@
+"""The persistent notification outbox: the `Outbox` protocol over the state database."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+
+from kvpilot.agent.model import AlertEvent
+from kvpilot.agent.notify.delivery import OutboxItem
+from kvpilot.agent.state.db import Database
+
+_COLUMNS = (
+    "id, notifier, dedup_key, event_json, attempts, next_attempt_wall_s, created_wall_s, last_error"
+)
+
+
+def event_to_json(event: AlertEvent) -> str:
+    return json.dumps(
+        {
+            "fingerprint": event.fingerprint,
+            "incident_id": event.incident_id,
+            "status": event.status,
+            "labels": [list(pair) for pair in event.labels],
+            "annotations": [list(pair) for pair in event.annotations],
+            "starts_at_wall_s": event.starts_at_wall_s,
+            "ends_at_wall_s": event.ends_at_wall_s,
+            "generator_url": event.generator_url,
+        },
+        sort_keys=True,
+    )
+
+
+def event_from_json(text: str) -> AlertEvent:
+    data = json.loads(text)
+    return AlertEvent(
+        fingerprint=data["fingerprint"],
+        incident_id=data["incident_id"],
+        status=data["status"],
+        labels=tuple((str(k), str(v)) for k, v in data["labels"]),
+        annotations=tuple((str(k), str(v)) for k, v in data["annotations"]),
+        starts_at_wall_s=float(data["starts_at_wall_s"]),
+        ends_at_wall_s=None if data["ends_at_wall_s"] is None else float(data["ends_at_wall_s"]),
+        generator_url=data["generator_url"],
+    )
+
+
+def _item(row: sqlite3.Row) -> OutboxItem:
+    return OutboxItem(
+        id=row["id"],
+        notifier=row["notifier"],
+        dedup_key=row["dedup_key"],
+        event=event_from_json(row["event_json"]),
+        attempts=row["attempts"],
+        next_attempt_wall_s=row["next_attempt_wall_s"],
+        created_wall_s=row["created_wall_s"],
+        last_error=row["last_error"],
+    )
+
+
+def _placeholders(ids: Sequence[int]) -> str:
+    return ",".join("?" * len(ids))
+
+
+class SqliteOutbox:
+    """Implements `Outbox` on the `outbox` table; same thread contract as `Database`."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def enqueue(self, notifier: str, event: AlertEvent, now_wall_s: float) -> int:
+        key = event.dedup_key
+        with self._db.transaction() as conn:
+            row = conn.execute(
+                "SELECT id FROM outbox WHERE notifier = ? AND dedup_key = ? AND state = 'pending'",
+                (notifier, key),
+            ).fetchone()
+            if row is not None:
+                return int(row[0])
+            cursor = conn.execute(
+                "INSERT INTO outbox (notifier, dedup_key, event_json, next_attempt_wall_s, "
+                "created_wall_s) VALUES (?, ?, ?, ?, ?)",
+                (notifier, key, event_to_json(event), now_wall_s, now_wall_s),
+            )
+            return int(cursor.lastrowid or 0)
+
+    def due(self, now_wall_s: float, limit: int = 100) -> list[OutboxItem]:
+        rows = self._db.read(
+            f"SELECT {_COLUMNS} FROM outbox WHERE state = 'pending' "  # noqa: S608 (constant)
+            "AND next_attempt_wall_s <= ? ORDER BY created_wall_s, id LIMIT ?",
+            (now_wall_s, limit),
+        )
+        return [_item(row) for row in rows]
+
+    def mark_delivered(self, item_ids: Sequence[int], now_wall_s: float) -> None:
+        if not item_ids:
+            return
+        with self._db.transaction() as conn:
+            conn.execute(
+                "UPDATE outbox SET state = 'delivered', finished_wall_s = ? "  # noqa: S608 (? only)
+                f"WHERE state = 'pending' AND id IN ({_placeholders(item_ids)})",
+                (now_wall_s, *item_ids),
+            )
+
+    def mark_failed(
+        self,
+        item_ids: Sequence[int],
+        error: str,
+        next_attempt_wall_s: float,
+        *,
+        give_up: bool = False,
+    ) -> None:
+        if not item_ids:
+            return
+        with self._db.transaction() as conn:
+            conn.execute(
+                "UPDATE outbox SET attempts = attempts + 1, last_error = ?, "  # noqa: S608 (? only)
+                "next_attempt_wall_s = ?, state = ? "
+                f"WHERE state = 'pending' AND id IN ({_placeholders(item_ids)})",
+                (error, next_attempt_wall_s, "given_up" if give_up else "pending", *item_ids),
+            )
+
+    def backlog(self) -> int:
+        return int(self._db.read("SELECT count(*) FROM outbox WHERE state = 'pending'")[0][0])
+
+    def pending(self) -> list[OutboxItem]:
+        """Every pending row, due or not, oldest first (for `kvpilot status`)."""
+        rows = self._db.read(
+            f"SELECT {_COLUMNS} FROM outbox WHERE state = 'pending' "  # noqa: S608 (constant)
+            "ORDER BY created_wall_s, id"
+        )
+        return [_item(row) for row in rows]

@@ -1,0 +1,357 @@
+"""vLLM general plugin (`vllm.general_plugins` entry point `kvpilot_kvpool`).
+
+vLLM calls `register()` in every process it starts (API server, engine core, workers). It
+wraps, once per class (a marker attribute makes it idempotent: with fork the patch is
+inherited, with spawn `register()` runs again):
+
+* `Scheduler.__init__`: in the engine-core process, attach to the new scheduler and serve
+  `kvpool_*` on `KVPILOT_KVPOOL_PORT + data_parallel_rank`.
+* `Scheduler._preempt_request`: count preemptions with engine-side timestamps, at once.
+* `Scheduler.update_from_output`: the step boundary, where vLLM takes its own stats; a
+  pending scrape takes its block-pool snapshot here, so it matches `kv_cache_usage_perc`.
+* `WorkerWrapperBase.init_device`: in a process that owns a CUDA device, serve the caching
+  allocator's figures on `KVPILOT_KVPOOL_PORT + 100 + local_rank` (the node-local device
+  slot, DP-local rank * TP * PP + TP rank, so DP engines and workers never collide).
+
+Nothing here raises into vLLM: a failing part logs one line, counts
+`kvpool_plugin_errors_total{part}` and stops doing that part.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from kvpilot.collectors.kvpool.blocks import BlockPoolSnapshot, snapshot
+from kvpilot.collectors.kvpool.server import (
+    AllocatorReading,
+    EngineReading,
+    KvPoolCollector,
+    PartErrors,
+    RunningServer,
+    serve,
+)
+
+log = logging.getLogger("kvpilot.kvpool")
+
+PORT_ENV = "KVPILOT_KVPOOL_PORT"
+HOST_ENV = "KVPILOT_KVPOOL_HOST"
+DEFAULT_HOST = "127.0.0.1"
+ALLOCATOR_PORT_OFFSET = 100
+MARKER = "_kvpilot_kvpool_wrapped"
+HANDLE_ATTR = "_kvpilot_kvpool_engine"
+
+
+class EngineHandle:
+    """One scheduler's counters and its step-boundary snapshot exchange.
+
+    Thread contract: `on_step_end` and `on_preempt` run on the engine thread; `reading`
+    runs on the HTTP thread. A scrape raises a flag and waits (up to `wait_s`) for the
+    engine thread to snapshot at its next step boundary, where vLLM takes its own stats;
+    when the engine has not stepped for `idle_after_s` (or does not answer in time) the
+    scrape reads the pool itself, which is safe enough while nothing is scheduled.
+    """
+
+    def __init__(
+        self,
+        scheduler: object,
+        *,
+        engine: str,
+        model_name: str,
+        errors: PartErrors,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float],
+        wait_s: float = 0.5,
+        idle_after_s: float = 0.2,
+    ) -> None:
+        self._scheduler = weakref.ref(scheduler)
+        self.engine = engine
+        self.model_name = model_name
+        self._errors = errors
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._wait_s = wait_s
+        self._idle_after_s = idle_after_s
+        self.preemptions_total = 0
+        self.last_preemption_s: float | None = None
+        self.last_preemption_wall_s: float | None = None
+        self.steps_total = 0
+        self.last_step_s: float | None = None
+        self._wanted = False
+        self._cond = threading.Condition()
+        self._generation = 0
+        self._latest: BlockPoolSnapshot | None = None
+        self._blocks_failed = False
+
+    @property
+    def alive(self) -> bool:
+        return self._scheduler() is not None
+
+    def on_preempt(self) -> None:
+        """Engine thread, right after a request was preempted."""
+        try:
+            self.preemptions_total += 1
+            self.last_preemption_s = self._clock()
+            self.last_preemption_wall_s = self._wall_clock()
+        except Exception as exc:
+            self._errors.record("preemptions", exc)
+
+    def on_step_end(self) -> None:
+        """Engine thread, after `update_from_output`: a flag check unless a scrape waits."""
+        self.steps_total += 1
+        self.last_step_s = self._clock()
+        if not self._wanted:
+            return
+        taken = self._take()
+        with self._cond:
+            self._latest = taken
+            self._wanted = False
+            self._generation += 1
+            self._cond.notify_all()
+
+    def _take(self) -> BlockPoolSnapshot | None:
+        scheduler = self._scheduler()
+        if scheduler is None or self._blocks_failed:
+            return None
+        try:
+            return snapshot(scheduler, taken_at_s=self._clock(), wall_time_s=self._wall_clock())
+        except Exception as exc:
+            # A pool we cannot read stays unread: one log line, not one per scrape.
+            self._blocks_failed = True
+            self._errors.record("blocks", exc)
+            return None
+
+    def _snapshot_for_scrape(self) -> BlockPoolSnapshot | None:
+        last_step_s = self.last_step_s
+        if last_step_s is None or self._clock() - last_step_s > self._idle_after_s:
+            return self._take()
+        with self._cond:
+            generation = self._generation
+            self._wanted = True
+            answered = self._cond.wait_for(
+                lambda: self._generation != generation, timeout=self._wait_s
+            )
+            if answered:
+                return self._latest
+            self._wanted = False
+        return self._take()
+
+    def reading(self) -> EngineReading:
+        """HTTP thread: this engine's figures, the snapshot taken at a step boundary if busy."""
+        return EngineReading(
+            engine=self.engine,
+            model_name=self.model_name,
+            snapshot=self._snapshot_for_scrape(),
+            preemptions_total=self.preemptions_total,
+            last_preemption_wall_s=self.last_preemption_wall_s,
+            scheduler_steps_total=self.steps_total,
+        )
+
+
+class PluginState:
+    """Everything the plugin holds in one process; one HTTP server per port."""
+
+    def __init__(self, *, host: str, base_port: int) -> None:
+        self.host = host
+        self.base_port = base_port
+        self.errors = PartErrors()
+        self.clock: Callable[[], float] = time.monotonic
+        self.wall_clock: Callable[[], float] = time.time
+        self.engines: list[EngineHandle] = []
+        self.allocator_devices: list[tuple[str, int]] = []
+        self.servers: dict[int, RunningServer] = {}
+        self._lock = threading.Lock()
+
+    def engine_readings(self, engine: str) -> list[EngineReading]:
+        # A scheduler that is gone (engine rebuilt in-process) drops out of the exposition.
+        self.engines = [handle for handle in self.engines if handle.alive]
+        return [handle.reading() for handle in self.engines if handle.engine == engine]
+
+    def allocator_readings(self) -> list[AllocatorReading]:
+        from kvpilot.collectors.kvpool.allocator import read_allocator_stats
+
+        readings = []
+        for rank, device in list(self.allocator_devices):
+            try:
+                stats = read_allocator_stats(device, clock=self.clock, wall_clock=self.wall_clock)
+            except Exception as exc:
+                self.errors.record("allocator", exc)
+                continue
+            readings.append(AllocatorReading(rank=rank, stats=stats))
+        return readings
+
+    def ensure_server(self, port: int, *, engine: str | None, allocators: bool) -> None:
+        """Start the server for `port` once; a taken port disables it with one log line."""
+        with self._lock:
+            if port in self.servers:
+                return
+            collector = KvPoolCollector(
+                engines=functools.partial(self.engine_readings, engine) if engine else list,
+                allocators=self.allocator_readings if allocators else list,
+                errors=self.errors,
+                clock=self.clock,
+            )
+            try:
+                self.servers[port] = serve(collector, self.host, port)
+            except Exception as exc:
+                self.errors.record("server", exc)
+                return
+        log.info("kvpool: serving kvpool_* metrics on %s:%d", self.host, port)
+
+    def close(self) -> None:
+        """Stop every server (tests; in vLLM the daemon threads end with the process)."""
+        with self._lock:
+            servers, self.servers = list(self.servers.values()), {}
+        for server in servers:
+            server.close()
+
+
+_state: PluginState | None = None
+
+
+def state() -> PluginState | None:
+    """This process's plugin state, or None when the plugin is idle here."""
+    return _state
+
+
+def _read_config() -> tuple[str, int] | None:
+    raw = os.environ.get(PORT_ENV, "").strip()
+    if not raw:
+        return None
+    port = int(raw)
+    if not 0 < port < 65536:
+        raise ValueError(f"{PORT_ENV}={raw} is not a TCP port")
+    return os.environ.get(HOST_ENV, "").strip() or DEFAULT_HOST, port
+
+
+def register() -> None:
+    """vLLM's entry point: wrap the scheduler and worker classes once; never raises."""
+    global _state
+    try:
+        config = _read_config()
+    except Exception as exc:
+        log.warning("kvpool: bad configuration, plugin idle: %s", exc)
+        return
+    if config is None:
+        log.info("kvpool: %s is not set; plugin idle in this process", PORT_ENV)
+        return
+    if _state is None:
+        _state = PluginState(host=config[0], base_port=config[1])
+    current = _state
+    for part, patch in (("scheduler_patch", _patch_scheduler), ("worker_patch", _patch_worker)):
+        try:
+            patch(current)
+        except Exception as exc:
+            current.errors.record(part, exc)
+
+
+def _wrap_once(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]):
+    original = cls.__dict__.get(name)
+    if original is None or getattr(original, MARKER, False):
+        return
+    wrapper = functools.wraps(original)(make(original))
+    setattr(wrapper, MARKER, True)
+    setattr(cls, name, wrapper)
+
+
+def _patch_scheduler(current: PluginState) -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    patch_scheduler_class(Scheduler, current)
+
+
+def patch_scheduler_class(cls: type, current: PluginState) -> None:
+    """Wrap `__init__`, `_preempt_request` and `update_from_output` of `cls` once."""
+
+    def make_init(original):
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            try:
+                _attach(self, _state or current)
+            except Exception as exc:
+                (_state or current).errors.record("attach", exc)
+
+        return __init__
+
+    def make_preempt(original):
+        def _preempt_request(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            handle = getattr(self, HANDLE_ATTR, None)
+            if handle is not None:
+                handle.on_preempt()
+            return result
+
+        return _preempt_request
+
+    def make_update(original):
+        def update_from_output(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            handle = getattr(self, HANDLE_ATTR, None)
+            if handle is not None:
+                handle.on_step_end()
+            return result
+
+        return update_from_output
+
+    _wrap_once(cls, "__init__", make_init)
+    _wrap_once(cls, "_preempt_request", make_preempt)
+    _wrap_once(cls, "update_from_output", make_update)
+
+
+def _attach(scheduler: object, current: PluginState) -> None:
+    """Attach a handle to a new scheduler and serve its engine's port."""
+    vllm_config = getattr(scheduler, "vllm_config", None)
+    parallel = getattr(vllm_config, "parallel_config", None)
+    dp_rank = getattr(parallel, "data_parallel_rank", 0)
+    dp_rank = dp_rank if isinstance(dp_rank, int) and dp_rank >= 0 else 0
+    model_config = getattr(vllm_config, "model_config", None)
+    served = getattr(model_config, "served_model_name", None) or getattr(model_config, "model", "")
+    model_name = served[0] if isinstance(served, list | tuple) and served else str(served or "")
+    handle = EngineHandle(
+        scheduler,
+        engine=str(dp_rank),
+        model_name=model_name,
+        errors=current.errors,
+        clock=current.clock,
+        wall_clock=current.wall_clock,
+    )
+    setattr(scheduler, HANDLE_ATTR, handle)
+    current.engines.append(handle)
+    current.ensure_server(current.base_port + dp_rank, engine=str(dp_rank), allocators=False)
+
+
+def _patch_worker(current: PluginState) -> None:
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+    def make_init_device(original):
+        def init_device(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            try:
+                _attach_allocator(getattr(self, "worker", None), _state or current)
+            except Exception as exc:
+                (_state or current).errors.record("allocator_attach", exc)
+            return result
+
+        return init_device
+
+    _wrap_once(WorkerWrapperBase, "init_device", make_init_device)
+
+
+def _attach_allocator(worker: object, current: PluginState) -> None:
+    """Serve the allocator of the worker's CUDA device, if it has one."""
+    device = getattr(worker, "device", None)
+    if getattr(device, "type", None) != "cuda":
+        return
+    index = getattr(device, "index", None)
+    local_rank = getattr(worker, "local_rank", 0)
+    if not isinstance(index, int) or not isinstance(local_rank, int):
+        return
+    current.allocator_devices.append((str(getattr(worker, "rank", local_rank)), index))
+    port = current.base_port + ALLOCATOR_PORT_OFFSET + local_rank
+    current.ensure_server(port, engine=None, allocators=True)

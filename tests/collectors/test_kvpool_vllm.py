@@ -1,0 +1,180 @@
+"""The plugin inside a real CPU vLLM: free blocks, preemptions and fragmentation agree with vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+import httpx
+import pytest
+
+from kvpilot.collectors.kvpool.client import KvPoolScrape, KvPoolSource
+from kvpilot.collectors.promtext import parse_samples
+from kvpilot.rig.loadgen import LengthDist, Workload, run_load
+from kvpilot.rig.server import VllmServer
+
+pytestmark = pytest.mark.slow
+
+SETTLE_S = 60.0
+
+
+def kvpool_url(server: VllmServer) -> str:
+    assert server.spec.kvpool_port is not None
+    return f"http://127.0.0.1:{server.spec.kvpool_port}/metrics"
+
+
+async def vllm_figures(client: httpx.AsyncClient, server: VllmServer) -> dict[str, float]:
+    """vLLM's own view: free blocks from kv_cache_usage_perc and num_gpu_blocks, preemptions."""
+    text = (await client.get(f"{server.url}/metrics")).text
+    out: dict[str, float] = {}
+    for sample in parse_samples(text, prefixes=("vllm:",)):
+        labels = dict(sample.labels)
+        if sample.name == "vllm:kv_cache_usage_perc":
+            out["usage"] = sample.value
+        elif sample.name == "vllm:num_preemptions_total":
+            out["preemptions"] = sample.value
+        elif sample.name == "vllm:cache_config_info":
+            out["num_gpu_blocks"] = float(labels["num_gpu_blocks"])
+    # num_gpu_blocks includes the null block; usage is over the usable ones.
+    usable = out["num_gpu_blocks"] - 1
+    out["free"] = round((1.0 - out["usage"]) * usable)
+    out["usable"] = usable
+    return out
+
+
+async def kvpool_scrape(client: httpx.AsyncClient, server: VllmServer) -> KvPoolScrape:
+    got = await KvPoolSource(kvpool_url(server), client=client, timeout_s=10.0).scrape()
+    assert isinstance(got, KvPoolScrape), got
+    assert len(got.engines) == 1
+    return got
+
+
+async def wait_idle(client: httpx.AsyncClient, server: VllmServer) -> KvPoolScrape:
+    """Until no request runs and vLLM reports an empty pool (deadline SETTLE_S)."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        scrape = await kvpool_scrape(client, server)
+        theirs = await vllm_figures(client, server)
+        engine = scrape.engines[0]
+        if engine.requests_running == 0 and theirs["usage"] == 0.0:
+            return scrape
+        assert time.monotonic() < deadline, (engine, theirs)
+        await asyncio.sleep(0.2)
+
+
+def test_free_blocks_agree_with_vllm_under_load(vllm_server: VllmServer) -> None:
+    concurrency = 8
+    workload = Workload(
+        num_requests=48,
+        concurrency=concurrency,
+        prompt_len=LengthDist.uniform(40, 90),
+        output_len=LengthDist.uniform(60, 200),
+        seed=11,
+    )
+
+    async def go():
+        async with httpx.AsyncClient(timeout=30) as client:
+            await wait_idle(client, vllm_server)
+            load = asyncio.create_task(run_load(vllm_server.url, workload))
+            pairs = []
+            while not load.done():
+                # vLLM, the plugin, vLLM again: the plugin's step sits between the two.
+                before = await vllm_figures(client, vllm_server)
+                ours = (await kvpool_scrape(client, vllm_server)).engines[0]
+                after = await vllm_figures(client, vllm_server)
+                if ours.requests_running:
+                    pairs.append((before, ours, after))
+                await asyncio.sleep(0.25)
+            report = await load
+            return report, pairs, await wait_idle(client, vllm_server)
+
+    report, pairs, idle = asyncio.run(go())
+    assert not report.failed
+    assert len(pairs) >= 5, "too few readings under load"
+    # One step of this load moves at most: a block per running request, the prompt blocks
+    # of newly admitted requests, and the blocks of requests that finished.
+    max_request_blocks = -(-(90 + 200) // 32)
+    one_step = concurrency * max_request_blocks
+    gaps = []
+    for before, ours, after in pairs:
+        assert ours.blocks_total == before["usable"]
+        low, high = sorted((before["free"], after["free"]))
+        assert low - one_step <= ours.blocks_free <= high + one_step, (before, ours, after)
+        gaps.append(
+            0
+            if low <= ours.blocks_free <= high
+            else min(abs(ours.blocks_free - low), abs(ours.blocks_free - high))
+        )
+    # Most readings fall between vLLM's two readings: the same step, not merely close.
+    assert statistics.median(gaps) <= 1, gaps
+    # At rest the two agree exactly, prefix-cached blocks counted as free by both.
+    engine = idle.engines[0]
+    assert engine.blocks_free == engine.blocks_total
+    assert engine.blocks_free_cached is not None and engine.blocks_free_cached > 0
+
+
+def test_preemptions_match_vllm_counter(preempting_vllm_server: VllmServer) -> None:
+    server = preempting_vllm_server
+    workload = Workload(
+        num_requests=64,
+        concurrency=64,
+        prompt_len=LengthDist.uniform(100, 200),
+        output_len=LengthDist.fixed(64),
+        seed=5,
+    )
+
+    async def go():
+        async with httpx.AsyncClient(timeout=30) as client:
+            start = await kvpool_scrape(client, server)
+            base_ours = start.engines[0].preemptions_total
+            base_theirs = (await vllm_figures(client, server))["preemptions"]
+            started_wall = time.time()
+            report = await run_load(server.url, workload)
+            deadline = time.monotonic() + SETTLE_S
+            while True:
+                ours = (await kvpool_scrape(client, server)).engines[0]
+                theirs = await vllm_figures(client, server)
+                ours_delta = ours.preemptions_total - base_ours
+                theirs_delta = theirs["preemptions"] - base_theirs
+                if ours_delta == theirs_delta or time.monotonic() > deadline:
+                    return report, started_wall, ours, ours_delta, theirs_delta
+                await asyncio.sleep(0.5)
+
+    report, started_wall, ours, ours_delta, theirs_delta = asyncio.run(go())
+    assert not report.failed
+    assert ours_delta > 0, "the load did not preempt; the test proves nothing"
+    assert ours_delta == theirs_delta
+    assert ours.last_preemption_wall_s is not None
+    assert started_wall <= ours.last_preemption_wall_s <= time.time()
+
+
+def test_fragmentation_zero_at_rest_and_positive_under_load(vllm_server: VllmServer) -> None:
+    workload = Workload(
+        num_requests=40,
+        concurrency=10,
+        prompt_len=LengthDist.uniform(30, 120),
+        output_len=LengthDist.uniform(20, 240),
+        seed=23,
+    )
+
+    async def go():
+        async with httpx.AsyncClient(timeout=30) as client:
+            rest_before = await wait_idle(client, vllm_server)
+            load = asyncio.create_task(run_load(vllm_server.url, workload))
+            ratios = []
+            while not load.done():
+                engine = (await kvpool_scrape(client, vllm_server)).engines[0]
+                if engine.fragmentation is not None and engine.fragmentation.ratio is not None:
+                    ratios.append(engine.fragmentation.ratio)
+                await asyncio.sleep(0.2)
+            report = await load
+            return rest_before, ratios, report, await wait_idle(client, vllm_server)
+
+    rest_before, ratios, report, rest_after = asyncio.run(go())
+    assert not report.failed
+    for rest in (rest_before, rest_after):
+        frag = rest.engines[0].fragmentation
+        assert frag is not None and frag.ratio == 0.0
+    assert ratios, "no unguarded readings under load"
+    assert max(ratios) > 0.0, ratios
