@@ -71,14 +71,15 @@ def collect(
     timeout: Annotated[float, typer.Option(help="Per-request timeout, seconds.")] = 2.0,
 ) -> None:
     """Read vLLM's /metrics, the kvpool plugin and NVML, and show what they say."""
-    configure_logging(json_logs=False, level=logging.WARNING)
+    configure_logging(json_logs=False, level=logging.ERROR)  # the output says what failed
     settings = CollectSettings(
         vllm_url=vllm_url,
         kvpool_url=kvpool_url,
         api_key=api_key,
         timeout_s=timeout,
-        rate_span_s=span or 60.0,
-        quantile_span_s=span or 60.0,
+        # The second scrape lands a little after `span`: keep both in the window.
+        rate_span_s=2 * span if span else 60.0,
+        quantile_span_s=2 * span if span else 60.0,
     )
     pids = _pids_option(server_pid)
     if once:

@@ -21,7 +21,11 @@ LATENCY_FIELDS = (
 
 @dataclass(frozen=True, slots=True)
 class EngineFigures:
-    """Rates and quantiles of one engine; span_s None means since the server started."""
+    """Rates and quantiles of one engine.
+
+    `span_s` is the time between the oldest and newest scrape the quantiles cover; None
+    means a single scrape, so the quantiles are since the server started.
+    """
 
     model_name: str
     engine: str
@@ -48,11 +52,12 @@ def derive_figures(
     figures = []
     for sample in snapshot.vllm.engines:
         key = (sample.model_name, sample.engine)
-        windowed = vllm_window.quantiles(key, "ttft", quantile_span_s, QUANTILES)
-        has_window = any(v is not None for v in windowed.values())
+        in_span = vllm_window.samples(key, quantile_span_s)
+        # Two scrapes make a window; one alone gives quantiles since the server started.
+        covered_s = in_span[-1].taken_at_s - in_span[0].taken_at_s if len(in_span) >= 2 else None
         latency: list[tuple[str, float, float | None]] = []
         for name, field in LATENCY_FIELDS:
-            if has_window:
+            if covered_s is not None:
                 values = vllm_window.quantiles(key, field, quantile_span_s, QUANTILES)
             else:
                 histogram = getattr(sample, field)
@@ -66,7 +71,7 @@ def derive_figures(
             EngineFigures(
                 model_name=sample.model_name,
                 engine=sample.engine,
-                span_s=quantile_span_s if has_window else None,
+                span_s=covered_s,
                 preemption_rate_per_s=vllm_window.rate(key, "preemptions_total", rate_span_s),
                 kvpool_preemption_rate_per_s=_kvpool_rate(
                     kvpool_window, sample.engine, rate_span_s
@@ -83,7 +88,7 @@ def derive_figures(
 
 
 def _kvpool_rate(window: RollingWindow, engine: str, span_s: float) -> float | None:
-    for key in window:
+    for key in window.keys():  # noqa: SIM118 - a RollingWindow is not a mapping
         if key[1] == engine:
             return window.rate(key, "preemptions_total", span_s)
     return None

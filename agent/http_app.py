@@ -10,8 +10,17 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kvpilot.agent.tick import TickState
+
+
+class _AsgiApp:
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
 
 
 def build_app(
@@ -37,7 +46,8 @@ def build_app(
     return Starlette(
         routes=[
             Route("/healthz", healthz),
-            # A Route (not a Mount) so that /metrics answers without a redirect to /metrics/.
-            Route("/metrics", make_asgi_app(registry)),
+            # A Route (not a Mount) so that /metrics answers without a redirect to /metrics/;
+            # wrapped so that Starlette treats the function as an ASGI app, not a handler.
+            Route("/metrics", _AsgiApp(make_asgi_app(registry))),
         ]
     )

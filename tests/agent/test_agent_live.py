@@ -95,7 +95,7 @@ def test_collect_with_span_computes_rates_between_two_scrapes(vllm_server: VllmS
     result = asyncio.run(load_while_collecting())
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout)["figures"][0]
-    assert figures["span_s"] == 3.0
+    assert 3.0 <= figures["span_s"] < 5.0  # the time between the two scrapes
     assert figures["generation_tokens_per_s"] > 0
     assert figures["iterations_per_s"] > 0
 
