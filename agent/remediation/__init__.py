@@ -1,0 +1,62 @@
+"""Remediation: the ladder per rule, the guards, and the remediator that runs them."""
+
+from kvpilot.agent.remediation.events import CIRCUIT_OPEN_ALERT, TUNING_RECOMMENDED_ALERT
+from kvpilot.agent.remediation.guards import (
+    CircuitBreaker,
+    Cooldown,
+    GuardDecision,
+    RestartBudget,
+)
+from kvpilot.agent.remediation.journal import (
+    MemoryJournal,
+    RemediationJournal,
+    RemediationRecordLike,
+    unfinished,
+)
+from kvpilot.agent.remediation.ladder import Plan, manual_plan, plan_for
+from kvpilot.agent.remediation.prefix_cache import (
+    HttpPrefixCacheReset,
+    LightStep,
+    LightStepResult,
+)
+from kvpilot.agent.remediation.preflight import MemoryCheck, MemoryPreflight
+from kvpilot.agent.remediation.remediator import (
+    ActiveRemediation,
+    Outcome,
+    Reconciled,
+    RemediationStatus,
+    Remediator,
+    RestartTarget,
+    Trigger,
+)
+from kvpilot.agent.remediation.settings import RemediationSettings, settings_warnings
+
+__all__ = [
+    "CIRCUIT_OPEN_ALERT",
+    "TUNING_RECOMMENDED_ALERT",
+    "ActiveRemediation",
+    "CircuitBreaker",
+    "Cooldown",
+    "GuardDecision",
+    "HttpPrefixCacheReset",
+    "LightStep",
+    "LightStepResult",
+    "MemoryCheck",
+    "MemoryJournal",
+    "MemoryPreflight",
+    "Outcome",
+    "Plan",
+    "Reconciled",
+    "RemediationJournal",
+    "RemediationRecordLike",
+    "RemediationSettings",
+    "RemediationStatus",
+    "Remediator",
+    "RestartBudget",
+    "RestartTarget",
+    "Trigger",
+    "manual_plan",
+    "plan_for",
+    "settings_warnings",
+    "unfinished",
+]

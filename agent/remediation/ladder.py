@@ -1,0 +1,109 @@
+"""Which steps a firing alert leads to, per rule and its configured action.
+
+* `alert`: notify only; nothing is planned.
+* `restart`: the light step where vLLM offers one and the user enabled it (resetting the
+  prefix cache), then a restart with the same flags.
+* `ladder` (the preemption spike's default): a restart with the tuner's validated better
+  flags when it holds some (a promotion); a restart with the same flags only for the
+  capacity-leak signature; otherwise a recommendation to run the tuner, and no restart.
+
+The action comes from the condition's `action` annotation (the rules write their
+configured action there); a rule without one is alert-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from kvpilot.agent.model import Labels
+
+Step = Literal["reset_prefix_cache", "restart", "promote", "recommend_tuning"]
+# Rules whose pressure a prefix-cache reset can relieve: it frees cached blocks now, and
+# gives the block pool back its order.
+LIGHT_STEP_RULES = frozenset({"fragmentation_kv_blocks", "kv_saturation", "preemption_spike"})
+BetterConfig = Callable[[str], Sequence[str] | None]
+
+
+def no_better_config(instance: str) -> Sequence[str] | None:
+    """The default before a tuner is wired: it holds nothing validated."""
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What to do about one firing alert: the steps in order, and why."""
+
+    rule: str
+    action: str
+    steps: tuple[Step, ...]
+    reason: str
+    argv: tuple[str, ...] | None = None  # the promoted flags, for `promote`
+
+    @property
+    def restarts(self) -> bool:
+        return "restart" in self.steps or "promote" in self.steps
+
+
+def plan_for(
+    rule: str,
+    annotations: Labels,
+    instance: str,
+    *,
+    light_step_enabled: bool,
+    better_config: BetterConfig = no_better_config,
+) -> Plan:
+    """The ladder for one firing alert of `rule` on `instance`."""
+    notes = dict(annotations)
+    action = notes.get("action", "alert")
+    if action == "alert":
+        return Plan(rule, action, (), f"{rule}: action is alert (notify only)")
+    if action == "ladder":
+        argv = better_config(instance)
+        if argv is not None:
+            return Plan(
+                rule,
+                action,
+                ("promote",),
+                "the tuner holds a validated better configuration: promote it",
+                tuple(argv),
+            )
+        leak = notes.get("capacity_leak")
+        if leak == "true":
+            return Plan(
+                rule,
+                action,
+                (*_light(rule, light_step_enabled), "restart"),
+                "capacity-leak signature (KV usage high while few requests run): restart "
+                "with the same flags",
+            )
+        why = (
+            "no capacity-leak signature"
+            if leak == "false"
+            else f"capacity leak {leak or 'unknown'}"
+        )
+        return Plan(
+            rule,
+            action,
+            ("recommend_tuning",),
+            f"{why}; a restart with the same flags would bring the preemptions back: "
+            "recommend a tuning run",
+        )
+    if action == "restart":
+        return Plan(
+            rule,
+            action,
+            (*_light(rule, light_step_enabled), "restart"),
+            f"{rule}: action is restart",
+        )
+    return Plan(rule, action, (), f"{rule}: unknown action {action!r}, treated as alert only")
+
+
+def manual_plan(reason: str) -> Plan:
+    """An operator's restart: no light step, the same flags."""
+    return Plan("manual", "restart", ("restart",), reason)
+
+
+def _light(rule: str, enabled: bool) -> tuple[Step, ...]:
+    return ("reset_prefix_cache",) if enabled and rule in LIGHT_STEP_RULES else ()

@@ -1,0 +1,102 @@
+"""Which steps each rule and action lead to."""
+
+from __future__ import annotations
+
+from kvpilot.agent.model import labels_of
+from kvpilot.agent.remediation import plan_for
+from kvpilot.agent.remediation.ladder import manual_plan
+
+
+def notes(**values: str):
+    return labels_of(values)
+
+
+def test_kv_blocks_fragmentation_is_alert_only_by_default_and_restarts_when_configured() -> None:
+    default = plan_for(
+        "fragmentation_kv_blocks", notes(action="alert"), "i", light_step_enabled=False
+    )
+    assert default.steps == ()
+    assert not default.restarts
+    configured = plan_for(
+        "fragmentation_kv_blocks", notes(action="restart"), "i", light_step_enabled=False
+    )
+    assert configured.steps == ("restart",)
+
+
+def test_allocator_fragmentation_restarts_without_a_light_step() -> None:
+    plan = plan_for(
+        "fragmentation_allocator", notes(action="restart"), "i", light_step_enabled=True
+    )
+    # The prefix cache has nothing to do with the CUDA allocator.
+    assert plan.steps == ("restart",)
+
+
+def test_light_step_comes_first_only_when_enabled() -> None:
+    rule = "fragmentation_kv_blocks"
+    assert plan_for(rule, notes(action="restart"), "i", light_step_enabled=True).steps == (
+        "reset_prefix_cache",
+        "restart",
+    )
+    assert plan_for(rule, notes(action="restart"), "i", light_step_enabled=False).steps == (
+        "restart",
+    )
+
+
+def test_preemption_ladder_promotes_a_better_configuration() -> None:
+    asked = []
+
+    def better(instance: str):
+        asked.append(instance)
+        return ["python", "-m", "vllm.entrypoints.openai.api_server", "--max-num-seqs", "8"]
+
+    plan = plan_for(
+        "preemption_spike",
+        notes(action="ladder", capacity_leak="true"),
+        "vllm-0",
+        light_step_enabled=False,
+        better_config=better,
+    )
+    assert plan.steps == ("promote",)
+    assert plan.argv is not None and plan.argv[-2:] == ("--max-num-seqs", "8")
+    assert asked == ["vllm-0"]
+
+
+def test_preemption_ladder_restarts_only_for_the_capacity_leak() -> None:
+    leak = plan_for(
+        "preemption_spike",
+        notes(action="ladder", capacity_leak="true"),
+        "i",
+        light_step_enabled=False,
+    )
+    assert leak.steps == ("restart",) and leak.argv is None
+    for signature in ("false", "unknown"):
+        plan = plan_for(
+            "preemption_spike",
+            notes(action="ladder", capacity_leak=signature),
+            "i",
+            light_step_enabled=False,
+        )
+        assert plan.steps == ("recommend_tuning",)
+        assert not plan.restarts
+
+
+def test_preemption_action_restart_is_literal() -> None:
+    plan = plan_for(
+        "preemption_spike",
+        notes(action="restart", capacity_leak="false"),
+        "i",
+        light_step_enabled=False,
+    )
+    assert plan.steps == ("restart",)
+
+
+def test_no_or_unknown_action_is_alert_only() -> None:
+    assert plan_for("engine_stall", (), "i", light_step_enabled=True).steps == ()
+    assert (
+        plan_for("engine_stall", notes(action="reboot"), "i", light_step_enabled=True).steps == ()
+    )
+
+
+def test_manual_plan_is_a_plain_restart() -> None:
+    plan = manual_plan("operator asked")
+    assert plan.steps == ("restart",) and plan.reason == "operator asked"
