@@ -26,6 +26,9 @@ class RuleContext:
     kvpool_window: RollingWindow
     figures: tuple[EngineFigures, ...]
     instance: Instance
+    # What the runtime says of the instance's process: running, exited, missing, unknown.
+    instance_state: str | None = None
+    instance_state_reason: str | None = None
 
     @property
     def now_s(self) -> float:

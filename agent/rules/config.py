@@ -240,6 +240,18 @@ class GpuNeighbourPressureRule(_RuleBase):
     )
 
 
+class ServerDownRule(_RuleBase):
+    """The vLLM server's process exited or disappeared (the runtime says so)."""
+
+    for_s: float = Field(5.0, ge=0, description="How long the server must stay down before firing.")
+    severity: Severity = Field("critical", description="The `severity` label of the alert.")
+    action: Literal["restart", "alert"] = Field(
+        "restart",
+        description="restart: bring it back through the runtime (under the remediation "
+        "guards); alert: notify only (another supervisor restarts it).",
+    )
+
+
 class RulesConfig(BaseModel):
     """Every rule, with the product's defaults."""
 
@@ -253,6 +265,10 @@ class RulesConfig(BaseModel):
         default_factory=PreemptionSpikeRule,
         description="Preemption spike (from the plugin's lag-free counter where present, "
         "else vLLM's).",
+    )
+    server_down: ServerDownRule = Field(
+        default_factory=ServerDownRule,
+        description="The server's process exited or is missing.",
     )
     kv_saturation: KvSaturationRule = Field(
         default_factory=KvSaturationRule,
@@ -277,6 +293,7 @@ class RulesConfig(BaseModel):
             "fragmentation_kv_blocks": self.fragmentation.kv_blocks.for_s,
             "fragmentation_allocator": self.fragmentation.allocator.for_s,
             "preemption_spike": self.preemption_spike.for_s,
+            "server_down": self.server_down.for_s,
             "kv_saturation": self.kv_saturation.for_s,
             "engine_stall": self.engine_stall.for_s,
             "gpu_memory_growth": self.gpu_memory_growth.for_s,

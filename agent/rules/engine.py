@@ -12,6 +12,7 @@ from kvpilot.agent.rules.fragmentation import FragmentationRule
 from kvpilot.agent.rules.gpu_memory import GpuMemoryGrowthRule, GpuNeighbourPressureRule
 from kvpilot.agent.rules.preemption import PreemptionSpikeRule
 from kvpilot.agent.rules.saturation import KvSaturationRule
+from kvpilot.agent.rules.server_down import ServerDownRule
 from kvpilot.agent.rules.stall import EngineStallRule
 from kvpilot.agent.snapshot import Snapshot
 from kvpilot.collectors.window import RollingWindow
@@ -31,6 +32,7 @@ def build_rules(config: RulesConfig) -> list[Rule]:
             FragmentationRule("allocator", config.fragmentation.allocator),
         ),
         (config.preemption_spike.enabled, PreemptionSpikeRule(config.preemption_spike)),
+        (config.server_down.enabled, ServerDownRule(config.server_down)),
         (config.kv_saturation.enabled, KvSaturationRule(config.kv_saturation)),
         (config.engine_stall.enabled, EngineStallRule(config.engine_stall)),
         (config.gpu_memory_growth.enabled, GpuMemoryGrowthRule(config.gpu_memory_growth)),
@@ -61,6 +63,8 @@ class RuleEngine:
         vllm_window: RollingWindow,
         kvpool_window: RollingWindow,
         figures: tuple[EngineFigures, ...] = (),
+        instance_state: str | None = None,
+        instance_state_reason: str | None = None,
     ) -> list[Condition]:
         """Every rule's conditions for one instance at one tick."""
         ctx = RuleContext(
@@ -69,6 +73,8 @@ class RuleEngine:
             kvpool_window=kvpool_window,
             figures=figures,
             instance=instance,
+            instance_state=instance_state,
+            instance_state_reason=instance_state_reason,
         )
         return self.evaluate_context(ctx)
 

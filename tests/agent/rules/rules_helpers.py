@@ -142,6 +142,8 @@ class Driver:
         allocators: Sequence[AllocatorSample] = (),
         kvpool_error: SourceError | None = None,
         gpu_state: NvmlSnapshot | SourceError = NO_GPU,
+        instance_state: str | None = None,
+        instance_state_reason: str | None = None,
     ) -> list[Condition]:
         if isinstance(engines, SourceError):
             vllm: VllmScrape | SourceError = engines
@@ -179,6 +181,8 @@ class Driver:
             kvpool_window=self.kvpool_window,
             figures=(),
             instance=self.instance,
+            instance_state=instance_state,
+            instance_state_reason=instance_state_reason,
         )
         return self.rule.evaluate(ctx)
 

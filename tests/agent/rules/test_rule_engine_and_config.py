@@ -34,6 +34,7 @@ def test_defaults_build_every_rule_and_disabled_ones_are_left_out() -> None:
         "fragmentation_kv_blocks",
         "fragmentation_allocator",
         "preemption_spike",
+        "server_down",
         "kv_saturation",
         "engine_stall",
         "gpu_memory_growth",
@@ -77,6 +78,7 @@ def test_engine_on_defaults_evaluates_a_real_snapshot() -> None:
         "preemption_spike": None,  # one reading only
         "kv_saturation": True,
         "engine_stall": None,  # no progress seen yet
+        "server_down": None,  # no runtime state given
     }
 
 
