@@ -173,11 +173,18 @@ def demo(
 
 
 @app.command("metrics-table")
-def metrics_table() -> None:
-    """Print the Markdown table of every metric the agent exports."""
-    from kvpilot.agent.metric_catalog import markdown_table
+def metrics_table(
+    readme: Annotated[
+        Path | None, typer.Option(help="Rewrite the table between the markers in this file.")
+    ] = None,
+) -> None:
+    """Print the Markdown table of every metric the agent exports (or update the README's)."""
+    from kvpilot.agent.metric_catalog import markdown_table, replace_table
 
-    print(markdown_table())
+    if readme is None:
+        print(markdown_table())
+        return
+    readme.write_text(replace_table(readme.read_text()))
 
 
 @rig_app.command("serve")

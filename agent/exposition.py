@@ -7,7 +7,8 @@ GPU process exited) vanish with them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -37,17 +38,19 @@ class _Families:
         family = self._family(name)
         family.add_metric(list(labels), value)
 
-    def info(self, name: str, values: dict[str, str]) -> None:
+    def info(self, name: str, labels: Iterable[str], values: dict[str, str]) -> None:
         family = self._family(name)
         assert isinstance(family, InfoMetricFamily)
-        family.add_metric([], values)
+        family.add_metric(list(labels), values)
 
     def _family(self, name: str) -> Family:
         if name not in self._made:
             spec = CATALOG[name]
             base = name.removesuffix("_total") if spec.kind == "counter" else name
             base = base.removesuffix("_info") if spec.kind == "info" else base
-            labels = [] if spec.kind == "info" else list(spec.labels)
+            labels = list(spec.labels)
+            if spec.kind == "info":  # the info's own keys are values, not family labels
+                labels = [label for label in labels if label != "version"]
             kinds = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
             maker = kinds.get(spec.kind, InfoMetricFamily)
             self._made[name] = maker(base, spec.help, labels=labels)
@@ -57,46 +60,84 @@ class _Families:
         return iter(self._made.values())
 
 
-class AgentCollector(Collector):
-    """A prometheus-client collector over the agent's latest tick."""
+@dataclass(frozen=True, slots=True)
+class ServerView:
+    """One vLLM server the agent watches: its name, role, and latest tick."""
 
-    def __init__(self, state: TickState) -> None:
-        self._state = state
+    server: str
+    role: str
+    state: TickState
+    pids: frozenset[int] = frozenset()  # the server's processes, in the agent's namespace
+
+    @property
+    def labels(self) -> tuple[str, str]:
+        return (self.server, self.role)
+
+
+class AgentCollector(Collector):
+    """A prometheus-client collector over the latest tick of every watched server.
+
+    GPU families come from the first server's snapshot: the agent takes one NVML reading
+    per tick and every server's snapshot holds that same reading.
+    """
+
+    def __init__(
+        self,
+        servers: Callable[[], Sequence[ServerView]],
+        extra: Callable[[_Families], None] | None = None,
+    ) -> None:
+        self._servers = servers
+        self._extra = extra
 
     def collect(self) -> Iterator[Family]:
         out = _Families()
-        out.info("kvpilot_build_info", {"version": kvpilot.__version__})
-        state = self._state
-        out.add("kvpilot_ticks_total", (), state.ticks_total)
-        for (source, reason), count in sorted(state.errors_total.items()):
-            out.add("kvpilot_collector_errors_total", (source, reason), count)
-        snapshot = state.latest
-        if snapshot is not None:
-            for source in SOURCES:
-                value = getattr(snapshot, source)
-                if value is None:
-                    continue  # not configured
-                up = 0.0 if isinstance(value, SourceError) else 1.0
-                out.add("kvpilot_collector_up", (source,), up)
-                duration = snapshot.duration_s(source)
-                out.add("kvpilot_collector_scrape_duration_seconds", (source,), duration)
-            if isinstance(snapshot.vllm, VllmScrape):
-                _vllm(out, snapshot.vllm)
-            if isinstance(snapshot.kvpool, KvPoolScrape):
-                _kvpool(out, snapshot.kvpool)
-            if isinstance(snapshot.nvml, NvmlSnapshot):
-                for gpu in snapshot.nvml.gpus:
-                    _gpu(out, gpu)
-        for figures in state.figures:
-            _figures(out, figures)
+        out.info("kvpilot_build_info", (), {"version": kvpilot.__version__})
+        servers = list(self._servers())
+        out.add("kvpilot_ticks_total", (), max((v.state.ticks_total for v in servers), default=0))
+        for view in servers:
+            _server(out, view)
+        _gpus(out, servers)
+        if self._extra is not None:
+            self._extra(out)
         yield from out
 
 
-def _vllm(out: _Families, scrape: VllmScrape) -> None:
+def _gpus(out: _Families, servers: Sequence[ServerView]) -> None:
+    snapshot = servers[0].state.latest if servers else None
+    if snapshot is None or not isinstance(snapshot.nvml, NvmlSnapshot):
+        return
+    owners = {pid: view.server for view in servers for pid in view.pids}
+    for gpu in snapshot.nvml.gpus:
+        _gpu(out, gpu, owners)
+
+
+def _server(out: _Families, view: ServerView) -> None:
+    state, server = view.state, view.labels
+    for (source, reason), count in sorted(state.errors_total.items()):
+        out.add("kvpilot_collector_errors_total", (*server, source, reason), count)
+    snapshot = state.latest
+    if snapshot is not None:
+        for source in SOURCES:
+            value = getattr(snapshot, source)
+            if value is None:
+                continue  # not configured
+            up = 0.0 if isinstance(value, SourceError) else 1.0
+            out.add("kvpilot_collector_up", (*server, source), up)
+            duration = snapshot.duration_s(source)
+            out.add("kvpilot_collector_scrape_duration_seconds", (*server, source), duration)
+        if isinstance(snapshot.vllm, VllmScrape):
+            _vllm(out, server, snapshot.vllm)
+        if isinstance(snapshot.kvpool, KvPoolScrape):
+            _kvpool(out, server, snapshot.kvpool)
+    for figures in state.figures:
+        _figures(out, server, figures)
+
+
+def _vllm(out: _Families, server: tuple[str, str], scrape: VllmScrape) -> None:
     if scrape.vllm_version:
-        out.info("kvpilot_vllm_info", {"version": scrape.vllm_version})
+        out.info("kvpilot_vllm_info", server, {"version": scrape.vllm_version})
     for e in scrape.engines:
-        key = (e.model_name, e.engine)
+        key = (*server, e.model_name, e.engine)
         out.add("kvpilot_kv_usage_ratio", key, e.kv_usage_ratio)
         out.add("kvpilot_kv_blocks", (*key, "capacity"), e.blocks_total)
         out.add("kvpilot_kv_blocks", (*key, "free"), e.blocks_free)
@@ -106,9 +147,9 @@ def _vllm(out: _Families, scrape: VllmScrape) -> None:
         out.add("kvpilot_preemptions_total", (*key, "vllm"), e.preemptions_total)
 
 
-def _kvpool(out: _Families, scrape: KvPoolScrape) -> None:
+def _kvpool(out: _Families, server: tuple[str, str], scrape: KvPoolScrape) -> None:
     for e in scrape.engines:
-        key = (e.model_name, e.engine)
+        key = (*server, e.model_name, e.engine)
         for state, value in (
             ("total", e.blocks_total),
             ("free", e.blocks_free),
@@ -123,8 +164,12 @@ def _kvpool(out: _Families, scrape: KvPoolScrape) -> None:
         out.add("kvpilot_preemptions_total", (*key, "kvpool"), e.preemptions_total)
         out.add("kvpilot_last_preemption_timestamp_seconds", key, e.last_preemption_wall_s)
     for a in scrape.allocators:
-        key = (a.device, a.rank)
-        out.add("kvpilot_fragmentation_ratio", ("", "", "allocator", *key), a.fragmentation_ratio)
+        key = (*server, a.device, a.rank)
+        out.add(
+            "kvpilot_fragmentation_ratio",
+            (*server, "", "", "allocator", a.device, a.rank),
+            a.fragmentation_ratio,
+        )
         for state, value in (
             ("reserved", a.reserved_bytes),
             ("allocated", a.allocated_bytes),
@@ -135,7 +180,7 @@ def _kvpool(out: _Families, scrape: KvPoolScrape) -> None:
             out.add("kvpilot_allocator_bytes", (*key, state), value)
 
 
-def _gpu(out: _Families, gpu: GpuSample) -> None:
+def _gpu(out: _Families, gpu: GpuSample, owners: Mapping[int, str]) -> None:
     key = (str(gpu.index), gpu.uuid or "")
     for state, value in (
         ("total", gpu.total_bytes),
@@ -147,8 +192,9 @@ def _gpu(out: _Families, gpu: GpuSample) -> None:
     out.add("kvpilot_gpu_utilization_ratio", (*key, "sm"), gpu.utilization_gpu_ratio)
     out.add("kvpilot_gpu_utilization_ratio", (*key, "memory"), gpu.utilization_memory_ratio)
     for process in gpu.processes or ():
-        role = "server" if process.is_server else "neighbour"
-        labels = (*key, str(process.host_pid), role)
+        owner = "server" if process.is_server else "neighbour"
+        server = owners.get(process.container_pid or -1, "") if process.is_server else ""
+        labels = (*key, str(process.host_pid), owner, server)
         out.add("kvpilot_gpu_process_memory_bytes", labels, process.used_bytes)
     for mig in gpu.mig_instances:
         mig_key = (str(gpu.index), str(mig.mig_index), mig.uuid or "")
@@ -160,8 +206,8 @@ def _gpu(out: _Families, gpu: GpuSample) -> None:
             out.add("kvpilot_mig_memory_bytes", (*mig_key, state), value)
 
 
-def _figures(out: _Families, f: EngineFigures) -> None:
-    key = (f.model_name, f.engine)
+def _figures(out: _Families, server: tuple[str, str], f: EngineFigures) -> None:
+    key = (*server, f.model_name, f.engine)
     out.add("kvpilot_preemption_rate_per_second", (*key, "vllm"), f.preemption_rate_per_s)
     out.add("kvpilot_preemption_rate_per_second", (*key, "kvpool"), f.kvpool_preemption_rate_per_s)
     out.add("kvpilot_prefix_cache_hit_ratio", key, f.prefix_cache_hit_ratio)
@@ -171,8 +217,17 @@ def _figures(out: _Families, f: EngineFigures) -> None:
         out.add("kvpilot_latency_seconds", (*key, metric, f"{q:g}"), value)
 
 
-def build_registry(state: TickState) -> CollectorRegistry:
+def build_registry(
+    servers: Callable[[], Sequence[ServerView]],
+    extra: Callable[[_Families], None] | None = None,
+) -> CollectorRegistry:
     """A private registry holding only the agent's collector (no process/platform noise)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(AgentCollector(state))
+    registry.register(AgentCollector(servers, extra))
     return registry
+
+
+def single_server(state: TickState, server: str = "vllm") -> Callable[[], Sequence[ServerView]]:
+    """The view of `kvpilot run` without a configuration: one stable server."""
+    views = (ServerView(server, "stable", state),)
+    return lambda: views

@@ -18,7 +18,7 @@ from datetime import UTC
 import uvicorn
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from kvpilot.agent.exposition import build_registry
+from kvpilot.agent.exposition import build_registry, single_server
 from kvpilot.agent.http_app import build_app
 from kvpilot.agent.tick import Ticker
 
@@ -56,7 +56,7 @@ async def run_agent(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, _on_signal, stop, sig)
 
-    registry = build_registry(ticker.state)
+    registry = build_registry(single_server(ticker.state))
     app = build_app(
         ticker.state, registry, clock=clock, stale_after_s=max(10.0, 5 * settings.interval_s)
     )

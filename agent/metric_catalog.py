@@ -11,7 +11,9 @@ from typing import Literal
 
 Kind = Literal["gauge", "counter", "info"]
 
-ENGINE = ("model_name", "engine")
+# `server` is the vLLM instance's name in kvpilot's configuration, `role` stable or canary.
+SERVER = ("server", "role")
+ENGINE = (*SERVER, "model_name", "engine")
 GPU = ("gpu", "uuid")
 
 
@@ -29,25 +31,25 @@ _SPECS = (
     MetricSpec(
         "kvpilot_collector_up",
         "gauge",
-        ("source",),
+        (*SERVER, "source"),
         "1 when the source's last read succeeded, 0 when it failed (see errors_total).",
     ),
     MetricSpec(
         "kvpilot_collector_scrape_duration_seconds",
         "gauge",
-        ("source",),
+        (*SERVER, "source"),
         "Time the source's last read took.",
     ),
     MetricSpec(
         "kvpilot_collector_errors_total",
         "counter",
-        ("source", "reason"),
+        (*SERVER, "source", "reason"),
         "Failed reads by source and reason (refused, timeout, http_status, not_metrics, "
         "parse_error, stats_disabled, unavailable, error) and NVML call errors.",
     ),
     MetricSpec("kvpilot_ticks_total", "counter", (), "Collection ticks the agent has completed."),
     # vLLM /metrics, per engine.
-    MetricSpec("kvpilot_vllm_info", "info", ("version",), "The vLLM server's version."),
+    MetricSpec("kvpilot_vllm_info", "info", (*SERVER, "version"), "The vLLM server's version."),
     MetricSpec("kvpilot_kv_usage_ratio", "gauge", ENGINE, "KV-cache usage, 0..1 (vLLM's figure)."),
     MetricSpec(
         "kvpilot_kv_blocks",
@@ -134,7 +136,7 @@ _SPECS = (
     MetricSpec(
         "kvpilot_allocator_bytes",
         "gauge",
-        ("device", "rank", "state"),
+        (*SERVER, "device", "rank", "state"),
         "CUDA caching allocator in the process owning the device: state is reserved, "
         "allocated, inactive_split, free_in_reserved, largest_free_block.",
     ),
@@ -154,9 +156,9 @@ _SPECS = (
     MetricSpec(
         "kvpilot_gpu_process_memory_bytes",
         "gauge",
-        (*GPU, "pid", "role"),
-        "Memory of each compute process on the GPU: role is server (the vLLM server's "
-        "processes) or neighbour.",
+        (*GPU, "pid", "owner", "server"),
+        "Memory of each compute process on the GPU: owner is server (a process of the vLLM "
+        "server named by the server label) or neighbour.",
     ),
     MetricSpec(
         "kvpilot_mig_memory_bytes",
@@ -176,3 +178,13 @@ def markdown_table() -> str:
         labels = ", ".join(f"`{label}`" for label in spec.labels) or "-"
         rows.append(f"| `{spec.name}` | {spec.kind} | {labels} | {spec.help} |")
     return "\n".join(rows)
+
+
+TABLE_START, TABLE_END = "<!-- metric-table:start -->", "<!-- metric-table:end -->"
+
+
+def replace_table(text: str) -> str:
+    """`text` with the table between the metric-table markers regenerated."""
+    head, _, rest = text.partition(TABLE_START)
+    _, _, tail = rest.partition(TABLE_END)
+    return f"{head}{TABLE_START}\n{markdown_table()}\n{TABLE_END}{tail}"

@@ -50,13 +50,15 @@ class SnapshotTaker:
         self._clock = clock
         self._wall_clock = wall_clock
 
-    async def take(self) -> Snapshot:
+    async def take(self, nvml: NvmlReading | None = None) -> Snapshot:
+        """Read every source; `nvml`, when given, is a reading the caller already took
+        this tick (one NVML read serves every server the agent watches)."""
         taken_at_s, wall_time_s = self._clock(), self._wall_clock()
-        reads: dict[str, Awaitable[Any]] = {
-            "vllm": self._vllm.scrape(),
-            # NVML calls block (briefly); keep them off the event loop.
-            "nvml": asyncio.to_thread(self._nvml.collect),
-        }
+        reads: dict[str, Awaitable[Any]] = {"vllm": self._vllm.scrape()}
+        if nvml is None:
+            reads["nvml"] = self.read_nvml()
+        else:
+            reads["nvml"] = _given(nvml)
         if self._kvpool is not None:
             reads["kvpool"] = self._kvpool.scrape()
         timed = await asyncio.gather(*(self._timed(read) for read in reads.values()))
@@ -70,7 +72,25 @@ class SnapshotTaker:
             durations_s=tuple((name, result[1]) for name, result in results.items()),
         )
 
+    async def read_nvml(self) -> NvmlSnapshot | SourceError:
+        # NVML calls block (briefly); keep them off the event loop.
+        return await asyncio.to_thread(self._nvml.collect)
+
     async def _timed(self, read: Awaitable[Any]) -> tuple[Any, float]:
         start = self._clock()
         value = await read
+        if isinstance(value, NvmlReading):
+            return value.value, value.duration_s
         return value, self._clock() - start
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlReading:
+    """An NVML result taken once for the tick, and how long it took."""
+
+    value: NvmlSnapshot | SourceError
+    duration_s: float
+
+
+async def _given(reading: NvmlReading) -> NvmlReading:
+    return reading

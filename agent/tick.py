@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from kvpilot.agent.derive import EngineFigures, derive_figures
-from kvpilot.agent.snapshot import SOURCES, Snapshot, SnapshotTaker
+from kvpilot.agent.snapshot import SOURCES, NvmlReading, Snapshot, SnapshotTaker
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.kvpool.client import KvPoolScrape
 from kvpilot.collectors.nvml import NvmlCollector
@@ -53,8 +53,8 @@ class Ticker:
         self.state = TickState()
         self._failing: set[str] = set()
 
-    async def tick(self) -> Snapshot:
-        snapshot = await self._taker.take()
+    async def tick(self, nvml: NvmlReading | None = None) -> Snapshot:
+        snapshot = await self._taker.take(nvml)
         if isinstance(snapshot.vllm, VllmScrape):
             self.vllm_window.add(snapshot.vllm)
         if isinstance(snapshot.kvpool, KvPoolScrape):

@@ -127,9 +127,12 @@ def test_run_serves_metrics_and_healthz_and_stops_on_sigterm(vllm_server: VllmSe
                 pass
             assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
             time.sleep(0.2)
-        assert 'kvpilot_collector_up{source="vllm"} 1.0' in text
-        assert 'kvpilot_collector_up{source="nvml"} 0.0' in text
-        assert 'kvpilot_collector_errors_total{reason="unavailable",source="nvml"}' in text
+        server = 'role="stable",server="vllm"'
+        assert f'kvpilot_collector_up{{{server},source="vllm"}} 1.0' in text
+        assert f'kvpilot_collector_up{{{server},source="nvml"}} 0.0' in text
+        assert (
+            f'kvpilot_collector_errors_total{{reason="unavailable",{server},source="nvml"}}' in text
+        )
         assert "kvpilot_kv_usage_ratio{" in text
         assert 'kvpilot_fragmentation_ratio{device="",engine="0"' in text
         agent.send_signal(signal.SIGTERM)

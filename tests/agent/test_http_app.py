@@ -7,7 +7,7 @@ from pathlib import Path
 from starlette.testclient import TestClient
 
 from kvpilot.agent.derive import EngineFigures
-from kvpilot.agent.exposition import build_registry
+from kvpilot.agent.exposition import build_registry, single_server
 from kvpilot.agent.http_app import build_app
 from kvpilot.agent.snapshot import Snapshot
 from kvpilot.agent.tick import TickState
@@ -53,7 +53,9 @@ def _state(kv_block: KvBlockSample) -> TickState:
 
 
 def _client(state: TickState, now_s: float) -> TestClient:
-    app = build_app(state, build_registry(state), clock=lambda: now_s, stale_after_s=5.0)
+    app = build_app(
+        state, build_registry(single_server(state)), clock=lambda: now_s, stale_after_s=5.0
+    )
     return TestClient(app)
 
 
@@ -62,21 +64,25 @@ def test_metrics_exports_every_source_and_leaves_unknowns_absent() -> None:
     response = _client(state, now_s=11.0).get("/metrics")
     assert response.status_code == 200
     text = response.text
-    assert 'kvpilot_collector_up{source="vllm"} 1.0' in text
-    assert 'kvpilot_collector_up{source="nvml"} 0.0' in text
-    assert 'kvpilot_collector_errors_total{reason="unavailable",source="nvml"} 5.0' in text
+    server = 'role="stable",server="vllm"'
+    assert f'kvpilot_collector_up{{{server},source="vllm"}} 1.0' in text
+    assert f'kvpilot_collector_up{{{server},source="nvml"}} 0.0' in text
     assert (
-        'kvpilot_kv_blocks{engine="0",model_name="rig/models/tiny-llama",state="free"} 5.0' in text
+        f'kvpilot_collector_errors_total{{reason="unavailable",{server},source="nvml"}} 5.0' in text
+    )
+    assert (
+        'kvpilot_kv_blocks{engine="0",model_name="rig/models/tiny-llama",'
+        f'{server},state="free"}} 5.0' in text
     )
     assert (
         'kvpilot_fragmentation_ratio{device="",engine="0",model_name="tiny-llama",rank="",'
-        'source="kv_blocks"} 0.75' in text
+        f'{server},source="kv_blocks"}} 0.75' in text
     )
     assert (
-        'kvpilot_preemptions_total{counter="kvpool",engine="0",model_name="tiny-llama"} 21.0'
-        in text
+        'kvpilot_preemptions_total{counter="kvpool",engine="0",model_name="tiny-llama",'
+        f"{server}}} 21.0" in text
     )
-    assert 'quantile="0.5"} 0.04' in text
+    assert f'quantile="0.5",{server}}} 0.04' in text
     assert 'quantile="0.99"' not in text  # unknown is absent, never zero
     assert "kvpilot_gpu_memory_bytes" not in text  # no GPU: no invented readings
 
@@ -85,7 +91,10 @@ def test_a_guarded_fragmentation_rate_is_absent() -> None:
     state = _state(_kv_block(free=10, longest=10))  # fewer than 16 free blocks
     text = _client(state, now_s=11.0).get("/metrics").text
     assert 'source="kv_blocks"' not in text
-    assert 'kvpilot_kvpool_blocks{engine="0",model_name="tiny-llama",state="free"} 10.0' in text
+    assert (
+        'kvpilot_kvpool_blocks{engine="0",model_name="tiny-llama",role="stable",server="vllm",'
+        'state="free"} 10.0' in text
+    )
 
 
 def test_healthz_follows_the_age_of_the_last_tick() -> None:
