@@ -74,6 +74,18 @@ class ServerView:
         return (self.server, self.role)
 
 
+@dataclass(frozen=True, slots=True)
+class SidecarCounters:
+    """What the sidecar adds to the agent's metrics, read by the exposition."""
+
+    alerts_by_state: tuple[tuple[tuple[str, str, str], int], ...]  # (alertname, state, sev)
+    outbox_backlog: int | None
+    notifications_total: tuple[tuple[tuple[str, str], int], ...]  # (notifier, outcome)
+    remediations_total: tuple[tuple[tuple[str, str], int], ...]  # (server, decision)
+    breakers_open: tuple[tuple[str, bool], ...]
+    remediation_in_progress: bool
+
+
 class AgentCollector(Collector):
     """A prometheus-client collector over the latest tick of every watched server.
 
@@ -214,7 +226,27 @@ def _figures(out: _Families, server: tuple[str, str], f: EngineFigures) -> None:
     out.add("kvpilot_generation_tokens_per_second", key, f.generation_tokens_per_s)
     out.add("kvpilot_iterations_per_second", key, f.iterations_per_s)
     for metric, q, value in f.latency_quantiles_s:
-        out.add("kvpilot_latency_seconds", (*key, metric, f"{q:g}"), value)
+        # Not `quantile`: that label belongs to summaries, and this is a gauge.
+        out.add("kvpilot_latency_seconds", (*key, metric, f"{q * 100:g}"), value)
+
+
+def sidecar_families(counters: Callable[[], SidecarCounters]) -> Callable[[_Families], None]:
+    """The sidecar loop's own families: alerts, outbox, notifications, remediation."""
+
+    def add(out: _Families) -> None:
+        c = counters()
+        for (alertname, state, severity), count in c.alerts_by_state:
+            out.add("kvpilot_alerts", (alertname, state, severity), count)
+        out.add("kvpilot_outbox_backlog", (), c.outbox_backlog)
+        for (notifier, outcome), count in c.notifications_total:
+            out.add("kvpilot_notifications_total", (notifier, outcome), count)
+        for (server, outcome), count in c.remediations_total:
+            out.add("kvpilot_remediations_total", (server, outcome), count)
+        for server, is_open in c.breakers_open:
+            out.add("kvpilot_remediation_circuit_open", (server,), 1.0 if is_open else 0.0)
+        out.add("kvpilot_remediation_in_progress", (), 1.0 if c.remediation_in_progress else 0.0)
+
+    return add
 
 
 def build_registry(

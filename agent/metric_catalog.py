@@ -48,6 +48,44 @@ _SPECS = (
         "parse_error, stats_disabled, unavailable, error) and NVML call errors.",
     ),
     MetricSpec("kvpilot_ticks_total", "counter", (), "Collection ticks the agent has completed."),
+    # The sidecar loop.
+    MetricSpec(
+        "kvpilot_alerts",
+        "gauge",
+        ("alertname", "state", "severity"),
+        "Alerts the agent tracks, by state (pending, firing, resolved).",
+    ),
+    MetricSpec(
+        "kvpilot_outbox_backlog",
+        "gauge",
+        (),
+        "Notifications waiting in the outbox for delivery (queued or retrying).",
+    ),
+    MetricSpec(
+        "kvpilot_notifications_total",
+        "counter",
+        ("notifier", "outcome"),
+        "Notification deliveries by notifier and outcome (delivered, retry, deferred, given_up).",
+    ),
+    MetricSpec(
+        "kvpilot_remediations_total",
+        "counter",
+        ("server", "outcome"),
+        "Remediations that ended, by server and outcome (succeeded, failed, skipped, vetoed, "
+        "dry_run, ...).",
+    ),
+    MetricSpec(
+        "kvpilot_remediation_circuit_open",
+        "gauge",
+        ("server",),
+        "1 while the server's restart circuit breaker is open (restarts stopped, paged).",
+    ),
+    MetricSpec(
+        "kvpilot_remediation_in_progress",
+        "gauge",
+        (),
+        "1 while a remediation (drain, restart, verify) is running.",
+    ),
     # vLLM /metrics, per engine.
     MetricSpec("kvpilot_vllm_info", "info", (*SERVER, "version"), "The vLLM server's version."),
     MetricSpec("kvpilot_kv_usage_ratio", "gauge", ENGINE, "KV-cache usage, 0..1 (vLLM's figure)."),
@@ -95,9 +133,9 @@ _SPECS = (
     MetricSpec(
         "kvpilot_latency_seconds",
         "gauge",
-        (*ENGINE, "metric", "quantile"),
-        "Latency quantiles over the agent's window from vLLM's histograms: metric is ttft, "
-        "inter_token, e2e or queue.",
+        (*ENGINE, "metric", "percentile"),
+        "Latency percentiles (50, 95, 99) over the agent's window from vLLM's histograms: "
+        "metric is ttft, inter_token, e2e or queue.",
     ),
     # kvpool, the in-engine plugin.
     MetricSpec(

@@ -18,7 +18,7 @@ from kvpilot.collectors.kvpool.client import AllocatorSample, KvBlockSample
 
 ALERTNAME = "KvFragmentationHigh"
 Source = Literal["kv_blocks", "allocator"]
-_RUNBOOKS = {
+RUNBOOKS = {
     "kv_blocks": "The KV block pool's free list is scattered: paged attention still admits "
     "requests, but locality and KV offload copies suffer. Check the load's prompt-length mix "
     "and prefix caching; a restart resets the figure but the load scatters it again, so it "
@@ -42,7 +42,7 @@ class FragmentationRule:
             alertname=ALERTNAME,
             severity=config.severity,
             user_labels=config.labels,
-            runbook=_RUNBOOKS[source],
+            runbook=RUNBOOKS[source],
         )
 
     def evaluate(self, ctx: RuleContext) -> list[Condition]:

@@ -82,8 +82,8 @@ def test_metrics_exports_every_source_and_leaves_unknowns_absent() -> None:
         'kvpilot_preemptions_total{counter="kvpool",engine="0",model_name="tiny-llama",'
         f"{server}}} 21.0" in text
     )
-    assert f'quantile="0.5",{server}}} 0.04' in text
-    assert 'quantile="0.99"' not in text  # unknown is absent, never zero
+    assert f'percentile="50",{server}}} 0.04' in text
+    assert 'percentile="99"' not in text  # unknown is absent, never zero
     assert "kvpilot_gpu_memory_bytes" not in text  # no GPU: no invented readings
 
 

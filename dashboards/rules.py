@@ -1,0 +1,355 @@
+"""Prometheus recording and alerting rules equivalent to kvpilot's own, plus self-watch rules.
+
+The rule settings arrive as an object shaped like the agent's `RulesConfig` (described here
+by Protocols, so this layer never imports the agent). The alerts carry the names the agent
+uses; Prometheus evaluates them on the series the agent and vLLM export:
+
+* `KvFragmentationHigh`: `kvpilot_fragmentation_ratio` above the threshold, per source.
+* `PreemptionSpike`: the short-window rate of the plugin's counter (vLLM's where the engine
+  has no plugin) above the floor and above a multiple of the baseline taken over the span
+  before the short window; without a baseline the floor alone decides.
+* `KvCacheSaturated`: KV usage at or above the threshold while requests wait.
+* `EngineStalled`: vLLM's iteration counter unchanged for `stall_s` while requests are
+  present throughout (vLLM's own series: the agent re-exports only rates).
+* `GpuMemoryGrowth`: the least-squares slope (`deriv`) of the server's GPU memory over the
+  window, with the growth over the window (`delta`) at least the minimum.
+
+`GpuNeighbourPressure` needs the server's `gpu_memory_utilization`, which only the agent
+knows; it stays the agent's alone. The self-watch rules alert on kvpilot itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import yaml
+
+
+class _Rule(Protocol):
+    enabled: bool
+    for_s: float
+    severity: str
+    labels: Mapping[str, str]
+
+
+class _FragmentationSource(_Rule, Protocol):
+    threshold_ratio: float
+
+
+class _Fragmentation(Protocol):
+    kv_blocks: _FragmentationSource
+    allocator: _FragmentationSource
+
+
+class _PreemptionSpike(_Rule, Protocol):
+    window_s: float
+    baseline_window_s: float
+    floor_per_s: float
+    baseline_multiple: float
+
+
+class _KvSaturation(_Rule, Protocol):
+    usage_threshold_ratio: float
+    min_waiting: int
+
+
+class _EngineStall(_Rule, Protocol):
+    stall_s: float
+
+
+class _GpuMemoryGrowth(_Rule, Protocol):
+    window_s: float
+    slope_threshold_bytes_per_s: float
+    min_growth_bytes: int
+
+
+class RuleSettings(Protocol):
+    """The part of the agent's `RulesConfig` these rules are generated from."""
+
+    fragmentation: _Fragmentation
+    preemption_spike: _PreemptionSpike
+    kv_saturation: _KvSaturation
+    engine_stall: _EngineStall
+    gpu_memory_growth: _GpuMemoryGrowth
+
+
+@dataclass(frozen=True, slots=True)
+class SelfWatch:
+    """Thresholds of the rules that watch kvpilot itself."""
+
+    job: str = "kvpilot"
+    absent_for_s: float = 300.0
+    collector_down_for_s: float = 300.0
+    outbox_backlog_rows: int = 100
+    outbox_backlog_for_s: float = 900.0
+    circuit_open_for_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RuleGroups:
+    """Generated rule groups, ready to be written as a rules file or a PrometheusRule."""
+
+    groups: tuple[dict[str, Any], ...]
+    runbooks: Mapping[str, str] = field(default_factory=dict)
+
+    def rules_file(self) -> str:
+        """The plain Prometheus rules file (`rule_files:`)."""
+        return dump_yaml({"groups": list(self.groups)})
+
+    def prometheus_rule(self, *, name: str = "kvpilot", namespace: str | None = None) -> str:
+        """The same groups as a prometheus-operator `PrometheusRule` manifest."""
+        metadata: dict[str, Any] = {
+            "name": name,
+            "labels": {"app.kubernetes.io/name": "kvpilot", "app.kubernetes.io/part-of": "kvpilot"},
+        }
+        if namespace is not None:
+            metadata["namespace"] = namespace
+        manifest = {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "PrometheusRule",
+            "metadata": metadata,
+            "spec": {"groups": list(self.groups)},
+        }
+        return dump_yaml(manifest)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style for multi-line strings, so generated manifests stay readable."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def dump_yaml(data: Any) -> str:
+    """YAML in the order given, multi-line strings as literal blocks."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)
+
+
+# The preferred preemption counter per engine: the plugin's, else vLLM's.
+PREEMPTION_RATE = "kvpilot:preemption_rate_per_second:short"
+PREEMPTION_BASELINE = "kvpilot:preemption_rate_per_second:baseline"
+SERVER_GPU_MEMORY = "kvpilot:gpu_server_memory_bytes"
+ENGINE_KEY = "instance, job, model_name, engine"
+
+
+def duration(seconds: float) -> str:
+    """A Prometheus duration (whole seconds; 0 is `0s`)."""
+    return f"{round(seconds)}s"
+
+
+def _labels(rule: _Rule) -> dict[str, str]:
+    return {**dict(rule.labels), "severity": rule.severity}
+
+
+def number(value: float) -> str:
+    """A threshold as PromQL reads it, without rounding it away."""
+    return format(value, ".12g")
+
+
+def _alert(
+    name: str,
+    expr: str,
+    rule: _Rule,
+    summary: str,
+    runbooks: Mapping[str, str],
+    labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    annotations = {"summary": summary}
+    if name in runbooks:
+        annotations["runbook"] = runbooks[name]
+    return {
+        "alert": name,
+        "expr": expr,
+        "for": duration(rule.for_s),
+        "labels": {**_labels(rule), **(labels or {})},
+        "annotations": annotations,
+    }
+
+
+def _preemption_recording(cfg: _PreemptionSpike) -> list[dict[str, Any]]:
+    short = duration(cfg.window_s)
+    baseline = duration(cfg.baseline_window_s - cfg.window_s)
+
+    def preferred(range_and_offset: str) -> str:
+        # `or` matches on every label but `counter`: vLLM's counts where the plugin's is absent.
+        rates = [
+            f'max without (counter) (rate(kvpilot_preemptions_total{{counter="{counter}"}}'
+            f"[{range_and_offset}))"
+            for counter in ("kvpool", "vllm")
+        ]
+        return " or ".join(rates)
+
+    return [
+        {"record": PREEMPTION_RATE, "expr": preferred(f"{short}]")},
+        # The baseline span ends where the short window starts.
+        {"record": PREEMPTION_BASELINE, "expr": preferred(f"{baseline}] offset {short}")},
+    ]
+
+
+def _engine_alerts(settings: RuleSettings, runbooks: Mapping[str, str]) -> list[dict[str, Any]]:
+    rules: list[dict[str, Any]] = []
+    frag = settings.fragmentation
+    for source, cfg in (("kv_blocks", frag.kv_blocks), ("allocator", frag.allocator)):
+        if not cfg.enabled:
+            continue
+        rules.append(
+            _alert(
+                "KvFragmentationHigh",
+                f'kvpilot_fragmentation_ratio{{source="{source}"}} > {number(cfg.threshold_ratio)}',
+                cfg,
+                f"{source} fragmentation {{{{ $value | humanizePercentage }}}} above "
+                f"{cfg.threshold_ratio:g} on {{{{ $labels.instance }}}}",
+                runbooks,
+                # The series carries it too; as a rule label it keeps the two rules apart.
+                labels={"source": source},
+            )
+        )
+    spike = settings.preemption_spike
+    if spike.enabled:
+        rules.append(
+            _alert(
+                "PreemptionSpike",
+                f"{PREEMPTION_RATE} > {number(spike.floor_per_s)} unless on ({ENGINE_KEY}) "
+                f"{PREEMPTION_RATE} <= {number(spike.baseline_multiple)} * {PREEMPTION_BASELINE}",
+                spike,
+                f"{{{{ $value | humanize }}}} preemptions/s over {duration(spike.window_s)} on "
+                "{{ $labels.instance }} engine {{ $labels.engine }}",
+                runbooks,
+            )
+        )
+    sat = settings.kv_saturation
+    if sat.enabled:
+        rules.append(
+            _alert(
+                "KvCacheSaturated",
+                f"kvpilot_kv_usage_ratio >= {number(sat.usage_threshold_ratio)} "
+                f"and on ({ENGINE_KEY}) "
+                f"kvpilot_requests_waiting >= {sat.min_waiting}",
+                sat,
+                "KV cache {{ $value | humanizePercentage }} full with requests waiting on "
+                "{{ $labels.instance }} engine {{ $labels.engine }}",
+                runbooks,
+            )
+        )
+    stall = settings.engine_stall
+    if stall.enabled:
+        window = duration(stall.stall_s)
+        rules.append(
+            _alert(
+                "EngineStalled",
+                f"(min_over_time(vllm:num_requests_running[{window}]) "
+                f"+ min_over_time(vllm:num_requests_waiting[{window}])) > 0 "
+                f"and on ({ENGINE_KEY}) "
+                f"changes(vllm:iteration_tokens_total_count[{window}]) == 0",
+                stall,
+                f"no engine step for {window} with {{{{ $value }}}} requests present on "
+                "{{ $labels.instance }} engine {{ $labels.engine }}",
+                runbooks,
+            )
+        )
+    growth = settings.gpu_memory_growth
+    if growth.enabled:
+        window = duration(growth.window_s)
+        rules.append(
+            _alert(
+                "GpuMemoryGrowth",
+                f"deriv({SERVER_GPU_MEMORY}[{window}]) "
+                f"> {number(growth.slope_threshold_bytes_per_s)} "
+                f"and on (instance, job, gpu) "
+                f"delta({SERVER_GPU_MEMORY}[{window}]) >= {growth.min_growth_bytes}",
+                growth,
+                "vLLM's GPU memory on GPU {{ $labels.gpu }} of {{ $labels.instance }} grows "
+                "{{ $value | humanize1024 }}B/s",
+                runbooks,
+            )
+        )
+    return rules
+
+
+def _self_watch(watch: SelfWatch) -> list[dict[str, Any]]:
+    def rule(name: str, expr: str, for_s: float, severity: str, summary: str) -> dict[str, Any]:
+        return {
+            "alert": name,
+            "expr": expr,
+            "for": duration(for_s),
+            "labels": {"severity": severity},
+            "annotations": {"summary": summary},
+        }
+
+    return [
+        rule(
+            "KvpilotAbsent",
+            f'absent(up{{job="{watch.job}"}} == 1)',
+            watch.absent_for_s,
+            "critical",
+            f'No kvpilot target of job "{watch.job}" is up: nothing watches vLLM\'s memory.',
+        ),
+        rule(
+            "KvpilotCollectorDown",
+            # A source that is not on this machine (NVML without a driver) is not down.
+            "kvpilot_collector_up == 0 unless on (instance, job, source) "
+            'kvpilot_collector_errors_total{reason="unavailable"}',
+            watch.collector_down_for_s,
+            "warning",
+            "kvpilot cannot read {{ $labels.source }} on {{ $labels.instance }} "
+            "(see kvpilot_collector_errors_total).",
+        ),
+        rule(
+            "KvpilotOutboxBacklog",
+            f"kvpilot_outbox_backlog > {watch.outbox_backlog_rows}",
+            watch.outbox_backlog_for_s,
+            "warning",
+            "{{ $value }} notifications wait for delivery on {{ $labels.instance }}: "
+            "a receiver is failing.",
+        ),
+        rule(
+            "KvpilotRemediationCircuitOpen",
+            "kvpilot_remediation_circuit_open == 1",
+            watch.circuit_open_for_s,
+            "critical",
+            "kvpilot stopped remediating on {{ $labels.instance }}: restarts did not keep "
+            "the condition away. A person must look.",
+        ),
+    ]
+
+
+def build_rules(
+    settings: RuleSettings,
+    *,
+    runbooks: Mapping[str, str] | None = None,
+    self_watch: SelfWatch | None = None,
+    evaluation_interval_s: float | None = None,
+) -> RuleGroups:
+    """Recording and alerting rules; without an interval the groups use Prometheus's global one."""
+    runbooks = dict(runbooks or {})
+    interval = (
+        {} if evaluation_interval_s is None else {"interval": duration(evaluation_interval_s)}
+    )
+    recording = [
+        *_preemption_recording(settings.preemption_spike),
+        {
+            "record": SERVER_GPU_MEMORY,
+            "expr": 'sum by (instance, job, gpu) (kvpilot_gpu_process_memory_bytes{role="server"})',
+        },
+    ]
+    groups = (
+        {"name": "kvpilot.recording", **interval, "rules": recording},
+        {
+            "name": "kvpilot.alerts",
+            **interval,
+            "rules": _engine_alerts(settings, runbooks),
+        },
+        {
+            "name": "kvpilot.self",
+            **interval,
+            "rules": _self_watch(self_watch or SelfWatch()),
+        },
+    )
+    return RuleGroups(groups=groups, runbooks=runbooks)

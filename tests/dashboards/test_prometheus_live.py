@@ -1,0 +1,261 @@
+"""A real Prometheus scraping a real CPU vLLM, its kvpool plugin and `kvpilot run` under load.
+
+The agent's NVML collector runs on the fake NVML library (the same fake as the unit tests),
+put into the agent's process by `fake_nvml_site/sitecustomize.py`. One server, one agent and
+one Prometheus serve every test here; the load preempts, so the generated rules must fire
+`PreemptionSpike`, and every Memory panel's query must return data (the allocator panels
+excepted: there is no CUDA here, but Prometheus must still accept them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from dashboard_queries import annotation_queries, fill, panel_queries, variable_queries
+from prometheus_server import PROMTOOL, PrometheusServer, ScrapeTarget, wait_for
+
+from kvpilot.agent.rules.config import RulesConfig
+from kvpilot.dashboards.build import build_dashboards
+from kvpilot.dashboards.memory import ALLOCATOR_PANELS
+from kvpilot.dashboards.rules import build_rules
+from kvpilot.rig.loadgen import LengthDist, Workload, run_load
+from kvpilot.rig.server import ServerSpec, VllmServer, free_port
+
+pytestmark = pytest.mark.slow
+
+# 63 usable blocks, as conftest's PREEMPTING; an explicit KV budget keeps the CPU backend from
+# requiring gpu_memory_utilization x the NUMA node's RAM to be free at start-up.
+PREEMPTING = ServerSpec(port=0, kv_cache_memory_bytes=64 * 1024 * 1024, num_gpu_blocks_override=64)
+FAKE_SITE = Path(__file__).resolve().parent / "fake_nvml_site"
+GIB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class Live:
+    server: VllmServer
+    agent_url: str
+    prometheus: PrometheusServer
+    start_s: float  # wall time, for range queries
+    end_s: float
+    preemptions: float
+
+
+def _fake_gpus(server_pid: int, neighbour_pid: int) -> dict:
+    return {
+        "gpus": [
+            {
+                "uuid": "GPU-fake-0",
+                "total_bytes": 80 * GIB,
+                "used_bytes": 30 * GIB,
+                "reserved_bytes": 512 << 20,
+                "utilization_gpu_percent": 55,
+                "utilization_memory_percent": 20,
+                "processes": [
+                    {"pid": server_pid, "used_bytes": 24 * GIB},
+                    {"pid": neighbour_pid, "used_bytes": 6 * GIB},
+                ],
+            }
+        ]
+    }
+
+
+def _start_agent(server: VllmServer, folder: Path) -> tuple[subprocess.Popen[bytes], str]:
+    description = folder / "fake_nvml.json"
+    description.write_text(json.dumps(_fake_gpus(server.pid, os.getpid())))
+    port = free_port()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAKE_SITE), env.get("PYTHONPATH")]))
+    env["KVPILOT_FAKE_NVML"] = str(description)
+    argv = [
+        sys.executable, "-m", "kvpilot.agent", "run",
+        "--vllm-url", server.url,
+        "--kvpool-url", f"http://127.0.0.1:{server.spec.kvpool_port}",
+        "--listen", f"127.0.0.1:{port}",
+        "--server-pid", str(server.pid),
+    ]  # fmt: skip
+    log = (folder / "agent.log").open("ab")
+    process = subprocess.Popen(
+        argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    log.close()
+    return process, f"http://127.0.0.1:{port}"
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+
+def _metrics(url: str) -> str:
+    try:
+        return httpx.get(f"{url}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return ""
+
+
+@pytest.fixture(scope="module")
+def live(server_pool, tmp_path_factory) -> Iterator[Live]:
+    server = server_pool.get(PREEMPTING)
+    folder = tmp_path_factory.mktemp("prometheus-live")
+    agent, agent_url = _start_agent(server, folder)
+    prometheus: PrometheusServer | None = None
+    try:
+        wait_for(
+            lambda: (
+                "kvpilot_gpu_process_memory_bytes{" in _metrics(agent_url)
+                and "kvpilot_kvpool_blocks{" in _metrics(agent_url)
+            ),
+            120,
+            lambda: (
+                "agent never exported NVML and kvpool figures; log:\n"
+                + (folder / "agent.log").read_text(errors="replace")[-4000:]
+            ),
+        )
+        rules_file = folder / "kvpilot.rules.yaml"
+        rules_file.write_text(build_rules(RulesConfig()).rules_file())
+        kvpool = f"127.0.0.1:{server.spec.kvpool_port}"
+        prometheus = PrometheusServer(
+            folder,
+            [
+                ScrapeTarget("kvpilot", agent_url.removeprefix("http://")),
+                ScrapeTarget("vllm", f"127.0.0.1:{server.spec.port}"),
+                ScrapeTarget("kvpool", kvpool),
+            ],
+            rules_file,
+        )
+        prometheus.start()
+        start_s = time.time()
+        # A quiet stretch first: the baseline, and fragmentation while many blocks are free.
+        wait_for(
+            lambda: len(prometheus.instant("count_over_time(up[1m]) >= 10 and up == 1")) == 3,
+            90,
+            lambda: f"targets not scraped ten times: {prometheus.instant('up')}",
+        )
+        before = _preemptions(prometheus)
+        workload = Workload(
+            num_requests=64,
+            concurrency=64,
+            prompt_len=LengthDist.uniform(250, 350),
+            output_len=LengthDist.fixed(64),
+            seed=11,
+        )
+        report = asyncio.run(run_load(server.url, workload))
+        assert not report.failed, report.failed
+        # Let rates and the agent's window settle over the end of the load.
+        wait_for(
+            lambda: _preemptions(prometheus) > before,
+            60,
+            lambda: "Prometheus never saw the kvpool preemption counter move",
+        )
+        yield Live(
+            server=server,
+            agent_url=agent_url,
+            prometheus=prometheus,
+            start_s=start_s,
+            end_s=time.time(),
+            preemptions=_preemptions(prometheus) - before,
+        )
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        _stop(agent)
+
+
+def _preemptions(prometheus: PrometheusServer) -> float:
+    result = prometheus.instant('sum(kvpilot_preemptions_total{counter="kvpool"})')
+    return float(result[0]["value"][1]) if result else 0.0
+
+
+def _range(live: Live, expr: str) -> dict:
+    end_s = max(live.end_s, time.time())
+    return live.prometheus.api(
+        "query_range",
+        {"query": expr, "start": live.start_s, "end": end_s, "step": 1},
+    )
+
+
+def test_preemption_alert_fires_under_preempting_load(live: Live) -> None:
+    assert live.preemptions > 0, "the load did not preempt; the test proves nothing"
+    firing = wait_for(
+        lambda: _range(live, 'ALERTS{alertname="PreemptionSpike", alertstate="firing"}')["data"][
+            "result"
+        ],
+        30,
+        lambda: (
+            "PreemptionSpike never fired; rule states: "
+            + json.dumps(live.prometheus.api("rules", {"type": "alert"})["data"])[:3000]
+        ),
+    )
+    labels = firing[0]["metric"]
+    assert labels["job"] == "kvpilot"
+    assert labels["model_name"] == "tiny-llama"
+    assert labels["severity"] == "warning"
+
+
+def test_every_memory_panel_query_returns_data(live: Live) -> None:
+    (memory,) = (d for d in build_dashboards() if d.uid == "kvpilot-memory")
+    queries = panel_queries(memory.model())
+    assert len(queries) >= 12
+    empty, refused = [], []
+    for query in queries:
+        answer = _range(live, fill(query.expr))
+        if answer["status"] != "success":
+            refused.append((query.panel, query.expr, answer.get("error")))
+        elif not answer["data"]["result"] and query.panel not in ALLOCATOR_PANELS:
+            empty.append((query.panel, query.ref_id, query.expr))
+    assert not refused, refused
+    assert not empty, empty
+
+
+def test_allocator_panels_are_empty_without_cuda_but_accepted(live: Live) -> None:
+    (memory,) = (d for d in build_dashboards() if d.uid == "kvpilot-memory")
+    allocator = [q for q in panel_queries(memory.model()) if q.panel in ALLOCATOR_PANELS]
+    assert allocator
+    for query in allocator:
+        answer = _range(live, fill(query.expr))
+        assert answer["status"] == "success", answer
+        assert answer["data"]["result"] == []  # no CUDA allocator on this machine
+
+
+def test_template_variables_and_annotations_are_accepted(live: Live) -> None:
+    (memory,) = (d for d in build_dashboards() if d.uid == "kvpilot-memory")
+    model = memory.model()
+    for query in variable_queries(model):
+        # label_values(selector, label) is Grafana's: ask Prometheus for the selector's series.
+        selector = fill(query.removeprefix("label_values(").rsplit(",", 1)[0])
+        answer = live.prometheus.api(
+            "series", {"match[]": selector, "start": live.start_s, "end": time.time()}
+        )
+        assert answer["status"] == "success" and answer["data"], (query, answer)
+    annotations = {q.panel: q for q in annotation_queries(model)}
+    alerts = _range(live, fill(annotations["kvpilot alerts"].expr))
+    assert alerts["status"] == "success" and alerts["data"]["result"], alerts
+    remediations = _range(live, fill(annotations["kvpilot remediations"].expr))
+    assert remediations["status"] == "success", remediations
+
+
+@pytest.mark.parametrize("which", ["agent", "kvpool"])
+def test_promtool_check_metrics(live: Live, which: str) -> None:
+    url = live.agent_url if which == "agent" else f"http://127.0.0.1:{live.server.spec.kvpool_port}"
+    text = _metrics(url)
+    assert "# TYPE" in text
+    result = subprocess.run(
+        [PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
