@@ -124,11 +124,20 @@ async def _collect_live(settings: CollectSettings, pids: frozenset[int], interva
 
 @app.command()
 def run(
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            envvar="KVPILOT_CONFIG",
+            help="The sidecar's YAML configuration (runtime, rules, notifiers, remediation). "
+            "Without it: collect and serve metrics for --vllm-url only.",
+        ),
+    ] = None,
     vllm_url: VllmUrl = "http://127.0.0.1:8000",
     kvpool_url: KvpoolUrl = None,
     api_key: ApiKey = None,
     listen: Annotated[
-        str, typer.Option(envvar="KVPILOT_LISTEN", help="HOST:PORT for /metrics and /healthz.")
+        str, typer.Option(help="HOST:PORT for /metrics and /healthz (without --config).")
     ] = "127.0.0.1:9400",
     interval: Annotated[float, typer.Option(min=0.1, help="Seconds between ticks.")] = 1.0,
     server_pid: Annotated[
@@ -136,7 +145,10 @@ def run(
         typer.Option("--server-pid", help="PIDs of the vLLM server (tells them apart in NVML)."),
     ] = None,
 ) -> None:
-    """The agent: collect every INTERVAL seconds and serve kvpilot's own /metrics."""
+    """The agent: collect every tick, serve /metrics; with --config, the whole sidecar loop."""
+    if config is not None:
+        _run_sidecar(config)
+        return
     from kvpilot.agent.loop import LoopSettings, run_agent
 
     configure_logging(json_logs=True, secrets=[api_key or ""])
@@ -153,6 +165,24 @@ def run(
             await run_agent(ticker, loop)
 
     asyncio.run(main())
+
+
+def _run_sidecar(path: Path) -> None:
+    import os
+
+    from kvpilot.agent.config import ConfigError, load_config, secret_values
+    from kvpilot.agent.run_sidecar import run_sidecar
+
+    configure_logging(json_logs=True)
+    try:
+        config = load_config(path, os.environ)
+    except ConfigError as exc:
+        print(f"kvpilot: {path}: invalid configuration", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    configure_logging(json_logs=True, secrets=secret_values(config))
+    asyncio.run(run_sidecar(config))
 
 
 @app.command()

@@ -556,3 +556,27 @@ def _set_path(data: dict[str, Any], parts: list[str], value: Any) -> None:
         node[int(last)] = value
     else:
         node[last] = value
+
+
+def secret_values(config: AgentConfig) -> tuple[str, ...]:
+    """Every secret in the configuration, so that logging can mask them wherever they appear."""
+    found: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, SecretStr):
+            found.append(value.get_secret_value())
+        elif isinstance(value, BaseModel):
+            for name in type(value).model_fields:
+                walk(getattr(value, name))
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                walk(item)
+
+    walk(config)
+    token = config.api.control_token()
+    if token is not None:
+        found.append(token.get_secret_value())
+    return tuple(s for s in found if s)

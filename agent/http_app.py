@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from prometheus_client import make_asgi_app
 from prometheus_client.registry import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kvpilot.agent.tick import TickState
+from kvpilot.agent.tick import TickState  # or any object with the same two fields
 
 
 class _AsgiApp:
@@ -29,8 +29,12 @@ def build_app(
     *,
     clock: Callable[[], float],
     stale_after_s: float,
+    extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
-    """`/healthz` is 200 while ticks keep completing, 503 once the last is stale."""
+    """`/healthz` is 200 while ticks keep completing, 503 once the last is stale.
+
+    `state` is whatever records the last tick: its `last_tick_at_s` and `ticks_total`.
+    """
 
     async def healthz(_: Request) -> JSONResponse:
         last = state.last_tick_at_s
@@ -49,5 +53,6 @@ def build_app(
             # A Route (not a Mount) so that /metrics answers without a redirect to /metrics/;
             # wrapped so that Starlette treats the function as an ASGI app, not a handler.
             Route("/metrics", _AsgiApp(make_asgi_app(registry))),
+            *extra_routes,
         ]
     )

@@ -17,6 +17,7 @@ from datetime import UTC
 
 import uvicorn
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from starlette.applications import Starlette
 
 from kvpilot.agent.exposition import build_registry, single_server
 from kvpilot.agent.http_app import build_app
@@ -49,17 +50,35 @@ async def run_agent(
     on_tick: Callable[[], Awaitable[None] | None] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Run until `stop` is set or SIGTERM/SIGINT arrives."""
+    """The collector-only agent for one server: tick, serve /metrics, stop on a signal."""
+    registry = build_registry(single_server(ticker.state))
+    app = build_app(
+        ticker.state, registry, clock=clock, stale_after_s=max(10.0, 5 * settings.interval_s)
+    )
+
+    async def tick() -> None:
+        await ticker.tick()
+        if on_tick is not None:
+            result = on_tick()
+            if result is not None:
+                await result
+
+    await serve_and_tick(tick, app, settings, stop=stop)
+
+
+async def serve_and_tick(
+    tick: Callable[[], Awaitable[None]],
+    app: Starlette,
+    settings: LoopSettings,
+    *,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run `tick` every interval and serve `app` until `stop` is set or SIGTERM/SIGINT."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, _on_signal, stop, sig)
-
-    registry = build_registry(single_server(ticker.state))
-    app = build_app(
-        ticker.state, registry, clock=clock, stale_after_s=max(10.0, 5 * settings.interval_s)
-    )
     server = _Server(
         uvicorn.Config(
             app,
@@ -77,11 +96,7 @@ async def run_agent(
         assert task is not None
         current.add(task)
         try:
-            await ticker.tick()
-            if on_tick is not None:
-                result = on_tick()
-                if result is not None:
-                    await result
+            await tick()
         except Exception:
             # A tick that dies is logged loudly; the next one runs on schedule.
             log.exception("tick failed")
@@ -90,22 +105,15 @@ async def run_agent(
 
     scheduler = AsyncIOScheduler(event_loop=loop)
     scheduler.add_job(
-        tick_job,
-        "interval",
-        seconds=settings.interval_s,
-        max_instances=1,
-        coalesce=True,
-        next_run_time=_now(),
-        misfire_grace_time=None,
-    )
+        tick_job, "interval", seconds=settings.interval_s, max_instances=1, coalesce=True,
+        next_run_time=_now(), misfire_grace_time=None,
+    )  # fmt: skip
     serving = asyncio.create_task(server.serve())
     scheduler.start()
     log.info(
         "kvpilot agent listening on http://%s:%d, ticking every %.1f s",
-        settings.listen_host,
-        settings.listen_port,
-        settings.interval_s,
-    )
+        settings.listen_host, settings.listen_port, settings.interval_s,
+    )  # fmt: skip
     try:
         stopped = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait({stopped, serving}, return_when=asyncio.FIRST_COMPLETED)

@@ -1,0 +1,117 @@
+"""`kvpilot run --config`: wires the sidecar from its configuration and runs it to a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import httpx
+
+from kvpilot.agent.api import api_routes
+from kvpilot.agent.assemble import build_notifiers, build_runtime, remediation_settings
+from kvpilot.agent.config import AgentConfig, LocalRuntimeConfig
+from kvpilot.agent.exposition import build_registry, sidecar_families
+from kvpilot.agent.http_app import build_app
+from kvpilot.agent.loop import LoopSettings, serve_and_tick
+from kvpilot.agent.remediation import Remediator
+from kvpilot.agent.remediation.prefix_cache import HttpPrefixCacheReset
+from kvpilot.agent.remediation.preflight import MemoryPreflight
+from kvpilot.agent.runtimes import Runtime, RuntimeFailure
+from kvpilot.agent.sidecar import Sidecar
+from kvpilot.agent.state import StateStore
+from kvpilot.collectors.nvml import NvmlCollector
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Late:
+    """Breaks the construction cycle: the pre-flight reads the sidecar's latest figures."""
+
+    sidecar: Sidecar | None = None
+
+
+async def run_sidecar(config: AgentConfig, *, stop: asyncio.Event | None = None) -> None:
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    api_key = config.runtime.api_key.get_secret_value() if config.runtime.api_key else None
+    timeout = httpx.Timeout(5.0, connect=2.0)
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        with StateStore.open(config.state_dir) as store:
+            runtime = build_runtime(config)
+            late = _Late()
+            settings = remediation_settings(config)
+            preflight = MemoryPreflight(
+                latest_nvml=lambda: late.sidecar.latest_nvml() if late.sidecar else None,
+                cache_config=lambda name: late.sidecar.cache_config(name) if late.sidecar else None,
+                margin_ratio=settings.preflight_margin_ratio,
+                runtime_margin_bytes=settings.cpu_runtime_margin_bytes,
+                device=settings.preflight_device,
+            )
+            light_step = (
+                HttpPrefixCacheReset(api_key=api_key)
+                if settings.light_step_reset_prefix_cache
+                else None
+            )
+            remediator = Remediator(
+                runtime, store, settings, preflight=preflight, light_step=light_step
+            )
+            external_url = f"http://{config.listen.host}:{config.listen.port}"
+            sidecar = Sidecar(
+                config,
+                store=store,
+                runtime=runtime,
+                notifiers=build_notifiers(config.notifiers, client, external_url),
+                remediator=remediator,
+                client=client,
+                nvml=NvmlCollector(server_pids=lambda: _all_pids(runtime)),
+            )
+            late.sidecar = sidecar
+            sidecar.reconcile()
+            starting = asyncio.create_task(_start_local(config, runtime))
+            registry = build_registry(sidecar.servers, sidecar_families(sidecar.counters))
+            app = build_app(
+                sidecar,
+                registry,
+                clock=sidecar.clock,
+                stale_after_s=max(10.0, 5 * config.interval_s),
+                extra_routes=api_routes(sidecar, config.api.control_token()),
+            )
+            loop = LoopSettings(
+                listen_host=config.listen.host,
+                listen_port=config.listen.port,
+                interval_s=config.interval_s,
+            )
+
+            async def tick() -> None:
+                await sidecar.tick()
+
+            try:
+                await serve_and_tick(tick, app, loop, stop=stop)
+            finally:
+                starting.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await starting
+                await sidecar.aclose()
+                await runtime.aclose(drain_timeout_s=config.runtime.drain_timeout_s)
+
+
+def _all_pids(runtime: Runtime) -> frozenset[int]:
+    return frozenset(pid for instance in runtime.instances() for pid in instance.pids)
+
+
+async def _start_local(config: AgentConfig, runtime: Runtime) -> None:
+    """The local runtime's servers start beside the loop, so /healthz answers meanwhile."""
+    if not isinstance(config.runtime, LocalRuntimeConfig):
+        return
+
+    async def start(name: str) -> None:
+        try:
+            await runtime.start(name, ready_timeout_s=config.runtime.ready_timeout_s)
+            log.info("instance %s started", name)
+        except RuntimeFailure as exc:
+            # The server-down rule sees it exited; remediation decides under its guards.
+            log.error("instance %s failed to start: %s", name, exc)
+
+    await asyncio.gather(*(start(i.name) for i in config.runtime.instances))

@@ -1,0 +1,38 @@
+"""Where vLLM lives: `local` (kvpilot runs the server) and `process` (attach to one)."""
+
+from kvpilot.agent.runtimes.base import (
+    InstanceState,
+    InstanceStatus,
+    NotReady,
+    ProcessesSurvived,
+    Runtime,
+    RuntimeFailure,
+    RuntimeKind,
+    RuntimeUnsupported,
+    StopResult,
+    UnknownInstance,
+)
+from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
+from kvpilot.agent.runtimes.process import ProcessRuntime, ProcessTarget, SupervisorTimeout
+from kvpilot.agent.runtimes.vllm_argv import NotAVllmServer, ServerArgs, parse_server_argv
+
+__all__ = [
+    "InstanceState",
+    "InstanceStatus",
+    "LocalInstanceSpec",
+    "LocalRuntime",
+    "NotAVllmServer",
+    "NotReady",
+    "ProcessRuntime",
+    "ProcessTarget",
+    "ProcessesSurvived",
+    "Runtime",
+    "RuntimeFailure",
+    "RuntimeKind",
+    "RuntimeUnsupported",
+    "ServerArgs",
+    "StopResult",
+    "SupervisorTimeout",
+    "UnknownInstance",
+    "parse_server_argv",
+]

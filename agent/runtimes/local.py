@@ -1,0 +1,288 @@
+"""The embedded runtime: kvpilot starts and supervises vLLM processes from their argv.
+
+Each instance runs in its own process group (its own session), with its output appended to
+`<log_dir>/<name>.log`. The runtime never restarts a server by itself: an exit shows in
+`status()` and the remediation layer decides, under its budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+from kvpilot.agent.model import Instance, Role
+from kvpilot.agent.runtimes.base import (
+    InstanceStatus,
+    RuntimeFailure,
+    StopResult,
+    UnknownInstance,
+)
+from kvpilot.agent.runtimes.drain import drain_then_kill
+from kvpilot.agent.runtimes.probe import wait_ready
+from kvpilot.agent.runtimes.vllm_argv import ServerArgs, parse_server_argv, redacted
+from kvpilot.rig.server import KVPOOL_PORT_ENV, live_group_members
+
+LOG_TAIL_CHARS = 4000
+
+
+@dataclass(frozen=True, slots=True)
+class LocalInstanceSpec:
+    """One server kvpilot runs: its argv (never through a shell), env and plugin port."""
+
+    name: str
+    argv: tuple[str, ...]
+    role: Role = "stable"
+    env: tuple[tuple[str, str], ...] = ()  # added to the agent's own environment
+    kvpool_port: int | None = None  # set as KVPILOT_KVPOOL_PORT in the child
+
+
+@dataclass(slots=True)
+class _Slot:
+    """The runtime's mutable record of one instance."""
+
+    spec: LocalInstanceSpec
+    args: ServerArgs
+    log_path: Path
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    process: subprocess.Popen[bytes] | None = None
+    starts_total: int = 0
+    started_at_wall_s: float | None = None
+    exited_at_wall_s: float | None = None
+    stopped_by_runtime: bool = False
+
+
+class LocalRuntime:
+    """Starts, stops and restarts vLLM servers as child process groups of the agent."""
+
+    kind = "local"
+
+    def __init__(
+        self,
+        specs: Iterable[LocalInstanceSpec],
+        log_dir: Path,
+        *,
+        base_env: Mapping[str, str] | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._log_dir = log_dir
+        self._base_env = base_env
+        self._wall_clock = wall_clock
+        self._clock = clock
+        self._slots: dict[str, _Slot] = {}
+        for spec in specs:
+            if spec.name in self._slots:
+                raise ValueError(f"duplicate instance name {spec.name!r}")
+            self._slots[spec.name] = _Slot(
+                spec=spec, args=parse_server_argv(spec.argv), log_path=log_dir / f"{spec.name}.log"
+            )
+
+    # -- reading -----------------------------------------------------------------------
+
+    def _slot(self, name: str) -> _Slot:
+        try:
+            return self._slots[name]
+        except KeyError:
+            raise UnknownInstance(f"no local instance named {name!r}") from None
+
+    def log_path(self, name: str) -> Path:
+        return self._slot(name).log_path
+
+    def log_tail(self, name: str, max_chars: int = LOG_TAIL_CHARS) -> str | None:
+        try:
+            with self._slot(name).log_path.open("rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - max_chars))
+                return log.read().decode(errors="replace")
+        except FileNotFoundError:
+            return None
+
+    def _poll(self, slot: _Slot) -> int | None:
+        """The exit code once the main process has exited (it is reaped here)."""
+        if slot.process is None:
+            return None
+        code = slot.process.poll()
+        if code is not None and slot.exited_at_wall_s is None:
+            slot.exited_at_wall_s = self._wall_clock()  # first observed, not exact
+        return code
+
+    def _group(self, slot: _Slot) -> list[int]:
+        return [] if slot.process is None else live_group_members(slot.process.pid)
+
+    def _instance(self, slot: _Slot) -> Instance:
+        running = slot.process is not None and self._poll(slot) is None
+        spec = slot.spec
+        return Instance(
+            name=spec.name,
+            role=spec.role,
+            url=slot.args.url,
+            kvpool_url=None if spec.kvpool_port is None else f"http://127.0.0.1:{spec.kvpool_port}",
+            pids=frozenset(self._group(slot)),
+            main_pid=slot.process.pid if running and slot.process else None,
+            argv=spec.argv,
+            started_at_wall_s=slot.started_at_wall_s,
+        )
+
+    def instances(self) -> tuple[Instance, ...]:
+        return tuple(self._instance(slot) for slot in self._slots.values())
+
+    def status(self, name: str) -> InstanceStatus:
+        slot = self._slot(name)
+        if slot.process is None:
+            return InstanceStatus(name, "missing", None, None, reason="not started")
+        code = self._poll(slot)
+        if code is None:
+            return InstanceStatus(name, "running", slot.process.pid, slot.started_at_wall_s)
+        return InstanceStatus(
+            name,
+            "exited",
+            None,
+            slot.exited_at_wall_s,
+            exit_code=code,
+            reason="stopped by the runtime" if slot.stopped_by_runtime else "exited by itself",
+        )
+
+    # -- acting ------------------------------------------------------------------------
+
+    def _env(self, spec: LocalInstanceSpec) -> dict[str, str]:
+        env = dict(os.environ if self._base_env is None else self._base_env)
+        env.update(dict(spec.env))
+        env.pop(KVPOOL_PORT_ENV, None)  # never inherit another instance's port
+        if spec.kvpool_port is not None:
+            env[KVPOOL_PORT_ENV] = str(spec.kvpool_port)
+        return env
+
+    def _api_key(self, slot: _Slot) -> str | None:
+        # vLLM takes --api-key first, else VLLM_API_KEY from its environment.
+        return slot.args.api_key or self._env(slot.spec).get("VLLM_API_KEY") or None
+
+    def _spawn(self, slot: _Slot) -> None:
+        spec = slot.spec
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        slot.starts_total += 1
+        stamp = datetime.fromtimestamp(self._wall_clock(), UTC).isoformat(timespec="seconds")
+        header = (
+            f"\n===== kvpilot: start #{slot.starts_total} of {spec.name} at {stamp}: "
+            f"{shlex.join(redacted(spec.argv))} =====\n"
+        )
+        with slot.log_path.open("ab") as log:
+            log.write(header.encode())
+            log.flush()
+            slot.process = subprocess.Popen(  # an argv list, never a shell
+                list(spec.argv),
+                shell=False,
+                env=self._env(spec),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                close_fds=True,
+                start_new_session=True,  # its own group: a stop reaches engine and workers
+            )
+        slot.started_at_wall_s = self._wall_clock()
+        slot.exited_at_wall_s = None
+        slot.stopped_by_runtime = False
+
+    async def _wait_ready(self, slot: _Slot, ready_timeout_s: float) -> Instance:
+        process = slot.process
+        assert process is not None
+
+        def exited() -> str | None:
+            code = self._poll(slot) if slot.process is process else process.poll()
+            return None if code is None else f"exit code {code}"
+
+        await wait_ready(
+            slot.args.url,
+            api_key=self._api_key(slot),
+            timeout_s=ready_timeout_s,
+            exited=exited,
+            log_tail=lambda: self.log_tail(slot.spec.name),
+            clock=self._clock,
+        )
+        return self._instance(slot)
+
+    async def _stop(self, slot: _Slot, drain_timeout_s: float) -> StopResult:
+        process = slot.process
+        if process is None:
+            return StopResult(slot.spec.name, False, False, None, (), 0.0)
+        pgid = process.pid  # the session leader's PID is the group's id
+
+        def terminate() -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGTERM)  # the API server drains, then stops
+
+        def kill() -> list[int]:
+            members = live_group_members(pgid)
+            if members:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
+            return members
+
+        slot.stopped_by_runtime = True
+        outcome = await drain_then_kill(
+            terminate=terminate,
+            main_exited=lambda: self._poll(slot) is not None,
+            survivors=lambda: live_group_members(pgid),
+            kill=kill,
+            drain_timeout_s=drain_timeout_s,
+            what=f"vLLM instance {slot.spec.name!r}",
+            clock=self._clock,
+        )
+        return StopResult(
+            name=slot.spec.name,
+            was_running=outcome.was_running,
+            drained=outcome.drained,
+            exit_code=self._poll(slot),
+            killed_pids=outcome.killed_pids,
+            elapsed_s=outcome.elapsed_s,
+        )
+
+    async def start(self, name: str, *, ready_timeout_s: float = 240.0) -> Instance:
+        """Start a stopped or exited instance; raises if it is already running."""
+        slot = self._slot(name)
+        async with slot.lock:
+            if slot.process is not None and self._poll(slot) is None:
+                raise RuntimeFailure(f"instance {name!r} is already running")
+            # Leftovers of an earlier run (workers of a killed server) go first.
+            await self._stop(slot, drain_timeout_s=0.0)
+            self._spawn(slot)
+            return await self._wait_ready(slot, ready_timeout_s)
+
+    async def stop(self, name: str, *, drain_timeout_s: float) -> StopResult:
+        slot = self._slot(name)
+        async with slot.lock:
+            return await self._stop(slot, drain_timeout_s)
+
+    async def restart(
+        self,
+        name: str,
+        *,
+        drain_timeout_s: float,
+        ready_timeout_s: float,
+        argv: Sequence[str] | None = None,
+    ) -> Instance:
+        """Drain and stop, start again (with `argv` from now on if given), wait until ready."""
+        slot = self._slot(name)
+        # A bad new argv is refused before the running server is touched.
+        new_args = None if argv is None else parse_server_argv(argv)
+        async with slot.lock:
+            await self._stop(slot, drain_timeout_s)
+            if argv is not None and new_args is not None:
+                slot.spec = replace(slot.spec, argv=tuple(argv))
+                slot.args = new_args
+            self._spawn(slot)
+            return await self._wait_ready(slot, ready_timeout_s)
+
+    async def aclose(self, *, drain_timeout_s: float = 30.0) -> None:
+        """Stop every instance this runtime started (the agent is shutting down)."""
+        for slot in self._slots.values():
+            async with slot.lock:
+                await self._stop(slot, drain_timeout_s)
