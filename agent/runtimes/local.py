@@ -28,6 +28,13 @@ from kvpilot.agent.runtimes.base import (
 )
 from kvpilot.agent.runtimes.drain import drain_then_kill
 from kvpilot.agent.runtimes.probe import wait_ready
+from kvpilot.agent.runtimes.procfs import (
+    ProcRef,
+    find_vllm_mains,
+    is_alive,
+    list_processes,
+    start_wall_s,
+)
 from kvpilot.agent.runtimes.vllm_argv import ServerArgs, parse_server_argv, redacted
 from kvpilot.rig.server import KVPOOL_PORT_ENV, live_group_members
 
@@ -58,6 +65,9 @@ class _Slot:
     started_at_wall_s: float | None = None
     exited_at_wall_s: float | None = None
     stopped_by_runtime: bool = False
+    # A server an earlier kvpilot started (its own session, so it outlived that agent),
+    # taken over at start-up instead of started twice on one port.
+    adopted: ProcRef | None = None
 
 
 class LocalRuntime:
@@ -115,11 +125,42 @@ class LocalRuntime:
             slot.exited_at_wall_s = self._wall_clock()  # first observed, not exact
         return code
 
+    def _main_pid(self, slot: _Slot) -> int | None:
+        """The running server's main PID: our child, or an adopted one still alive."""
+        if slot.process is not None:
+            return slot.process.pid if self._poll(slot) is None else None
+        if slot.adopted is not None and is_alive(slot.adopted):
+            return slot.adopted.pid
+        return None
+
     def _group(self, slot: _Slot) -> list[int]:
-        return [] if slot.process is None else live_group_members(slot.process.pid)
+        if slot.process is not None:
+            return live_group_members(slot.process.pid)
+        if slot.adopted is not None:
+            return live_group_members(slot.adopted.pid)  # it leads its own group
+        return []
+
+    def adopt_orphans(self) -> list[str]:
+        """Take over servers an earlier kvpilot left running (it was killed, they were not).
+
+        A server is adopted when a vLLM main process with exactly this instance's argv
+        leads its own process group (as `_spawn` starts them). Returns the adopted names.
+        """
+        procs = list_processes()
+        adopted = []
+        for slot in self._slots.values():
+            if slot.process is not None or slot.adopted is not None:
+                continue
+            for info in find_vllm_mains(procs, port=slot.args.port):
+                if info.argv == tuple(slot.spec.argv) and info.pgid == info.pid:
+                    slot.adopted = info.ref
+                    slot.started_at_wall_s = start_wall_s(info)
+                    adopted.append(slot.spec.name)
+                    break
+        return adopted
 
     def _instance(self, slot: _Slot) -> Instance:
-        running = slot.process is not None and self._poll(slot) is None
+        main_pid = self._main_pid(slot)
         spec = slot.spec
         return Instance(
             name=spec.name,
@@ -127,7 +168,7 @@ class LocalRuntime:
             url=slot.args.url,
             kvpool_url=None if spec.kvpool_port is None else f"http://127.0.0.1:{spec.kvpool_port}",
             pids=frozenset(self._group(slot)),
-            main_pid=slot.process.pid if running and slot.process else None,
+            main_pid=main_pid,
             argv=spec.argv,
             started_at_wall_s=slot.started_at_wall_s,
         )
@@ -137,6 +178,19 @@ class LocalRuntime:
 
     def status(self, name: str) -> InstanceStatus:
         slot = self._slot(name)
+        if slot.process is None and slot.adopted is not None:
+            if is_alive(slot.adopted):
+                return InstanceStatus(
+                    name, "running", slot.adopted.pid, slot.started_at_wall_s,
+                    reason="adopted from an earlier kvpilot",
+                )  # fmt: skip
+            if slot.exited_at_wall_s is None:
+                slot.exited_at_wall_s = self._wall_clock()
+            # Not our child: its exit code cannot be read.
+            return InstanceStatus(
+                name, "exited", None, slot.exited_at_wall_s,
+                reason="the adopted server exited",
+            )  # fmt: skip
         if slot.process is None:
             return InstanceStatus(name, "missing", None, None, reason="not started")
         code = self._poll(slot)
@@ -210,14 +264,21 @@ class LocalRuntime:
         return self._instance(slot)
 
     async def _stop(self, slot: _Slot, drain_timeout_s: float) -> StopResult:
-        process = slot.process
-        if process is None:
+        process, adopted = slot.process, slot.adopted
+        if process is None and adopted is None:
             return StopResult(slot.spec.name, False, False, None, (), 0.0)
-        pgid = process.pid  # the session leader's PID is the group's id
+        pgid = process.pid if process is not None else adopted.pid  # type: ignore[union-attr]
+
+        def main_exited() -> bool:
+            if process is not None:
+                return self._poll(slot) is not None
+            return not is_alive(adopted)  # type: ignore[arg-type]
 
         def terminate() -> None:
+            if main_exited():
+                return
             with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGTERM)  # the API server drains, then stops
+                os.kill(pgid, signal.SIGTERM)  # the API server drains, then stops
 
         def kill() -> list[int]:
             members = live_group_members(pgid)
@@ -229,13 +290,14 @@ class LocalRuntime:
         slot.stopped_by_runtime = True
         outcome = await drain_then_kill(
             terminate=terminate,
-            main_exited=lambda: self._poll(slot) is not None,
+            main_exited=main_exited,
             survivors=lambda: live_group_members(pgid),
             kill=kill,
             drain_timeout_s=drain_timeout_s,
             what=f"vLLM instance {slot.spec.name!r}",
             clock=self._clock,
         )
+        slot.adopted = None
         return StopResult(
             name=slot.spec.name,
             was_running=outcome.was_running,
@@ -249,6 +311,8 @@ class LocalRuntime:
         """Start a stopped or exited instance; raises if it is already running."""
         slot = self._slot(name)
         async with slot.lock:
+            if slot.process is None and slot.adopted is not None and is_alive(slot.adopted):
+                return self._instance(slot)  # adopted at start-up: already serving
             if slot.process is not None and self._poll(slot) is None:
                 raise RuntimeFailure(f"instance {name!r} is already running")
             # Leftovers of an earlier run (workers of a killed server) go first.

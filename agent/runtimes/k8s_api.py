@@ -1,0 +1,84 @@
+"""The official Kubernetes client, imported lazily, and its errors as `RuntimeFailure`s."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from kvpilot.agent.runtimes.base import RuntimeFailure
+
+T = TypeVar("T")
+INSTALL_HINT = "the Kubernetes runtime needs the official client: pip install 'kvpilot[kubernetes]'"
+
+
+class KubernetesApiError(RuntimeFailure):
+    """The API server refused or failed a request; `status` is its HTTP status (0: no answer)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Forbidden(KubernetesApiError):
+    """RBAC denied a verb; the message names the verb, the resource and the Role to extend."""
+
+
+class NotFound(KubernetesApiError):
+    """The object does not exist."""
+
+
+class Conflict(KubernetesApiError):
+    """The object changed since it was read (resourceVersion), or it already exists."""
+
+
+def client_module() -> Any:
+    """`kubernetes.client`, or a RuntimeFailure that says how to install it."""
+    try:
+        from kubernetes import client
+    except ImportError as exc:
+        raise RuntimeFailure(INSTALL_HINT) from exc
+    return client
+
+
+def _server_message(body: object) -> str:
+    if isinstance(body, bytes):
+        body = body.decode(errors="replace")
+    if not isinstance(body, str) or not body:
+        return ""
+    try:
+        return str(json.loads(body).get("message") or body)
+    except (ValueError, AttributeError):
+        return body
+
+
+def api_error(exc: Exception, *, verb: str, resource: str, what: str) -> KubernetesApiError:
+    """A client exception as a failure naming the verb and resource (`deployments.apps`)."""
+    status = int(getattr(exc, "status", 0) or 0)
+    detail = _server_message(getattr(exc, "body", None)) or str(exc)
+    if status == 403:
+        return Forbidden(
+            f"forbidden: the service account may not '{verb}' {resource} ({what}); add the "
+            f"verb '{verb}' on '{resource}' to kvpilot's Role (server: {detail})",
+            status,
+        )
+    if status == 404:
+        return NotFound(f"{what} not found ({verb} {resource}): {detail}", status)
+    if status == 409:
+        return Conflict(f"conflict on {what} ({verb} {resource}): {detail}", status)
+    if status == 0:
+        return KubernetesApiError(f"the API server did not answer {verb} {what}: {exc}", 0)
+    return KubernetesApiError(
+        f"the API server answered HTTP {status} to {verb} {resource} ({what}): {detail}", status
+    )
+
+
+def call(fn: Callable[..., T], *args: Any, verb: str, resource: str, what: str, **kw: Any) -> T:
+    """Call one client method; its ApiException or connection error becomes a failure."""
+    client = client_module()
+    import urllib3  # the client's transport, installed with it
+
+    try:
+        return fn(*args, **kw)
+    except (client.ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+        raise api_error(exc, verb=verb, resource=resource, what=what) from exc

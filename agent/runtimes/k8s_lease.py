@@ -1,0 +1,268 @@
+"""One tuner per Deployment: a `coordination.k8s.io/v1` Lease with holder, renewal and expiry.
+
+A lease is free when it has no holder or its holder has not renewed it within its duration
+(judged on the injected wall clock against the lease's `renewTime`, so the clocks of the
+pods must agree to within a small part of the duration). Every write carries the
+resourceVersion that was read, so two tuners racing for a free lease cannot both win: the
+loser gets a 409 and sees the winner on the next read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kvpilot.agent.runtimes.base import RuntimeFailure
+from kvpilot.agent.runtimes.k8s_api import Conflict, NotFound, call, client_module
+
+RESOURCE = "leases.coordination.k8s.io"
+LEASE_SUFFIX = "-kvpilot-tuner"
+DEFAULT_DURATION_S = 60
+
+
+class LeaseHeld(RuntimeFailure):
+    """Another tuner holds an unexpired lease on this Deployment."""
+
+    def __init__(self, message: str, holder: str, expires_at_wall_s: float) -> None:
+        super().__init__(message)
+        self.holder = holder
+        self.expires_at_wall_s = expires_at_wall_s
+
+
+class LeaseLost(RuntimeFailure):
+    """The lease this tuner held was taken over or deleted; stop tuning."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    """The lease as last written by this tuner."""
+
+    name: str
+    holder: str
+    acquired_at_wall_s: float
+    renewed_at_wall_s: float
+    duration_s: int
+    transitions_total: int
+    resource_version: str
+
+
+def lease_name(deployment: str) -> str:
+    return f"{deployment}{LEASE_SUFFIX}"
+
+
+def micro_time(wall_s: float) -> str:
+    """RFC 3339 with microseconds, as the API's MicroTime fields are written."""
+    return datetime.fromtimestamp(wall_s, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _wall_s(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+
+
+class DeploymentLease:
+    """Acquire, renew and release the tuning lease of one Deployment."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        *,
+        namespace: str,
+        deployment: str,
+        identity: str,
+        duration_s: int = DEFAULT_DURATION_S,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        if duration_s < 1:
+            raise ValueError("lease duration must be at least 1 s")
+        self._api = client_module().CoordinationV1Api(api_client)
+        self.namespace = namespace
+        self.name = lease_name(deployment)
+        self.identity = identity
+        self.duration_s = duration_s
+        self._wall_clock = wall_clock
+        self.record: LeaseRecord | None = None
+
+    def _what(self) -> str:
+        return f"Lease {self.namespace}/{self.name}"
+
+    def _read(self) -> Any | None:
+        try:
+            return call(self._api.read_namespaced_lease, self.name, self.namespace,
+                        verb="get", resource=RESOURCE, what=self._what())  # fmt: skip
+        except NotFound:
+            return None
+
+    def _spec(self, *, acquired_s: float, now_s: float, transitions: int) -> Any:
+        client = client_module()
+        # MicroTime strings, not datetimes: the client would write datetimes without the
+        # fixed six fraction digits the API's MicroTime format asks for.
+        return client.V1LeaseSpec(
+            holder_identity=self.identity,
+            lease_duration_seconds=self.duration_s,
+            acquire_time=micro_time(acquired_s),
+            renew_time=micro_time(now_s),
+            lease_transitions=transitions,
+        )
+
+    def _record(self, lease: Any) -> LeaseRecord:
+        spec = lease.spec
+        record = LeaseRecord(
+            name=self.name,
+            holder=spec.holder_identity,
+            acquired_at_wall_s=_wall_s(spec.acquire_time) or 0.0,
+            renewed_at_wall_s=_wall_s(spec.renew_time) or 0.0,
+            duration_s=int(spec.lease_duration_seconds),
+            transitions_total=int(spec.lease_transitions or 0),
+            resource_version=lease.metadata.resource_version,
+        )
+        self.record = record
+        return record
+
+    def expires_at_wall_s(self, lease: Any) -> float | None:
+        """When the current holder's claim runs out; None when nobody holds it."""
+        spec = lease.spec
+        if spec is None or not spec.holder_identity:
+            return None
+        renewed = _wall_s(spec.renew_time) or _wall_s(spec.acquire_time) or 0.0
+        return renewed + float(spec.lease_duration_seconds or 0)
+
+    def acquire(self) -> LeaseRecord:
+        """Take the lease (create it, take it over once expired, or re-take our own)."""
+        client = client_module()
+        now_s = self._wall_clock()
+        current = self._read()
+        if current is None:
+            body = client.V1Lease(
+                api_version="coordination.k8s.io/v1",
+                kind="Lease",
+                metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
+                spec=self._spec(acquired_s=now_s, now_s=now_s, transitions=0),
+            )
+            try:
+                created = call(self._api.create_namespaced_lease, self.namespace, body,
+                               verb="create", resource=RESOURCE, what=self._what())  # fmt: skip
+            except Conflict:
+                return self._after_race()
+            return self._record(created)
+        spec = current.spec or client.V1LeaseSpec()
+        expires = self.expires_at_wall_s(current)
+        holder = spec.holder_identity
+        if holder and holder != self.identity and expires is not None and expires > now_s:
+            raise LeaseHeld(
+                f"{self._what()} is held by {holder!r} for another {expires - now_s:.0f} s: "
+                "another tuner is running on this Deployment",
+                holder,
+                expires,
+            )
+        ours = holder == self.identity
+        acquired_s = (_wall_s(spec.acquire_time) or now_s) if ours else now_s
+        transitions = int(spec.lease_transitions or 0) + (0 if ours or not holder else 1)
+        current.spec = self._spec(acquired_s=acquired_s, now_s=now_s, transitions=transitions)
+        try:
+            return self._replace(current, verb="update")
+        except Conflict:
+            return self._after_race()
+
+    def _after_race(self) -> LeaseRecord:
+        """Another writer changed the lease between our read and write: see who won."""
+        current = self._read()
+        holder = None if current is None or current.spec is None else current.spec.holder_identity
+        if current is not None and holder == self.identity:
+            return self._record(current)
+        expires = None if current is None else self.expires_at_wall_s(current)
+        raise LeaseHeld(
+            f"{self._what()} was taken by {holder!r} while kvpilot tried to acquire it",
+            str(holder),
+            expires or self._wall_clock(),
+        )
+
+    def _replace(self, lease: Any, *, verb: str) -> LeaseRecord:
+        replaced = call(self._api.replace_namespaced_lease, self.name, self.namespace, lease,
+                        verb=verb, resource=RESOURCE, what=self._what())  # fmt: skip
+        return self._record(replaced)
+
+    def renew(self) -> LeaseRecord:
+        """Extend our claim; LeaseLost if someone else holds the lease now."""
+        current = self._read()
+        holder = None if current is None or current.spec is None else current.spec.holder_identity
+        if current is None or holder != self.identity:
+            self.record = None
+            raise LeaseLost(f"{self._what()} is no longer ours (holder now: {holder!r})")
+        spec = current.spec
+        acquired_s = _wall_s(spec.acquire_time) or self._wall_clock()
+        current.spec = self._spec(
+            acquired_s=acquired_s,
+            now_s=self._wall_clock(),
+            transitions=int(spec.lease_transitions or 0),
+        )
+        try:
+            return self._replace(current, verb="update")
+        except Conflict as exc:
+            self.record = None
+            raise LeaseLost(f"{self._what()} changed under us while renewing: {exc}") from exc
+
+    def release(self) -> bool:
+        """Give the lease up so the next tuner need not wait for expiry; False if not ours."""
+        current = self._read()
+        self.record = None
+        if current is None or current.spec is None or current.spec.holder_identity != self.identity:
+            return False
+        client = client_module()
+        current.spec = client.V1LeaseSpec(
+            lease_duration_seconds=current.spec.lease_duration_seconds,
+            lease_transitions=current.spec.lease_transitions,
+            acquire_time=micro_time(_wall_s(current.spec.acquire_time) or self._wall_clock()),
+            renew_time=micro_time(self._wall_clock()),
+        )
+        try:
+            call(self._api.replace_namespaced_lease, self.name, self.namespace, current,
+                 verb="update", resource=RESOURCE, what=self._what())  # fmt: skip
+        except Conflict:
+            return False
+        return True
+
+    @contextlib.asynccontextmanager
+    async def held(self, *, renew_every_s: float | None = None) -> AsyncIterator[LeaseRecord]:
+        """Hold the lease for a tuning run: acquire, renew in the background, release.
+
+        A renewal that finds the lease lost cancels the body's task, so a tuner that lost
+        its lease stops instead of racing the new holder.
+        """
+        every_s = renew_every_s if renew_every_s is not None else self.duration_s / 3
+        record = await asyncio.to_thread(self.acquire)
+        body = asyncio.current_task()
+        lost: list[LeaseLost] = []
+
+        async def renew_loop() -> None:
+            while True:
+                await asyncio.sleep(every_s)
+                try:
+                    await asyncio.to_thread(self.renew)
+                except LeaseLost as exc:
+                    lost.append(exc)
+                    if body is not None:
+                        body.cancel()
+                    return
+
+        renewer = asyncio.create_task(renew_loop())
+        try:
+            yield record
+        except asyncio.CancelledError:
+            if lost:
+                raise lost[0] from None
+            raise
+        finally:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+            if not lost:
+                await asyncio.to_thread(self.release)

@@ -1,0 +1,269 @@
+"""Kubernetes objects as the API writes them: the canary from the stable Deployment, patches.
+
+Deployments are handled in their wire form (the camelCase dicts that
+`ApiClient.sanitize_for_serialization` returns): the canary is a copy of the stable pod
+template, and a copy of the wire form keeps every field the client's models might not know.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvpilot.agent.runtimes.vllm_argv import launch_split
+
+ROLE_LABEL = "kvpilot.dev/role"  # as in deploy/base/deployment.yaml
+CANARY_OF_ANNOTATION = "kvpilot.dev/canary-of"
+CANARY_SUFFIX = "-kvpilot-canary"
+RESTARTED_AT_ANNOTATION = "kubectl.kubernetes.io/restartedAt"
+# Annotations that would tie the canary to the stable's history or to a GitOps application
+# (Argo CD would prune a canary carrying its tracking id or instance label).
+_DROPPED_ANNOTATIONS = (
+    "deployment.kubernetes.io/revision",
+    "kubectl.kubernetes.io/last-applied-configuration",
+    "argocd.argoproj.io/tracking-id",
+)
+_GITOPS_LABELS = (
+    "argocd.argoproj.io/instance",
+    "kustomize.toolkit.fluxcd.io/name",
+    "helm.toolkit.fluxcd.io/name",
+)
+_GITOPS_MANAGERS = ("argo", "flux", "kustomize-controller", "helm-controller")
+Obj = dict[str, Any]
+
+
+def canary_name(stable: str) -> str:
+    return f"{stable}{CANARY_SUFFIX}"
+
+
+def find_container(pod_spec: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
+    for container in pod_spec.get("containers") or ():
+        if container.get("name") == name:
+            return container
+    return None
+
+
+def container_argv(deployment: Mapping[str, Any], container: str) -> tuple[str, ...] | None:
+    """The container's command and args joined, or None when there is no such container."""
+    found = find_container(deployment["spec"]["template"]["spec"], container)
+    if found is None:
+        return None
+    return (*(found.get("command") or ()), *(found.get("args") or ()))
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerCommand:
+    """What a container runs: `command` None keeps the container's (or the image's) own."""
+
+    command: tuple[str, ...] | None
+    args: tuple[str, ...]
+
+
+def split_argv(argv: Sequence[str], current_command: Sequence[str] | None) -> ContainerCommand:
+    """Map a runtime argv onto a container's command and args.
+
+    Flags alone (`--model ...`) replace the args; an argv that starts with the container's
+    command keeps it; any other vLLM launch form sets both, so the pod runs exactly `argv`.
+    """
+    argv = list(argv)
+    if not argv:
+        raise ValueError("empty argv")
+    current = list(current_command or ())
+    if current and argv[: len(current)] == current:
+        return ContainerCommand(None, tuple(argv[len(current) :]))
+    split = launch_split(argv)
+    if split is not None:
+        cut = len(argv) - len(split[1])
+        return ContainerCommand(tuple(argv[:cut]), tuple(argv[cut:]))
+    if argv[0].startswith("-"):
+        return ContainerCommand(None, tuple(argv))
+    raise ValueError(f"not a vLLM command line nor flags: {argv[:3]!r}")
+
+
+def _with_command(container: Obj, command: ContainerCommand) -> None:
+    if command.command is not None:
+        container["command"] = list(command.command)
+    container["args"] = list(command.args)
+
+
+def gitops_owner(deployment: Mapping[str, Any]) -> str | None:
+    """The GitOps tool that owns this Deployment by its labels, or None."""
+    meta = deployment.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    for key in _GITOPS_LABELS:
+        if key in labels:
+            return f"label {key}={labels[key]}"
+    if "argocd.argoproj.io/tracking-id" in annotations:
+        return "annotation argocd.argoproj.io/tracking-id"
+    manager = str(labels.get("app.kubernetes.io/managed-by", ""))
+    if any(tool in manager.lower() for tool in _GITOPS_MANAGERS):
+        return f"label app.kubernetes.io/managed-by={manager}"
+    return None
+
+
+def _canary_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    out = {k: v for k, v in (labels or {}).items() if k not in _GITOPS_LABELS}
+    if "managed-by" in str(out.get("app.kubernetes.io/managed-by", "")).lower():
+        out.pop("app.kubernetes.io/managed-by")
+    out[ROLE_LABEL] = "canary"
+    return out
+
+
+def build_canary(
+    stable: Mapping[str, Any],
+    *,
+    container: str,
+    command: ContainerCommand,
+    sidecar_container: str | None,
+) -> Obj:
+    """The canary Deployment: the stable pod template with the candidate's command.
+
+    One replica, role label `canary` on the Deployment, its selector and its pods (so the
+    stable Deployment's selector and Service do not pick its pods when they select on the
+    role), owned by the stable Deployment so that deleting the stable collects it. The
+    owner reference leaves `blockOwnerDeletion` unset: setting it needs `update` on
+    `deployments/finalizers`, which the Role does not grant.
+    """
+    meta = stable["metadata"]
+    spec = stable["spec"]
+    template = copy.deepcopy(spec["template"])
+    pod_spec = template["spec"]
+    target = next((c for c in pod_spec.get("containers") or () if c.get("name") == container), None)
+    if target is None:
+        raise ValueError(f"Deployment {meta['name']!r} has no container {container!r}")
+    _with_command(target, command)
+    # The kubelet then copies the log tail into the termination message that `get pods`
+    # shows, so a start-up failure reports vLLM's own reason without the pods/log verb.
+    target["terminationMessagePolicy"] = "FallbackToLogsOnError"
+    if sidecar_container is not None:
+        pod_spec["containers"] = [
+            c for c in pod_spec["containers"] if c.get("name") != sidecar_container
+        ]
+    template_meta = template.setdefault("metadata", {})
+    template_meta["labels"] = _canary_labels(template_meta.get("labels"))
+    annotations = dict(template_meta.get("annotations") or {})
+    annotations.pop(RESTARTED_AT_ANNOTATION, None)
+    if annotations:
+        template_meta["annotations"] = annotations
+    else:
+        template_meta.pop("annotations", None)
+    selector = copy.deepcopy(spec["selector"])
+    selector["matchLabels"] = {**(selector.get("matchLabels") or {}), ROLE_LABEL: "canary"}
+    out_annotations = {
+        k: v for k, v in (meta.get("annotations") or {}).items() if k not in _DROPPED_ANNOTATIONS
+    }
+    out_annotations[CANARY_OF_ANNOTATION] = meta["name"]
+    new_spec: Obj = {"replicas": 1, "selector": selector, "template": template}
+    for key in ("minReadySeconds", "progressDeadlineSeconds", "strategy"):
+        if key in spec:
+            new_spec[key] = copy.deepcopy(spec[key])
+    new_meta: Obj = {
+        "name": canary_name(meta["name"]),
+        "namespace": meta.get("namespace"),
+        "labels": _canary_labels(meta.get("labels")),
+        "annotations": out_annotations,
+        "ownerReferences": [
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "name": meta["name"],
+                "uid": meta["uid"],
+            }
+        ],
+    }
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": new_meta, "spec": new_spec}
+
+
+def args_patch(container: str, command: ContainerCommand, resource_version: str | None) -> Obj:
+    """A strategic-merge patch that sets one container's args (and command if given).
+
+    Containers merge by name, so the other containers and fields stay as they are; with
+    `resource_version` the server answers 409 if the Deployment changed since it was read.
+    """
+    entry: Obj = {"name": container}
+    _with_command(entry, command)
+    patch: Obj = {"spec": {"template": {"spec": {"containers": [entry]}}}}
+    if resource_version is not None:
+        patch["metadata"] = {"resourceVersion": resource_version}
+    return patch
+
+
+def restart_patch(restarted_at: str) -> Obj:
+    """What `kubectl rollout restart` patches: a pod template annotation with the time."""
+    annotations = {RESTARTED_AT_ANNOTATION: restarted_at}
+    return {"spec": {"template": {"metadata": {"annotations": annotations}}}}
+
+
+@dataclass(frozen=True, slots=True)
+class Rollout:
+    """Whether a Deployment's rollout has finished, as `kubectl rollout status` decides."""
+
+    complete: bool
+    failed: bool
+    reason: str
+
+
+def rollout_state(deployment: Mapping[str, Any]) -> Rollout:
+    meta, spec = deployment["metadata"], deployment["spec"]
+    status = deployment.get("status") or {}
+    for condition in status.get("conditions") or ():
+        if condition.get("type") == "Progressing" and condition.get("reason") == (
+            "ProgressDeadlineExceeded"
+        ):
+            return Rollout(False, True, f"progress deadline exceeded: {condition.get('message')}")
+    generation = int(meta.get("generation") or 0)
+    observed = int(status.get("observedGeneration") or 0)
+    if observed < generation:
+        return Rollout(False, False, f"observed generation {observed} < {generation}")
+    wanted = int(spec.get("replicas", 1))
+    updated = int(status.get("updatedReplicas") or 0)
+    total = int(status.get("replicas") or 0)
+    available = int(status.get("availableReplicas") or 0)
+    if updated < wanted:
+        return Rollout(False, False, f"{updated} of {wanted} replicas updated")
+    if total > updated:
+        return Rollout(False, False, f"{total - updated} old replicas pending termination")
+    if available < updated:
+        return Rollout(False, False, f"{available} of {updated} updated replicas available")
+    return Rollout(True, False, f"{updated} replicas updated and available")
+
+
+def selector_string(deployment: Mapping[str, Any]) -> str:
+    """The Deployment's matchLabels as a label selector (matchExpressions are not used)."""
+    labels = deployment["spec"]["selector"].get("matchLabels") or {}
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    if pod.get("metadata", {}).get("deletionTimestamp"):
+        return False
+    conditions = status.get("conditions") or ()
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def container_failure(pod: Mapping[str, Any], container: str) -> tuple[str, str | None] | None:
+    """(why, log tail) when the container is crash-looping or cannot start, else None."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or ():
+        if status.get("name") != container:
+            continue
+        state = status.get("state") or {}
+        last = (status.get("lastState") or {}).get("terminated") or {}
+        waiting = state.get("waiting") or {}
+        terminated = state.get("terminated") or {}
+        if waiting.get("reason") in _FATAL_WAITING:
+            detail = waiting.get("message") or waiting["reason"]
+            return f"{waiting['reason']}: {detail}", last.get("message")
+        if terminated and terminated.get("exitCode") not in (None, 0):
+            why = f"exited with code {terminated['exitCode']} ({terminated.get('reason')})"
+            return why, terminated.get("message")
+    return None
+
+
+_FATAL_WAITING = frozenset(
+    {"CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError",
+     "CreateContainerError", "InvalidImageName", "RunContainerError"}
+)  # fmt: skip

@@ -1,0 +1,505 @@
+"""The Kubernetes runtime: a canary Deployment beside the stable one, promotion by patching.
+
+The stable instance is a Deployment whose pod also runs this sidecar; the canary is
+`<name>-kvpilot-canary`, built from the stable pod template with the candidate's args.
+Promotion patches the stable container's args (a rolling update), unless the Deployment
+belongs to GitOps or the target says so: then the patch is written to the state directory
+for a person or a pull request to apply (recommend-only). A plain restart of the stable
+instance signals vLLM through the shared PID namespace (the `process` runtime) or, where
+configured, patches the `restartedAt` annotation as `kubectl rollout restart` does.
+The client is synchronous; every call runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from kvpilot.agent.model import Instance
+from kvpilot.agent.runtimes import k8s_objects as objects
+from kvpilot.agent.runtimes.base import (
+    InstanceStatus,
+    NotReady,
+    Runtime,
+    RuntimeFailure,
+    RuntimeUnsupported,
+    StopResult,
+    UnknownInstance,
+)
+from kvpilot.agent.runtimes.k8s_api import Conflict, NotFound, call, client_module
+from kvpilot.agent.runtimes.k8s_lease import DeploymentLease
+from kvpilot.agent.runtimes.k8s_objects import ContainerCommand
+from kvpilot.agent.runtimes.probe import wait_ready
+
+DEPLOYMENTS = "deployments.apps"
+PODS = "pods"
+POLL_S = 1.0
+CONFLICT_RETRIES = 3
+POD_GONE_MARGIN_S = 30.0  # beyond the drain deadline: the kubelet's SIGKILL and clean-up
+PromoteMode = Literal["apply", "recommend", "auto"]
+RestartMode = Literal["signal", "rollout"]
+Probe = Callable[..., Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesTarget:
+    """The stable Deployment and how to reach and change it."""
+
+    namespace: str
+    deployment: str
+    container: str = "vllm"
+    sidecar_container: str | None = "kvpilot"  # removed from the canary's pod
+    port: int = 8000
+    kvpool_port: int | None = 9500
+    # The sidecar shares the stable pod, so it reaches vLLM on loopback; None: the pod IP.
+    stable_url: str | None = "http://127.0.0.1:8000"
+    api_key: str | None = None
+    promote: PromoteMode = "auto"  # auto: recommend-only when GitOps owns the Deployment
+    restart: RestartMode = "signal"
+    state_dir: Path | None = None  # where recommend-only writes its patches
+    name: str | None = None  # the stable instance's name; the Deployment's by default
+
+    @property
+    def stable_name(self) -> str:
+        return self.name or self.deployment
+
+    @property
+    def canary_name(self) -> str:
+        return objects.canary_name(self.deployment)
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """A promotion written down instead of applied, and where."""
+
+    deployment: str
+    namespace: str
+    patch: str  # a strategic-merge patch, JSON
+    path: Path | None
+    reason: str
+    kubectl: str
+
+
+@dataclass(frozen=True, slots=True)
+class Promotion:
+    """What a promotion did: applied (instance ready) or only recommended."""
+
+    applied: bool
+    instance: Instance | None
+    recommendation: Recommendation | None
+
+
+class PromotionNotApplied(RuntimeUnsupported):
+    """Recommend-only mode: the patch was written, not applied; `recommendation` says where."""
+
+    def __init__(self, recommendation: Recommendation) -> None:
+        where = recommendation.path or "the result (no state directory configured)"
+        super().__init__(
+            f"recommend-only: the patch for Deployment {recommendation.namespace}/"
+            f"{recommendation.deployment} was written to {where}, not applied "
+            f"({recommendation.reason}); apply it with: {recommendation.kubectl}"
+        )
+        self.recommendation = recommendation
+
+
+class KubernetesRuntime:
+    """The stable Deployment and its canary, through the official client."""
+
+    kind = "kubernetes"
+
+    def __init__(
+        self,
+        target: KubernetesTarget,
+        api_client: Any,
+        *,
+        process_runtime: Runtime | None = None,
+        identity: str | None = None,
+        lease_duration_s: int = 60,
+        probe: Probe = wait_ready,
+        wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        poll_s: float = POLL_S,
+    ) -> None:
+        client = client_module()
+        self.target = target
+        self._api_client = api_client
+        self._apps = client.AppsV1Api(api_client)
+        self._core = client.CoreV1Api(api_client)
+        self._process = process_runtime  # the stable vLLM's processes, in the shared PID ns
+        self._probe = probe
+        self._wall_clock = wall_clock
+        self._clock = clock
+        self._poll_s = poll_s
+        self._canary_argv: tuple[str, ...] | None = None
+        self.lease = DeploymentLease(
+            api_client,
+            namespace=target.namespace,
+            deployment=target.deployment,
+            identity=identity or f"kvpilot-{target.deployment}",
+            duration_s=lease_duration_s,
+            wall_clock=wall_clock,
+        )
+
+    # -- API calls -----------------------------------------------------------------------
+
+    def _json(self, model: Any) -> dict[str, Any]:
+        return self._api_client.sanitize_for_serialization(model)
+
+    def _get(self, name: str) -> dict[str, Any] | None:
+        what = f"Deployment {self.target.namespace}/{name}"
+        try:
+            found = call(self._apps.read_namespaced_deployment, name, self.target.namespace,
+                         verb="get", resource=DEPLOYMENTS, what=what)  # fmt: skip
+        except NotFound:
+            return None
+        return self._json(found)
+
+    def _stable(self) -> dict[str, Any]:
+        found = self._get(self.target.deployment)
+        if found is None:
+            raise UnknownInstance(
+                f"Deployment {self.target.namespace}/{self.target.deployment} not found"
+            )
+        return found
+
+    def _pods(self, deployment: dict[str, Any]) -> list[dict[str, Any]]:
+        selector = objects.selector_string(deployment)
+        found = call(self._core.list_namespaced_pod, self.target.namespace,
+                     label_selector=selector, verb="list", resource=PODS,
+                     what=f"pods {selector!r} in {self.target.namespace}")  # fmt: skip
+        return [self._json(pod) for pod in found.items]
+
+    def _patch(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        patched = call(
+            self._apps.patch_namespaced_deployment, name, self.target.namespace, body,
+            _content_type="application/strategic-merge-patch+json", verb="patch",
+            resource=DEPLOYMENTS, what=f"Deployment {self.target.namespace}/{name}",
+        )  # fmt: skip
+        return self._json(patched)
+
+    async def _io(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.to_thread(fn, *args)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def _role_of(self, name: str) -> str:
+        if name == self.target.stable_name:
+            return "stable"
+        if name == self.target.canary_name:
+            return "canary"
+        raise UnknownInstance(f"no Kubernetes instance named {name!r}")
+
+    def _ready_pod(self, pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+        ready = [p for p in pods if objects.pod_ready(p) and (p.get("status") or {}).get("podIP")]
+        return ready[0] if ready else None
+
+    def _started_wall_s(self, pod: dict[str, Any] | None) -> float | None:
+        for status in ((pod or {}).get("status") or {}).get("containerStatuses") or ():
+            started = ((status.get("state") or {}).get("running") or {}).get("startedAt")
+            if status.get("name") == self.target.container and started:
+                return datetime.fromisoformat(str(started).replace("Z", "+00:00")).timestamp()
+        return None
+
+    def _instance(self, role: str, deployment: dict[str, Any]) -> Instance:
+        pod = self._ready_pod(self._pods(deployment))
+        pod_ip = None if pod is None else pod["status"]["podIP"]
+        kvpool = self.target.kvpool_port
+        if role == "stable" and self.target.stable_url is not None:
+            url = self.target.stable_url
+            kvpool_url = None if kvpool is None else f"http://127.0.0.1:{kvpool}"
+        else:
+            host = pod_ip or ""
+            url = f"http://{host}:{self.target.port}" if host else ""
+            kvpool_url = None if kvpool is None or not host else f"http://{host}:{kvpool}"
+        pids: frozenset[int] = frozenset()
+        main_pid = None
+        if role == "stable" and self._process is not None:
+            # Only the sidecar's own pod is visible (shareProcessNamespace); canaries never.
+            local = next(iter(self._process.instances()), None)
+            if local is not None:
+                pids, main_pid = local.pids, local.main_pid
+        return Instance(
+            name=self.target.stable_name if role == "stable" else self.target.canary_name,
+            role="stable" if role == "stable" else "canary",
+            url=url,
+            kvpool_url=kvpool_url,
+            pids=pids,
+            main_pid=main_pid,
+            argv=objects.container_argv(deployment, self.target.container),
+            started_at_wall_s=self._started_wall_s(pod),
+        )
+
+    def instances(self) -> tuple[Instance, ...]:
+        """The stable instance, and the canary while its Deployment exists."""
+        out = [self._instance("stable", self._stable())]
+        canary = self._get(self.target.canary_name)
+        if canary is not None:
+            out.append(self._instance("canary", canary))
+        return tuple(out)
+
+    def status(self, name: str) -> InstanceStatus:
+        role = self._role_of(name)
+        if role == "stable" and self._process is not None:
+            local = self._process.status(next(iter(self._process.instances())).name)
+            return InstanceStatus(name, local.state, local.main_pid, local.since_wall_s,
+                                  local.exit_code, local.reason)  # fmt: skip
+        deployment = self._get(self.target.deployment if role == "stable" else name)
+        if deployment is None:
+            return InstanceStatus(name, "missing", None, None, reason="no Deployment")
+        pods = self._pods(deployment)
+        pod = self._ready_pod(pods)
+        if pod is not None:
+            return InstanceStatus(name, "running", None, self._started_wall_s(pod))
+        for candidate in pods:
+            failure = objects.container_failure(candidate, self.target.container)
+            if failure is not None:
+                return InstanceStatus(name, "exited", None, None, reason=failure[0])
+        return InstanceStatus(name, "unknown", None, None, reason=f"{len(pods)} pods, none ready")
+
+    # -- the canary ----------------------------------------------------------------------
+
+    def _command(self, deployment: dict[str, Any], argv: Sequence[str]) -> ContainerCommand:
+        spec = deployment["spec"]["template"]["spec"]
+        container = objects.find_container(spec, self.target.container)
+        if container is None:
+            raise RuntimeFailure(
+                f"Deployment {deployment['metadata']['name']!r} has no container "
+                f"{self.target.container!r}"
+            )
+        try:
+            return objects.split_argv(argv, container.get("command"))
+        except ValueError as exc:
+            raise RuntimeFailure(f"cannot run {list(argv)[:4]!r} in the pod: {exc}") from exc
+
+    async def start_canary(self, argv: Sequence[str] | None, *, ready_timeout_s: float) -> Instance:
+        """Create the canary Deployment with `argv` (the stable's when None), wait until ready."""
+        stable = await self._io(self._stable)
+        if argv is None:
+            argv = objects.container_argv(stable, self.target.container) or ()
+        body = objects.build_canary(
+            stable,
+            container=self.target.container,
+            command=self._command(stable, argv),
+            sidecar_container=self.target.sidecar_container,
+        )
+        what = f"Deployment {self.target.namespace}/{self.target.canary_name}"
+        try:
+            await asyncio.to_thread(
+                call, self._apps.create_namespaced_deployment, self.target.namespace, body,
+                verb="create", resource=DEPLOYMENTS, what=what,
+            )  # fmt: skip
+        except Conflict as exc:
+            raise RuntimeFailure(f"the canary already exists; stop it first ({exc})") from exc
+        self._canary_argv = tuple(argv)
+        return await self._wait_pod_ready(self.target.canary_name, "canary", ready_timeout_s)
+
+    async def _wait_pod_ready(self, name: str, role: str, timeout_s: float) -> Instance:
+        started = self._clock()
+        deadline = started + timeout_s
+        last = "no pod yet"
+        while True:
+            deployment = await self._io(self._get, name)
+            if deployment is None:
+                raise NotReady(f"Deployment {self.target.namespace}/{name} disappeared")
+            pods = await self._io(self._pods, deployment)
+            for pod in pods:
+                failure = objects.container_failure(pod, self.target.container)
+                if failure is not None:
+                    raise NotReady(f"{role} pod {pod['metadata']['name']}: {failure[0]}",
+                                   failure[1])  # fmt: skip
+            if self._ready_pod(pods) is not None:
+                break
+            last = f"{len(pods)} pods, none ready"
+            if self._clock() >= deadline:
+                raise NotReady(f"{role} Deployment {name!r} not ready within "
+                               f"{timeout_s:.0f} s ({last})")  # fmt: skip
+            await asyncio.sleep(self._poll_s)
+        instance = await self._io(self._instance, role, deployment)
+        await self._probe(
+            instance.url,
+            api_key=self.target.api_key,
+            timeout_s=max(0.0, deadline - self._clock()),
+            clock=self._clock,
+        )
+        return instance
+
+    async def _stop_canary(self, drain_timeout_s: float) -> StopResult:
+        client = client_module()
+        name = self.target.canary_name
+        started = self._clock()
+        what = f"Deployment {self.target.namespace}/{name}"
+        existing = await self._io(self._get, name)
+        if existing is None:
+            return StopResult(name, False, False, None, (), 0.0)
+        options = client.V1DeleteOptions(propagation_policy="Foreground")
+        try:
+            await asyncio.to_thread(
+                call, self._apps.delete_namespaced_deployment, name, self.target.namespace,
+                body=options, verb="delete", resource=DEPLOYMENTS, what=what,
+            )  # fmt: skip
+        except NotFound:
+            return StopResult(name, False, False, None, (), self._clock() - started)
+        deadline = started + drain_timeout_s + POD_GONE_MARGIN_S
+        while True:
+            gone = await self._io(self._get, name) is None
+            pods = await self._io(self._pods, existing)
+            if gone and not pods:
+                elapsed = self._clock() - started
+                # The kubelet drains (SIGTERM, grace period); only the time tells whether it
+                # finished within the drain deadline rather than by SIGKILL.
+                return StopResult(name, True, elapsed <= drain_timeout_s, None, (), elapsed)
+            if self._clock() >= deadline:
+                raise RuntimeFailure(
+                    f"the canary {name!r} still has {len(pods)} pods "
+                    f"{deadline - started:.0f} s after its deletion"
+                )
+            await asyncio.sleep(self._poll_s)
+
+    # -- promotion -----------------------------------------------------------------------
+
+    def promote_mode(self, stable: dict[str, Any]) -> tuple[bool, str]:
+        """(apply?, why): recommend-only when configured, or when GitOps owns the Deployment."""
+        if self.target.promote == "recommend":
+            return False, "recommend-only is configured"
+        owner = objects.gitops_owner(stable)
+        if self.target.promote == "auto" and owner is not None:
+            return False, f"the Deployment belongs to GitOps ({owner})"
+        return True, "apply" if owner is None else f"apply is configured despite {owner}"
+
+    def _recommend(self, stable: dict[str, Any], patch: dict[str, Any], why: str) -> Recommendation:
+        meta = stable["metadata"]
+        text = json.dumps(patch, indent=2, sort_keys=True)
+        path = None
+        if self.target.state_dir is not None:
+            folder = self.target.state_dir / "k8s-recommendations"
+            folder.mkdir(parents=True, exist_ok=True)
+            stamp = objects_stamp(self._wall_clock())
+            path = folder / f"{meta['name']}-{stamp}.json"
+            path.write_text(text + "\n")
+        where = str(path) if path else "PATCH.json"
+        kubectl = (f"kubectl -n {self.target.namespace} patch deployment {meta['name']} "
+                   f"--type strategic --patch-file {where}")  # fmt: skip
+        return Recommendation(meta["name"], self.target.namespace, text, path, why, kubectl)
+
+    async def promote(self, argv: Sequence[str], *, ready_timeout_s: float) -> Promotion:
+        """Set the stable container's args and wait for the rollout, or only write the patch."""
+        started = self._clock()
+        for attempt in range(CONFLICT_RETRIES):
+            stable = await self._io(self._stable)
+            command = self._command(stable, argv)
+            apply, why = self.promote_mode(stable)
+            if not apply:
+                patch = objects.args_patch(self.target.container, command, None)
+                return Promotion(False, None, self._recommend(stable, patch, why))
+            version = stable["metadata"].get("resourceVersion")
+            patch = objects.args_patch(self.target.container, command, version)
+            try:
+                await self._io(self._patch, self.target.deployment, patch)
+            except Conflict:
+                if attempt == CONFLICT_RETRIES - 1:
+                    raise
+                continue  # changed since read: read it again and patch the new version
+            break
+        remaining = max(0.0, ready_timeout_s - (self._clock() - started))
+        instance = await self._wait_rollout(remaining)
+        return Promotion(True, instance, None)
+
+    async def _wait_rollout(self, timeout_s: float) -> Instance:
+        started = self._clock()
+        while True:
+            stable = await self._io(self._stable)
+            state = objects.rollout_state(stable)
+            if state.failed:
+                raise RuntimeFailure(f"rollout of {self.target.deployment!r} failed: "
+                                     f"{state.reason}")  # fmt: skip
+            if state.complete:
+                break
+            if self._clock() - started >= timeout_s:
+                raise NotReady(f"rollout of {self.target.deployment!r} not complete within "
+                               f"{timeout_s:.0f} s ({state.reason})")  # fmt: skip
+            await asyncio.sleep(self._poll_s)
+        instance = await self._io(self._instance, "stable", stable)
+        await self._probe(
+            instance.url,
+            api_key=self.target.api_key,
+            timeout_s=max(0.0, timeout_s - (self._clock() - started)),
+            clock=self._clock,
+        )
+        return instance
+
+    # -- the Runtime protocol ------------------------------------------------------------
+
+    async def start(self, name: str, *, ready_timeout_s: float = 600.0) -> Instance:
+        """Start the canary with the last candidate argv (else the stable's)."""
+        if self._role_of(name) == "stable":
+            raise RuntimeUnsupported(
+                "the stable Deployment is Kubernetes' to run; use restart (or promote)"
+            )
+        return await self.start_canary(self._canary_argv, ready_timeout_s=ready_timeout_s)
+
+    async def stop(self, name: str, *, drain_timeout_s: float) -> StopResult:
+        """Delete the canary Deployment and wait until its pods are gone."""
+        if self._role_of(name) == "canary":
+            return await self._stop_canary(drain_timeout_s)
+        if self._process is None:
+            raise RuntimeUnsupported("stopping the stable Deployment is not kvpilot's to do")
+        local = next(iter(self._process.instances())).name
+        return await self._process.stop(local, drain_timeout_s=drain_timeout_s)
+
+    async def restart(
+        self,
+        name: str,
+        *,
+        drain_timeout_s: float,
+        ready_timeout_s: float,
+        argv: Sequence[str] | None = None,
+    ) -> Instance:
+        """Canary: recreate it (with `argv`). Stable: promote `argv`, or restart vLLM."""
+        if self._role_of(name) == "canary":
+            keep = self._canary_argv
+            if argv is None:
+                current = await self._io(self._get, name)
+                if current is not None:
+                    keep = objects.container_argv(current, self.target.container)
+            await self._stop_canary(drain_timeout_s)
+            chosen = tuple(argv) if argv is not None else keep
+            return await self.start_canary(chosen, ready_timeout_s=ready_timeout_s)
+        if argv is not None:
+            promotion = await self.promote(argv, ready_timeout_s=ready_timeout_s)
+            if promotion.recommendation is not None:
+                raise PromotionNotApplied(promotion.recommendation)
+            assert promotion.instance is not None
+            return promotion.instance
+        if self.target.restart == "rollout":
+            patch = objects.restart_patch(objects_iso(self._wall_clock()))
+            started = self._clock()
+            await self._io(self._patch, self.target.deployment, patch)
+            return await self._wait_rollout(ready_timeout_s - (self._clock() - started))
+        if self._process is None:
+            raise RuntimeUnsupported(
+                "restarting vLLM in place needs the process runtime (shareProcessNamespace); "
+                "or configure restart: rollout"
+            )
+        local = next(iter(self._process.instances())).name
+        await self._process.restart(
+            local, drain_timeout_s=drain_timeout_s, ready_timeout_s=ready_timeout_s
+        )
+        return await self._io(self._instance, "stable", await self._io(self._stable))
+
+    async def aclose(self, *, drain_timeout_s: float = 30.0) -> None:
+        """Leave the Deployments be: a canary left behind is the tuner's to clean up."""
+        self.lease.record = None
+
+
+def objects_iso(wall_s: float) -> str:
+    return datetime.fromtimestamp(wall_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def objects_stamp(wall_s: float) -> str:
+    return datetime.fromtimestamp(wall_s, UTC).strftime("%Y%m%dT%H%M%S%fZ")

@@ -1,0 +1,66 @@
+"""A stand-in for vLLM's HTTP API (/health, /v1/models, /v1/completions), for the probe step.
+
+The pods of the fake API server point at 127.0.0.1; this answers there. The real vLLM is
+covered by the runtime contract tests.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class StandInVllm:
+    """Answers the readiness probe like a healthy vLLM serving one model."""
+
+    def __init__(self, model: str = "stand-in") -> None:
+        self.model = model
+        self.completions_total = 0
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _send(self, code: int, payload: object) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                if self.path == "/health":
+                    self._send(200, {})
+                elif self.path == "/v1/models":
+                    self._send(200, {"data": [{"id": server.model}]})
+                else:
+                    self._send(404, {})
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                server.completions_total += 1
+                tokens = int(body.get("max_tokens") or 1)
+                self._send(200, {"choices": [{"text": "x" * tokens}],
+                                 "usage": {"completion_tokens": tokens}})  # fmt: skip
+
+            def log_message(self, *args: object) -> None:
+                """Quiet."""
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    def __enter__(self) -> StandInVllm:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
