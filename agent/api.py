@@ -18,7 +18,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from kvpilot.agent.model import labels_of
 from kvpilot.agent.sidecar import Sidecar
 
 log = logging.getLogger(__name__)
@@ -56,9 +55,17 @@ class VetoRequest(BaseModel):
         return self
 
 
+_LABEL_FIELDS = frozenset({"labels", "annotations", "matchers"})
+
+
 def _plain(value: Any) -> Any:
+    """JSON-ready data; label sets (sorted pairs inside kvpilot) become objects."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _plain(dataclasses.asdict(value))
+        data = dataclasses.asdict(value)
+        return {
+            key: dict(item) if key in _LABEL_FIELDS and isinstance(item, tuple) else _plain(item)
+            for key, item in data.items()
+        }
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
@@ -103,6 +110,7 @@ def api_routes(sidecar: Sidecar, token: SecretStr | None) -> list[Route]:
                     "url": instance.url,
                     "kvpool_url": instance.kvpool_url,
                     "pids": sorted(instance.pids),
+                    "main_pid": instance.main_pid,
                     "state": state.state,
                     "since_wall_s": state.since_wall_s,
                     "live_flags": list(instance.argv or ()),
@@ -126,9 +134,7 @@ def api_routes(sidecar: Sidecar, token: SecretStr | None) -> list[Route]:
     async def silence(request: Request) -> JSONResponse:
         body = SilenceRequest.model_validate(await request.json())
         now = sidecar.now_wall_s()
-        made = sidecar.tracker.silence(
-            labels_of(body.matchers), now + body.duration_s, comment=body.comment
-        )
+        made = sidecar.tracker.silence(body.matchers, now + body.duration_s, comment=body.comment)
         with sidecar.store.transaction():
             sidecar.store.save_silences(sidecar.tracker.silences())
             sidecar.store.record_audit(

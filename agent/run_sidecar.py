@@ -18,7 +18,7 @@ from kvpilot.agent.loop import LoopSettings, serve_and_tick
 from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.remediation.prefix_cache import HttpPrefixCacheReset
 from kvpilot.agent.remediation.preflight import MemoryPreflight
-from kvpilot.agent.runtimes import Runtime, RuntimeFailure
+from kvpilot.agent.runtimes import LocalRuntime, Runtime, RuntimeFailure
 from kvpilot.agent.sidecar import Sidecar
 from kvpilot.agent.state import StateStore
 from kvpilot.collectors.nvml import NvmlCollector
@@ -69,6 +69,16 @@ async def run_sidecar(config: AgentConfig, *, stop: asyncio.Event | None = None)
             )
             late.sidecar = sidecar
             sidecar.reconcile()
+            if isinstance(runtime, LocalRuntime):
+                for name in runtime.adopt_orphans():
+                    log.warning(
+                        "instance %s: adopted the server an earlier kvpilot left running", name
+                    )
+                    store.record_audit(
+                        wall_s=sidecar.now_wall_s(), actor="agent", action="adopt", target=name,
+                        decision="adopted", reason="a server started by an earlier kvpilot "
+                        "still runs with this instance's argv",
+                    )  # fmt: skip
             starting = asyncio.create_task(_start_local(config, runtime))
             registry = build_registry(sidecar.servers, sidecar_families(sidecar.counters))
             app = build_app(

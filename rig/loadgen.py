@@ -142,24 +142,26 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 @dataclass(frozen=True, slots=True)
-class _Planned:
+class PlannedRequest:
+    """One request to send: its token-id prompt, output length and arrival offset."""
+
     index: int
     prompt: tuple[int, ...]
     max_tokens: int
     delay_s: float  # after the run starts (open loop only)
 
 
-def plan_requests(workload: Workload) -> list[_Planned]:
+def plan_requests(workload: Workload) -> list[PlannedRequest]:
     """Draw every request up front from the seed, so two runs send the same traffic."""
     rng = random.Random(workload.seed)
-    planned: list[_Planned] = []
+    planned: list[PlannedRequest] = []
     at_s = 0.0
     for index in range(workload.num_requests):
         n_prompt = max(1, workload.prompt_len.draw(rng))
         prompt = tuple(rng.randrange(3, workload.vocab_size) for _ in range(n_prompt))
         if workload.rate_rps is not None and index > 0:
             at_s += rng.expovariate(workload.rate_rps)
-        planned.append(_Planned(index, prompt, max(1, workload.output_len.draw(rng)), at_s))
+        planned.append(PlannedRequest(index, prompt, max(1, workload.output_len.draw(rng)), at_s))
     return planned
 
 
@@ -167,7 +169,7 @@ async def _send(
     client: httpx.AsyncClient,
     url: str,
     model: str,
-    item: _Planned,
+    item: PlannedRequest,
     headers: dict[str, str],
     clock: Callable[[], float],
 ) -> RequestResult:
@@ -225,26 +227,49 @@ async def run_load(
     clock: Callable[[], float] = time.monotonic,
 ) -> LoadReport:
     """Send the workload; returns when every request has finished or `stop` is set."""
-    planned = plan_requests(workload)
+    return await run_planned(
+        base_url,
+        plan_requests(workload),
+        concurrency=workload.concurrency,
+        request_timeout_s=workload.request_timeout_s,
+        model=model,
+        api_key=api_key,
+        stop=stop,
+        clock=clock,
+    )
+
+
+async def run_planned(
+    base_url: str,
+    planned: Sequence[PlannedRequest],
+    *,
+    concurrency: int | None = None,
+    request_timeout_s: float = 300.0,
+    model: str = "tiny-llama",
+    api_key: str | None = None,
+    stop: asyncio.Event | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> LoadReport:
+    """Send planned requests: closed loop with `concurrency` workers, else at their delays."""
     url = f"{base_url.rstrip('/')}/v1/completions"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     stop = stop or asyncio.Event()
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-    timeout = httpx.Timeout(workload.request_timeout_s, connect=10.0)
+    timeout = httpx.Timeout(request_timeout_s, connect=10.0)
     results: list[RequestResult] = []
     started = clock()
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        if workload.concurrency is not None:
+        if concurrency is not None:
             queue = list(reversed(planned))
 
             async def worker() -> None:
                 while queue and not stop.is_set():
                     results.append(await _send(client, url, model, queue.pop(), headers, clock))
 
-            await asyncio.gather(*(worker() for _ in range(workload.concurrency)))
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
         else:
 
-            async def open_loop(item: _Planned) -> None:
+            async def open_loop(item: PlannedRequest) -> None:
                 delay = started + item.delay_s - clock()
                 if delay > 0:
                     try:

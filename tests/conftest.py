@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import os
+import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -18,6 +21,25 @@ ROOMY = ServerSpec(port=0, kv_cache_memory_bytes=64 * 1024 * 1024)
 # 64 blocks of 32 KiB (63 usable, block 0 is the null block), through vLLM's real sizing
 # path: 64 requests of ~200 tokens preempt heavily.
 PREEMPTING = ServerSpec(port=0, kv_cache_memory_bytes=64 * KV_BYTES_PER_BLOCK)
+
+
+# What the suite needs from the machine; ./scripts/setup installs all of it.
+REQUIRED_COMMANDS = ("promtool", "prometheus")
+REQUIRED_ONE_OF = (("prometheus-alertmanager", "alertmanager"),)
+REQUIRED_MODULES = ("vllm", "jsonschema", "hypothesis")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """In CI nothing may be skipped for want of a tool: a missing one fails the run at once."""
+    if not os.environ.get("CI"):
+        return
+    missing = [c for c in REQUIRED_COMMANDS if shutil.which(c) is None]
+    missing += [" or ".join(g) for g in REQUIRED_ONE_OF if not any(map(shutil.which, g))]
+    missing += [m for m in REQUIRED_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise pytest.UsageError(
+            f"CI needs {', '.join(missing)}: run ./scripts/setup (the README's test command does)"
+        )
 
 
 class ServerPool:

@@ -1,0 +1,166 @@
+"""More of the sidecar end to end, each with its own agent and real CPU vLLM:
+
+* the fragmentation rule on the plugin's real `kv_blocks` figures, with restart configured;
+* a permanent fault: a server that cannot start. Restarts fail, the circuit breaker opens
+  and pages once, and there is no restart loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvpilot.rig.loadgen import LengthDist, Workload, run_load
+from kvpilot.rig.server import free_port
+from tests.agent.notify.notify_receiver import Receiver
+from tests.agent.sidecar_harness import (
+    AgentProcess,
+    agent_config,
+    kill_servers_of,
+    server_spec,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _alerts(agent: AgentProcess, alertname: str, state: str) -> list[dict[str, Any]]:
+    return [
+        a
+        for a in agent.status()["alerts"]
+        if dict(a["labels"])["alertname"] == alertname and a["state"] == state
+    ]
+
+
+def _restarts(agent: AgentProcess) -> list[dict[str, Any]]:
+    return [r for r in agent.status()["last_actions"] if r["action"] == "restart"]
+
+
+def _notified(receiver: Receiver, alertname: str, status: str) -> list[dict[str, Any]]:
+    return [
+        alert
+        for request in receiver.accepted()
+        for alert in request.json().get("alerts", [])
+        if alert["labels"].get("alertname") == alertname and alert["status"] == status
+    ]
+
+
+def test_fragmentation_on_real_kv_blocks_restarts_and_resolves(tmp_path: Path) -> None:
+    receiver = Receiver().start()
+    marker = f"frag-{free_port()}"
+    # 256 blocks: a mixed load leaves free blocks scattered between running requests.
+    spec = server_spec(kv_cache_memory_bytes=256 * 32 * 1024, served_model_name=marker)
+    port = free_port()
+    config = agent_config(
+        tmp_path,
+        spec=spec,
+        listen_port=port,
+        rules={
+            "fragmentation": {
+                "kv_blocks": {"threshold_ratio": 0.3, "for_s": 2, "action": "restart"}
+            },
+            "preemption_spike": {"action": "alert"},
+            "kv_saturation": {"enabled": False},
+            "engine_stall": {"enabled": False},
+        },
+        notifiers=[{"kind": "webhook", "url": f"{receiver.url}/hook"}],
+        remediation={"cooldown_s": 0, "drain_timeout_s": 10, "verify_timeout_s": 300},
+    )
+    agent = AgentProcess(config, port, tmp_path / "agent.log").start()
+    stop = threading.Event()
+    try:
+        wait_for(
+            "vLLM up", lambda: agent.collector_up("vllm") and agent.collector_up("kvpool"), 360
+        )
+        first_pid = agent.main_pid()
+
+        def load() -> None:
+            seed = 0
+            while not stop.is_set():
+                workload = Workload(
+                    num_requests=24, concurrency=12, prompt_len=LengthDist.uniform(16, 600),
+                    output_len=LengthDist.uniform(8, 200), seed=seed, request_timeout_s=240,
+                )  # fmt: skip
+                asyncio.run(run_load(spec.url, workload, model=marker))
+                seed += 1
+
+        threading.Thread(target=load, daemon=True).start()
+        firing = wait_for(
+            "KvFragmentationHigh notified",
+            lambda: _notified(receiver, "KvFragmentationHigh", "firing"),
+            300,
+        )
+        assert firing[0]["labels"]["source"] == "kv_blocks"
+        fired = _alerts(agent, "KvFragmentationHigh", "firing")
+        assert fired and fired[0]["value"] > 0.3
+        stop.set()  # the restart must clear it, and the load would scatter the blocks again
+        restarted = wait_for(
+            "the restart it configured",
+            lambda: [r for r in _restarts(agent) if r["state"] in ("succeeded", "failed")],
+            400,
+        )
+        assert restarted[0]["state"] == "succeeded", restarted
+        assert agent.main_pid() not in (None, first_pid)
+        wait_for(
+            "the resolved notification",
+            lambda: _notified(receiver, "KvFragmentationHigh", "resolved"),
+            240,
+        )
+        # Idle after the restart: every block free in one run.
+        metrics = agent.metrics()
+        assert 'source="kv_blocks"} 0.0' in metrics
+    finally:
+        stop.set()
+        agent.stop()
+        kill_servers_of(marker)
+        receiver.stop()
+
+
+def test_a_server_that_cannot_start_opens_the_circuit_and_pages_once(tmp_path: Path) -> None:
+    receiver = Receiver().start()
+    marker = f"broken-{free_port()}"
+    # One block of KV cache cannot hold one request of max_model_len: vLLM refuses to start.
+    spec = server_spec(kv_cache_memory_bytes=32 * 1024, served_model_name=marker)
+    port = free_port()
+    config = agent_config(
+        tmp_path,
+        spec=spec,
+        listen_port=port,
+        rules={"server_down": {"for_s": 1}},
+        notifiers=[{"kind": "webhook", "url": f"{receiver.url}/hook"}],
+        remediation={
+            "cooldown_s": 0,
+            "verify_timeout_s": 240,
+            "budget": {"max_restarts": 10, "window_s": 3600},
+            # The fault does not go away, so there is one incident and one restart that
+            # fails: the breaker opens on that first failure and pages.
+            "circuit_breaker": {"failures_to_open": 1, "hold_s": 600},
+        },
+    )
+    agent = AgentProcess(config, port, tmp_path / "agent.log").start()
+    try:
+        wait_for("VllmServerDown firing", lambda: _alerts(agent, "VllmServerDown", "firing"), 300)
+        page = wait_for(
+            "the circuit-open page",
+            lambda: _notified(receiver, "KvpilotRemediationCircuitOpen", "firing"),
+            900,
+        )
+        assert page[0]["labels"]["severity"] == "critical"
+        restarts = _restarts(agent)
+        assert len(restarts) == 1 and restarts[0]["state"] == "failed", restarts
+        breaker = agent.status()["remediation"]["breakers"]
+        assert [b["state"] for b in breaker if b["instance"] == "vllm"] == ["open"]
+        # No restart loop: the alert keeps firing, nothing more is attempted or paged.
+        ticks = agent.status()["ticks_total"]
+        wait_for("fifteen more ticks", lambda: agent.status()["ticks_total"] >= ticks + 15, 60)
+        assert len(_restarts(agent)) == 1
+        assert len(_notified(receiver, "KvpilotRemediationCircuitOpen", "firing")) == 1
+        assert 'kvpilot_remediation_circuit_open{server="vllm"} 1.0' in agent.metrics()
+    finally:
+        agent.stop()
+        kill_servers_of(marker)
+        receiver.stop()
