@@ -1,0 +1,30 @@
+"""The benchmarks' short modes run in CI: they must run, and their goals must hold."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(script: str, *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_collect_cycle_costs_under_a_quarter_of_the_library_parser() -> None:
+    out = _run("collect_cycle.py", "--quick")
+    ratio = float(out.split("ratio (cycle / prometheus_client):")[1].split()[0])
+    assert ratio <= 0.25
+
+
+def test_tuner_replay_runs_on_the_measured_grid() -> None:
+    out = _run("tuner_efficiency.py", "--quick")
+    for method in ("bayesian", "random", "grid"):
+        assert f"{method}:" in out
