@@ -108,6 +108,7 @@ class Sidecar:
 
     async def tick(self) -> list[AlertTransition]:
         instances = self.runtime.instances()
+        self._forget_gone({i.name for i in instances})
         start = self._clock()
         nvml = NvmlReading(await asyncio.to_thread(self._nvml.collect), self._clock() - start)
         self._latest_nvml = nvml.value
@@ -156,6 +157,13 @@ class Sidecar:
             instance_state=status.state,
             instance_state_reason=why,
         )
+
+    def _forget_gone(self, names: set[str]) -> None:
+        """A server the runtime no longer lists (a canary removed): its series go too."""
+        for name in set(self._tickers) - names:
+            del self._tickers[name]
+            self._roles.pop(name, None)
+            self._pids.pop(name, None)
 
     def _ticker(self, instance: Instance) -> Ticker:
         ticker = self._tickers.get(instance.name)

@@ -101,7 +101,39 @@ def _v1(conn: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1,)
+def _v2(conn: sqlite3.Connection) -> None:
+    """Tuning trials and the rollout journal (one record per trial)."""
+    _execute_script(
+        conn,
+        """
+        CREATE TABLE trials (
+            trial_id TEXT PRIMARY KEY,
+            fingerprint TEXT NOT NULL,
+            number INTEGER NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('planned', 'running', 'complete',
+                'infeasible', 'failed', 'aborted')),
+            created_wall_s REAL NOT NULL,
+            updated_wall_s REAL NOT NULL,
+            trial_json TEXT NOT NULL
+        ) STRICT;
+        CREATE INDEX trials_study ON trials (fingerprint, created_wall_s, number);
+        CREATE INDEX trials_unfinished ON trials (created_wall_s)
+            WHERE state IN ('planned', 'running');
+
+        CREATE TABLE rollouts (
+            trial_id TEXT PRIMARY KEY,
+            phase TEXT NOT NULL,
+            final INTEGER NOT NULL CHECK (final IN (0, 1)),
+            seq INTEGER NOT NULL,
+            updated_wall_s REAL NOT NULL,
+            record_json TEXT NOT NULL
+        ) STRICT;
+        CREATE INDEX rollouts_open ON rollouts (seq) WHERE final = 0;
+        """,
+    )
+
+
+MIGRATIONS: tuple[Migration, ...] = (_v1, _v2)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
