@@ -13,7 +13,7 @@ import httpx
 import typer
 from rich.console import Console
 
-from kvpilot.agent import config_cli, dashboards_cli, plan_cli
+from kvpilot.agent import config_cli, dashboards_cli, plan_cli, tune_cli
 from kvpilot.agent.logs import configure_logging
 from kvpilot.agent.wiring import CollectSettings, build_ticker
 
@@ -27,6 +27,7 @@ app.add_typer(rig_app, name="rig")
 plan_cli.register(app)
 config_cli.register(app)
 dashboards_cli.register(app)
+tune_cli.register(app)
 
 VllmUrl = Annotated[
     str, typer.Option("--vllm-url", envvar="KVPILOT_VLLM_URL", help="vLLM server's base URL.")

@@ -16,6 +16,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
 from kvpilot.dashboards.memory import memory_dashboard
 from kvpilot.dashboards.rules import RuleGroups, dump_yaml
+from kvpilot.dashboards.tuning import tuning_dashboard
 
 DASHBOARDS_DIR = "dashboards/json"
 RULES_FILE = "dashboards/rules/kvpilot.rules.yaml"
@@ -54,12 +55,19 @@ def render(dashboard: object) -> str:
 def build_dashboards(*, fragmentation_threshold_ratio: float = 0.30) -> tuple[DashboardFile, ...]:
     """Every dashboard kvpilot ships."""
     memory = memory_dashboard(fragmentation_threshold_ratio=fragmentation_threshold_ratio)
+    tuning = tuning_dashboard()
     return (
         DashboardFile(
             uid=memory.uid or "",
             title=memory.title or "",
             file_name="memory.json",
             json_text=render(memory),
+        ),
+        DashboardFile(
+            uid=tuning.uid or "",
+            title=tuning.title or "",
+            file_name="tuning.json",
+            json_text=render(tuning),
         ),
     )
 

@@ -17,6 +17,9 @@ from kvpilot.agent.rules.config import RulesConfig
 from kvpilot.dashboards.build import build_dashboards, generated_files, stale
 from kvpilot.dashboards.memory import ALLOCATOR_PANELS
 from kvpilot.dashboards.rules import build_rules
+from kvpilot.dashboards.tuning import UID as TUNING_UID
+from kvpilot.dashboards.tuning_metrics import SPECS as TUNING_SPECS
+from kvpilot.tuner.judge import DEFAULT_METRICS
 
 ROOT = Path(__file__).resolve().parents[2]
 # vLLM 0.32's own families the dashboards and rules read (checked against vLLM's source below).
@@ -134,3 +137,36 @@ def test_file_provisioning_puts_the_dashboards_in_the_kvpilot_folder() -> None:
     assert provider["type"] == "file"
     assert provider["folderUid"] == "kvpilot"  # the folder `dashboards push` uses
     assert provider["options"]["path"].startswith("/")
+
+
+def _tuning() -> dict:
+    (tuning,) = (d for d in build_dashboards() if d.uid == TUNING_UID)
+    return tuning.model()
+
+
+def test_tuning_dashboard_has_its_variables_and_a_canary_panel_per_judged_metric() -> None:
+    model = _tuning()
+    assert model["schemaVersion"] == 41
+    assert [v["name"] for v in model["templating"]["list"]] == ["datasource", "instance", "server"]
+    ids = [p["id"] for p in model["panels"]]
+    assert len(ids) == len(set(ids))
+    titles = {p["title"] for p in model["panels"]}
+    assert {"Trial goodput", "Trials", "Live stable flags"} <= titles
+    assert {f"Canary against baseline: {m.name}" for m in DEFAULT_METRICS} <= titles
+    for panel in (p for p in model["panels"] if p["type"] == "table"):
+        assert all(t["instant"] and t["format"] == "table" for t in panel["targets"])
+
+
+def test_every_name_the_tuning_dashboard_reads_is_a_tuning_family() -> None:
+    model = _tuning()
+    exprs = [q.expr for q in panel_queries(model)] + variable_queries(model)
+    labels = {label for spec in TUNING_SPECS for label in spec.labels}
+    read = set().union(*(metric_names(expr) for expr in exprs)) - labels
+    assert read == {spec.name for spec in TUNING_SPECS}
+
+
+def test_the_configmap_carries_every_dashboard() -> None:
+    (configmap,) = [f for f in _files() if f.path == "deploy/base/grafana-dashboards.yaml"]
+    data = yaml.safe_load(configmap.text)["data"]
+    assert data == {f"kvpilot-{d.file_name}": d.json_text for d in build_dashboards()}
+    assert "kvpilot-tuning.json" in data

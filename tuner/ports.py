@@ -1,0 +1,104 @@
+"""What the tuner needs from the agent, as Protocols: a runtime, an observer, two stores.
+
+The tuner never imports the agent; the agent hands it objects that satisfy these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from kvpilot.tuner.objective import Measurement
+from kvpilot.tuner.trials import TrialStore
+
+if TYPE_CHECKING:
+    from kvpilot.tuner.rollout import RolloutRecord
+
+__all__ = [
+    "CandidateStartFailed",
+    "Observation",
+    "Observer",
+    "RolloutJournal",
+    "TrialStore",
+    "TunerRuntime",
+]
+
+
+class CandidateStartFailed(RuntimeError):
+    """A server with the candidate's flags did not become ready; carries vLLM's log text."""
+
+    def __init__(self, message: str, log_text: str) -> None:
+        super().__init__(message)
+        self.log_text = log_text
+
+
+class TunerRuntime(Protocol):
+    """Start and stop a canary, switch the stable instance's flags, and tell where they are."""
+
+    def stable_argv(self) -> tuple[str, ...]:
+        """The stable instance's live argv."""
+        ...
+
+    def stable_url(self) -> str: ...
+
+    async def start_canary(self, argv: Sequence[str], *, ready_timeout_s: float) -> str:
+        """Start the canary with `argv` (its port is the runtime's); returns its URL.
+
+        Raises CandidateStartFailed with the server's log when it does not become ready.
+        """
+        ...
+
+    async def stop_canary(self) -> None:
+        """Stop the canary if one runs (also one an earlier, dead kvpilot left)."""
+        ...
+
+    async def set_stable(self, argv: Sequence[str], *, reason: str, ready_timeout_s: float) -> None:
+        """Restart the stable instance with `argv` through the safe-restart path.
+
+        Raises CandidateStartFailed when the restarted server does not become ready.
+        """
+        ...
+
+    def remediation_in_progress(self) -> bool:
+        """Whether a remediation is planned or running (the tuner must not act then)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One instance's window: the objective's measurement and the judge's samples per metric."""
+
+    url: str
+    measurement: Measurement
+    samples: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+
+
+class Observer(Protocol):
+    """Drives the same workload at several instances at once and measures each."""
+
+    async def warm(self, urls: Sequence[str]) -> None:
+        """A few requests each, so that the window does not see a cold server."""
+        ...
+
+    async def observe(self, urls: Sequence[str]) -> tuple[Observation, ...]:
+        """One window per URL, in the order given, all under the same workload."""
+        ...
+
+
+class RolloutJournal(Protocol):
+    """Where each trial's rollout phase is persisted (see `kvpilot.tuner.rollout`)."""
+
+    def save(self, record: RolloutRecord) -> None:
+        """Insert or replace the record of its trial."""
+        ...
+
+    def get(self, trial_id: str) -> RolloutRecord | None: ...
+
+    def open_records(self) -> list[RolloutRecord]:
+        """Records whose rollout has not reached a final phase, oldest first."""
+        ...
+
+    def records(self) -> list[RolloutRecord]:
+        """Every record, oldest first."""
+        ...

@@ -1,0 +1,445 @@
+"""A canary rollout per trial: a persisted state machine from plan to promote or roll back.
+
+Phases (`Phase`), each saved to the journal before the step it names begins:
+
+    parallel:   planned -> starting -> warming -> observing -> judging
+                -> rolling_back -> rolled_back
+                -> promoting -> baking -> promoted | reverting -> reverted
+    sequential: planned -> observing_baseline -> starting -> warming -> observing -> judging
+                -> (as parallel; promotion is already live, so it bakes at once)
+
+`parallel` runs the candidate beside the stable instance, both under the same workload.
+`sequential` measures the one instance's recent window, switches it to the candidate and
+measures again at the same load. A candidate that does not start is infeasible with vLLM's
+reason and the stable instance keeps (or gets back) its flags. Only a judge's pass whose
+objective also beats the baseline promotes; the bake window after a promotion reverts to
+the old flags when the promoted ones lose more than `bake_tolerance_ratio` of the goodput
+the canary showed, or break the SLO. `recover` cleans up after a kvpilot that died mid-trial.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from kvpilot.tuner.judge import JudgeConfig, Judgement, judge
+from kvpilot.tuner.objective import Slo, TrialResult, better, evaluate
+from kvpilot.tuner.ports import (
+    CandidateStartFailed,
+    Observation,
+    Observer,
+    RolloutJournal,
+    TunerRuntime,
+)
+from kvpilot.tuner.trials import Trial, TrialState, TrialStore, abort_unfinished
+
+
+class Strategy(StrEnum):
+    PARALLEL = "parallel"
+    SEQUENTIAL = "sequential"
+
+
+class Phase(StrEnum):
+    PLANNED = "planned"
+    OBSERVING_BASELINE = "observing_baseline"
+    STARTING = "starting"
+    WARMING = "warming"
+    OBSERVING = "observing"
+    JUDGING = "judging"
+    PROMOTING = "promoting"
+    BAKING = "baking"
+    REVERTING = "reverting"
+    ROLLING_BACK = "rolling_back"
+    PROMOTED = "promoted"
+    ROLLED_BACK = "rolled_back"
+    REVERTED = "reverted"
+    INFEASIBLE = "infeasible"
+    FAILED = "failed"
+    ABORTED = "aborted"
+
+    @property
+    def final(self) -> bool:
+        return self in _FINAL
+
+
+_FINAL = frozenset(
+    {
+        Phase.PROMOTED,
+        Phase.ROLLED_BACK,
+        Phase.REVERTED,
+        Phase.INFEASIBLE,
+        Phase.FAILED,
+        Phase.ABORTED,
+    }
+)
+# Phases in which the stable instance may be serving flags other than its old ones.
+_STABLE_TOUCHED = {
+    Strategy.PARALLEL: frozenset({Phase.PROMOTING, Phase.BAKING, Phase.REVERTING}),
+    Strategy.SEQUENTIAL: frozenset(
+        {
+            Phase.STARTING,
+            Phase.WARMING,
+            Phase.OBSERVING,
+            Phase.JUDGING,
+            Phase.PROMOTING,
+            Phase.BAKING,
+            Phase.REVERTING,
+            Phase.ROLLING_BACK,
+        }
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutRecord:
+    """Where one trial's rollout got to, and the flags needed to undo it."""
+
+    trial_id: str
+    strategy: Strategy
+    phase: Phase
+    stable_argv: tuple[str, ...]  # the stable instance's flags before the trial
+    candidate_argv: tuple[str, ...]
+    updated_wall_s: float
+    reason: str | None = None
+    baseline_goodput_tokens_per_s: float | None = None
+    bake_goodput_tokens_per_s: float | None = None
+
+    def at(self, phase: Phase, *, at_wall_s: float, reason: str | None = None, **changes: object):
+        """The record in a new phase; a final phase cannot be left."""
+        if self.phase.final:
+            raise ValueError(f"rollout {self.trial_id}: {self.phase} is final")
+        return dataclasses.replace(
+            self, phase=phase, updated_wall_s=at_wall_s, reason=reason or self.reason, **changes
+        )
+
+
+class InMemoryRolloutJournal:
+    """A RolloutJournal in a dict, for tests and dry runs."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, RolloutRecord] = {}
+
+    def save(self, record: RolloutRecord) -> None:
+        self._records[record.trial_id] = record
+
+    def get(self, trial_id: str) -> RolloutRecord | None:
+        return self._records.get(trial_id)
+
+    def records(self) -> list[RolloutRecord]:
+        return list(self._records.values())
+
+    def open_records(self) -> list[RolloutRecord]:
+        return [r for r in self._records.values() if not r.phase.final]
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutSettings:
+    """How a rollout decides and how long it waits."""
+
+    slo: Slo = field(default_factory=Slo)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    ready_timeout_s: float = 240.0
+    bake: bool = True
+    bake_tolerance_ratio: float = 0.2
+    require_improvement: bool = True  # a pass must also beat the baseline's objective
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutOutcome:
+    """The trial as stored, the rollout's last record and the baseline's result."""
+
+    trial: Trial
+    record: RolloutRecord
+    baseline: TrialResult | None = None
+
+    @property
+    def promoted(self) -> bool:
+        return self.record.phase is Phase.PROMOTED
+
+
+PhaseListener = Callable[[Trial, Phase], None]
+
+
+class Rollout:
+    """Runs one trial's rollout against a runtime; every transition is persisted first."""
+
+    def __init__(
+        self,
+        runtime: TunerRuntime,
+        observer: Observer,
+        store: TrialStore,
+        journal: RolloutJournal,
+        settings: RolloutSettings,
+        *,
+        wall_clock: Callable[[], float],
+        on_phase: PhaseListener | None = None,
+    ) -> None:
+        self._runtime = runtime
+        self._observer = observer
+        self._store = store
+        self._journal = journal
+        self._settings = settings
+        self._wall = wall_clock
+        self._on_phase = on_phase or (lambda _trial, _phase: None)
+
+    async def run(
+        self, trial: Trial, candidate_argv: Sequence[str], strategy: Strategy
+    ) -> RolloutOutcome:
+        """Plan, start, observe, judge, promote or roll back, bake; returns how it ended."""
+        record = RolloutRecord(
+            trial.trial_id,
+            strategy,
+            Phase.PLANNED,
+            tuple(self._runtime.stable_argv()),
+            tuple(candidate_argv),
+            self._wall(),
+        )
+        self._journal.save(record)
+        trial = self._save_trial(trial.to(TrialState.RUNNING, at_wall_s=self._wall()))
+        self._on_phase(trial, Phase.PLANNED)
+        state = _Run(trial, record)
+        try:
+            if strategy is Strategy.PARALLEL:
+                await self._parallel(state)
+            else:
+                await self._sequential(state)
+        except BaseException as exc:
+            await self._fail(state, exc)
+            raise
+        return RolloutOutcome(state.trial, state.record, state.baseline)
+
+    # --- the two strategies -------------------------------------------------------------
+
+    async def _parallel(self, s: _Run) -> None:
+        rt, stable_url = self._runtime, self._runtime.stable_url()
+        self._move(s, Phase.STARTING)
+        try:
+            canary_url = await rt.start_canary(
+                s.record.candidate_argv, ready_timeout_s=self._settings.ready_timeout_s
+            )
+        except CandidateStartFailed as exc:
+            await rt.stop_canary()
+            self._infeasible_start(s, exc)
+            return
+        self._move(s, Phase.WARMING)
+        await self._observer.warm([stable_url, canary_url])
+        self._move(s, Phase.OBSERVING)
+        baseline, canary = await self._observer.observe([stable_url, canary_url])
+        promote = self._judge(s, baseline, canary)
+        if not promote:
+            self._move(s, Phase.ROLLING_BACK)
+            await rt.stop_canary()
+            self._move(s, Phase.ROLLED_BACK)
+            return
+        self._move(s, Phase.PROMOTING)
+        await rt.stop_canary()
+        try:
+            await rt.set_stable(
+                s.record.candidate_argv,
+                reason=f"promoted by trial {s.trial.number}",
+                ready_timeout_s=self._settings.ready_timeout_s,
+            )
+        except CandidateStartFailed as exc:
+            await self._revert(s, f"the promoted flags did not start: {exc}")
+            return
+        await self._bake(s)
+
+    async def _sequential(self, s: _Run) -> None:
+        rt, url = self._runtime, self._runtime.stable_url()
+        self._move(s, Phase.OBSERVING_BASELINE)
+        (baseline,) = await self._observer.observe([url])
+        self._move(s, Phase.STARTING)
+        try:
+            await rt.set_stable(
+                s.record.candidate_argv,
+                reason=f"sequential canary of trial {s.trial.number}",
+                ready_timeout_s=self._settings.ready_timeout_s,
+            )
+        except CandidateStartFailed as exc:
+            await self._restore_stable(s, "the candidate did not start")
+            self._infeasible_start(s, exc)
+            return
+        self._move(s, Phase.WARMING)
+        await self._observer.warm([url])
+        self._move(s, Phase.OBSERVING)
+        (canary,) = await self._observer.observe([url])
+        if not self._judge(s, baseline, canary):
+            self._move(s, Phase.ROLLING_BACK)
+            await self._restore_stable(s, f"trial {s.trial.number} rolled back")
+            self._move(s, Phase.ROLLED_BACK)
+            return
+        self._move(s, Phase.PROMOTING)  # the candidate already serves: nothing to restart
+        await self._bake(s)
+
+    # --- steps shared by both ---------------------------------------------------------
+
+    def _judge(self, s: _Run, baseline: Observation, canary: Observation) -> bool:
+        """Objective and judge; the trial is finished with both. Returns whether to promote."""
+        self._move(s, Phase.JUDGING)
+        slo = self._settings.slo
+        base_result = evaluate(baseline.measurement, slo)
+        result = evaluate(canary.measurement, slo)
+        judgement = judge(canary.samples, baseline.samples, self._settings.judge)
+        s.baseline = base_result
+        state = TrialState.COMPLETE if result.feasible else TrialState.INFEASIBLE
+        s.trial = self._save_trial(
+            s.trial.to(
+                state,
+                at_wall_s=self._wall(),
+                reason=result.reason,
+                result=result,
+                judgement=judgement,
+            )
+        )
+        s.record = dataclasses.replace(
+            s.record, baseline_goodput_tokens_per_s=base_result.goodput_tokens_per_s
+        )
+        decision = promotion_decision(result, base_result, judgement, self._settings)
+        s.record = dataclasses.replace(s.record, reason=decision[1])
+        return decision[0]
+
+    async def _bake(self, s: _Run) -> None:
+        if not self._settings.bake:
+            self._move(s, Phase.PROMOTED)
+            return
+        self._move(s, Phase.BAKING)
+        (window,) = await self._observer.observe([self._runtime.stable_url()])
+        baked = evaluate(window.measurement, self._settings.slo)
+        s.record = dataclasses.replace(
+            s.record, bake_goodput_tokens_per_s=baked.goodput_tokens_per_s
+        )
+        degraded = bake_degradation(s.trial.result, baked, self._settings.bake_tolerance_ratio)
+        if degraded is not None:
+            await self._revert(s, f"bake: {degraded}")
+            return
+        self._move(s, Phase.PROMOTED, reason="promoted; the bake window held")
+
+    async def _revert(self, s: _Run, reason: str) -> None:
+        self._move(s, Phase.REVERTING, reason=reason)
+        await self._restore_stable(s, reason)
+        self._move(s, Phase.REVERTED, reason=reason)
+
+    async def _restore_stable(self, s: _Run, reason: str) -> None:
+        if tuple(self._runtime.stable_argv()) != s.record.stable_argv:
+            await self._runtime.set_stable(
+                s.record.stable_argv, reason=reason, ready_timeout_s=self._settings.ready_timeout_s
+            )
+
+    def _infeasible_start(self, s: _Run, exc: CandidateStartFailed) -> None:
+        result = TrialResult.failed_to_start(exc.log_text)
+        s.trial = self._save_trial(
+            s.trial.to(
+                TrialState.INFEASIBLE, at_wall_s=self._wall(), reason=result.reason, result=result
+            )
+        )
+        self._move(s, Phase.INFEASIBLE, reason=result.reason)
+
+    async def _fail(self, s: _Run, exc: BaseException) -> None:
+        """An error that is not the candidate's: clean up, then record it."""
+        final = Phase.FAILED if isinstance(exc, Exception) else Phase.ABORTED
+        reason = f"{final.value} in phase {s.record.phase.value}: {type(exc).__name__}: {exc}"
+        if s.record.phase.final:
+            return
+        try:
+            await self._runtime.stop_canary()
+            if s.record.phase in _STABLE_TOUCHED[s.record.strategy]:
+                await self._restore_stable(s, reason)
+        finally:
+            if not s.trial.state.terminal:
+                state = TrialState.FAILED if final is Phase.FAILED else TrialState.ABORTED
+                s.trial = self._save_trial(s.trial.to(state, at_wall_s=self._wall(), reason=reason))
+            self._move(s, final, reason=reason)
+
+    def _move(self, s: _Run, phase: Phase, *, reason: str | None = None) -> None:
+        s.record = s.record.at(phase, at_wall_s=self._wall(), reason=reason)
+        self._journal.save(s.record)
+        self._on_phase(s.trial, phase)
+
+    def _save_trial(self, trial: Trial) -> Trial:
+        self._store.save(trial)
+        return trial
+
+
+@dataclass(slots=True)
+class _Run:
+    """The mutable progress of one rollout (the persisted copies are immutable)."""
+
+    trial: Trial
+    record: RolloutRecord
+    baseline: TrialResult | None = None
+
+
+def promotion_decision(
+    result: TrialResult, baseline: TrialResult, judgement: Judgement, settings: RolloutSettings
+) -> tuple[bool, str]:
+    """Whether to promote, and why: a judge's pass, feasible, and better than the baseline."""
+    if not judgement.promote:
+        return False, f"judged {judgement.classification.value}: {judgement.reason}"
+    if not result.feasible:
+        return False, f"judged pass but infeasible: {result.reason}"
+    if settings.require_improvement and not better(result, baseline, settings.slo):
+        return False, "judged pass but its objective does not beat the stable instance's"
+    return True, f"judged pass ({judgement.reason}) and better than the stable instance"
+
+
+def bake_degradation(
+    promised: TrialResult | None, baked: TrialResult, tolerance_ratio: float
+) -> str | None:
+    """Why the bake window says the promoted flags degraded, or None when they held."""
+    if not baked.feasible:
+        return f"the promoted flags are infeasible under load: {baked.reason}"
+    if promised is None or promised.goodput_tokens_per_s is None:
+        return None
+    floor = (1 - tolerance_ratio) * promised.goodput_tokens_per_s
+    got = baked.goodput_tokens_per_s
+    if got is None or got < floor:
+        shown = "unknown" if got is None else f"{got:.1f}"
+        return (
+            f"goodput {shown} tok/s below {floor:.1f} ({1 - tolerance_ratio:.0%} of the canary's)"
+        )
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """One rollout a dead kvpilot left open, and what recovery did about it."""
+
+    trial_id: str
+    phase: Phase
+    stable_restored: bool
+
+
+async def recover(
+    journal: RolloutJournal,
+    store: TrialStore,
+    runtime: TunerRuntime,
+    *,
+    at_wall_s: float,
+    ready_timeout_s: float = 240.0,
+) -> list[Recovered]:
+    """At start-up: stop any canary, restore the stable flags if a rollout touched them,
+    and abort the unfinished trials. Idempotent."""
+    recovered = []
+    open_records = journal.open_records()
+    if open_records:
+        await runtime.stop_canary()
+    for record in open_records:
+        restore = (
+            record.phase in _STABLE_TOUCHED[record.strategy]
+            and tuple(runtime.stable_argv()) != record.stable_argv
+        )
+        if restore:
+            await runtime.set_stable(
+                record.stable_argv,
+                reason=f"recovery: trial {record.trial_id} was interrupted in {record.phase}",
+                ready_timeout_s=ready_timeout_s,
+            )
+        reason = f"kvpilot stopped mid-trial (phase {record.phase.value}); canary stopped, " + (
+            "stable flags restored" if restore else "stable flags kept"
+        )
+        journal.save(record.at(Phase.ABORTED, at_wall_s=at_wall_s, reason=reason))
+        recovered.append(Recovered(record.trial_id, record.phase, restore))
+    abort_unfinished(store, at_wall_s=at_wall_s, reason="kvpilot stopped mid-trial")
+    return recovered

@@ -1,0 +1,200 @@
+"""A tuning run of N trials: warm start, ask, check constraints, roll out, tell.
+
+The study is the fingerprint's: the suggester first hears every measured trial of it (from
+earlier runs too), trial numbers continue, and the best so far covers the whole history.
+A run never starts, and stops between trials, while a remediation is in progress.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kvpilot.tuner.objective import Slo, TrialResult, best_index
+from kvpilot.tuner.ports import Observer, RolloutJournal, TunerRuntime
+from kvpilot.tuner.rollout import Phase, Rollout, RolloutOutcome, RolloutSettings, Strategy
+from kvpilot.tuner.space import Candidate, KnobKind, SearchSpace
+from kvpilot.tuner.suggest import SearchExhausted, Suggester, warm_start
+from kvpilot.tuner.trials import Trial, TrialStore, history, new_trial, next_number
+
+
+class TuningBlocked(RuntimeError):
+    """The run may not act now (a remediation is in progress)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What a progress display shows: the trial, its flags, its phase, the best so far."""
+
+    trial_number: int
+    values: tuple[tuple[str, object], ...]
+    phase: Phase
+    best_goodput_tokens_per_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSummary:
+    """How a run went: its rollouts, how many past trials warmed it, why it stopped."""
+
+    outcomes: tuple[RolloutOutcome, ...]
+    warm_started_total: int
+    stopped_reason: str
+    best_goodput_tokens_per_s: float | None
+
+    @property
+    def promoted(self) -> tuple[RolloutOutcome, ...]:
+        return tuple(o for o in self.outcomes if o.promoted)
+
+
+def candidate_argv(
+    base: Sequence[str], space: SearchSpace, candidate: Candidate
+) -> tuple[str, ...]:
+    """`base` with each knob's flag (`--x v` or `--x=v`) set to the candidate's value."""
+    drop_bare: set[str] = set()
+    drop_valued: set[str] = set()
+    for knob in space.knobs:
+        if knob.kind is KnobKind.FLAG:
+            drop_bare |= {knob.flag, "--no-" + knob.flag[2:]}
+        else:
+            drop_valued.add(knob.flag)
+    out: list[str] = []
+    skip = False
+    for token in base:
+        if skip:
+            skip = False
+            continue
+        name = token.split("=", 1)[0].replace("_", "-") if token.startswith("--") else None
+        if name in drop_bare:
+            continue
+        if name in drop_valued:
+            skip = "=" not in token
+            continue
+        out.append(token)
+    return (*out, *space.argv(candidate))
+
+
+def best_goodput(store: TrialStore, fingerprint: str, slo: Slo) -> float | None:
+    """The best feasible goodput of the study so far."""
+    results: list[TrialResult] = [r for _, r in history(store, fingerprint)]
+    index = best_index(results, slo)
+    return None if index is None else results[index].goodput_tokens_per_s
+
+
+class TuningSession:
+    """Runs trials of one study against one runtime."""
+
+    def __init__(
+        self,
+        *,
+        space: SearchSpace,
+        suggester: Suggester,
+        store: TrialStore,
+        journal: RolloutJournal,
+        runtime: TunerRuntime,
+        observer: Observer,
+        fingerprint: str,
+        settings: RolloutSettings,
+        strategy: Strategy,
+        wall_clock: Callable[[], float],
+        on_progress: Callable[[Progress], None] | None = None,
+        new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+    ) -> None:
+        self._space = space
+        self._suggester = suggester
+        self._store = store
+        self._journal = journal
+        self._runtime = runtime
+        self._observer = observer
+        self._fingerprint = fingerprint
+        self._settings = settings
+        self._strategy = strategy
+        self._wall = wall_clock
+        self._on_progress = on_progress or (lambda _p: None)
+        self._new_id = new_id
+
+    async def run(self, trials: int) -> SessionSummary:
+        """Up to `trials` trials; raises TuningBlocked if a remediation runs at the start."""
+        if self._runtime.remediation_in_progress():
+            raise TuningBlocked("a remediation is in progress; tuning waits until it ends")
+        told = warm_start(self._suggester, self._space, history(self._store, self._fingerprint))
+        outcomes: list[RolloutOutcome] = []
+        stopped = f"ran {trials} trials"
+        for _ in range(trials):
+            if self._runtime.remediation_in_progress():
+                stopped = "stopped: a remediation started"
+                break
+            try:
+                candidate = self._suggester.ask()
+            except SearchExhausted as exc:
+                stopped = f"stopped: {exc}"
+                break
+            violation = self._space.violation(candidate)
+            if violation is not None:  # suggesters should not propose these; never spend one
+                stopped = f"stopped: the suggester proposed a candidate that breaks {violation}"
+                break
+            outcome = await self._trial(candidate)
+            outcomes.append(outcome)
+            if outcome.trial.result is not None:
+                self._suggester.tell(candidate, outcome.trial.result)
+        return SessionSummary(
+            tuple(outcomes),
+            told,
+            stopped,
+            best_goodput(self._store, self._fingerprint, self._settings.slo),
+        )
+
+    async def _trial(self, candidate: Candidate) -> RolloutOutcome:
+        trial = new_trial(
+            self._new_id(), self._fingerprint, next_number(self._store, self._fingerprint),
+            candidate.as_dict(), at_wall_s=self._wall(),
+        )  # fmt: skip
+        self._store.add(trial)
+        argv = candidate_argv(self._runtime.stable_argv(), self._space, candidate)
+        rollout = Rollout(
+            self._runtime, self._observer, self._store, self._journal, self._settings,
+            wall_clock=self._wall, on_phase=self._report,
+        )  # fmt: skip
+        outcome = await rollout.run(trial, argv, self._strategy)
+        self._report(outcome.trial, outcome.record.phase)
+        return outcome
+
+    def _report(self, trial: Trial, phase: Phase) -> None:
+        best = best_goodput(self._store, self._fingerprint, self._settings.slo)
+        self._on_progress(Progress(trial.number, trial.values, phase, best))
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedTrial:
+    """What a dry run would try, and why."""
+
+    candidate: Candidate
+    why: str
+
+
+def dry_run(
+    space: SearchSpace,
+    suggester: Suggester,
+    store: TrialStore,
+    fingerprint: str,
+    trials: int,
+    *,
+    initial_points: int,
+) -> tuple[int, list[PlannedTrial]]:
+    """The candidates a run would try first (no results told between them), with reasons."""
+    told = warm_start(suggester, space, history(store, fingerprint))
+    planned: list[PlannedTrial] = []
+    for i in range(trials):
+        try:
+            candidate = suggester.ask()
+        except SearchExhausted:
+            break
+        if told + i < initial_points:
+            why = "initial point: stratified over the planner's safe region"
+        else:
+            why = f"model-guided: expected improvement x feasibility over {told} past trials"
+        violation = space.violation(candidate)
+        if violation is not None:
+            why = f"would be refused: {violation}"
+        planned.append(PlannedTrial(candidate, why))
+    return told, planned
