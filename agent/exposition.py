@@ -22,6 +22,7 @@ from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import GpuSample, NvmlSnapshot
 from kvpilot.collectors.kvpool.client import KvPoolScrape
 from kvpilot.collectors.vllm_metrics import VllmScrape
+from kvpilot.dashboards import tuning_metrics
 
 Family = GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily
 
@@ -53,6 +54,9 @@ class _Families:
                 labels = [label for label in labels if label != "version"]
             kinds = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
             maker = kinds.get(spec.kind, InfoMetricFamily)
+            if spec.kind == "info" and "version" not in spec.labels:
+                # An info whose every key is a label: a gauge of 1, as the text format has it.
+                maker, base = GaugeMetricFamily, name
             self._made[name] = maker(base, spec.help, labels=labels)
         return self._made[name]
 
@@ -245,6 +249,19 @@ def sidecar_families(counters: Callable[[], SidecarCounters]) -> Callable[[_Fami
         for server, is_open in c.breakers_open:
             out.add("kvpilot_remediation_circuit_open", (server,), 1.0 if is_open else 0.0)
         out.add("kvpilot_remediation_in_progress", (), 1.0 if c.remediation_in_progress else 0.0)
+
+    return add
+
+
+def tuning_families(families: Sequence[tuning_metrics.Family]) -> Callable[[_Families], None]:
+    """The tuner's families (trials, best goodput, live flags) as the agent exports them."""
+
+    def add(out: _Families) -> None:
+        for family in families:
+            spec = family.spec
+            for sample in family.samples:
+                labels = dict(sample.labels)
+                out.add(spec.name, [labels.get(name, "") for name in spec.labels], sample.value)
 
     return add
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from kvpilot.dashboards import tuning_metrics
+
 Kind = Literal["gauge", "counter", "info"]
 
 # `server` is the vLLM instance's name in kvpilot's configuration, `role` stable or canary.
@@ -204,6 +206,11 @@ _SPECS = (
         ("gpu", "mig", "uuid", "state"),
         "MIG instance memory by state: total, used, free.",
     ),
+)
+
+# The tuning families are defined once, beside the Tuning dashboard that reads them.
+_SPECS += tuple(
+    MetricSpec(spec.name, spec.kind, spec.labels, spec.help) for spec in tuning_metrics.SPECS
 )
 
 CATALOG: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}

@@ -6,13 +6,14 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
 from kvpilot.agent.api import api_routes
 from kvpilot.agent.assemble import build_notifiers, build_runtime, remediation_settings
 from kvpilot.agent.config import AgentConfig, LocalRuntimeConfig
-from kvpilot.agent.exposition import build_registry, sidecar_families
+from kvpilot.agent.exposition import build_registry, sidecar_families, tuning_families
 from kvpilot.agent.http_app import build_app
 from kvpilot.agent.loop import LoopSettings, serve_and_tick
 from kvpilot.agent.remediation import Remediator
@@ -80,7 +81,13 @@ async def run_sidecar(config: AgentConfig, *, stop: asyncio.Event | None = None)
                         "still runs with this instance's argv",
                     )  # fmt: skip
             starting = asyncio.create_task(_start_local(config, runtime))
-            registry = build_registry(sidecar.servers, sidecar_families(sidecar.counters))
+            own = sidecar_families(sidecar.counters)
+
+            def extra(out: Any) -> None:
+                own(out)
+                tuning_families(sidecar.tuning_families())(out)
+
+            registry = build_registry(sidecar.servers, extra)
             app = build_app(
                 sidecar,
                 registry,

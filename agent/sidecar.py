@@ -32,12 +32,14 @@ from kvpilot.agent.rules.engine import RuleEngine
 from kvpilot.agent.runtimes import Runtime
 from kvpilot.agent.snapshot import NvmlReading
 from kvpilot.agent.state import StateStore
+from kvpilot.agent.state.trials import SqliteTrialStore
 from kvpilot.agent.tick import Ticker
 from kvpilot.agent.wiring import CollectSettings, build_ticker
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import NvmlSnapshot
 from kvpilot.collectors.nvml import NvmlCollector
 from kvpilot.collectors.vllm_metrics import VllmScrape
+from kvpilot.dashboards import tuning_metrics
 
 log = logging.getLogger(__name__)
 
@@ -292,6 +294,23 @@ class Sidecar:
             breakers_open=tuple((b.instance, b.state == "open") for b in status.breakers),
             remediation_in_progress=self.remediator.in_progress(),
         )
+
+    def tuning_families(self) -> tuple[tuning_metrics.Family, ...]:
+        """Trials from the tuner's store and each stable server's live flags."""
+        trials = SqliteTrialStore(self.store.db).trials()
+        configured = {i.name: tuple(i.argv) for i in getattr(self.config.runtime, "instances", ())}
+        live = [
+            tuning_metrics.LiveFlags(
+                server=instance.name,
+                flags=" ".join(instance.argv or ()),
+                source=tuning_metrics.FlagSource.CONFIGURED
+                if tuple(instance.argv or ()) == configured.get(instance.name, instance.argv)
+                else tuning_metrics.FlagSource.PROMOTED,
+            )
+            for instance in self.runtime.instances()
+            if instance.role == "stable"
+        ]
+        return tuning_metrics.tuning_families(trials, live)
 
     def latest_nvml(self) -> NvmlSnapshot | SourceError | None:
         return self._latest_nvml

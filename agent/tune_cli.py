@@ -178,6 +178,7 @@ async def _run(
     adapter = LocalTunerAdapter(
         runtime, stable_name=study.stable.name, canary_port=canary_port, log_dir=log_dir, db=db,
         configured_argv=study.configured_argv, config_sha256=study.config_sha256,
+        canary_env=study.stable.env,
     )  # fmt: skip
     for done in await recover_at_startup(db, adapter):
         console.print(f"recovered trial {done.trial_id} (was {done.phase.value})")
@@ -254,11 +255,12 @@ def _recover_only(cfg: AgentConfig, path: Path, db: Database, canary_port: int) 
     promoted = StateStore(db).get_fact(PROMOTED_FACT)
     argv, _ = live_stable_argv(tuple(inst.argv), promoted, yaml_hash(path))
     log_dir = cfg.state_dir / "logs"
-    runtime = LocalRuntime([LocalInstanceSpec(inst.name, argv, "stable")], log_dir)
+    env = tuple(inst.env.items())
+    runtime = LocalRuntime([LocalInstanceSpec(inst.name, argv, "stable", env)], log_dir)
     runtime.adopt_orphans()
     adapter = LocalTunerAdapter(
         runtime, stable_name=inst.name, canary_port=canary_port, log_dir=log_dir, db=db,
-        configured_argv=tuple(inst.argv), config_sha256=yaml_hash(path),
+        configured_argv=tuple(inst.argv), config_sha256=yaml_hash(path), canary_env=env,
     )  # fmt: skip
     asyncio.run(recover_at_startup(db, adapter))
 

@@ -84,6 +84,7 @@ class LocalTunerAdapter:
         db: Database,
         configured_argv: Sequence[str],
         config_sha256: str,
+        canary_env: Sequence[tuple[str, str]] = (),
         drain_timeout_s: float = 10.0,
         remediation_in_progress: Callable[[], bool] = lambda: False,
         wall_clock: Callable[[], float] = time.time,
@@ -95,6 +96,7 @@ class LocalTunerAdapter:
         self._db = db
         self._configured = tuple(configured_argv)
         self._sha = config_sha256
+        self._canary_env = tuple(canary_env)
         self._drain_s = drain_timeout_s
         self._remediating = remediation_in_progress
         self._wall = wall_clock
@@ -114,7 +116,10 @@ class LocalTunerAdapter:
         return f"http://127.0.0.1:{self._canary_port}"
 
     async def start_canary(self, argv: Sequence[str], *, ready_timeout_s: float) -> str:
-        spec = LocalInstanceSpec(CANARY_NAME, with_port(argv, self._canary_port), role="canary")
+        # The stable's environment (offline mode, thread binding), never its plugin port.
+        spec = LocalInstanceSpec(
+            CANARY_NAME, with_port(argv, self._canary_port), "canary", self._canary_env
+        )
         self._canary = LocalRuntime([spec], self._log_dir)
         try:
             await self._canary.start(CANARY_NAME, ready_timeout_s=ready_timeout_s)

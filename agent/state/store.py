@@ -90,6 +90,11 @@ class StateStore:
         return cls(Database.open(state_dir, busy_timeout_s=busy_timeout_s))
 
     @property
+    def db(self) -> Database:
+        """The connection, for stores that live in the same file (the tuner's trials)."""
+        return self._db
+
+    @property
     def path(self) -> Path:
         return self._db.path
 
