@@ -37,7 +37,16 @@ def _alerts(agent: AgentProcess, alertname: str, state: str) -> list[dict[str, A
 
 
 def _restarts(agent: AgentProcess) -> list[dict[str, Any]]:
-    return [r for r in agent.status()["last_actions"] if r["action"] == "restart"]
+    """Restarts attempted (a record skipped by a guard is not an attempt)."""
+    return [
+        r
+        for r in agent.status()["last_actions"]
+        if r["action"] == "restart" and r["state"] not in ("skipped", "vetoed")
+    ]
+
+
+def _skipped(agent: AgentProcess) -> list[dict[str, Any]]:
+    return [r for r in agent.status()["last_actions"] if r["state"] == "skipped"]
 
 
 def _notified(receiver: Receiver, alertname: str, status: str) -> list[dict[str, Any]]:
@@ -158,6 +167,9 @@ def test_a_server_that_cannot_start_opens_the_circuit_and_pages_once(tmp_path: P
         ticks = agent.status()["ticks_total"]
         wait_for("fifteen more ticks", lambda: agent.status()["ticks_total"] >= ticks + 15, 60)
         assert len(_restarts(agent)) == 1
+        # A later incident (the server counts as running while it tries to start, so the
+        # alert can resolve and fire again) is refused by a guard, never restarted.
+        assert all(r["reason"].startswith("skipped:") for r in _skipped(agent))
         assert len(_notified(receiver, "KvpilotRemediationCircuitOpen", "firing")) == 1
         assert 'kvpilot_remediation_circuit_open{server="vllm"} 1.0' in agent.metrics()
     finally:
