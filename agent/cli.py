@@ -40,6 +40,14 @@ KvpoolUrl = Annotated[
         help="The kvpool plugin's base URL (the server's KVPILOT_KVPOOL_PORT).",
     ),
 ]
+ModelConfig = Annotated[
+    Path | None,
+    typer.Option(
+        "--model-config",
+        help="The served model's config.json: compare the planner's KV prediction with "
+        "what the server reports.",
+    ),
+]
 ApiKey = Annotated[
     str | None,
     typer.Option("--api-key", envvar="KVPILOT_VLLM_API_KEY", help="vLLM's --api-key, if set."),
@@ -72,6 +80,7 @@ def collect(
         typer.Option("--server-pid", help="PIDs of the vLLM server (tells them apart in NVML)."),
     ] = None,
     timeout: Annotated[float, typer.Option(help="Per-request timeout, seconds.")] = 2.0,
+    model_config: ModelConfig = None,
 ) -> None:
     """Read vLLM's /metrics, the kvpool plugin and NVML, and show what they say."""
     configure_logging(json_logs=False, level=logging.ERROR)  # the output says what failed
@@ -83,6 +92,7 @@ def collect(
         # The second scrape lands a little after `span`: keep both in the window.
         rate_span_s=2 * span if span else 60.0,
         quantile_span_s=2 * span if span else 60.0,
+        model_config=model_config,
     )
     pids = _pids_option(server_pid)
     if once:
@@ -103,11 +113,11 @@ async def _collect_once(
         if span is not None and not isinstance(snapshot.vllm, SourceError):
             await asyncio.sleep(span)  # the user asked for a span between two scrapes
             snapshot = await ticker.tick()
-    figures = ticker.state.figures
+    state = ticker.state
     if as_json:
-        print(json.dumps(to_data(snapshot, figures), indent=2))
+        print(json.dumps(to_data(snapshot, state.figures, state.calibrations), indent=2))
     else:
-        Console().print(render(snapshot, figures))
+        Console().print(render(snapshot, state.figures, state.calibrations))
     return not isinstance(snapshot.vllm, SourceError)
 
 
@@ -145,6 +155,7 @@ def run(
         list[int] | None,
         typer.Option("--server-pid", help="PIDs of the vLLM server (tells them apart in NVML)."),
     ] = None,
+    model_config: ModelConfig = None,
 ) -> None:
     """The agent: collect every tick, serve /metrics; with --config, the whole sidecar loop."""
     if config is not None:
@@ -156,7 +167,9 @@ def run(
     host, _, port = listen.rpartition(":")
     if not host or not port.isdigit():
         raise typer.BadParameter(f"expected HOST:PORT, got {listen!r}", param_hint="--listen")
-    settings = CollectSettings(vllm_url=vllm_url, kvpool_url=kvpool_url, api_key=api_key)
+    settings = CollectSettings(
+        vllm_url=vllm_url, kvpool_url=kvpool_url, api_key=api_key, model_config=model_config
+    )
     pids = _pids_option(server_pid)
 
     async def main() -> None:

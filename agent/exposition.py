@@ -147,6 +147,17 @@ def _server(out: _Families, view: ServerView) -> None:
             _kvpool(out, server, snapshot.kvpool)
     for figures in state.figures:
         _figures(out, server, figures)
+    for item in state.calibrations:
+        if item.calibration is None:
+            continue
+        key = (*server, item.model_name, item.engine)
+        ratio = item.calibration.blocks_ratio
+        out.add("kvpilot_planner_kv_blocks_predicted", key, item.calibration.predicted_num_blocks)
+        out.add(
+            "kvpilot_planner_kv_blocks_difference_ratio",
+            key,
+            None if ratio is None else ratio - 1.0,
+        )
 
 
 def _vllm(out: _Families, server: tuple[str, str], scrape: VllmScrape) -> None:

@@ -35,4 +35,6 @@ class LiveView:
             return
         stamp = time.strftime("%H:%M:%S", time.localtime(state.latest.wall_time_s))
         header = Text(f"{self._title}  {stamp}  tick {state.ticks_total}", style="bold")
-        self._live.update(Group(header, render(state.latest, state.figures)), refresh=True)
+        self._live.update(
+            Group(header, render(state.latest, state.figures, state.calibrations)), refresh=True
+        )

@@ -139,6 +139,20 @@ _SPECS = (
         "Latency percentiles (50, 95, 99) over the agent's window from vLLM's histograms: "
         "metric is ttft, inter_token, e2e or queue.",
     ),
+    # The memory planner against the live server.
+    MetricSpec(
+        "kvpilot_planner_kv_blocks_predicted",
+        "gauge",
+        ENGINE,
+        "KV blocks the memory planner predicts for the server's own cache settings.",
+    ),
+    MetricSpec(
+        "kvpilot_planner_kv_blocks_difference_ratio",
+        "gauge",
+        ENGINE,
+        "Blocks the server reports over the planner's prediction, minus 1 (0: they agree; "
+        "below 0: less memory than planned, e.g. activation peak, CUDA graphs, a neighbour).",
+    ),
     # kvpool, the in-engine plugin.
     MetricSpec(
         "kvpilot_kvpool_blocks",

@@ -10,6 +10,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from kvpilot.agent.calibration import EngineCalibration
 from kvpilot.agent.derive import EngineFigures
 from kvpilot.agent.snapshot import Snapshot
 from kvpilot.collectors.errors import SourceError
@@ -20,9 +21,14 @@ from kvpilot.collectors.vllm_metrics import EngineSample, VllmScrape
 _HISTOGRAM_FIELDS = ("ttft", "inter_token_latency", "e2e_latency", "queue_time")
 
 
-def to_data(snapshot: Snapshot, figures: tuple[EngineFigures, ...]) -> dict[str, Any]:
+def to_data(
+    snapshot: Snapshot,
+    figures: tuple[EngineFigures, ...],
+    calibrations: tuple[EngineCalibration, ...] = (),
+) -> dict[str, Any]:
     """Plain data for `--json`: sources as they were read, plus the window's figures."""
     return {
+        "planner": [_jsonable(dataclasses.asdict(c)) for c in calibrations],
         "taken_at_wall_s": snapshot.wall_time_s,
         "vllm": _source_data(snapshot.vllm, drop=_HISTOGRAM_FIELDS),
         "kvpool": None if snapshot.kvpool is None else _source_data(snapshot.kvpool),
@@ -76,7 +82,11 @@ def _problem(name: str, error: SourceError) -> Text:
     )
 
 
-def render(snapshot: Snapshot, figures: tuple[EngineFigures, ...]) -> RenderableType:
+def render(
+    snapshot: Snapshot,
+    figures: tuple[EngineFigures, ...],
+    calibrations: tuple[EngineCalibration, ...] = (),
+) -> RenderableType:
     """Every source of one snapshot as tables; a failed source as one line with its reason."""
     parts: list[RenderableType] = []
     parts.append(_nvml(snapshot.nvml))
@@ -89,6 +99,15 @@ def render(snapshot: Snapshot, figures: tuple[EngineFigures, ...]) -> Renderable
         parts.append(_problem("kvpool", snapshot.kvpool))
     elif snapshot.kvpool is None:
         parts.append(Text("kvpool: not configured (--kvpool-url)", style="dim"))
+    for item in calibrations:
+        where = f"planner (engine {item.engine})"
+        if item.calibration is None:
+            parts.append(Text(f"{where}: no comparison ({item.error})", style="yellow"))
+        else:
+            warn = bool(item.calibration.warning)
+            parts.append(
+                Text(f"{where}: {item.calibration.summary}", style="yellow" if warn else "")
+            )
     return Group(*parts)
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 import httpx
 
 from kvpilot.agent.alerts import AlertTracker, AlertTransition
+from kvpilot.agent.calibration import model_config_of
 from kvpilot.agent.config import AgentConfig, NotifierConfig
 from kvpilot.agent.exposition import ServerView, SidecarCounters
 from kvpilot.agent.model import AlertEvent, Condition, Instance, Labels
@@ -175,6 +176,7 @@ class Sidecar:
                 vllm_url=instance.url,
                 kvpool_url=instance.kvpool_url,
                 api_key=api_key.get_secret_value() if api_key else None,
+                model_config=model_config_of(instance.argv),
             )
             name = instance.name
             ticker = build_ticker(

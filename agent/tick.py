@@ -6,6 +6,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
+from kvpilot.agent.calibration import EngineCalibration, PlannerCheck
 from kvpilot.agent.derive import EngineFigures, derive_figures
 from kvpilot.agent.snapshot import SOURCES, NvmlReading, Snapshot, SnapshotTaker
 from kvpilot.collectors.errors import SourceError
@@ -30,6 +31,7 @@ class TickState:
     ticks_total: int = 0
     last_tick_at_s: float | None = None
     errors_total: Counter[tuple[str, str]] = field(default_factory=Counter)
+    calibrations: tuple[EngineCalibration, ...] = ()
 
 
 class Ticker:
@@ -43,8 +45,10 @@ class Ticker:
         rate_span_s: float = 60.0,
         quantile_span_s: float = 60.0,
         retention_s: float = 600.0,
+        planner: PlannerCheck | None = None,
     ) -> None:
         self._taker = taker
+        self._planner = planner
         self._nvml = nvml
         self.rate_span_s = rate_span_s
         self.quantile_span_s = quantile_span_s
@@ -69,6 +73,8 @@ class Ticker:
         self._count_errors(snapshot)
         state = self.state
         state.latest, state.figures = snapshot, figures
+        if self._planner is not None and isinstance(snapshot.vllm, VllmScrape):
+            state.calibrations = self._planner.check(snapshot.vllm)
         state.ticks_total += 1
         state.last_tick_at_s = snapshot.taken_at_s
         return snapshot

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
+from kvpilot.agent.calibration import PlannerCheck
 from kvpilot.agent.snapshot import SnapshotTaker
 from kvpilot.agent.tick import Ticker
 from kvpilot.collectors.kvpool.client import KvPoolSource
@@ -22,6 +24,8 @@ class CollectSettings:
     timeout_s: float = 2.0
     rate_span_s: float = 60.0
     quantile_span_s: float = 60.0
+    # The served model's config.json: the planner's prediction is compared with the server.
+    model_config: Path | None = None
 
 
 def build_ticker(
@@ -46,4 +50,5 @@ def build_ticker(
         nvml=nvml,
         rate_span_s=settings.rate_span_s,
         quantile_span_s=settings.quantile_span_s,
+        planner=PlannerCheck(settings.model_config) if settings.model_config else None,
     )

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from kvpilot.rig.loadgen import LengthDist, Workload, run_load
-from kvpilot.rig.server import VllmServer, free_port
+from kvpilot.rig.server import TINY_MODEL_DIR, VllmServer, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +44,10 @@ def _load(server: VllmServer, n: int = 16) -> None:
 
 def test_collect_once_prints_every_source(vllm_server: VllmServer) -> None:
     _load(vllm_server)
-    result = _collect("--vllm-url", vllm_server.url, "--kvpool-url", _kvpool_url(vllm_server))
+    result = _collect(
+        "--vllm-url", vllm_server.url, "--kvpool-url", _kvpool_url(vllm_server),
+        "--model-config", str(TINY_MODEL_DIR / "config.json"),
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     out = result.stdout
     # No GPU here: NVML says so with its reason, and everything else carries on.
@@ -53,6 +56,8 @@ def test_collect_once_prints_every_source(vllm_server: VllmServer) -> None:
                     "frag (kv_blocks)", "ttft", "inter_token", "e2e", "queue"):  # fmt: skip
         assert heading in out, heading
     assert "kvpool:" not in out  # the plugin answered
+    # The planner's prediction against the live server (an explicit KV budget: exact).
+    assert "planner predicted 2048 blocks, server reports 2048 (diff +0" in out
 
 
 def test_collect_once_json_has_blocks_quantiles_and_fragmentation(vllm_server: VllmServer) -> None:
