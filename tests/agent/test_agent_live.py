@@ -86,16 +86,27 @@ def test_collect_once_json_has_blocks_quantiles_and_fragmentation(vllm_server: V
 
 def test_collect_with_span_computes_rates_between_two_scrapes(vllm_server: VllmServer) -> None:
     async def load_while_collecting() -> subprocess.CompletedProcess[str]:
+        # Load runs in batches until both scrapes are done: the collect process takes a
+        # moment to start, and one fixed batch can finish before its first scrape.
         workload = Workload(
-            num_requests=24, concurrency=8, prompt_len=LengthDist.fixed(64),
+            num_requests=8, concurrency=8, prompt_len=LengthDist.fixed(64),
             output_len=LengthDist.fixed(64),
         )  # fmt: skip
-        load = asyncio.create_task(run_load(vllm_server.url, workload))
-        result = await asyncio.to_thread(
-            _collect, "--json", "--span", "3", "--vllm-url", vllm_server.url
-        )
-        await load
-        return result
+        collected = asyncio.Event()
+
+        async def keep_busy() -> None:
+            while not collected.is_set():
+                report = await run_load(vllm_server.url, workload)
+                assert not report.failed, report.failed[0].error
+
+        load = asyncio.create_task(keep_busy())
+        try:
+            return await asyncio.to_thread(
+                _collect, "--json", "--span", "3", "--vllm-url", vllm_server.url
+            )
+        finally:
+            collected.set()
+            await load
 
     result = asyncio.run(load_while_collecting())
     assert result.returncode == 0, result.stderr
