@@ -42,6 +42,7 @@ def build_runtime(config: AgentConfig) -> Runtime:
                 role=instance.role,
                 env=tuple(sorted(instance.env.items())),
                 kvpool_port=instance.kvpool_port,
+                cpus=instance.cpus,
             )
             for instance in runtime.instances
         ]

@@ -100,6 +100,9 @@ class InstanceConfig(_Model):
     log_dir: Path | None = Field(
         None, description="Where the server's output goes; default: STATE_DIR/logs."
     )
+    cpus: tuple[Annotated[int, Field(ge=0)], ...] = Field(
+        (), description="Pin the server and its processes to these CPU numbers; empty: any."
+    )
 
     @field_validator("argv", mode="before")
     @classmethod

@@ -8,6 +8,7 @@ recovered (its canary stopped, the stable flags kept or restored, the trial abor
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,7 +109,9 @@ def _study(
     slo = Slo(ttft_p95_s=ttft_p95_s, inter_token_p95_s=itl_p95_s)
     knob_flags = {k.flag for k in space.knobs} | {"--port"}
     fixed = [a for i, a in enumerate(argv) if a not in knob_flags and argv[i - 1] not in knob_flags]
-    stable = LocalInstanceSpec(inst.name, argv, "stable", tuple(inst.env.items()), inst.kvpool_port)
+    stable = LocalInstanceSpec(
+        inst.name, argv, "stable", tuple(inst.env.items()), inst.kvpool_port, inst.cpus
+    )
     return _Study(
         config, yaml_hash(path), stable, argv, space, workload, slo,
         fingerprint(model, fixed, workload_hash(workload), slo),
@@ -123,6 +126,9 @@ def tune(
     strategy: Annotated[Strategy, typer.Option(help="Canary strategy.")] = Strategy.PARALLEL,
     dry: Annotated[bool, typer.Option("--dry-run", help="Print the plan; start nothing.")] = False,
     canary_port: Annotated[int, typer.Option(help="The canary's port.")] = 8199,
+    canary_cpus: Annotated[
+        str, typer.Option(help="Pin the canary to these CPUs, e.g. '1' or '2,3'; empty: any.")
+    ] = "",
     requests: Annotated[int, typer.Option(help="Requests per window.")] = 32,
     concurrency: Annotated[int, typer.Option(help="Concurrent requests.")] = 16,
     prompt_len: Annotated[int, typer.Option(help="Prompt tokens.")] = 128,
@@ -157,28 +163,37 @@ def tune(
             for i, plan in enumerate(planned, 1):
                 console.print(f"{i}. {plan.candidate.describe()}  [dim]{plan.why}[/dim]")
             return
-        asyncio.run(_run(study, db, trials, strategy, canary_port, seed, bake, console))
+        cpus = _cpu_list(canary_cpus)
+        asyncio.run(_run(study, db, trials, strategy, canary_port, cpus, seed, bake, console))
     finally:
         db.close()
 
 
+def _cpu_list(text: str) -> tuple[int, ...]:
+    try:
+        cpus = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise typer.BadParameter(f"not a list of CPU numbers: {text!r}") from None
+    if any(c < 0 for c in cpus):
+        raise typer.BadParameter(f"CPU numbers are 0 or more: {text!r}")
+    return cpus
+
+
 async def _run(
     study: _Study, db: Database, trials: int, strategy: Strategy, canary_port: int,
-    seed: int, bake: bool, console: Console,
+    canary_cpus: tuple[int, ...], seed: int, bake: bool, console: Console,
 ) -> None:  # fmt: skip
     runtime_cfg = study.config.runtime
     assert isinstance(runtime_cfg, LocalRuntimeConfig)
     promoted = StateStore(db).get_fact(PROMOTED_FACT)
     argv, why = live_stable_argv(study.configured_argv, promoted, study.config_sha256)
     log_dir = study.config.state_dir / "logs"
-    runtime = LocalRuntime([LocalInstanceSpec(
-        study.stable.name, argv, "stable", study.stable.env, study.stable.kvpool_port
-    )], log_dir)  # fmt: skip
+    runtime = LocalRuntime([dataclasses.replace(study.stable, argv=argv)], log_dir)
     runtime.adopt_orphans()
     adapter = LocalTunerAdapter(
         runtime, stable_name=study.stable.name, canary_port=canary_port, log_dir=log_dir, db=db,
         configured_argv=study.configured_argv, config_sha256=study.config_sha256,
-        canary_env=study.stable.env,
+        canary_env=study.stable.env, canary_cpus=canary_cpus,
     )  # fmt: skip
     for done in await recover_at_startup(db, adapter):
         console.print(f"recovered trial {done.trial_id} (was {done.phase.value})")
@@ -256,7 +271,9 @@ def _recover_only(cfg: AgentConfig, path: Path, db: Database, canary_port: int) 
     argv, _ = live_stable_argv(tuple(inst.argv), promoted, yaml_hash(path))
     log_dir = cfg.state_dir / "logs"
     env = tuple(inst.env.items())
-    runtime = LocalRuntime([LocalInstanceSpec(inst.name, argv, "stable", env)], log_dir)
+    runtime = LocalRuntime(
+        [LocalInstanceSpec(inst.name, argv, "stable", env, inst.kvpool_port, inst.cpus)], log_dir
+    )
     runtime.adopt_orphans()
     adapter = LocalTunerAdapter(
         runtime, stable_name=inst.name, canary_port=canary_port, log_dir=log_dir, db=db,

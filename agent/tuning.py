@@ -85,6 +85,7 @@ class LocalTunerAdapter:
         configured_argv: Sequence[str],
         config_sha256: str,
         canary_env: Sequence[tuple[str, str]] = (),
+        canary_cpus: Sequence[int] = (),
         drain_timeout_s: float = 10.0,
         remediation_in_progress: Callable[[], bool] = lambda: False,
         wall_clock: Callable[[], float] = time.time,
@@ -97,6 +98,7 @@ class LocalTunerAdapter:
         self._configured = tuple(configured_argv)
         self._sha = config_sha256
         self._canary_env = tuple(canary_env)
+        self._canary_cpus = tuple(canary_cpus)
         self._drain_s = drain_timeout_s
         self._remediating = remediation_in_progress
         self._wall = wall_clock
@@ -118,8 +120,9 @@ class LocalTunerAdapter:
     async def start_canary(self, argv: Sequence[str], *, ready_timeout_s: float) -> str:
         # The stable's environment (offline mode, thread binding), never its plugin port.
         spec = LocalInstanceSpec(
-            CANARY_NAME, with_port(argv, self._canary_port), "canary", self._canary_env
-        )
+            CANARY_NAME, with_port(argv, self._canary_port), "canary", self._canary_env,
+            cpus=self._canary_cpus,
+        )  # fmt: skip
         self._canary = LocalRuntime([spec], self._log_dir)
         try:
             await self._canary.start(CANARY_NAME, ready_timeout_s=ready_timeout_s)

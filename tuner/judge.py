@@ -3,11 +3,15 @@
 For each metric the canary's samples are compared with the baseline's. The verdict is PASS
 when the two-sided Mann-Whitney U test finds no difference at `alpha`, or when the shift
 (Hodges-Lehmann: the median of all canary-minus-baseline differences) lies inside the
-tolerance band (`tolerance_ratio` of the baseline's median, at least `tolerance_abs`);
-otherwise HIGH or LOW by the shift's sign. A HIGH counts against the canary only for a
-metric whose direction says an increase is bad (latencies, errors), a LOW only where a
-decrease is bad, either for "either". The score is the weighted share of metrics that did not
-count against the canary; a failing critical metric fails the whole. Only PASS promotes.
+tolerance band (`tolerance_ratio` of the baseline's median, at least `tolerance_abs`, and
+at least `slo_tolerance_ratio` of the SLO's limit for the metric where the caller gives one);
+otherwise HIGH or LOW by the shift's sign. The SLO term is there because a regression is
+what the user would notice: a larger batch may double a 3 ms inter-token gap, and with a
+100 ms limit that is not worth rolling back a candidate that ends heavy preemption.
+A HIGH counts against the canary only for a metric whose direction says an increase is bad
+(latencies, errors), a LOW only where a decrease is bad, either for "either". The score is
+the weighted share of metrics that did not count against the canary; a failing critical
+metric fails the whole. Only PASS promotes.
 """
 
 from __future__ import annotations
@@ -50,12 +54,25 @@ class MetricSpec:
     weight: float = 1.0
     critical: bool = False
     min_samples: int = 5
+    slo_tolerance_ratio: float = 0.0  # of the SLO's limit for this metric, when one is given
 
 
 # The metrics the canary compares, with their units in the name.
 DEFAULT_METRICS: tuple[MetricSpec, ...] = (
-    MetricSpec("ttft_s", Direction.INCREASE, tolerance_ratio=0.1, tolerance_abs=0.005),
-    MetricSpec("inter_token_s", Direction.INCREASE, tolerance_ratio=0.1, tolerance_abs=0.001),
+    MetricSpec(
+        "ttft_s",
+        Direction.INCREASE,
+        tolerance_ratio=0.1,
+        tolerance_abs=0.005,
+        slo_tolerance_ratio=0.1,
+    ),
+    MetricSpec(
+        "inter_token_s",
+        Direction.INCREASE,
+        tolerance_ratio=0.1,
+        tolerance_abs=0.001,
+        slo_tolerance_ratio=0.1,
+    ),
     MetricSpec("e2e_s", Direction.INCREASE, tolerance_ratio=0.1, tolerance_abs=0.01),
     MetricSpec("preemptions_per_s", Direction.INCREASE, tolerance_ratio=0.2, tolerance_abs=0.05),
     MetricSpec("kv_usage_ratio", Direction.INCREASE, tolerance_ratio=0.25, tolerance_abs=0.05),
@@ -107,11 +124,22 @@ def judge(
     canary: Mapping[str, Sequence[float]],
     baseline: Mapping[str, Sequence[float]],
     config: JudgeConfig | None = None,
+    slo_limits: Mapping[str, float] | None = None,
 ) -> Judgement:
-    """Compare the canary's samples with the baseline's, metric by metric."""
+    """Compare the canary's samples with the baseline's, metric by metric.
+
+    `slo_limits` maps a metric's name to the SLO's limit for it (see `slo_tolerance_ratio`).
+    """
     config = config or JudgeConfig()
+    limits = slo_limits or {}
     verdicts = tuple(
-        judge_metric(spec, canary.get(spec.name, ()), baseline.get(spec.name, ()), config.alpha)
+        judge_metric(
+            spec,
+            canary.get(spec.name, ()),
+            baseline.get(spec.name, ()),
+            config.alpha,
+            slo_limit=limits.get(spec.name),
+        )
         for spec in config.metrics
     )
     weights = {spec.name: spec.weight for spec in config.metrics}
@@ -139,7 +167,12 @@ def judge(
 
 
 def judge_metric(
-    spec: MetricSpec, canary: Sequence[float], baseline: Sequence[float], alpha: float
+    spec: MetricSpec,
+    canary: Sequence[float],
+    baseline: Sequence[float],
+    alpha: float,
+    *,
+    slo_limit: float | None = None,
 ) -> MetricVerdict:
     """One metric's verdict (see the module docstring)."""
     n_c, n_b = len(canary), len(baseline)
@@ -158,6 +191,8 @@ def judge_metric(
         p_value = float(mannwhitneyu(canary, baseline, alternative="two-sided").pvalue)
     shift = _hodges_lehmann(canary, baseline)
     band = max(spec.tolerance_abs, spec.tolerance_ratio * abs(base_median))
+    if slo_limit is not None:
+        band = max(band, spec.slo_tolerance_ratio * slo_limit)
     if p_value >= alpha:
         verdict, reason = Verdict.PASS, f"no significant difference (p={p_value:.3g})"
     elif abs(shift) <= band:

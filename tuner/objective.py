@@ -44,6 +44,10 @@ class Slo:
         if not 0 < self.attainment_target_ratio <= 1:
             raise ValueError("attainment_target_ratio must be in (0, 1]")
 
+    def judge_limits(self) -> dict[str, float]:
+        """The latency limits by the judge's metric names (for its SLO-aware tolerance)."""
+        return {"ttft_s": self.ttft_p95_s, "inter_token_s": self.inter_token_p95_s}
+
 
 class Outcome(StrEnum):
     """A trial's verdict; everything but FEASIBLE is infeasible, with a reason."""

@@ -281,7 +281,9 @@ class Rollout:
         slo = self._settings.slo
         base_result = evaluate(baseline.measurement, slo)
         result = evaluate(canary.measurement, slo)
-        judgement = judge(canary.samples, baseline.samples, self._settings.judge)
+        judgement = judge(
+            canary.samples, baseline.samples, self._settings.judge, slo.judge_limits()
+        )
         s.baseline = base_result
         state = TrialState.COMPLETE if result.feasible else TrialState.INFEASIBLE
         s.trial = self._save_trial(

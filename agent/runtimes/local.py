@@ -50,6 +50,7 @@ class LocalInstanceSpec:
     role: Role = "stable"
     env: tuple[tuple[str, str], ...] = ()  # added to the agent's own environment
     kvpool_port: int | None = None  # set as KVPILOT_KVPOOL_PORT in the child
+    cpus: tuple[int, ...] = ()  # CPU affinity of the server and its children; empty: any
 
 
 @dataclass(slots=True)
@@ -241,6 +242,16 @@ class LocalRuntime:
                 close_fds=True,
                 start_new_session=True,  # its own group: a stop reaches engine and workers
             )
+        if spec.cpus:
+            # Set on the freshly exec'd interpreter, before it starts any thread or engine
+            # process, so everything it spawns inherits it (no preexec_fn: unsafe in threads).
+            try:
+                os.sched_setaffinity(slot.process.pid, spec.cpus)
+            except OSError as exc:
+                os.killpg(slot.process.pid, signal.SIGKILL)
+                slot.process.wait()
+                why = f"cannot pin {spec.name!r} to CPUs {list(spec.cpus)}: {exc}"
+                raise RuntimeFailure(why) from exc
         slot.started_at_wall_s = self._wall_clock()
         slot.exited_at_wall_s = None
         slot.stopped_by_runtime = False

@@ -68,6 +68,7 @@ def agent_config(
                     "env": {"HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
                     "kvpool_port": spec.kvpool_port,
                     "log_dir": str(tmp / "logs"),
+                    "cpus": list(spec.cpus),
                 }
             ],
         },

@@ -30,39 +30,36 @@ from kvpilot.agent.tuning import (
 )
 from kvpilot.rig.loadgen import LengthDist, Workload
 from kvpilot.rig.server import free_port
-from kvpilot.tuner.judge import DEFAULT_METRICS, Classification, JudgeConfig
-from kvpilot.tuner.objective import Slo, TrialResult
-from kvpilot.tuner.rollout import Phase, RolloutSettings, Strategy
-from kvpilot.tuner.session import Progress, TuningSession
+from kvpilot.tuner.judge import Classification
+from kvpilot.tuner.objective import Outcome, Slo, TrialResult
+from kvpilot.tuner.rollout import Phase, RolloutOutcome, RolloutSettings, Strategy
+from kvpilot.tuner.session import Progress, SessionSummary, TuningSession
 from kvpilot.tuner.space import Candidate, Knob, KnobKind, SearchSpace
 from kvpilot.tuner.startup_errors import StartupFailureKind
 from kvpilot.tuner.suggest import SearchExhausted
 from kvpilot.tuner.trials import TrialState
 from tests.agent.sidecar_harness import agent_config, kill_servers_of, server_spec, wait_for
 
-# A bigger KV pool admits every request at once, so time to first token rises while
-# preemptions, end-to-end latency and goodput improve: this study judges on the latter.
-JUDGE = JudgeConfig(metrics=tuple(m for m in DEFAULT_METRICS if m.name != "ttft_s"))
-
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skip(
-        reason="not passing yet on the real CPU vLLM: the judge passes a candidate whose "
-        "preemptions are clearly higher (its per-request preemption samples are mostly 0, so "
-        "Mann-Whitney sees no shift), and the kill-and-recover scenario has not run to its "
-        "assertions; the tuner issue stays open until both hold"
+    pytest.mark.skipif(
+        len(os.sched_getaffinity(0)) < 2, reason="each instance needs a core of its own"
     ),
 ]
 
 BLOCK_BYTES = 32 * 1024  # the tiny model's KV bytes per 32-token block
-POOR_KV_BYTES = 64 * BLOCK_BYTES  # 64 blocks: 16 concurrent requests preempt heavily
-GOOD_KV_BYTES = 16 * 1024 * 1024  # 512 blocks
-TOO_SMALL_KV_BYTES = 16 * BLOCK_BYTES  # half of one request of max_model_len (32 blocks)
+# 384-token prompts (12 blocks) growing to 14 blocks, 16 at once: 224 blocks to hold them all.
+WORKLOAD = Workload(64, LengthDist.fixed(384), LengthDist.fixed(64), concurrency=16)
 MAX_SEQS = 16
+POOR_KV_BYTES = 64 * BLOCK_BYTES  # 4 requests at a time, preempting and recomputing
+BAD_KV_BYTES = 40 * BLOCK_BYTES  # 2 or 3 at a time: more queueing and more preemption
+GOOD_KV_BYTES = 512 * BLOCK_BYTES  # every request at once, no preemption
+TOO_SMALL_KV_BYTES = 16 * BLOCK_BYTES  # half of one request of max_model_len (32 blocks)
+# Each instance on its own core, so that neither slows the other down.
+STABLE_CPUS, CANARY_CPUS = (0,), (1,)
 READY_TIMEOUT_S = 300.0
-# Short windows, 16 at once: 128-token prompts (4 blocks) growing to 6 blocks while decoding.
-WORKLOAD = Workload(32, LengthDist.fixed(128), LengthDist.fixed(64), concurrency=MAX_SEQS)
-SLO = Slo(ttft_p95_s=30.0, inter_token_p95_s=2.0)
+SCRAPE_INTERVAL_S = 0.25  # a window of a few seconds gives the judge a dozen scrapes or more
+SLO = Slo(ttft_p95_s=1.0, inter_token_p95_s=0.1)
 
 
 class ListSuggester:
@@ -106,7 +103,10 @@ def study(tmp_path: Path) -> Iterator[tuple[Path, str, int]]:
     """A kvpilot YAML whose stable instance has a KV budget far too small for the load."""
     marker = f"tune-e2e-{uuid.uuid4().hex[:8]}"
     spec = server_spec(
-        served_model_name=marker, kv_cache_memory_bytes=POOR_KV_BYTES, max_num_seqs=MAX_SEQS
+        served_model_name=marker,
+        kv_cache_memory_bytes=POOR_KV_BYTES,
+        max_num_seqs=MAX_SEQS,
+        cpus=STABLE_CPUS,
     )
     path = agent_config(
         tmp_path, spec=spec, rules={}, notifiers=[], remediation={}, listen_port=free_port()
@@ -122,15 +122,59 @@ def _runtime(path: Path, canary_port: int, db: Database) -> tuple[LocalRuntime, 
     inst = cfg.runtime.instances[0]
     env = tuple(inst.env.items())
     log_dir = cfg.state_dir / "logs"
-    runtime = LocalRuntime(
-        [LocalInstanceSpec(inst.name, tuple(inst.argv), "stable", env, inst.kvpool_port)], log_dir
+    stable = LocalInstanceSpec(
+        inst.name, tuple(inst.argv), "stable", env, inst.kvpool_port, inst.cpus
     )
+    runtime = LocalRuntime([stable], log_dir)
     adapter = LocalTunerAdapter(
         runtime, stable_name=inst.name, canary_port=canary_port, log_dir=log_dir, db=db,
         configured_argv=tuple(inst.argv), config_sha256=yaml_hash(path), canary_env=env,
-        drain_timeout_s=5.0,
+        canary_cpus=CANARY_CPUS, drain_timeout_s=5.0,
     )  # fmt: skip
     return runtime, adapter
+
+
+def _affinity(pids: list[int]) -> set[int]:
+    return set().union(*(os.sched_getaffinity(pid) for pid in pids))
+
+
+def _print_outcomes(summary: SessionSummary) -> None:
+    for o in summary.outcomes:
+        print(f"trial {o.trial.number}: {o.record.phase.value}: {o.record.reason}")
+        for v in o.trial.judgement.metrics if o.trial.judgement else ():
+            print(f"  {v.name}: {v.verdict.value}, {v.reason}")
+        for name, r in (("candidate", o.trial.result), ("stable", o.baseline)):
+            if r is not None and r.metrics is not None:
+                m = r.metrics
+                print(
+                    f"  {name}: goodput {r.goodput_tokens_per_s:.0f} tok/s, attainment "
+                    f"{m.attainment_ratio}, preemptions per request {m.preemptions_per_request}"
+                )
+
+
+def _check_promoted(
+    outcome: RolloutOutcome, runtime: LocalRuntime, db: Database, stable_pid: int
+) -> None:
+    """Promoted: clearly better goodput, fewer preemptions, the new flags live and recorded."""
+    assert outcome.record.phase is Phase.PROMOTED, outcome.record.reason
+    canary, baseline = outcome.trial.result, outcome.baseline
+    assert canary is not None and baseline is not None
+    assert canary.metrics is not None and baseline.metrics is not None
+    ratio = canary.goodput_tokens_per_s / max(baseline.goodput_tokens_per_s, 1e-9)
+    pre_c = canary.metrics.preemptions_per_request
+    pre_b = baseline.metrics.preemptions_per_request
+    print(
+        f"promoted: goodput {canary.goodput_tokens_per_s:.0f} vs stable "
+        f"{baseline.goodput_tokens_per_s:.0f} tok/s (ratio {ratio:.2f}); preemptions per "
+        f"request {pre_c} vs {pre_b}; bake goodput {outcome.record.bake_goodput_tokens_per_s}"
+    )
+    assert ratio >= 1.2
+    assert pre_b is not None and pre_c is not None and pre_c < pre_b
+    live = next(i for i in runtime.instances() if i.name == "vllm")
+    assert str(GOOD_KV_BYTES) in live.argv and live.main_pid != stable_pid
+    assert _health(live.url)
+    fact = StateStore(db).get_fact(PROMOTED_FACT)
+    assert fact is not None and tuple(fact["argv"]) == tuple(live.argv)
 
 
 def test_parallel_canary_promotes_rolls_back_and_records_a_failed_start(study) -> None:
@@ -139,18 +183,23 @@ def test_parallel_canary_promotes_rolls_back_and_records_a_failed_start(study) -
     db, store, journal = open_stores(load_config(path).state_dir)
     runtime, adapter = _runtime(path, canary_port, db)
     space = _space()
-    infeasible = space.candidate({"kv_cache_memory_bytes": TOO_SMALL_KV_BYTES, "max_num_seqs": 16})
-    # Three quarters of the poor stable budget (it starts: >31 blocks): more preemption.
-    bad = space.candidate({"kv_cache_memory_bytes": 48 * BLOCK_BYTES, "max_num_seqs": MAX_SEQS})
-    good = space.candidate({"kv_cache_memory_bytes": GOOD_KV_BYTES, "max_num_seqs": 16})
+    infeasible = space.candidate(
+        {"kv_cache_memory_bytes": TOO_SMALL_KV_BYTES, "max_num_seqs": MAX_SEQS}
+    )
+    bad = space.candidate({"kv_cache_memory_bytes": BAD_KV_BYTES, "max_num_seqs": MAX_SEQS})
+    good = space.candidate({"kv_cache_memory_bytes": GOOD_KV_BYTES, "max_num_seqs": MAX_SEQS})
     suggester = ListSuggester([infeasible, bad, good])
     # What the stable instance looked like when each trial that must not touch it ended.
     seen: dict[int, dict[str, object]] = {}
+    pinned: dict[str, set[int]] = {}
 
     def on_progress(p: Progress) -> None:
         print(f"trial {p.trial_number} {dict(p.values)} -> {p.phase.value}", flush=True)
+        stable = next(i for i in runtime.instances() if i.name == "vllm")
+        if p.phase is Phase.OBSERVING and not pinned:
+            pinned["stable"] = _affinity(sorted(stable.pids))
+            pinned["canary"] = _affinity(_servers_on(canary_port))
         if p.phase in (Phase.INFEASIBLE, Phase.ROLLED_BACK):
-            stable = next(i for i in runtime.instances() if i.name == "vllm")
             seen[p.trial_number] = {
                 "pid": stable.main_pid,
                 "argv": tuple(stable.argv),
@@ -160,12 +209,7 @@ def test_parallel_canary_promotes_rolls_back_and_records_a_failed_start(study) -
 
     async def scenario():
         stable = await runtime.start("vllm", ready_timeout_s=READY_TIMEOUT_S)
-        session = TuningSession(
-            space=space, suggester=suggester, store=store, journal=journal, runtime=adapter,
-            observer=LoadObserver(WORKLOAD, model=marker), fingerprint="e2e",
-            settings=RolloutSettings(slo=SLO, judge=JUDGE, ready_timeout_s=READY_TIMEOUT_S),
-            strategy=Strategy.PARALLEL, wall_clock=time.time, on_progress=on_progress,
-        )  # fmt: skip
+        session = _session(space, suggester, store, journal, adapter, marker, on_progress)
         try:
             return stable, await session.run(3)
         finally:
@@ -173,10 +217,10 @@ def test_parallel_canary_promotes_rolls_back_and_records_a_failed_start(study) -
 
     try:
         stable, summary = asyncio.run(scenario())
+        _print_outcomes(summary)
         configured = tuple(stable.argv)
         first, second, third = summary.outcomes
-        for n, o in enumerate(summary.outcomes):
-            print(f"trial {n}: {o.record.phase.value}: {o.record.reason}")
+        assert pinned == {"stable": set(STABLE_CPUS), "canary": set(CANARY_CPUS)}
 
         # 1. The candidate that cannot hold one request: infeasible with vLLM's reason.
         assert first.record.phase is Phase.INFEASIBLE
@@ -188,7 +232,7 @@ def test_parallel_canary_promotes_rolls_back_and_records_a_failed_start(study) -
             "pid": stable.main_pid, "argv": configured, "serving": True, "canaries": [],
         }  # fmt: skip
 
-        # 2. Half the stable's KV budget: judged a fail, rolled back.
+        # 2. Less KV than the poor stable instance: judged a fail, rolled back.
         assert second.record.phase is Phase.ROLLED_BACK, second.record.reason
         assert second.trial.judgement is not None
         assert second.trial.judgement.classification is Classification.FAIL, second.record.reason
@@ -196,31 +240,64 @@ def test_parallel_canary_promotes_rolls_back_and_records_a_failed_start(study) -
             "pid": stable.main_pid, "argv": configured, "serving": True, "canaries": [],
         }  # fmt: skip
 
-        # 3. Eight times the KV budget: promoted, with better goodput and fewer preemptions.
-        assert third.record.phase is Phase.PROMOTED, third.record.reason
-        canary, baseline = third.trial.result, third.baseline
-        assert canary is not None and baseline is not None
-        ratio = canary.goodput_tokens_per_s / baseline.goodput_tokens_per_s
-        pre_c = canary.metrics.preemptions_per_request
-        pre_b = baseline.metrics.preemptions_per_request
-        print(
-            f"promoted: goodput {canary.goodput_tokens_per_s:.1f} vs stable "
-            f"{baseline.goodput_tokens_per_s:.1f} tok/s (ratio {ratio:.2f}); preemptions per "
-            f"request {pre_c} vs {pre_b}; bake {third.record.bake_goodput_tokens_per_s}"
-        )
-        assert ratio >= 1.2
-        assert pre_b is not None and pre_c is not None and pre_c < pre_b
-        live = next(i for i in runtime.instances() if i.name == "vllm")
-        assert f"{GOOD_KV_BYTES}" in live.argv and live.main_pid != stable.main_pid
-        assert _health(live.url) and _servers_on(canary_port) == []
-        fact = StateStore(db).get_fact(PROMOTED_FACT)
-        assert fact is not None and tuple(fact["argv"]) == tuple(live.argv)
+        # 3. Eight times the KV budget: promoted.
+        _check_promoted(third, runtime, db, stable.main_pid)
+        assert _servers_on(canary_port) == []
         states = [t.state for t in store.trials()]
-        assert states[0] is TrialState.INFEASIBLE and states[2] is TrialState.COMPLETE
+        # The bad candidate ran, yet preempts far beyond the SLO's limit: infeasible too.
+        assert states == [TrialState.INFEASIBLE, TrialState.INFEASIBLE, TrialState.COMPLETE]
+        assert second.trial.result is not None
+        assert second.trial.result.outcome is Outcome.PREEMPTED, second.trial.result.reason
     finally:
         asyncio.run(runtime.aclose(drain_timeout_s=5.0))
         db.close()
         kill_servers_of(marker)
+
+
+def test_sequential_canary_switches_the_one_instance_and_promotes(study) -> None:
+    path, marker, _stable_port = study
+    canary_port = free_port()
+    db, store, journal = open_stores(load_config(path).state_dir)
+    runtime, adapter = _runtime(path, canary_port, db)
+    space = _space()
+    good = space.candidate({"kv_cache_memory_bytes": GOOD_KV_BYTES, "max_num_seqs": MAX_SEQS})
+    phases: list[Phase] = []
+
+    def on_progress(p: Progress) -> None:
+        print(f"trial {p.trial_number} {dict(p.values)} -> {p.phase.value}", flush=True)
+        phases.append(p.phase)
+        assert _servers_on(canary_port) == []  # one instance only, never a second one
+
+    async def scenario():
+        stable = await runtime.start("vllm", ready_timeout_s=READY_TIMEOUT_S)
+        session = _session(
+            space, ListSuggester([good]), store, journal, adapter, marker, on_progress,
+            strategy=Strategy.SEQUENTIAL,
+        )  # fmt: skip
+        return stable, await session.run(1)
+
+    try:
+        stable, summary = asyncio.run(scenario())
+        _print_outcomes(summary)
+        (outcome,) = summary.outcomes
+        assert outcome.record.strategy is Strategy.SEQUENTIAL
+        assert Phase.OBSERVING_BASELINE in phases
+        assert phases.index(Phase.OBSERVING_BASELINE) < phases.index(Phase.STARTING)
+        _check_promoted(outcome, runtime, db, stable.main_pid)
+    finally:
+        asyncio.run(runtime.aclose(drain_timeout_s=5.0))
+        db.close()
+        kill_servers_of(marker)
+
+
+def _session(space, suggester, store, journal, adapter, marker, on_progress, *,
+             strategy: Strategy = Strategy.PARALLEL) -> TuningSession:  # fmt: skip
+    return TuningSession(
+        space=space, suggester=suggester, store=store, journal=journal, runtime=adapter,
+        observer=LoadObserver(WORKLOAD, model=marker, scrape_interval_s=SCRAPE_INTERVAL_S),
+        fingerprint="e2e", settings=RolloutSettings(slo=SLO, ready_timeout_s=READY_TIMEOUT_S),
+        strategy=strategy, wall_clock=time.time, on_progress=on_progress,
+    )  # fmt: skip
 
 
 def test_killed_mid_canary_is_recovered_by_trials(study) -> None:
@@ -231,6 +308,7 @@ def test_killed_mid_canary_is_recovered_by_trials(study) -> None:
         sys.executable, "-m", "kvpilot.agent", "tune", "--config", str(path), "--trials", "1",
         "--canary-port", str(canary_port), "--kv-max-bytes", str(GOOD_KV_BYTES),
         "--max-seqs", str(MAX_SEQS), "--requests", "400", "--concurrency", "16",
+        "--canary-cpus", ",".join(map(str, CANARY_CPUS)),
     ]  # fmt: skip
     with log.open("ab") as out:
         tune = subprocess.Popen(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,10 @@ from kvpilot.agent.runtimes import (
     LocalRuntime,
     NotAVllmServer,
     Runtime,
+    RuntimeFailure,
     UnknownInstance,
 )
+from kvpilot.rig.server import free_port
 
 ARGV = ("python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m", "--port", "9100")
 
@@ -43,3 +46,15 @@ def test_before_start_the_instance_is_listed_without_processes(tmp_path: Path) -
     with pytest.raises(UnknownInstance, match="'b'"):
         runtime.status("b")
     assert not (tmp_path / "a.log").exists()  # nothing was started, nothing was logged
+
+
+def test_a_cpu_set_that_cannot_be_applied_fails_the_start_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    argv = (sys.executable, *ARGV[1:5], "--port", str(free_port()))
+    runtime = LocalRuntime([LocalInstanceSpec("a", argv, cpus=(100_000,))], tmp_path)
+    with pytest.raises(RuntimeFailure, match=r"cannot pin 'a' to CPUs \[100000\]"):
+        asyncio.run(runtime.start("a", ready_timeout_s=5.0))
+    (instance,) = runtime.instances()
+    assert instance.pids == frozenset()
+    assert runtime.status("a").state != "running"
