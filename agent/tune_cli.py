@@ -223,6 +223,8 @@ async def _run(
             strategy=strategy, wall_clock=time.time, on_progress=show,
         )  # fmt: skip
         summary = await session.run(trials)
+    if not console.is_terminal:
+        console.line()  # Live leaves its last line open where output is not a terminal
     for outcome in summary.outcomes:
         t = outcome.trial
         console.print(f"trial {t.number}: {outcome.record.phase.value}: {outcome.record.reason}")

@@ -197,7 +197,7 @@ class LoadObserver:
         *,
         model: str,
         warm_requests: int = 2,
-        scrape_interval_s: float = 0.5,
+        scrape_interval_s: float = 0.25,  # short windows still give the judge a dozen scrapes
         api_key: str | None = None,
     ) -> None:
         self._workload = workload

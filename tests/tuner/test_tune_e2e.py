@@ -348,6 +348,23 @@ def test_killed_mid_canary_is_recovered_by_trials(study) -> None:
         # The stable instance still serves the configured flags.
         (info,) = find_vllm_mains(list_processes(), port=stable_port)
         assert info.argv == tuple(cfg.runtime.instances[0].argv)
+
+        # The next run of the same study (same model, flags, workload and SLO) goes on from
+        # its history: its trial is number 2.
+        again = subprocess.run(
+            [*argv, "--no-bake"],
+            capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"},
+        )  # fmt: skip
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+        print(again.stdout[-2000:])
+        assert "recovered trial" not in again.stdout  # nothing was left to recover
+        first, second = sorted(store.trials(), key=lambda t: t.number)
+        assert (first.number, first.state) == (1, TrialState.ABORTED)
+        assert second.number == 2 and second.state in (
+            TrialState.COMPLETE, TrialState.INFEASIBLE
+        ), second  # fmt: skip
+        assert _servers_on(canary_port) == []
+        assert _health(f"http://127.0.0.1:{stable_port}")
     finally:
         if tune.poll() is None:
             os.killpg(tune.pid, signal.SIGKILL)
