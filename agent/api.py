@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from kvpilot.agent.config import AgentConfig, LocalRuntimeConfig
 from kvpilot.agent.sidecar import Sidecar
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _configured_argv(config: AgentConfig) -> dict[str, tuple[str, ...]]:
+    if not isinstance(config.runtime, LocalRuntimeConfig):
+        return {}
+    return {i.name: tuple(i.argv) for i in config.runtime.instances}
+
+
 def api_routes(sidecar: Sidecar, token: SecretStr | None) -> list[Route]:
     background: set[asyncio.Task[Any]] = set()
 
@@ -100,6 +107,7 @@ def api_routes(sidecar: Sidecar, token: SecretStr | None) -> list[Route]:
 
     async def status(_: Request) -> JSONResponse:
         runtime = sidecar.runtime
+        configured = _configured_argv(sidecar.config)
         targets = []
         for instance in runtime.instances():
             state = runtime.status(instance.name)
@@ -114,7 +122,12 @@ def api_routes(sidecar: Sidecar, token: SecretStr | None) -> list[Route]:
                     "state": state.state,
                     "since_wall_s": state.since_wall_s,
                     "live_flags": list(instance.argv or ()),
-                    "live_flags_source": "configuration",
+                    "live_flags_source": (
+                        "promoted by the tuner"
+                        if instance.name in configured
+                        and tuple(instance.argv or ()) != configured[instance.name]
+                        else "configuration"
+                    ),
                 }
             )
         body = {

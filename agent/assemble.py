@@ -32,13 +32,17 @@ from kvpilot.agent.runtimes import (
 )
 
 
-def build_runtime(config: AgentConfig) -> Runtime:
+def build_runtime(
+    config: AgentConfig, argv_overrides: Mapping[str, tuple[str, ...]] | None = None
+) -> Runtime:
+    """The configured runtime; `argv_overrides` replaces instances' argv (promoted flags)."""
+    overrides = argv_overrides or {}
     runtime = config.runtime
     if isinstance(runtime, LocalRuntimeConfig):
         specs = [
             LocalInstanceSpec(
                 name=instance.name,
-                argv=tuple(instance.argv),
+                argv=overrides.get(instance.name, tuple(instance.argv)),
                 role=instance.role,
                 env=tuple(sorted(instance.env.items())),
                 kvpool_port=instance.kvpool_port,

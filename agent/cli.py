@@ -186,6 +186,7 @@ def _run_sidecar(path: Path) -> None:
 
     from kvpilot.agent.config import ConfigError, load_config, secret_values
     from kvpilot.agent.run_sidecar import run_sidecar
+    from kvpilot.agent.tuning import yaml_hash
 
     configure_logging(json_logs=True)
     try:
@@ -196,7 +197,7 @@ def _run_sidecar(path: Path) -> None:
             print(f"  {problem}", file=sys.stderr)
         raise typer.Exit(2) from None
     configure_logging(json_logs=True, secrets=secret_values(config))
-    asyncio.run(run_sidecar(config))
+    asyncio.run(run_sidecar(config, config_sha256=yaml_hash(path)))
 
 
 @app.command()

@@ -26,6 +26,7 @@ from pydantic import (
 
 from kvpilot.agent.config_errors import ConfigError, env_value, format_validation_error, suggest
 from kvpilot.agent.rules.config import RulesConfig
+from kvpilot.agent.tuning_config import TuningConfig
 
 log = logging.getLogger(__name__)
 
@@ -432,10 +433,21 @@ class AgentConfig(_Model):
     retention: RetentionConfig = Field(
         default_factory=RetentionConfig, description="State retention."
     )
+    tuning: TuningConfig = Field(
+        default_factory=TuningConfig, description="Tuning runs and their schedule."
+    )
 
     @model_validator(mode="after")
     def _distinct_notifiers(self) -> AgentConfig:
         _require_unique("notifier name", [n.name for n in self.notifiers])
+        return self
+
+    @model_validator(mode="after")
+    def _schedule_needs_the_local_runtime(self) -> AgentConfig:
+        if self.tuning.schedule is not None and not isinstance(self.runtime, LocalRuntimeConfig):
+            raise ValueError(
+                "tuning.schedule needs the local runtime (kvpilot starts the canary itself)"
+            )
         return self
 
 

@@ -72,8 +72,11 @@ async def serve_and_tick(
     settings: LoopSettings,
     *,
     stop: asyncio.Event | None = None,
+    add_jobs: Callable[[AsyncIOScheduler], None] | None = None,
 ) -> None:
-    """Run `tick` every interval and serve `app` until `stop` is set or SIGTERM/SIGINT."""
+    """Run `tick` every interval and serve `app` until `stop` is set or SIGTERM/SIGINT.
+
+    `add_jobs` may put more jobs on the same scheduler (the scheduled tuning run)."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -108,6 +111,8 @@ async def serve_and_tick(
         tick_job, "interval", seconds=settings.interval_s, max_instances=1, coalesce=True,
         next_run_time=_now(), misfire_grace_time=None,
     )  # fmt: skip
+    if add_jobs is not None:
+        add_jobs(scheduler)
     serving = asyncio.create_task(server.serve())
     scheduler.start()
     log.info(

@@ -40,7 +40,7 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
-def _gpu_from_nvml(index: int) -> tuple[int, int, str] | str:
+def gpu_from_nvml(index: int) -> tuple[int, int, str] | str:
     """(total, free, name) of one GPU, or why NVML could not say."""
     from kvpilot.collectors.errors import SourceError
     from kvpilot.collectors.nvml import NvmlCollector
@@ -100,7 +100,7 @@ def plan_command(
     free = parse_size(gpu_free) if gpu_free else None
     name = ""
     if total is None or free is None:
-        found = _gpu_from_nvml(gpu_index)
+        found = gpu_from_nvml(gpu_index)
         if isinstance(found, str):
             if total is None and kv_cache_memory_bytes is None:
                 err.print(f"[red]no GPU memory size: {found}; pass --gpu-memory[/red]")

@@ -22,6 +22,9 @@ from kvpilot.agent.remediation.preflight import MemoryPreflight
 from kvpilot.agent.runtimes import LocalRuntime, Runtime, RuntimeFailure
 from kvpilot.agent.sidecar import Sidecar
 from kvpilot.agent.state import StateStore
+from kvpilot.agent.tuning import PROMOTED_FACT, live_stable_argv
+from kvpilot.agent.tuning_schedule import ScheduledTuning, scheduled_tuning
+from kvpilot.agent.tuning_study import stable_instance
 from kvpilot.collectors.nvml import NvmlCollector
 
 log = logging.getLogger(__name__)
@@ -34,13 +37,17 @@ class _Late:
     sidecar: Sidecar | None = None
 
 
-async def run_sidecar(config: AgentConfig, *, stop: asyncio.Event | None = None) -> None:
+async def run_sidecar(
+    config: AgentConfig, *, stop: asyncio.Event | None = None, config_sha256: str | None = None
+) -> None:
+    """The sidecar to a signal. `config_sha256` (the YAML's hash) lets promoted flags hold
+    while the file is unchanged; without it the configured flags run."""
     config.state_dir.mkdir(parents=True, exist_ok=True)
     api_key = config.runtime.api_key.get_secret_value() if config.runtime.api_key else None
     timeout = httpx.Timeout(5.0, connect=2.0)
     async with httpx.AsyncClient(timeout=timeout) as client:
         with StateStore.open(config.state_dir) as store:
-            runtime = build_runtime(config)
+            runtime = build_runtime(config, _promoted_argv(config, store, config_sha256))
             late = _Late()
             settings = remediation_settings(config)
             preflight = MemoryPreflight(
@@ -80,7 +87,12 @@ async def run_sidecar(config: AgentConfig, *, stop: asyncio.Event | None = None)
                         decision="adopted", reason="a server started by an earlier kvpilot "
                         "still runs with this instance's argv",
                     )  # fmt: skip
-            starting = asyncio.create_task(_start_local(config, runtime))
+            tuning = None
+            if config.tuning.schedule is not None and isinstance(runtime, LocalRuntime):
+                tuning = scheduled_tuning(
+                    config, config_sha256 or "", runtime, remediator, store, api_key=api_key
+                )
+            starting = asyncio.create_task(_start_local(config, runtime, tuning))
             own = sidecar_families(sidecar.counters)
 
             def extra(out: Any) -> None:
@@ -105,8 +117,12 @@ async def run_sidecar(config: AgentConfig, *, stop: asyncio.Event | None = None)
                 await sidecar.tick()
 
             try:
-                await serve_and_tick(tick, app, loop, stop=stop)
+                await serve_and_tick(
+                    tick, app, loop, stop=stop, add_jobs=tuning.add_to if tuning else None
+                )
             finally:
+                if tuning is not None:
+                    await tuning.aclose()  # its rollout stops the canary, restores the stable
                 starting.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await starting
@@ -114,12 +130,30 @@ async def run_sidecar(config: AgentConfig, *, stop: asyncio.Event | None = None)
                 await runtime.aclose(drain_timeout_s=config.runtime.drain_timeout_s)
 
 
+def _promoted_argv(
+    config: AgentConfig, store: StateStore, config_sha256: str | None
+) -> dict[str, tuple[str, ...]]:
+    """The stable instance's promoted flags, while the YAML they were promoted under holds."""
+    if config_sha256 is None or not isinstance(config.runtime, LocalRuntimeConfig):
+        return {}
+    promoted = store.get_fact(PROMOTED_FACT)
+    if promoted is None:
+        return {}
+    inst = stable_instance(config)
+    argv, why = live_stable_argv(tuple(inst.argv), promoted, config_sha256)
+    log.info("instance %s runs its %s flags", inst.name, why)
+    return {inst.name: argv}
+
+
 def _all_pids(runtime: Runtime) -> frozenset[int]:
     return frozenset(pid for instance in runtime.instances() for pid in instance.pids)
 
 
-async def _start_local(config: AgentConfig, runtime: Runtime) -> None:
-    """The local runtime's servers start beside the loop, so /healthz answers meanwhile."""
+async def _start_local(
+    config: AgentConfig, runtime: Runtime, tuning: ScheduledTuning | None
+) -> None:
+    """The local runtime's servers start beside the loop, so /healthz answers meanwhile;
+    then a tuning trial an earlier kvpilot left open is recovered."""
     if not isinstance(config.runtime, LocalRuntimeConfig):
         return
 
@@ -132,3 +166,8 @@ async def _start_local(config: AgentConfig, runtime: Runtime) -> None:
             log.error("instance %s failed to start: %s", name, exc)
 
     await asyncio.gather(*(start(i.name) for i in config.runtime.instances))
+    if tuning is not None:
+        try:
+            await tuning.recover()
+        except Exception:  # the next scheduled run recovers again first
+            log.exception("recovering the tuning trial left open failed")

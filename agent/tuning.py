@@ -15,7 +15,7 @@ import itertools
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,13 +30,17 @@ from kvpilot.collectors.vllm_metrics import VllmMetricsSource, VllmScrape
 from kvpilot.rig.loadgen import LoadReport, Workload, run_load
 from kvpilot.rig.server import live_group_members
 from kvpilot.tuner.objective import Measurement, Slo, best_index
-from kvpilot.tuner.ports import CandidateStartFailed, Observation
+from kvpilot.tuner.ports import CandidateStartFailed, Observation, RestartRefused
 from kvpilot.tuner.rollout import Phase, Recovered, RolloutRecord, recover
 from kvpilot.tuner.trials import Trial, TrialState
 
 PROMOTED_FACT = "tuning.promoted"
 CANARY_NAME = "canary"
 _START_HEADER = "===== kvpilot: start #"
+
+# Restarts the stable instance with (argv, reason, restore); raises RestartRefused when its
+# guards say no and RuntimeFailure when the server does not come back.
+StableRestarter = Callable[[tuple[str, ...], str, bool], Awaitable[None]]
 
 
 def yaml_hash(path: Path) -> str:
@@ -65,7 +69,7 @@ def live_stable_argv(
 ) -> tuple[tuple[str, ...], str]:
     """The stable flags to run and why: ("promoted ...") when a promotion holds, else configured."""
     if promoted and promoted.get("yaml_sha256") == current_yaml_hash:
-        return tuple(promoted["argv"]), f"promoted by trial {promoted.get('trial')}"
+        return tuple(promoted["argv"]), f"promoted ({promoted.get('reason', 'by the tuner')})"
     if promoted:
         return tuple(configured), "configured (the YAML changed since the last promotion)"
     return tuple(configured), "configured"
@@ -88,6 +92,7 @@ class LocalTunerAdapter:
         canary_cpus: Sequence[int] = (),
         drain_timeout_s: float = 10.0,
         remediation_in_progress: Callable[[], bool] = lambda: False,
+        restart_stable: StableRestarter | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._runtime = runtime
@@ -101,6 +106,7 @@ class LocalTunerAdapter:
         self._canary_cpus = tuple(canary_cpus)
         self._drain_s = drain_timeout_s
         self._remediating = remediation_in_progress
+        self._restart_stable = restart_stable
         self._wall = wall_clock
         self._canary: LocalRuntime | None = None
         self.last_trial_number: int | None = None
@@ -138,12 +144,22 @@ class LocalTunerAdapter:
             self._canary = None
         await kill_servers_on_port(self._canary_port)  # one a dead kvpilot left behind
 
-    async def set_stable(self, argv: Sequence[str], *, reason: str, ready_timeout_s: float) -> None:
+    async def set_stable(
+        self, argv: Sequence[str], *, reason: str, ready_timeout_s: float, restore: bool = False
+    ) -> None:
+        """Restart the stable instance with `argv`: through `restart_stable` (the agent's
+        remediator, with its guards) when given, else straight through the runtime (an
+        operator's `kvpilot tune`). A refusal changes nothing and is not recorded."""
         try:
-            await self._runtime.restart(
-                self._stable, drain_timeout_s=self._drain_s, ready_timeout_s=ready_timeout_s,
-                argv=argv,
-            )  # fmt: skip
+            if self._restart_stable is not None:
+                await self._restart_stable(tuple(argv), reason, restore)
+            else:
+                await self._runtime.restart(
+                    self._stable, drain_timeout_s=self._drain_s, ready_timeout_s=ready_timeout_s,
+                    argv=argv,
+                )  # fmt: skip
+        except RestartRefused:
+            raise
         except RuntimeFailure as exc:
             log = _last_start(self._runtime.log_path(self._stable))
             raise CandidateStartFailed(str(exc), log) from exc

@@ -33,6 +33,11 @@ class CandidateStartFailed(RuntimeError):
         self.log_text = log_text
 
 
+class RestartRefused(RuntimeError):
+    """The safe-restart path would not restart the stable instance now (a cooldown, the
+    restart budget, an open circuit, dry-run); nothing was changed."""
+
+
 class TunerRuntime(Protocol):
     """Start and stop a canary, switch the stable instance's flags, and tell where they are."""
 
@@ -53,10 +58,15 @@ class TunerRuntime(Protocol):
         """Stop the canary if one runs (also one an earlier, dead kvpilot left)."""
         ...
 
-    async def set_stable(self, argv: Sequence[str], *, reason: str, ready_timeout_s: float) -> None:
+    async def set_stable(
+        self, argv: Sequence[str], *, reason: str, ready_timeout_s: float, restore: bool = False
+    ) -> None:
         """Restart the stable instance with `argv` through the safe-restart path.
 
-        Raises CandidateStartFailed when the restarted server does not become ready.
+        `restore` says the flags are the ones that served before this trial (a rollback or
+        a recovery): a path with guards lets those through, since they end the risk.
+        Raises CandidateStartFailed when the restarted server does not become ready, and
+        RestartRefused when the path's guards refuse a new configuration.
         """
         ...
 

@@ -30,6 +30,7 @@ from kvpilot.tuner.ports import (
     CandidateStartFailed,
     Observation,
     Observer,
+    RestartRefused,
     RolloutJournal,
     TunerRuntime,
 )
@@ -153,6 +154,7 @@ class RolloutOutcome:
     trial: Trial
     record: RolloutRecord
     baseline: TrialResult | None = None
+    refused: str | None = None  # the safe-restart path's refusal, when it ended the trial
 
     @property
     def promoted(self) -> bool:
@@ -208,7 +210,7 @@ class Rollout:
         except BaseException as exc:
             await self._fail(state, exc)
             raise
-        return RolloutOutcome(state.trial, state.record, state.baseline)
+        return RolloutOutcome(state.trial, state.record, state.baseline, state.refused)
 
     # --- the two strategies -------------------------------------------------------------
 
@@ -244,6 +246,10 @@ class Rollout:
         except CandidateStartFailed as exc:
             await self._revert(s, f"the promoted flags did not start: {exc}")
             return
+        except RestartRefused as exc:  # measured and better, yet not now: the stable stays
+            s.refused = str(exc)
+            self._move(s, Phase.ROLLED_BACK, reason=f"not promoted: {exc}")
+            return
         await self._bake(s)
 
     async def _sequential(self, s: _Run) -> None:
@@ -260,6 +266,14 @@ class Rollout:
         except CandidateStartFailed as exc:
             await self._restore_stable(s, "the candidate did not start")
             self._infeasible_start(s, exc)
+            return
+        except RestartRefused as exc:  # the one instance may not switch now: no trial
+            s.refused = str(exc)
+            reason = f"not switched to the candidate: {exc}"
+            s.trial = self._save_trial(
+                s.trial.to(TrialState.ABORTED, at_wall_s=self._wall(), reason=reason)
+            )
+            self._move(s, Phase.ABORTED, reason=reason)
             return
         self._move(s, Phase.WARMING)
         await self._observer.warm([url])
@@ -326,8 +340,9 @@ class Rollout:
     async def _restore_stable(self, s: _Run, reason: str) -> None:
         if tuple(self._runtime.stable_argv()) != s.record.stable_argv:
             await self._runtime.set_stable(
-                s.record.stable_argv, reason=reason, ready_timeout_s=self._settings.ready_timeout_s
-            )
+                s.record.stable_argv, reason=reason, restore=True,
+                ready_timeout_s=self._settings.ready_timeout_s,
+            )  # fmt: skip
 
     def _infeasible_start(self, s: _Run, exc: CandidateStartFailed) -> None:
         result = TrialResult.failed_to_start(exc.log_text)
@@ -371,6 +386,7 @@ class _Run:
     trial: Trial
     record: RolloutRecord
     baseline: TrialResult | None = None
+    refused: str | None = None
 
 
 def promotion_decision(
@@ -437,6 +453,7 @@ async def recover(
                 record.stable_argv,
                 reason=f"recovery: trial {record.trial_id} was interrupted in {record.phase}",
                 ready_timeout_s=ready_timeout_s,
+                restore=True,
             )
         reason = f"kvpilot stopped mid-trial (phase {record.phase.value}); canary stopped, " + (
             "stable flags restored" if restore else "stable flags kept"

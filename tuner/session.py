@@ -137,6 +137,9 @@ class TuningSession:
             outcomes.append(outcome)
             if outcome.trial.result is not None:
                 self._suggester.tell(candidate, outcome.trial.result)
+            if outcome.refused is not None:  # the next trial would meet the same guard
+                stopped = f"stopped: the safe-restart path refused a restart: {outcome.refused}"
+                break
         return SessionSummary(
             tuple(outcomes),
             told,

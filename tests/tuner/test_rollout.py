@@ -11,7 +11,7 @@ import pytest
 from kvpilot.rig.loadgen import LoadReport, RequestResult
 from kvpilot.tuner.judge import Classification
 from kvpilot.tuner.objective import Measurement, Outcome, Slo
-from kvpilot.tuner.ports import CandidateStartFailed, Observation
+from kvpilot.tuner.ports import CandidateStartFailed, Observation, RestartRefused
 from kvpilot.tuner.rollout import (
     InMemoryRolloutJournal,
     Phase,
@@ -71,6 +71,8 @@ class InMemoryTunerRuntime:
         self.canary: tuple[str, ...] | None = None
         self.calls: list[tuple[str, tuple[str, ...] | None, Phase | None]] = []
         self.remediating = False
+        self.refuse_new = False  # the safe-restart path's guards say no to new flags
+        self.restores: list[bool] = []
         self._journal = journal
 
     def phase(self) -> Phase | None:
@@ -94,8 +96,13 @@ class InMemoryTunerRuntime:
         self.calls.append(("stop_canary", None, self.phase()))
         self.canary = None
 
-    async def set_stable(self, argv: Sequence[str], *, reason: str, ready_timeout_s: float) -> None:
+    async def set_stable(
+        self, argv: Sequence[str], *, reason: str, ready_timeout_s: float, restore: bool = False
+    ) -> None:
         self.calls.append(("set_stable", tuple(argv), self.phase()))
+        self.restores.append(restore)
+        if self.refuse_new and not restore:
+            raise RestartRefused("cooldown: restarted 10 s ago")
         if kv_bytes(argv) < 4096:
             raise CandidateStartFailed("stable exited during start-up", CACHE_TOO_SMALL_LOG)
         self.argv = tuple(argv)
@@ -250,6 +257,36 @@ async def test_sequential_promotes_in_place_and_rolls_back_in_place() -> None:
     assert bad.record.phase is Phase.ROLLED_BACK
     assert rig.runtime.argv == GOOD  # the flags it had before this trial
     assert rig.runtime.calls[-1] == ("set_stable", GOOD, Phase.ROLLING_BACK)
+
+
+async def test_rollbacks_are_marked_as_restores_and_new_flags_are_not() -> None:
+    rig = Rig(after_promotion=8.0)
+    await rig.rollout().run(rig.trial(), GOOD, Strategy.PARALLEL)  # promoted, then reverted
+    assert rig.runtime.restores == [False, True]
+
+
+async def test_a_refused_promotion_keeps_the_stable_flags_and_says_why() -> None:
+    rig = Rig()
+    rig.runtime.refuse_new = True
+    outcome = await rig.rollout().run(rig.trial(), GOOD, Strategy.PARALLEL)
+    assert outcome.record.phase is Phase.ROLLED_BACK
+    assert outcome.record.reason == "not promoted: cooldown: restarted 10 s ago"
+    assert outcome.refused == "cooldown: restarted 10 s ago"
+    assert rig.runtime.argv == STABLE and rig.runtime.canary is None
+    stored = rig.store.get("t1")
+    assert stored is not None and stored.state is TrialState.COMPLETE  # it was measured
+
+
+async def test_a_refused_sequential_switch_aborts_the_trial_untouched() -> None:
+    rig = Rig()
+    rig.runtime.refuse_new = True
+    outcome = await rig.rollout().run(rig.trial(), GOOD, Strategy.SEQUENTIAL)
+    assert outcome.record.phase is Phase.ABORTED and outcome.refused is not None
+    stored = rig.store.get("t1")
+    assert stored is not None and stored.state is TrialState.ABORTED
+    assert "not switched to the candidate: cooldown" in (stored.reason or "")
+    assert rig.runtime.argv == STABLE
+    assert rig.observer.windows == [STABLE]  # the baseline only
 
 
 async def test_sequential_start_failure_restores_the_stable_flags() -> None:

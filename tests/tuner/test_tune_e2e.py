@@ -307,7 +307,7 @@ def test_killed_mid_canary_is_recovered_by_trials(study) -> None:
     argv = [
         sys.executable, "-m", "kvpilot.agent", "tune", "--config", str(path), "--trials", "1",
         "--canary-port", str(canary_port), "--kv-max-bytes", str(GOOD_KV_BYTES),
-        "--max-seqs", str(MAX_SEQS), "--requests", "400", "--concurrency", "16",
+        "--max-seqs", str(MAX_SEQS), "--requests", "200", "--concurrency", "16",
         "--canary-cpus", ",".join(map(str, CANARY_CPUS)),
     ]  # fmt: skip
     with log.open("ab") as out:

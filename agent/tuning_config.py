@@ -1,0 +1,101 @@
+"""The `tuning:` section: what a tuning run tries, under which load and SLO, and when.
+
+`kvpilot tune` reads it (its options override single fields); `kvpilot run` also tunes on
+`schedule`, a crontab line in UTC, never while a remediation is in progress.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class TuningWorkload(BaseModel):
+    """The load generator's workload, replayed against baseline and canary alike."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    requests: int = Field(64, ge=1, description="Requests per measurement window.")
+    concurrency: int = Field(16, ge=1, description="Requests in flight at once.")
+    prompt_len: int = Field(384, ge=1, description="Prompt tokens per request.")
+    output_len: int = Field(64, ge=1, description="Output tokens per request.")
+
+
+class TuningSlo(BaseModel):
+    """The SLO goodput is counted under; a trial that breaks it is infeasible."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ttft_p95_s: float = Field(5.0, gt=0, description="Time to first token, 95th percentile.")
+    inter_token_p95_s: float = Field(0.5, gt=0, description="Inter-token gap, 95th percentile.")
+
+
+class TuningConfig(BaseModel):
+    """How kvpilot tunes the stable instance's memory knobs (local runtime)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schedule: str | None = Field(
+        None,
+        description="When `kvpilot run` tunes: a crontab line in UTC, e.g. '0 3 * * *' "
+        "(nightly at 03:00). Unset: only `kvpilot tune` tunes.",
+    )
+    trials: int = Field(3, ge=1, description="Trials per run.")
+    strategy: Literal["parallel", "sequential"] = Field(
+        "parallel",
+        description="parallel: a canary beside the stable instance; sequential: the one "
+        "instance switches and is compared with its own window before (one-GPU boxes).",
+    )
+    canary_port: int = Field(8199, ge=1, le=65535, description="The canary's port (parallel).")
+    canary_cpus: tuple[Annotated[int, Field(ge=0)], ...] = Field(
+        (), description="Pin the canary to these CPU numbers; empty: any."
+    )
+    memory_knob: Literal["auto", "gpu_memory_utilization", "kv_cache_memory_bytes"] = Field(
+        "auto",
+        description="The memory knob searched. auto: --kv-cache-memory-bytes when the stable "
+        "argv sets it or no GPU is visible (the CPU build), else --gpu-memory-utilization.",
+    )
+    max_gpu_memory_utilization: float = Field(
+        0.95,
+        gt=0,
+        le=1,
+        description="Upper end of --gpu-memory-utilization (the free "
+        "memory NVML reports caps it further).",
+    )
+    kv_min_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="Lower end of --kv-cache-memory-bytes; unset: the planner's "
+        "minimum (one request of max_model_len). Never below that minimum.",
+    )
+    kv_max_bytes: int = Field(
+        64 << 20, ge=1, description="Upper end of --kv-cache-memory-bytes (the CPU rig's knob)."
+    )
+    min_num_seqs: int = Field(1, ge=1, description="Lower end of --max-num-seqs.")
+    max_num_seqs: int = Field(64, ge=1, description="Upper end of --max-num-seqs.")
+    workload: TuningWorkload = Field(default_factory=TuningWorkload, description="The load.")
+    slo: TuningSlo = Field(default_factory=TuningSlo, description="The SLO.")
+    bake: bool = Field(True, description="Watch promoted flags for one more window.")
+    seed: int = Field(0, description="The Bayesian suggester's seed.")
+
+    @model_validator(mode="after")
+    def _ranges_are_ranges(self) -> TuningConfig:
+        if self.kv_min_bytes is not None and self.kv_min_bytes >= self.kv_max_bytes:
+            raise ValueError("kv_min_bytes must be below kv_max_bytes")
+        if self.min_num_seqs >= self.max_num_seqs:
+            raise ValueError("min_num_seqs must be below max_num_seqs")
+        return self
+
+    @field_validator("schedule")
+    @classmethod
+    def _a_crontab_line(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from apscheduler.triggers.cron import CronTrigger
+
+        try:
+            CronTrigger.from_crontab(value, timezone="UTC")
+        except ValueError as exc:
+            raise ValueError(f"not a crontab line (minute hour day month weekday): {exc}") from exc
+        return value

@@ -1,0 +1,201 @@
+"""One tuning study from the configuration: the search space, workload, SLO and fingerprint,
+and the session that runs it. Shared by `kvpilot tune` and the agent's scheduled tuning."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvpilot.agent.config import AgentConfig, InstanceConfig, LocalRuntimeConfig
+from kvpilot.agent.plan_cli import gpu_from_nvml
+from kvpilot.agent.runtimes.local import LocalInstanceSpec
+from kvpilot.agent.state.db import Database
+from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
+from kvpilot.agent.tuning import LoadObserver, LocalTunerAdapter
+from kvpilot.agent.tuning_config import TuningConfig
+from kvpilot.rig.loadgen import LengthDist, Workload
+from kvpilot.tuner.constraints import batched_tokens_constraint, planner_constraint
+from kvpilot.tuner.fingerprint import fingerprint
+from kvpilot.tuner.objective import Slo
+from kvpilot.tuner.planner import FeasibleBounds, PlanInputs, feasible_bounds
+from kvpilot.tuner.rollout import RolloutSettings, Strategy
+from kvpilot.tuner.session import Progress, TuningSession
+from kvpilot.tuner.space import Knob, KnobKind, SearchSpace
+from kvpilot.tuner.suggest import BayesianSuggester
+from kvpilot.tuner.traces import workload_hash
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMemory:
+    """One GPU's memory as NVML reports it now."""
+
+    total_bytes: int
+    free_bytes: int
+    name: str = ""
+
+
+class StudyError(ValueError):
+    """The configuration cannot be tuned as it stands (the message says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Study:
+    """Everything one tuning run is built from."""
+
+    tuning: TuningConfig
+    stable: LocalInstanceSpec
+    configured_argv: tuple[str, ...]
+    space: SearchSpace
+    workload: Workload
+    slo: Slo
+    fingerprint: str
+    ready_timeout_s: float
+
+    @property
+    def model(self) -> str:
+        """The name requests ask for: the served model name, or the model path."""
+        argv = self.configured_argv
+        return flag(argv, "--served-model-name") or flag(argv, "--model") or ""
+
+
+def flag(argv: tuple[str, ...], name: str) -> str | None:
+    """The value of `name` in `argv` (`--x v` or `--x=v`), or None."""
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def stable_instance(config: AgentConfig) -> InstanceConfig:
+    """The configuration's first stable instance on the local runtime."""
+    runtime = config.runtime
+    if not isinstance(runtime, LocalRuntimeConfig):
+        raise StudyError("tuning needs the local runtime")
+    inst = next((i for i in runtime.instances if i.role == "stable"), None)
+    if inst is None:
+        raise StudyError("no stable instance in the configuration")
+    return inst
+
+
+def read_gpu() -> GpuMemory | None:
+    """The first GPU's memory from NVML, or None where there is none (the CPU build)."""
+    found = gpu_from_nvml(0)
+    return None if isinstance(found, str) else GpuMemory(*found)
+
+
+def build_study(config: AgentConfig, tuning: TuningConfig, gpu: GpuMemory | None = None) -> Study:
+    """The study of the stable instance under `tuning` (bounds from the planner); `gpu` is
+    the GPU's memory now, needed to search --gpu-memory-utilization."""
+    inst = stable_instance(config)
+    assert isinstance(config.runtime, LocalRuntimeConfig)
+    argv = tuple(inst.argv)
+    knob_name = _knob_name(argv, tuning, gpu)
+    bounds = _bounds(argv, tuning, gpu if knob_name == "gpu_memory_utilization" else None)
+    space = SearchSpace(
+        knobs=(
+            _memory_knob(knob_name, argv, tuning, gpu, bounds),
+            Knob("max_num_seqs", KnobKind.INTEGER, tuning.min_num_seqs, tuning.max_num_seqs,
+                 log_scale=True),
+        ),
+        constraints=(planner_constraint(bounds), batched_tokens_constraint()),
+    )  # fmt: skip
+    w = tuning.workload
+    workload = Workload(
+        w.requests, LengthDist.fixed(w.prompt_len), LengthDist.fixed(w.output_len), w.concurrency
+    )
+    slo = Slo(ttft_p95_s=tuning.slo.ttft_p95_s, inter_token_p95_s=tuning.slo.inter_token_p95_s)
+    knob_flags = {k.flag for k in space.knobs} | {"--port"}
+    fixed = [a for i, a in enumerate(argv) if a not in knob_flags and argv[i - 1] not in knob_flags]
+    model = flag(argv, "--model") or ""
+    stable = LocalInstanceSpec(
+        inst.name, argv, "stable", tuple(inst.env.items()), inst.kvpool_port, inst.cpus
+    )
+    return Study(
+        tuning, stable, argv, space, workload, slo,
+        fingerprint(model, fixed, workload_hash(workload), slo),
+        config.runtime.ready_timeout_s,
+    )  # fmt: skip
+
+
+def _bounds(argv: tuple[str, ...], tuning: TuningConfig, gpu: GpuMemory | None) -> FeasibleBounds:
+    """The planner's feasible region for the stable instance's model and flags; with `gpu`
+    the utilisation range, without it the range of an explicit KV budget."""
+    return feasible_bounds(
+        Path(flag(argv, "--model") or "") / "config.json",
+        PlanInputs(
+            gpu_memory_bytes=gpu.total_bytes if gpu else None,
+            gpu_free_bytes=gpu.free_bytes if gpu else None,
+            gpu_name=gpu.name if gpu else "",
+            block_size=int(flag(argv, "--block-size") or 16),
+            max_model_len=int(flag(argv, "--max-model-len") or 0) or None,
+            dtype=flag(argv, "--dtype") or "auto",
+            # Without a GPU the planner works from an explicit budget (the CPU build).
+            kv_cache_memory_bytes=None if gpu else tuning.kv_max_bytes,
+        ),
+    )
+
+
+def _knob_name(argv: tuple[str, ...], tuning: TuningConfig, gpu: GpuMemory | None) -> str:
+    if tuning.memory_knob != "auto":
+        return tuning.memory_knob
+    explicit = flag(argv, "--kv-cache-memory-bytes") is not None
+    return "kv_cache_memory_bytes" if explicit or gpu is None else "gpu_memory_utilization"
+
+
+def _memory_knob(
+    name: str,
+    argv: tuple[str, ...],
+    tuning: TuningConfig,
+    gpu: GpuMemory | None,
+    bounds: FeasibleBounds,
+) -> Knob:
+    if name == "kv_cache_memory_bytes":
+        low = max(bounds.min_kv_cache_memory_bytes, tuning.kv_min_bytes or 0)
+        if low >= tuning.kv_max_bytes:
+            raise StudyError(
+                f"kv_max_bytes {tuning.kv_max_bytes} leaves no room above the planner's "
+                f"minimum of {bounds.min_kv_cache_memory_bytes} bytes (one request of "
+                "max_model_len)"
+            )
+        return Knob(name, KnobKind.INTEGER, low, tuning.kv_max_bytes, log_scale=True)
+    if gpu is None:
+        raise StudyError("searching gpu_memory_utilization needs the GPU's memory: NVML sees none")
+    if flag(argv, "--kv-cache-memory-bytes") is not None:
+        raise StudyError(
+            "the stable argv sets --kv-cache-memory-bytes, which overrides "
+            "--gpu-memory-utilization: remove it, or search kv_cache_memory_bytes"
+        )
+    low, high = bounds.min_gpu_memory_utilization, bounds.max_gpu_memory_utilization
+    if low is None:
+        raise StudyError(f"no utilisation serves one request: {'; '.join(bounds.reasons)}")
+    high = min(high if high is not None else 1.0, tuning.max_gpu_memory_utilization)
+    if low >= high:
+        raise StudyError(
+            f"no room to search: gpu_memory_utilization from {low} to {high} "
+            f"({'; '.join(bounds.reasons) or 'max_gpu_memory_utilization is below the minimum'})"
+        )
+    return Knob(name, KnobKind.REAL, low, high)
+
+
+def make_session(
+    study: Study,
+    adapter: LocalTunerAdapter,
+    db: Database,
+    *,
+    on_progress: Callable[[Progress], None] | None = None,
+    api_key: str | None = None,
+) -> TuningSession:
+    """A session of the study over `adapter`, with its trials and rollouts in `db`."""
+    t = study.tuning
+    return TuningSession(
+        space=study.space, suggester=BayesianSuggester(study.space, seed=t.seed),
+        store=SqliteTrialStore(db), journal=SqliteRolloutJournal(db), runtime=adapter,
+        observer=LoadObserver(study.workload, model=study.model, api_key=api_key),
+        fingerprint=study.fingerprint,
+        settings=RolloutSettings(slo=study.slo, bake=t.bake, ready_timeout_s=study.ready_timeout_s),
+        strategy=Strategy(t.strategy), wall_clock=time.time, on_progress=on_progress,
+    )  # fmt: skip

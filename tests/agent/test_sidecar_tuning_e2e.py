@@ -1,0 +1,114 @@
+"""`kvpilot run` tunes on its schedule against the real CPU vLLM: the cron firing runs a
+parallel canary, the promotion is a remediation (audited, under the guards), and the
+promoted flags survive a restart of kvpilot while the YAML is unchanged."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvpilot.agent.runtimes.procfs import find_vllm_mains, list_processes
+from kvpilot.agent.state.db import Database
+from kvpilot.agent.state.store import StateStore
+from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
+from kvpilot.rig.server import free_port
+from kvpilot.tuner.rollout import Phase
+from tests.agent.sidecar_harness import (
+    AgentProcess,
+    agent_config,
+    kill_servers_of,
+    server_spec,
+    wait_for,
+)
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        len(os.sched_getaffinity(0)) < 2, reason="each instance needs a core of its own"
+    ),
+]
+
+BLOCK_BYTES = 32 * 1024  # the tiny model's KV bytes per 32-token block
+POOR_KV_BYTES = 64 * BLOCK_BYTES  # 4 of the workload's requests at a time, preempting
+
+
+def _config(tmp_path: Path, marker: str, canary_port: int) -> Path:
+    spec = server_spec(
+        served_model_name=marker, kv_cache_memory_bytes=POOR_KV_BYTES, max_num_seqs=16, cpus=(0,)
+    )
+    path = agent_config(
+        tmp_path, spec=spec, rules={}, notifiers=[], listen_port=free_port(),
+        remediation={"cooldown_s": 300, "drain_timeout_s": 10, "verify_timeout_s": 300},
+    )  # fmt: skip
+    data = yaml.safe_load(path.read_text())
+    data["tuning"] = {
+        "schedule": "* * * * *",  # every minute: the first firing comes within 60 s
+        "trials": 1,
+        "canary_port": canary_port,
+        "canary_cpus": [1],
+        # Every candidate in this range holds the whole workload at once: a clear winner.
+        "kv_min_bytes": 8 << 20, "kv_max_bytes": 16 << 20,
+        "min_num_seqs": 12, "max_num_seqs": 16,
+        "workload": {"requests": 64, "concurrency": 16, "prompt_len": 384, "output_len": 64},
+        "slo": {"ttft_p95_s": 1.0, "inter_token_p95_s": 0.1},
+        "bake": False,
+    }  # fmt: skip
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_the_schedule_runs_a_canary_and_promotes_through_the_remediator(tmp_path: Path) -> None:
+    marker = f"sched-tune-{uuid.uuid4().hex[:8]}"
+    canary_port = free_port()
+    path = _config(tmp_path, marker, canary_port)
+    state_dir = tmp_path / "state"
+    agent = AgentProcess(path, int(yaml.safe_load(path.read_text())["listen"]["port"]),
+                         tmp_path / "agent.log")  # fmt: skip
+    try:
+        agent.start()
+        wait_for("the stable instance", lambda: agent.collector_up("vllm"), 300)
+        first_pid = agent.main_pid()
+
+        def tuned() -> bool:
+            assert agent.process is not None and agent.process.poll() is None, agent.log_tail()
+            db = Database.open(state_dir)
+            try:
+                return any(a.action == "tune" and a.decision in ("finished", "failed")
+                           for a in StateStore(db).audit_records())  # fmt: skip
+            finally:
+                db.close()
+
+        wait_for("a scheduled tuning run", tuned, 60 + 600, poll_s=2.0)
+        db = Database.open(state_dir)
+        try:
+            audits = [(a.action, a.decision, a.reason) for a in StateStore(db).audit_records()]
+            print("\n".join(map(str, reversed(audits))))
+            tune = [a for a in audits if a[0] == "tune"]
+            assert [d for _, d, _ in reversed(tune)] == ["started", "finished"], tune
+            (trial,) = SqliteTrialStore(db).trials()
+            (record,) = SqliteRolloutJournal(db).records()
+            assert record.phase is Phase.PROMOTED, record.reason
+            # The promotion was a remediation of the stable instance, audited as the agent's.
+            (promotion,) = StateStore(db).remediations(instance="vllm")
+            assert promotion.action == "promote" and promotion.state == "succeeded"
+            assert any(a[0] == "cooldown" and a[1] == "allowed" for a in audits)
+        finally:
+            db.close()
+        kv = str(dict(trial.values)["kv_cache_memory_bytes"])
+        target = agent.target()
+        assert target["main_pid"] != first_pid and kv in target["live_flags"]
+        assert target["live_flags_source"] == "promoted by the tuner"
+        assert find_vllm_mains(list_processes(), port=canary_port) == []
+
+        # kvpilot restarted, the YAML unchanged: the promoted flags still run.
+        assert agent.stop() == 0
+        agent.start()
+        wait_for("the stable instance again", lambda: agent.collector_up("vllm"), 300)
+        assert kv in agent.target()["live_flags"]
+    finally:
+        agent.stop()
+        kill_servers_of(marker)
