@@ -168,6 +168,6 @@ async def _start_local(
     await asyncio.gather(*(start(i.name) for i in config.runtime.instances))
     if tuning is not None:
         try:
-            await tuning.recover()
+            await tuning.start_up()
         except Exception:  # the next scheduled run recovers again first
             log.exception("recovering the tuning trial left open failed")

@@ -79,7 +79,8 @@ class ScheduledTuning:
     ) -> None:
         self._trigger = CronTrigger.from_crontab(schedule, timezone=UTC)
         self._run_once = run_once
-        self.recover = recover or _nothing
+        self._recover = recover or _nothing
+        self._started = False
         self._remediating = remediation_in_progress
         self._audit = audit
         self._task: asyncio.Task[str] | None = None
@@ -95,8 +96,18 @@ class ScheduledTuning:
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
 
+    async def start_up(self) -> None:
+        """Once the servers have started: recover a trial an earlier kvpilot left open, then
+        let firings run (one before this would race the recovery and a starting server)."""
+        try:
+            await self._recover()
+        finally:
+            self._started = True
+
     async def fire(self) -> str:
         """One firing: run a session unless something says not now; returns what happened."""
+        if not self._started:
+            return self._note("skipped", "kvpilot is still starting its servers")
         if self.running:
             return self._note("skipped", "the previous tuning run is still going")
         if self._remediating():

@@ -87,8 +87,10 @@ def test_the_schedule_runs_a_canary_and_promotes_through_the_remediator(tmp_path
         try:
             audits = [(a.action, a.decision, a.reason) for a in StateStore(db).audit_records()]
             print("\n".join(map(str, reversed(audits))))
-            tune = [a for a in audits if a[0] == "tune"]
-            assert [d for _, d, _ in reversed(tune)] == ["started", "finished"], tune
+            tune = [a for a in reversed(audits) if a[0] == "tune"]
+            # A firing while the stable server was still starting waits for the next one.
+            ran = [d for _, d, r in tune if r != "kvpilot is still starting its servers"]
+            assert ran == ["started", "finished"], tune
             (trial,) = SqliteTrialStore(db).trials()
             (record,) = SqliteRolloutJournal(db).records()
             assert record.phase is Phase.PROMOTED, record.reason

@@ -34,6 +34,10 @@ class Scheduled:
             audit=lambda decision, reason: self.audits.append((decision, reason)),
         )  # fmt: skip
 
+    async def started(self) -> Scheduled:
+        await self.tuning.start_up()
+        return self
+
     async def _run(self) -> str:
         self.runs += 1
         await self.release.wait()
@@ -48,9 +52,21 @@ def test_the_schedule_is_a_crontab_line_in_utc() -> None:
     assert at == datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
 
 
-def test_a_firing_runs_and_audits_its_start_and_end() -> None:
+def test_no_run_starts_before_the_servers_have_started() -> None:
     async def main() -> None:
         s = Scheduled()
+        assert await s.tuning.fire() == "skipped: kvpilot is still starting its servers"
+        assert s.runs == 0
+        await s.tuning.start_up()
+        s.release.set()
+        assert await s.tuning.fire() == "finished: ran 3 trials"
+
+    asyncio.run(main())
+
+
+def test_a_firing_runs_and_audits_its_start_and_end() -> None:
+    async def main() -> None:
+        s = await Scheduled().started()
         s.release.set()
         assert await s.tuning.fire() == "finished: ran 3 trials"
         assert s.audits == [("started", "scheduled tuning run"), ("finished", "ran 3 trials")]
@@ -60,7 +76,7 @@ def test_a_firing_runs_and_audits_its_start_and_end() -> None:
 
 def test_no_run_starts_while_a_remediation_is_in_progress() -> None:
     async def main() -> None:
-        s = Scheduled()
+        s = await Scheduled().started()
         s.remediating = True
         assert await s.tuning.fire() == "skipped: a remediation is in progress"
         assert s.runs == 0 and s.audits == [("skipped", "a remediation is in progress")]
@@ -70,7 +86,7 @@ def test_no_run_starts_while_a_remediation_is_in_progress() -> None:
 
 def test_one_run_at_a_time() -> None:
     async def main() -> None:
-        s = Scheduled()
+        s = await Scheduled().started()
         first = asyncio.create_task(s.tuning.fire())
         await asyncio.sleep(0)  # the first firing starts its run and waits for the release
         assert s.tuning.running
@@ -96,7 +112,7 @@ def test_a_run_that_cannot_go_on_is_audited_and_the_next_firing_runs(
     error: Exception, expected: str
 ) -> None:
     async def main() -> None:
-        s = Scheduled(result=error)
+        s = await Scheduled(result=error).started()
         s.release.set()
         assert await s.tuning.fire() == expected
         s.result = "ran 1 trials"
@@ -107,7 +123,7 @@ def test_a_run_that_cannot_go_on_is_audited_and_the_next_firing_runs(
 
 def test_aclose_cancels_a_run_in_progress() -> None:
     async def main() -> None:
-        s = Scheduled()
+        s = await Scheduled().started()
         firing = asyncio.create_task(s.tuning.fire())
         await asyncio.sleep(0)
         await s.tuning.aclose()
