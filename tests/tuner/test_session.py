@@ -123,6 +123,21 @@ async def test_a_remediation_that_starts_mid_run_stops_it_between_trials() -> No
     assert len(summary.outcomes) == 1 and "remediation" in summary.stopped_reason
 
 
+async def test_a_refused_promotion_stops_the_run() -> None:
+    # The grid walks up: a start failure, a worse budget, then the better one, whose
+    # promotion the guards refuse; the run stops there rather than meet the guard again.
+    rig = Rig()
+    rig.runtime.refuse_new = True
+    summary = await session(rig).run(5)  # unrefused, it would stop on the exhausted grid
+    assert len(summary.outcomes) == 3
+    last = summary.outcomes[-1]
+    assert last.refused == "cooldown: restarted 10 s ago"
+    assert summary.stopped_reason == (
+        "stopped: the safe-restart path refused a restart: cooldown: restarted 10 s ago"
+    )
+    assert rig.runtime.argv == STABLE
+
+
 def test_dry_run_plans_without_touching_the_runtime() -> None:
     rig = Rig()
     told, planned = dry_run(SPACE, GridSuggester(SPACE), rig.store, "study", 2, initial_points=1)
