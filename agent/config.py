@@ -128,13 +128,13 @@ class InstanceConfig(_Model):
     @property
     def host(self) -> str:
         """The address the agent reaches the server on (loopback for a wildcard bind)."""
-        host = _flag_value(self.argv, "--host") or ""
+        host = flag_value(self.argv, "--host") or ""
         return "127.0.0.1" if host in _WILDCARD_HOSTS else host
 
     @property
     def port(self) -> int:
         """The server's `--port` (vLLM's default, 8000, when absent)."""
-        value = _flag_value(self.argv, "--port")
+        value = flag_value(self.argv, "--port")
         return int(value) if value is not None and value.isdigit() else 8000
 
     @property
@@ -155,7 +155,8 @@ def launch_form(argv: tuple[str, ...] | list[str]) -> Literal["serve", "module"]
     return None
 
 
-def _flag_value(argv: tuple[str, ...], flag: str) -> str | None:
+def flag_value(argv: tuple[str, ...], flag: str) -> str | None:
+    """The value of `flag` in `argv` (`--x v` or `--x=v`), or None."""
     for i, arg in enumerate(argv):
         if arg == flag and i + 1 < len(argv):
             return argv[i + 1]

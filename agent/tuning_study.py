@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpilot.agent.config import AgentConfig, InstanceConfig, LocalRuntimeConfig
+from kvpilot.agent.config import AgentConfig, InstanceConfig, LocalRuntimeConfig, flag_value
 from kvpilot.agent.plan_cli import gpu_from_nvml
 from kvpilot.agent.runtimes.local import LocalInstanceSpec
 from kvpilot.agent.state.db import Database
@@ -57,17 +57,7 @@ class Study:
     def model(self) -> str:
         """The name requests ask for: the served model name, or the model path."""
         argv = self.configured_argv
-        return flag(argv, "--served-model-name") or flag(argv, "--model") or ""
-
-
-def flag(argv: tuple[str, ...], name: str) -> str | None:
-    """The value of `name` in `argv` (`--x v` or `--x=v`), or None."""
-    for i, arg in enumerate(argv):
-        if arg == name and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
+        return flag_value(argv, "--served-model-name") or flag_value(argv, "--model") or ""
 
 
 def stable_instance(config: AgentConfig) -> InstanceConfig:
@@ -110,7 +100,7 @@ def build_study(config: AgentConfig, tuning: TuningConfig, gpu: GpuMemory | None
     slo = Slo(ttft_p95_s=tuning.slo.ttft_p95_s, inter_token_p95_s=tuning.slo.inter_token_p95_s)
     knob_flags = {k.flag for k in space.knobs} | {"--port"}
     fixed = [a for i, a in enumerate(argv) if a not in knob_flags and argv[i - 1] not in knob_flags]
-    model = flag(argv, "--model") or ""
+    model = flag_value(argv, "--model") or ""
     stable = LocalInstanceSpec(
         inst.name, argv, "stable", tuple(inst.env.items()), inst.kvpool_port, inst.cpus
     )
@@ -125,14 +115,14 @@ def _bounds(argv: tuple[str, ...], tuning: TuningConfig, gpu: GpuMemory | None) 
     """The planner's feasible region for the stable instance's model and flags; with `gpu`
     the utilisation range, without it the range of an explicit KV budget."""
     return feasible_bounds(
-        Path(flag(argv, "--model") or "") / "config.json",
+        Path(flag_value(argv, "--model") or "") / "config.json",
         PlanInputs(
             gpu_memory_bytes=gpu.total_bytes if gpu else None,
             gpu_free_bytes=gpu.free_bytes if gpu else None,
             gpu_name=gpu.name if gpu else "",
-            block_size=int(flag(argv, "--block-size") or 16),
-            max_model_len=int(flag(argv, "--max-model-len") or 0) or None,
-            dtype=flag(argv, "--dtype") or "auto",
+            block_size=int(flag_value(argv, "--block-size") or 16),
+            max_model_len=int(flag_value(argv, "--max-model-len") or 0) or None,
+            dtype=flag_value(argv, "--dtype") or "auto",
             # Without a GPU the planner works from an explicit budget (the CPU build).
             kv_cache_memory_bytes=None if gpu else tuning.kv_max_bytes,
         ),
@@ -142,7 +132,7 @@ def _bounds(argv: tuple[str, ...], tuning: TuningConfig, gpu: GpuMemory | None) 
 def _knob_name(argv: tuple[str, ...], tuning: TuningConfig, gpu: GpuMemory | None) -> str:
     if tuning.memory_knob != "auto":
         return tuning.memory_knob
-    explicit = flag(argv, "--kv-cache-memory-bytes") is not None
+    explicit = flag_value(argv, "--kv-cache-memory-bytes") is not None
     return "kv_cache_memory_bytes" if explicit or gpu is None else "gpu_memory_utilization"
 
 
@@ -164,7 +154,7 @@ def _memory_knob(
         return Knob(name, KnobKind.INTEGER, low, tuning.kv_max_bytes, log_scale=True)
     if gpu is None:
         raise StudyError("searching gpu_memory_utilization needs the GPU's memory: NVML sees none")
-    if flag(argv, "--kv-cache-memory-bytes") is not None:
+    if flag_value(argv, "--kv-cache-memory-bytes") is not None:
         raise StudyError(
             "the stable argv sets --kv-cache-memory-bytes, which overrides "
             "--gpu-memory-utilization: remove it, or search kv_cache_memory_bytes"

@@ -4,7 +4,6 @@ promoted flags survive a restart of kvpilot while the YAML is unchanged."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from pathlib import Path
 
@@ -24,21 +23,29 @@ from tests.agent.sidecar_harness import (
     server_spec,
     wait_for,
 )
+from tests.tuner.tune_study import (
+    CANARY_CPUS,
+    CONCURRENCY,
+    INTER_TOKEN_P95_S,
+    MAX_SEQS,
+    OUTPUT_LEN,
+    POOR_KV_BYTES,
+    PROMPT_LEN,
+    REQUESTS,
+    STABLE_CPUS,
+    TTFT_P95_S,
+    needs_two_cores,
+)
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        len(os.sched_getaffinity(0)) < 2, reason="each instance needs a core of its own"
-    ),
-]
-
-BLOCK_BYTES = 32 * 1024  # the tiny model's KV bytes per 32-token block
-POOR_KV_BYTES = 64 * BLOCK_BYTES  # 4 of the workload's requests at a time, preempting
+pytestmark = [pytest.mark.slow, needs_two_cores]
 
 
 def _config(tmp_path: Path, marker: str, canary_port: int) -> Path:
     spec = server_spec(
-        served_model_name=marker, kv_cache_memory_bytes=POOR_KV_BYTES, max_num_seqs=16, cpus=(0,)
+        served_model_name=marker,
+        kv_cache_memory_bytes=POOR_KV_BYTES,
+        max_num_seqs=MAX_SEQS,
+        cpus=STABLE_CPUS,
     )
     path = agent_config(
         tmp_path, spec=spec, rules={}, notifiers=[], listen_port=free_port(),
@@ -49,12 +56,13 @@ def _config(tmp_path: Path, marker: str, canary_port: int) -> Path:
         "schedule": "* * * * *",  # every minute: the first firing comes within 60 s
         "trials": 1,
         "canary_port": canary_port,
-        "canary_cpus": [1],
+        "canary_cpus": list(CANARY_CPUS),
         # Every candidate in this range holds the whole workload at once: a clear winner.
         "kv_min_bytes": 8 << 20, "kv_max_bytes": 16 << 20,
-        "min_num_seqs": 12, "max_num_seqs": 16,
-        "workload": {"requests": 64, "concurrency": 16, "prompt_len": 384, "output_len": 64},
-        "slo": {"ttft_p95_s": 1.0, "inter_token_p95_s": 0.1},
+        "min_num_seqs": 12, "max_num_seqs": MAX_SEQS,
+        "workload": {"requests": REQUESTS, "concurrency": CONCURRENCY,
+                     "prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN},
+        "slo": {"ttft_p95_s": TTFT_P95_S, "inter_token_p95_s": INTER_TOKEN_P95_S},
         "bake": False,
     }  # fmt: skip
     path.write_text(yaml.safe_dump(data, sort_keys=False))

@@ -39,27 +39,32 @@ from kvpilot.tuner.startup_errors import StartupFailureKind
 from kvpilot.tuner.suggest import SearchExhausted
 from kvpilot.tuner.trials import TrialState
 from tests.agent.sidecar_harness import agent_config, kill_servers_of, server_spec, wait_for
+from tests.tuner.tune_study import (
+    BLOCK_BYTES,
+    CANARY_CPUS,
+    CONCURRENCY,
+    INTER_TOKEN_P95_S,
+    MAX_SEQS,
+    OUTPUT_LEN,
+    POOR_KV_BYTES,
+    PROMPT_LEN,
+    REQUESTS,
+    STABLE_CPUS,
+    TTFT_P95_S,
+    needs_two_cores,
+)
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        len(os.sched_getaffinity(0)) < 2, reason="each instance needs a core of its own"
-    ),
-]
+pytestmark = [pytest.mark.slow, needs_two_cores]
 
-BLOCK_BYTES = 32 * 1024  # the tiny model's KV bytes per 32-token block
-# 384-token prompts (12 blocks) growing to 14 blocks, 16 at once: 224 blocks to hold them all.
-WORKLOAD = Workload(64, LengthDist.fixed(384), LengthDist.fixed(64), concurrency=16)
-MAX_SEQS = 16
-POOR_KV_BYTES = 64 * BLOCK_BYTES  # 4 requests at a time, preempting and recomputing
+WORKLOAD = Workload(
+    REQUESTS, LengthDist.fixed(PROMPT_LEN), LengthDist.fixed(OUTPUT_LEN), CONCURRENCY
+)
 BAD_KV_BYTES = 40 * BLOCK_BYTES  # 2 or 3 at a time: more queueing and more preemption
 GOOD_KV_BYTES = 512 * BLOCK_BYTES  # every request at once, no preemption
 TOO_SMALL_KV_BYTES = 16 * BLOCK_BYTES  # half of one request of max_model_len (32 blocks)
-# Each instance on its own core, so that neither slows the other down.
-STABLE_CPUS, CANARY_CPUS = (0,), (1,)
 READY_TIMEOUT_S = 300.0
 SCRAPE_INTERVAL_S = 0.25  # a window of a few seconds gives the judge a dozen scrapes or more
-SLO = Slo(ttft_p95_s=1.0, inter_token_p95_s=0.1)
+SLO = Slo(ttft_p95_s=TTFT_P95_S, inter_token_p95_s=INTER_TOKEN_P95_S)
 
 
 class ListSuggester:

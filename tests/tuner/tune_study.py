@@ -1,0 +1,22 @@
+"""The study both tuning end-to-end tests run on the real CPU vLLM: a stable server whose KV
+budget preempts heavily under a workload of long prompts, on its own core."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+BLOCK_BYTES = 32 * 1024  # the tiny model's KV bytes per 32-token block
+# 384-token prompts (12 blocks) growing to 14 blocks, 16 at once: 224 blocks to hold them all.
+PROMPT_LEN, OUTPUT_LEN, REQUESTS, CONCURRENCY = 384, 64, 64, 16
+MAX_SEQS = 16
+POOR_KV_BYTES = 64 * BLOCK_BYTES  # 4 requests at a time, preempting and recomputing
+# Each instance on its own core, so that neither slows the other down.
+STABLE_CPUS, CANARY_CPUS = (0,), (1,)
+# Latency limits this model meets easily when it is not starved of KV cache.
+TTFT_P95_S, INTER_TOKEN_P95_S = 1.0, 0.1
+
+needs_two_cores = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="each instance needs a core of its own"
+)
