@@ -31,6 +31,21 @@ class TuningSlo(BaseModel):
     inter_token_p95_s: float = Field(0.5, gt=0, description="Inter-token gap, 95th percentile.")
 
 
+class ExtraKnob(BaseModel):
+    """A vLLM flag searched beside the memory knob and --max-num-seqs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Literal[
+        "max_num_batched_tokens", "block_size", "kv_cache_dtype", "enable_prefix_caching"
+    ] = Field(description="The engine argument, as vLLM names it.")
+    low: float | None = Field(None, description="Lower end (numeric knobs); default built in.")
+    high: float | None = Field(None, description="Upper end (numeric knobs); default built in.")
+    choices: tuple[int | str | bool, ...] = Field(
+        (), description="The values to try (choice knobs); default built in."
+    )
+
+
 class TuningConfig(BaseModel):
     """How kvpilot tunes the stable instance's memory knobs (local runtime)."""
 
@@ -74,6 +89,14 @@ class TuningConfig(BaseModel):
     )
     min_num_seqs: int = Field(1, ge=1, description="Lower end of --max-num-seqs.")
     max_num_seqs: int = Field(64, ge=1, description="Upper end of --max-num-seqs.")
+    extra_knobs: tuple[ExtraKnob, ...] = Field(
+        (), description="More flags to search, e.g. {name: max_num_batched_tokens}."
+    )
+    constraints: tuple[str, ...] = Field(
+        (),
+        description="Your own rules a candidate must meet before a trial is spent, e.g. "
+        "'max_num_seqs * 64 <= max_num_batched_tokens'.",
+    )
     workload: TuningWorkload = Field(default_factory=TuningWorkload, description="The load.")
     slo: TuningSlo = Field(default_factory=TuningSlo, description="The SLO.")
     bake: bool = Field(True, description="Watch promoted flags for one more window.")
@@ -86,6 +109,24 @@ class TuningConfig(BaseModel):
         if self.min_num_seqs >= self.max_num_seqs:
             raise ValueError("min_num_seqs must be below max_num_seqs")
         return self
+
+    @field_validator("constraints")
+    @classmethod
+    def _constraints_parse(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from kvpilot.tuner.constraints import parse_constraint
+
+        for text in value:
+            parse_constraint(text)  # raises ValueError with what is wrong
+        return value
+
+    @field_validator("extra_knobs")
+    @classmethod
+    def _knobs_build(cls, value: tuple[ExtraKnob, ...]) -> tuple[ExtraKnob, ...]:
+        from kvpilot.tuner.space import optional_knob
+
+        for knob in value:
+            optional_knob(knob.name, low=knob.low, high=knob.high, choices=knob.choices)
+        return value
 
     @field_validator("schedule")
     @classmethod

@@ -16,13 +16,17 @@ from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning import LoadObserver, LocalTunerAdapter
 from kvpilot.agent.tuning_config import TuningConfig
 from kvpilot.rig.loadgen import LengthDist, Workload
-from kvpilot.tuner.constraints import batched_tokens_constraint, planner_constraint
+from kvpilot.tuner.constraints import (
+    batched_tokens_constraint,
+    parse_constraint,
+    planner_constraint,
+)
 from kvpilot.tuner.fingerprint import fingerprint
 from kvpilot.tuner.objective import Slo
 from kvpilot.tuner.planner import FeasibleBounds, PlanInputs, feasible_bounds
 from kvpilot.tuner.rollout import RolloutSettings, Strategy
 from kvpilot.tuner.session import Progress, TuningSession
-from kvpilot.tuner.space import Knob, KnobKind, SearchSpace
+from kvpilot.tuner.space import Knob, KnobKind, SearchSpace, optional_knob
 from kvpilot.tuner.suggest import BayesianSuggester
 from kvpilot.tuner.traces import workload_hash
 
@@ -90,16 +94,18 @@ def build_study(config: AgentConfig, tuning: TuningConfig, gpu: GpuMemory | None
             _memory_knob(knob_name, argv, tuning, gpu, bounds),
             Knob("max_num_seqs", KnobKind.INTEGER, tuning.min_num_seqs, tuning.max_num_seqs,
                  log_scale=True),
+            *(optional_knob(k.name, low=k.low, high=k.high, choices=k.choices)
+              for k in tuning.extra_knobs),
         ),
-        constraints=(planner_constraint(bounds), batched_tokens_constraint()),
+        constraints=(planner_constraint(bounds), batched_tokens_constraint(),
+                     *(parse_constraint(text) for text in tuning.constraints)),
     )  # fmt: skip
     w = tuning.workload
     workload = Workload(
         w.requests, LengthDist.fixed(w.prompt_len), LengthDist.fixed(w.output_len), w.concurrency
     )
     slo = Slo(ttft_p95_s=tuning.slo.ttft_p95_s, inter_token_p95_s=tuning.slo.inter_token_p95_s)
-    knob_flags = {k.flag for k in space.knobs} | {"--port"}
-    fixed = [a for i, a in enumerate(argv) if a not in knob_flags and argv[i - 1] not in knob_flags]
+    fixed = _fixed_args(argv, space)
     model = flag_value(argv, "--model") or ""
     stable = LocalInstanceSpec(
         inst.name, argv, "stable", tuple(inst.env.items()), inst.kvpool_port, inst.cpus
@@ -109,6 +115,24 @@ def build_study(config: AgentConfig, tuning: TuningConfig, gpu: GpuMemory | None
         fingerprint(model, fixed, workload_hash(workload), slo),
         config.runtime.ready_timeout_s,
     )  # fmt: skip
+
+
+def _fixed_args(argv: tuple[str, ...], space: SearchSpace) -> list[str]:
+    """The argv without the searched flags and the port: what the study holds fixed."""
+    valued = {k.flag for k in space.knobs if k.kind is not KnobKind.FLAG} | {"--port"}
+    bare = {
+        f for k in space.knobs if k.kind is KnobKind.FLAG for f in (k.flag, "--no-" + k.flag[2:])
+    }
+    fixed: list[str] = []
+    skip_value = False
+    for arg in argv:
+        if skip_value:
+            skip_value = False
+        elif arg in valued:
+            skip_value = True  # `--flag value`: the value goes too
+        elif arg not in bare and arg.split("=", 1)[0] not in valued:
+            fixed.append(arg)
+    return fixed
 
 
 def _bounds(argv: tuple[str, ...], tuning: TuningConfig, gpu: GpuMemory | None) -> FeasibleBounds:

@@ -62,3 +62,45 @@ def test_the_utilisation_knob_needs_a_gpu_and_room_on_it(tmp_path: Path) -> None
     full = GpuMemory(total_bytes=80 * GIB, free_bytes=GIB // 1000)
     with pytest.raises(StudyError, match="other processes hold"):
         build_study(config, utilisation, gpu=full)
+
+
+def test_extra_knobs_and_own_constraints_join_the_space(tmp_path: Path) -> None:
+    tuning = TuningConfig(
+        extra_knobs=({"name": "max_num_batched_tokens", "low": 256, "high": 4096},
+                     {"name": "enable_prefix_caching"}),
+        constraints=("max_num_seqs * 64 <= max_num_batched_tokens",),
+    )  # fmt: skip
+    study = build_study(_config(tmp_path), tuning)
+    names = [k.name for k in study.space.knobs]
+    assert names == ["kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens",
+                     "enable_prefix_caching"]  # fmt: skip
+    values = {"kv_cache_memory_bytes": 8 << 20, "enable_prefix_caching": True}
+    too_many = study.space.candidate({**values, "max_num_seqs": 32, "max_num_batched_tokens": 512})
+    assert "max_num_seqs * 64 <= max_num_batched_tokens" in (study.space.violation(too_many) or "")
+    fits = study.space.candidate({**values, "max_num_seqs": 4, "max_num_batched_tokens": 512})
+    assert study.space.violation(fits) is None
+
+
+def test_knobs_and_constraints_that_cannot_work_are_config_errors() -> None:
+    with pytest.raises(ValueError, match="max_num_seqs \\*"):
+        TuningConfig(constraints=("max_num_seqs * <= 4",))
+    with pytest.raises(ValueError, match="low <= high"):
+        TuningConfig(extra_knobs=({"name": "max_num_batched_tokens", "low": 9000, "high": 10},))
+
+
+def test_the_study_holds_the_other_flags_fixed_in_either_spelling(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    base = build_study(config, TuningConfig())
+    inst = config.runtime.instances[0]
+    argv = list(inst.argv)
+    at = argv.index("--kv-cache-memory-bytes")
+    argv[at : at + 2] = ["--kv-cache-memory-bytes=1234567"]  # another value, other spelling
+    moved = config.model_copy(update={"runtime": config.runtime.model_copy(update={
+        "instances": (inst.model_copy(update={"argv": tuple(argv)}),)
+    })})  # fmt: skip
+    assert build_study(moved, TuningConfig()).fingerprint == base.fingerprint
+    # A flag the study holds fixed changed: another study.
+    other = moved.model_copy(update={"runtime": moved.runtime.model_copy(update={
+        "instances": (inst.model_copy(update={"argv": (*argv, "--seed", "7")}),)
+    })})  # fmt: skip
+    assert build_study(other, TuningConfig()).fingerprint != base.fingerprint
