@@ -1,0 +1,73 @@
+"""The tuner over the Kubernetes runtime: the canary is a Deployment beside the stable one,
+promotion patches the stable Deployment's args (a rolling update), and a Lease keeps one
+tuner per Deployment. In recommend-only mode (GitOps owns the Deployment, or the target
+says so) a promotion writes the patch instead; the tuner sees that as a refused restart:
+the trial ends rolled back with the patch's path in its reason, the stable untouched."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from kvpilot.agent.runtimes.base import NotReady, RuntimeFailure
+from kvpilot.agent.runtimes.k8s_lease import LeaseRecord
+from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime, PromotionNotApplied
+from kvpilot.tuner.ports import CandidateStartFailed, RestartRefused
+
+
+class KubernetesTunerAdapter:
+    """The tuner's TunerRuntime over a KubernetesRuntime."""
+
+    def __init__(
+        self,
+        runtime: KubernetesRuntime,
+        *,
+        drain_timeout_s: float = 30.0,
+        remediation_in_progress: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self._runtime = runtime
+        self._drain_s = drain_timeout_s
+        self._remediating = remediation_in_progress
+
+    @contextlib.asynccontextmanager
+    async def lease(self) -> AsyncIterator[LeaseRecord]:
+        """Hold the Deployment's tuning Lease for a run (LeaseHeld: another tuner has it)."""
+        async with self._runtime.lease.held() as record:
+            yield record
+
+    def stable_argv(self) -> tuple[str, ...]:
+        stable = next(i for i in self._runtime.instances() if i.role == "stable")
+        return tuple(stable.argv or ())
+
+    def stable_url(self) -> str:
+        return next(i.url for i in self._runtime.instances() if i.role == "stable")
+
+    async def start_canary(self, argv: Sequence[str], *, ready_timeout_s: float) -> str:
+        try:
+            instance = await self._runtime.start_canary(argv, ready_timeout_s=ready_timeout_s)
+        except NotReady as exc:
+            # The pod's termination message is vLLM's last words (FallbackToLogsOnError).
+            raise CandidateStartFailed(str(exc), exc.log_tail or str(exc)) from exc
+        return instance.url
+
+    async def stop_canary(self) -> None:
+        await self._runtime.stop(self._runtime.target.canary_name, drain_timeout_s=self._drain_s)
+
+    async def set_stable(
+        self, argv: Sequence[str], *, reason: str, ready_timeout_s: float, restore: bool = False
+    ) -> None:
+        """Promote `argv` into the stable Deployment (rolling), or write the patch."""
+        try:
+            await self._runtime.restart(
+                self._runtime.target.stable_name, drain_timeout_s=self._drain_s,
+                ready_timeout_s=ready_timeout_s, argv=argv,
+            )  # fmt: skip
+        except PromotionNotApplied as exc:
+            raise RestartRefused(str(exc)) from exc
+        except NotReady as exc:
+            raise CandidateStartFailed(str(exc), exc.log_tail or str(exc)) from exc
+        except RuntimeFailure as exc:
+            raise CandidateStartFailed(str(exc), "") from exc
+
+    def remediation_in_progress(self) -> bool:
+        return self._remediating()
