@@ -47,7 +47,7 @@ async def run_sidecar(
     timeout = httpx.Timeout(5.0, connect=2.0)
     async with httpx.AsyncClient(timeout=timeout) as client:
         with StateStore.open(config.state_dir) as store:
-            runtime = build_runtime(config, _promoted_argv(config, store, config_sha256))
+            runtime = build_runtime(config, promoted_argv(config, store, config_sha256))
             late = _Late()
             settings = remediation_settings(config)
             preflight = MemoryPreflight(
@@ -130,7 +130,7 @@ async def run_sidecar(
                 await runtime.aclose(drain_timeout_s=config.runtime.drain_timeout_s)
 
 
-def _promoted_argv(
+def promoted_argv(
     config: AgentConfig, store: StateStore, config_sha256: str | None
 ) -> dict[str, tuple[str, ...]]:
     """The stable instance's promoted flags, while the YAML they were promoted under holds."""

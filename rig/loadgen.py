@@ -74,6 +74,8 @@ class RequestResult:
     start_s: float
     end_s: float
     first_token_s: float | None
+    # One arrival time per output token. A busy server streams several tokens in one chunk;
+    # they share the chunk's arrival time (a gap of 0), so the mean gap stays TPOT.
     token_times_s: tuple[float, ...]
     output_tokens: int
     error: str | None
@@ -180,6 +182,7 @@ async def _send(
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
+        "return_token_ids": True,  # how many tokens each chunk carries
     }
     start = clock()
     token_times: list[float] = []
@@ -195,8 +198,9 @@ async def _send(
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     chunk = json.loads(line[6:])
-                    if chunk.get("choices"):
-                        token_times.append(clock())
+                    if choices := chunk.get("choices"):
+                        carried = len(choices[0].get("token_ids") or ()) or 1
+                        token_times.extend([clock()] * carried)
                     if usage := chunk.get("usage"):
                         output_tokens = int(usage.get("completion_tokens", 0))
     except (httpx.HTTPError, json.JSONDecodeError, ValueError) as exc:

@@ -312,7 +312,7 @@ def test_killed_mid_canary_is_recovered_by_trials(study) -> None:
     argv = [
         sys.executable, "-m", "kvpilot.agent", "tune", "--config", str(path), "--trials", "1",
         "--canary-port", str(canary_port), "--kv-max-bytes", str(GOOD_KV_BYTES),
-        "--max-seqs", str(MAX_SEQS), "--requests", "200", "--concurrency", "16",
+        "--max-seqs", str(MAX_SEQS), "--requests", str(REQUESTS), "--concurrency", str(CONCURRENCY),
         "--canary-cpus", ",".join(map(str, CANARY_CPUS)),
     ]  # fmt: skip
     with log.open("ab") as out:
@@ -328,7 +328,7 @@ def test_killed_mid_canary_is_recovered_by_trials(study) -> None:
             assert tune.poll() is None, log.read_text(errors="replace")[-3000:]
             return any(r.phase is Phase.OBSERVING for r in journal.open_records())
 
-        wait_for("the canary under load", observing, 2 * READY_TIMEOUT_S, poll_s=1.0)
+        wait_for("the canary under load", observing, 2 * READY_TIMEOUT_S, poll_s=0.25)
         stable_pids = _servers_on(stable_port)
         assert len(stable_pids) == 1 and _servers_on(canary_port)
         os.kill(tune.pid, signal.SIGKILL)
