@@ -24,7 +24,7 @@ from kvpilot.agent.sidecar import Sidecar
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.tuning import PROMOTED_FACT, live_stable_argv
 from kvpilot.agent.tuning_schedule import ScheduledTuning, scheduled_tuning
-from kvpilot.agent.tuning_study import stable_instance
+from kvpilot.agent.tuning_study import StudyError, stable_instance
 from kvpilot.collectors.nvml import NvmlCollector
 
 log = logging.getLogger(__name__)
@@ -89,9 +89,12 @@ async def run_sidecar(
                     )  # fmt: skip
             tuning = None
             if config.tuning.schedule is not None and isinstance(runtime, LocalRuntime):
-                tuning = scheduled_tuning(
-                    config, config_sha256 or "", runtime, remediator, store, api_key=api_key
-                )
+                try:
+                    tuning = scheduled_tuning(
+                        config, config_sha256 or "", runtime, remediator, store, api_key=api_key
+                    )
+                except StudyError as exc:  # collecting and alerting go on without it
+                    log.error("scheduled tuning is off: %s", exc)
             starting = asyncio.create_task(_start_local(config, runtime, tuning))
             own = sidecar_families(sidecar.counters)
 

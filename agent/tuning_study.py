@@ -11,6 +11,7 @@ from pathlib import Path
 from kvpilot.agent.config import AgentConfig, InstanceConfig, LocalRuntimeConfig, flag_value
 from kvpilot.agent.plan_cli import gpu_from_nvml
 from kvpilot.agent.runtimes.local import LocalInstanceSpec
+from kvpilot.agent.runtimes.vllm_argv import parse_server_argv
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning import LoadObserver, LocalTunerAdapter
@@ -60,8 +61,8 @@ class Study:
     @property
     def model(self) -> str:
         """The name requests ask for: the served model name, or the model path."""
-        argv = self.configured_argv
-        return flag_value(argv, "--served-model-name") or flag_value(argv, "--model") or ""
+        args = parse_server_argv(self.configured_argv)
+        return args.served_model_name or args.model or ""
 
 
 def stable_instance(config: AgentConfig) -> InstanceConfig:
@@ -106,7 +107,7 @@ def build_study(config: AgentConfig, tuning: TuningConfig, gpu: GpuMemory | None
     )
     slo = Slo(ttft_p95_s=tuning.slo.ttft_p95_s, inter_token_p95_s=tuning.slo.inter_token_p95_s)
     fixed = _fixed_args(argv, space)
-    model = flag_value(argv, "--model") or ""
+    model = parse_server_argv(argv).model or ""
     stable = LocalInstanceSpec(
         inst.name, argv, "stable", tuple(inst.env.items()), inst.kvpool_port, inst.cpus
     )
@@ -138,9 +139,9 @@ def _fixed_args(argv: tuple[str, ...], space: SearchSpace) -> list[str]:
 def _bounds(argv: tuple[str, ...], tuning: TuningConfig, gpu: GpuMemory | None) -> FeasibleBounds:
     """The planner's feasible region for the stable instance's model and flags; with `gpu`
     the utilisation range, without it the range of an explicit KV budget."""
-    return feasible_bounds(
-        Path(flag_value(argv, "--model") or "") / "config.json",
-        PlanInputs(
+    model = parse_server_argv(argv).model or ""
+    try:
+        inputs = PlanInputs(
             gpu_memory_bytes=gpu.total_bytes if gpu else None,
             gpu_free_bytes=gpu.free_bytes if gpu else None,
             gpu_name=gpu.name if gpu else "",
@@ -149,8 +150,10 @@ def _bounds(argv: tuple[str, ...], tuning: TuningConfig, gpu: GpuMemory | None) 
             dtype=flag_value(argv, "--dtype") or "auto",
             # Without a GPU the planner works from an explicit budget (the CPU build).
             kv_cache_memory_bytes=None if gpu else tuning.kv_max_bytes,
-        ),
-    )
+        )
+        return feasible_bounds(Path(model) / "config.json", inputs)
+    except ValueError as exc:  # the planner's ConfigError and PlanError, a malformed flag
+        raise StudyError(f"the planner cannot bound the search for {model!r}: {exc}") from exc
 
 
 def _knob_name(argv: tuple[str, ...], tuning: TuningConfig, gpu: GpuMemory | None) -> str:

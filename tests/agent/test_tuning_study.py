@@ -104,3 +104,9 @@ def test_the_study_holds_the_other_flags_fixed_in_either_spelling(tmp_path: Path
         "instances": (inst.model_copy(update={"argv": (*argv, "--seed", "7")}),)
     })})  # fmt: skip
     assert build_study(other, TuningConfig()).fingerprint != base.fingerprint
+
+
+def test_a_model_the_planner_cannot_read_is_a_study_error(tmp_path: Path) -> None:
+    config = _config(tmp_path, model_dir=tmp_path / "nowhere")
+    with pytest.raises(StudyError, match="the planner cannot bound the search for .*nowhere"):
+        build_study(config, TuningConfig())
