@@ -106,6 +106,9 @@ def tune(
                 initial_points=len(study.space.knobs) + 2,
             )  # fmt: skip
             console.print(f"study {study.fingerprint}: {told} past trials told")
+            for knob in study.space.knobs:
+                span = knob.choices or (knob.low, knob.high)
+                console.print(f"  searching {knob.name} over {span}", highlight=False)
             for i, plan in enumerate(planned, 1):
                 console.print(f"{i}. {plan.candidate.describe()}  [dim]{plan.why}[/dim]")
             return

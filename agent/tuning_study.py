@@ -3,6 +3,7 @@ and the session that runs it. Shared by `kvpilot tune` and the agent's scheduled
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,7 +79,15 @@ def stable_instance(config: AgentConfig) -> InstanceConfig:
 
 def read_gpu() -> GpuMemory | None:
     """The first GPU's memory from NVML, or None where there is none (the CPU build)."""
-    found = gpu_from_nvml(0)
+    # One read, not a collector's loop: its "NVML unavailable, retrying" warning would
+    # mislead here, and no GPU simply means the KV-budget knob.
+    nvml_log = logging.getLogger("kvpilot.collectors.nvml")
+    level = nvml_log.level
+    nvml_log.setLevel(logging.ERROR)
+    try:
+        found = gpu_from_nvml(0)
+    finally:
+        nvml_log.setLevel(level)
     return None if isinstance(found, str) else GpuMemory(*found)
 
 

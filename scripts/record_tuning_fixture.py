@@ -163,11 +163,21 @@ def write_fixture(out: Path, trials: Sequence[Trial], live: LiveFlags) -> None:
     (out / LIVE_FLAGS_FILE).write_text(json.dumps(flags, indent=2) + "\n")
 
 
+def _knob_value(text: str) -> tuple[str, int | str]:
+    name, _, value = text.partition("=")
+    return name, int(value) if value.isdigit() else value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", type=Path, default=TABLE, help="the measured grid (CSV)")
     parser.add_argument("--from-db", type=Path, help="a `kvpilot tune` state database")
     parser.add_argument("--fingerprint", help="with --from-db: the study (default: all)")
+    parser.add_argument("--server", default=MODEL, help="with --from-db: the tuned server")
+    parser.add_argument(
+        "--configured", action="append", default=[], metavar="KNOB=VALUE",
+        help="with --from-db: a knob's configured value, before any promotion (repeat)",
+    )  # fmt: skip
     parser.add_argument("--trials", type=int, default=12, help="how many cells the run asks")
     parser.add_argument("--seed", type=int, default=0, help="the Bayesian suggester's seed")
     parser.add_argument("--start-wall-s", type=float, default=START_WALL_S)
@@ -181,11 +191,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not trials:
             print(f"record_tuning_fixture: {args.from_db}: no trials", file=sys.stderr)
             return 2
+        live = CONFIGURED
+        if args.configured:
+            pairs = tuple(_knob_value(text) for text in args.configured)
+            live = LiveFlags(args.server, flags_text(pairs), FlagSource.CONFIGURED)
     else:
         trials = replay(
             args.table, trials=args.trials, seed=args.seed, start_wall_s=args.start_wall_s
         )
-    write_fixture(args.out, trials, CONFIGURED)
+        live = CONFIGURED
+    write_fixture(args.out, trials, live)
     for t in trials:
         goodput = t.result.goodput_tokens_per_s if t.result else None
         print(f"#{t.number:2d} {flags_text(t.values):55s} {t.state.value:10s} {goodput}")

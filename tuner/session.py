@@ -195,7 +195,10 @@ def dry_run(
         if told + i < initial_points:
             why = "initial point: stratified over the planner's safe region"
         else:
-            why = f"model-guided: expected improvement x feasibility over {told} past trials"
+            why = (
+                "model-guided: expected improvement x feasibility over "
+                f"{told} past trials and the {i} before it in this run"
+            )
         violation = space.violation(candidate)
         if violation is not None:
             why = f"would be refused: {violation}"
