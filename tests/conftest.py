@@ -85,6 +85,12 @@ def server_pool() -> Iterator[ServerPool]:
 
 
 @pytest.fixture
+def quiet_machine(server_pool: ServerPool) -> None:
+    """No shared server idles beside a test that measures latency on pinned cores."""
+    server_pool.close()
+
+
+@pytest.fixture
 def vllm_server(server_pool: ServerPool) -> VllmServer:
     """A real CPU vLLM with the kvpool plugin and a roomy KV pool."""
     return server_pool.get(ROOMY)

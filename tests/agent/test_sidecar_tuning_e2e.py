@@ -35,9 +35,10 @@ from tests.tuner.tune_study import (
     STABLE_CPUS,
     TTFT_P95_S,
     needs_two_cores,
+    quiet,
 )
 
-pytestmark = [pytest.mark.slow, needs_two_cores]
+pytestmark = [pytest.mark.slow, needs_two_cores, quiet]
 
 
 def _config(tmp_path: Path, marker: str, canary_port: int) -> Path:

