@@ -1,9 +1,11 @@
-"""The tuner's families, and the Tuning panels over a recorded run backfilled into Prometheus.
+"""The tuner's families, and the Tuning panels over recorded runs backfilled into Prometheus.
 
-The recorded run is `tests/fixtures/tuning/` (trials replayed from the measured grid, see
-its README). It has no canary judgements, so the canary panels are checked on a second
-history backfilled beside it: the run's best trial with a judgement that `tuner/judge.py`
-made from hand-written canary and baseline samples, under its own instance.
+Three histories, each under its own instance:
+* `tests/fixtures/tuning_live/`: a real `kvpilot tune` session on the CPU vLLM, with the
+  judge's verdicts on real canary and baseline samples (see its README);
+* `tests/fixtures/tuning/`: trials replayed from the measured grid (see its README), which
+  has no canary judgements;
+* the replay's best trial with a judgement made from hand-written samples.
 """
 
 from __future__ import annotations
@@ -49,8 +51,10 @@ from kvpilot.tuner.trials import Trial, TrialState, trial_from_dict, trial_to_di
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "tuning"
+LIVE_FIXTURE = ROOT / "tests" / "fixtures" / "tuning_live"
 RECORDED = "recorded:9400"
 JUDGED = "judged:9400"
+LIVE = "live:9400"
 HOUR_S = 3600.0
 
 
@@ -62,9 +66,14 @@ def _trials() -> list[Trial]:
     return [trial_from_dict(row) for row in _rows()]
 
 
-def _live() -> LiveFlags:
-    data = json.loads((FIXTURE / "live_flags.json").read_text())
+def _live(fixture: Path = FIXTURE) -> LiveFlags:
+    data = json.loads((fixture / "live_flags.json").read_text())
     return LiveFlags(data["server"], data["flags"], FlagSource(data["source"]))
+
+
+def _live_run() -> list[Trial]:
+    lines = (LIVE_FIXTURE / "trials.jsonl").read_text().splitlines()
+    return [trial_from_dict(json.loads(line)) for line in lines]
 
 
 def _script() -> ModuleType:
@@ -127,6 +136,20 @@ def test_fixture_is_what_the_script_replays_from_the_measured_grid() -> None:
         assert trial.result.goodput_tokens_per_s == float(row["goodput_tokens_per_s"])
         assert (trial.state is TrialState.COMPLETE) == (row["feasible"] == "1")
         assert trial.judgement is None  # the grid has no canary samples
+
+
+def test_the_live_fixture_is_a_judged_kvpilot_tune_session() -> None:
+    trials = _live_run()
+    assert [t.number for t in trials] == list(range(1, len(trials) + 1)) and len(trials) >= 4
+    assert len({t.fingerprint for t in trials}) == 1
+    assert all(t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE) for t in trials)
+    judged = [t for t in trials if t.judgement is not None]
+    assert judged, "a session whose canaries were never judged"
+    for trial in judged:
+        assert trial.result is not None and trial.result.metrics is not None
+        assert trial.result.metrics.source == "client"  # the load generator's own timings
+        counts = {v.canary_count for v in trial.judgement.metrics if v.canary_count}
+        assert counts and min(counts) >= 5  # samples, not a made-up summary
 
 
 def test_from_db_reads_the_trials_a_state_database_holds(tmp_path: Path) -> None:
@@ -273,11 +296,17 @@ def backfilled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backfilled]
         [_judged(_best(trials))], _live(), start_wall_s=time.time() - 2 * HOUR_S,
         target_labels={"job": "kvpilot", "instance": JUDGED},
     )  # fmt: skip
+    live = openmetrics_history(
+        _live_run(), _live(LIVE_FIXTURE), start_wall_s=time.time() - 1 * HOUR_S,
+        target_labels={"job": "kvpilot", "instance": LIVE},
+    )  # fmt: skip
     _backfill(folder, "recorded", recorded)
     _backfill(folder, "judged", judged)
+    _backfill(folder, "live", live)
     prometheus = PrometheusServer(folder, [], None)
     prometheus.start()
-    yield Backfilled(prometheus, {RECORDED: _window(recorded), JUDGED: _window(judged)})
+    windows = {RECORDED: _window(recorded), JUDGED: _window(judged), LIVE: _window(live)}
+    yield Backfilled(prometheus, windows)
     prometheus.stop()
 
 
@@ -328,6 +357,24 @@ def test_every_tuning_panel_query_returns_data(backfilled: Backfilled) -> None:
 
 
 @pytest.mark.slow
+def test_every_tuning_panel_query_returns_data_on_the_live_session(
+    backfilled: Backfilled,
+) -> None:
+    model = _tuning()
+    tables = {p["title"] for p in model["panels"] if p["type"] == "table"}
+    empty, refused = [], []
+    for query in panel_queries(model):
+        expr = _for(query.expr, re.escape(LIVE))
+        answer = _returns_data(backfilled, expr, LIVE, query.panel in tables)
+        if answer["status"] != "success":
+            refused.append((query.panel, query.expr, answer.get("error")))
+        elif not answer["data"]["result"]:
+            empty.append((query.panel, query.ref_id))
+    assert not refused, refused
+    assert not empty, empty
+
+
+@pytest.mark.slow
 def test_panels_show_the_recorded_run(backfilled: Backfilled) -> None:
     trials = _trials()
     best = backfilled.prometheus.api(
@@ -365,4 +412,4 @@ def test_template_variables_find_the_instances_and_servers(backfilled: Backfille
             "series", {"match[]": selector, "start": start, "end": end}
         )
         assert answer["status"] == "success", (query, answer)
-        assert {s["instance"] for s in answer["data"]} == {RECORDED, JUDGED}, query
+        assert {s["instance"] for s in answer["data"]} == {RECORDED, JUDGED, LIVE}, query
