@@ -10,12 +10,12 @@ version mismatch). Every request is recorded; anything outside the API is a viol
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from kvpilot.rig.server import free_port
+from tests.http_helpers import ServedInThread, send_json
 
 
 @dataclass
@@ -44,12 +44,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # quiet: the requests are recorded instead
 
     def _reply(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, body)
 
     def _body(self) -> Any:
         length = int(self.headers.get("Content-Length") or 0)
@@ -151,22 +146,11 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
 
-class FakeGrafana:
+class FakeGrafana(ServedInThread):
     """The fake on a free loopback port, served from a thread."""
 
     def __init__(self, token: str) -> None:
         self.state = GrafanaState(token=token)
         handler = type("Handler", (_Handler,), {"state": self.state})
-        self.port = free_port()
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        super().__init__(handler, free_port())
         self.url = f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> FakeGrafana:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)

@@ -19,12 +19,14 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import kubernetes_validate
 from kubernetes import client
+
+from tests.http_helpers import ServedInThread, send_json
 
 SCHEMA_VERSION = kubernetes_validate.latest_version()
 _ROUTES = [
@@ -104,7 +106,7 @@ class _Deployment:
     deleting_reads: int | None = None
 
 
-class FakeKubernetesApi:
+class FakeKubernetesApi(ServedInThread):
     """The fake's store and behaviour; `host` is what `Configuration(host=...)` takes."""
 
     def __init__(
@@ -129,28 +131,16 @@ class FakeKubernetesApi:
         self._version = 0
         self._lock = threading.Lock()
         self._api = client.ApiClient()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(0.05,), daemon=True
-        )
+        super().__init__(self._handler())
 
     # -- lifecycle and test controls -------------------------------------------------------
 
     @property
     def host(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"http://127.0.0.1:{self.port}"
 
     def api_client(self) -> client.ApiClient:
         return client.ApiClient(client.Configuration(host=self.host))
-
-    def __enter__(self) -> FakeKubernetesApi:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)
 
     def fail(self, method: str, path_regex: str, status: int, times: int = 1) -> None:
         """Answer the next `times` matching requests with `status`."""
@@ -476,12 +466,7 @@ class FakeKubernetesApi:
                     code, payload = fake.handle(self.command, self.path, ctype, raw)
                 except Exception as exc:  # a bug in the fake: answer it, the test fails on it
                     code, payload = fake._status(500, "InternalError", f"fake: {exc!r}")
-                data = json.dumps(payload).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, code, payload)
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
 

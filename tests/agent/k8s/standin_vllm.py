@@ -7,11 +7,12 @@ covered by the runtime contract tests.
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from tests.http_helpers import ServedInThread, send_json
 
 
-class StandInVllm:
+class StandInVllm(ServedInThread):
     """Answers the readiness probe like a healthy vLLM serving one model."""
 
     def __init__(self, model: str = "stand-in") -> None:
@@ -21,12 +22,7 @@ class StandInVllm:
 
         class Handler(BaseHTTPRequestHandler):
             def _send(self, code: int, payload: object) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, code, payload)
 
             def do_GET(self) -> None:
                 if self.path == "/health":
@@ -47,20 +43,4 @@ class StandInVllm:
             def log_message(self, *args: object) -> None:
                 """Quiet."""
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(0.05,), daemon=True
-        )
-
-    @property
-    def port(self) -> int:
-        return self._server.server_address[1]
-
-    def __enter__(self) -> StandInVllm:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)
+        super().__init__(Handler)
