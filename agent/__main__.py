@@ -1,5 +1,5 @@
 """`python -m kvpilot.agent` runs the `kvpilot` command."""
 
-from kvpilot.agent.cli import main
+from kvpilot.agent.cli.main import main
 
 main()

@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvpilot.agent.derive import EngineFigures
 from kvpilot.agent.model import Condition, Instance, Labels, labels_of
-from kvpilot.agent.snapshot import Snapshot
+from kvpilot.agent.tick.derive import EngineFigures
+from kvpilot.agent.tick.snapshot import Snapshot
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.window import RollingWindow
 

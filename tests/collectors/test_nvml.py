@@ -13,7 +13,7 @@ from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import GpuSample, NvmlSnapshot
 from kvpilot.collectors.nvml import NvmlCollector, error_reason
 from kvpilot.collectors.pidmap import PidMapper
-from tests.collectors.fake_nvml import (
+from tests.fakes.nvml import (
     GIB,
     OTHER_NAMESPACE,
     FakeGpu,

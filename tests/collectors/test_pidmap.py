@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvpilot.collectors.pidmap import ROOT_PID_NAMESPACE, PidMapper, parse_status
-from tests.collectors.fake_nvml import OTHER_NAMESPACE, OUR_NAMESPACE, FakeProcEntry, write_proc
+from tests.fakes.nvml import OTHER_NAMESPACE, OUR_NAMESPACE, FakeProcEntry, write_proc
 
 # The sidecar in a pod, reading the host's /proc: host PID 5000, PID 7 in the pod.
 SIDECAR = FakeProcEntry(ns_pids=(5000, 7), parent_pid=4990)

@@ -1,7 +1,7 @@
 """A real Prometheus scraping a real CPU vLLM, its kvpool plugin and `kvpilot run` under load.
 
 The agent's NVML collector runs on the fake NVML library (the same fake as the unit tests),
-put into the agent's process by `fake_nvml_site/sitecustomize.py`. One server, one agent and
+put into the agent's process by `tests/fakes/nvml_site/sitecustomize.py`. One server, one agent and
 one Prometheus serve every test here; the load preempts, so the generated rules must fire
 `PreemptionSpike`, and every Memory panel's query must return data (the allocator panels
 excepted: there is no CUDA here, but Prometheus must still accept them).
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.slow
 # 63 usable blocks, as conftest's PREEMPTING; an explicit KV budget keeps the CPU backend from
 # requiring gpu_memory_utilization x the NUMA node's RAM to be free at start-up.
 PREEMPTING = ServerSpec(port=0, kv_cache_memory_bytes=64 * 1024 * 1024, num_gpu_blocks_override=64)
-FAKE_SITE = Path(__file__).resolve().parent / "fake_nvml_site"
+FAKE_SITE = Path(__file__).resolve().parents[1] / "fakes" / "nvml_site"
 GIB = 1 << 30
 
 

@@ -9,7 +9,7 @@ import typer
 from fake_grafana import FakeGrafana
 from typer.testing import CliRunner
 
-from kvpilot.agent.dashboards_cli import register
+from kvpilot.agent.cli.dashboards_cmd import register
 from kvpilot.dashboards.build import build_dashboards
 from kvpilot.rig.server import free_port
 

@@ -12,7 +12,7 @@ import yaml
 from prometheus_server import PROMTOOL
 from typer.testing import CliRunner
 
-from kvpilot.agent.dashboards_cli import register, runbooks
+from kvpilot.agent.cli.dashboards_cmd import register, runbooks
 from kvpilot.agent.rules.config import RulesConfig
 from kvpilot.dashboards.rules import build_rules
 

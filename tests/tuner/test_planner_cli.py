@@ -9,7 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from kvpilot.agent.plan_cli import parse_size, register
+from kvpilot.agent.cli.plan_cmd import parse_size, register
 
 CONFIGS = Path(__file__).parent / "configs"
 LLAMA8B = str(CONFIGS / "meta-llama_Meta-Llama-3-8B.json")

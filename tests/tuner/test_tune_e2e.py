@@ -16,12 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvpilot.agent.config import load_config
+from kvpilot.agent.config.models import load_config
 from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
 from kvpilot.agent.runtimes.procfs import find_vllm_mains, list_processes
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.store import StateStore
-from kvpilot.agent.tuning import (
+from kvpilot.agent.tuning.local import (
     PROMOTED_FACT,
     LoadObserver,
     LocalTunerAdapter,

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime, KubernetesTarget
-from tests.agent.k8s.fake_apiserver import FakeKubernetesApi
-from tests.agent.k8s.standin_vllm import StandInVllm
+from tests.fakes.k8s_apiserver import FakeKubernetesApi
+from tests.fakes.standin_vllm import StandInVllm
 
 NAMESPACE = "serving"
 BASE = Path(__file__).resolve().parents[3] / "deploy" / "base" / "deployment.yaml"

@@ -1,0 +1,1 @@
+"""The process: one composition root from config to parts, its lifecycle, the HTTP app and API."""

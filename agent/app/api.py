@@ -1,0 +1,197 @@
+"""The JSON API beside /metrics: read-only status and alerts, token-protected control.
+
+Control endpoints (POST) need `Authorization: Bearer <api.token>`; without a configured
+token they are disabled (403), never open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from kvpilot.agent.config.models import AgentConfig, LocalRuntimeConfig
+from kvpilot.agent.tick.sidecar import Sidecar
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Request], Awaitable[JSONResponse]]
+
+
+class SilenceRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    matchers: dict[str, str] = Field(min_length=1, description="Labels an alert must carry.")
+    duration_s: float = Field(gt=0, le=30 * 86400, description="How long the silence lasts.")
+    comment: str = Field("", max_length=500)
+    requested_by: str = Field("api", max_length=100)
+
+
+class TriggerRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    instance: str
+    force: bool = False
+    reason: str = Field("", max_length=500)
+    requested_by: str = Field("api", max_length=100)
+
+
+class VetoRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    instance: str | None = None
+    incident_id: str | None = None
+    reason: str = Field(min_length=1, max_length=500)
+    requested_by: str = Field("api", max_length=100)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> VetoRequest:
+        if (self.instance is None) == (self.incident_id is None):
+            raise ValueError("give exactly one of instance or incident_id")
+        return self
+
+
+_LABEL_FIELDS = frozenset({"labels", "annotations", "matchers"})
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready data; label sets (sorted pairs inside kvpilot) become objects."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        data = dataclasses.asdict(value)
+        return {
+            key: dict(item) if key in _LABEL_FIELDS and isinstance(item, tuple) else _plain(item)
+            for key, item in data.items()
+        }
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _configured_argv(config: AgentConfig) -> dict[str, tuple[str, ...]]:
+    if not isinstance(config.runtime, LocalRuntimeConfig):
+        return {}
+    return {i.name: tuple(i.argv) for i in config.runtime.instances}
+
+
+def api_routes(sidecar: Sidecar, token: SecretStr | None) -> list[Route]:
+    background: set[asyncio.Task[Any]] = set()
+
+    def protected(handler: Handler) -> Handler:
+        async def guarded(request: Request) -> JSONResponse:
+            if token is None:
+                return JSONResponse(
+                    {"error": "the control API is disabled: configure api.token"}, 403
+                )
+            given = request.headers.get("authorization", "")
+            expected = f"Bearer {token.get_secret_value()}"
+            if not hmac.compare_digest(given.encode(), expected.encode()):
+                log.warning("control API: refused %s %s (bad or missing token)",
+                            request.method, request.url.path)  # fmt: skip
+                return JSONResponse({"error": "missing or wrong bearer token"}, 401)
+            try:
+                return await handler(request)
+            except ValidationError as exc:
+                problems = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+                return JSONResponse({"error": "invalid request", "problems": problems}, 422)
+            except ValueError as exc:
+                return JSONResponse({"error": str(exc)}, 422)
+
+        return guarded
+
+    async def status(_: Request) -> JSONResponse:
+        runtime = sidecar.runtime
+        configured = _configured_argv(sidecar.config)
+        targets = []
+        for instance in runtime.instances():
+            state = runtime.status(instance.name)
+            targets.append(
+                {
+                    "name": instance.name,
+                    "role": instance.role,
+                    "url": instance.url,
+                    "kvpool_url": instance.kvpool_url,
+                    "pids": sorted(instance.pids),
+                    "main_pid": instance.main_pid,
+                    "state": state.state,
+                    "since_wall_s": state.since_wall_s,
+                    "live_flags": list(instance.argv or ()),
+                    "live_flags_source": (
+                        "promoted by the tuner"
+                        if instance.name in configured
+                        and tuple(instance.argv or ()) != configured[instance.name]
+                        else "configuration"
+                    ),
+                }
+            )
+        body = {
+            "runtime": runtime.kind,
+            "targets": targets,
+            "ticks_total": sidecar.ticks_total,
+            "alerts": _plain(sidecar.tracker.alerts()),
+            "remediation": _plain(sidecar.remediator.status()),
+            "last_actions": _plain(sidecar.store.remediations(limit=10)),
+            "outbox_backlog": sidecar.store.outbox.backlog(),
+        }
+        return JSONResponse(body)
+
+    async def alerts(_: Request) -> JSONResponse:
+        return JSONResponse({"alerts": _plain(sidecar.tracker.alerts())})
+
+    async def silence(request: Request) -> JSONResponse:
+        body = SilenceRequest.model_validate(await request.json())
+        now = sidecar.now_wall_s()
+        made = sidecar.tracker.silence(body.matchers, now + body.duration_s, comment=body.comment)
+        with sidecar.store.transaction():
+            sidecar.store.save_silences(sidecar.tracker.silences())
+            sidecar.store.record_audit(
+                wall_s=now, actor="api", action="silence", target=str(body.matchers),
+                decision="created", reason=body.comment or "silenced through the API",
+                details={"silence_id": made.silence_id, "until_wall_s": made.until_wall_s,
+                         "requested_by": body.requested_by},
+            )  # fmt: skip
+        return JSONResponse({"silence": _plain(made)}, 201)
+
+    async def trigger(request: Request) -> JSONResponse:
+        body = TriggerRequest.model_validate(await request.json())
+        names = {i.name for i in sidecar.runtime.instances()}
+        if body.instance not in names:
+            return JSONResponse({"error": f"unknown instance {body.instance!r}"}, 404)
+        task = asyncio.get_running_loop().create_task(
+            sidecar.remediator.trigger(
+                body.instance, requested_by=body.requested_by, force=body.force, reason=body.reason
+            )
+        )
+        background.add(task)
+        task.add_done_callback(background.discard)
+        return JSONResponse({"accepted": True, "instance": body.instance}, 202)
+
+    async def veto(request: Request) -> JSONResponse:
+        body = VetoRequest.model_validate(await request.json())
+        sidecar.remediator.veto(
+            requested_by=body.requested_by, reason=body.reason,
+            instance=body.instance, incident_id=body.incident_id,
+        )  # fmt: skip
+        return JSONResponse({"vetoed": body.instance or body.incident_id}, 201)
+
+    async def reset_breaker(request: Request) -> JSONResponse:
+        instance = request.path_params["instance"]
+        changed = sidecar.remediator.reset_breaker(
+            instance, requested_by="api", reason="reset through the API"
+        )
+        return JSONResponse({"instance": instance, "was_open": changed})
+
+    return [
+        Route("/api/v1/status", status),
+        Route("/api/v1/alerts", alerts),
+        Route("/api/v1/silences", protected(silence), methods=["POST"]),
+        Route("/api/v1/remediations", protected(trigger), methods=["POST"]),
+        Route("/api/v1/vetoes", protected(veto), methods=["POST"]),
+        Route("/api/v1/breakers/{instance}/reset", protected(reset_breaker), methods=["POST"]),
+    ]

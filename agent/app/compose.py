@@ -1,0 +1,176 @@
+"""`kvpilot run --config`: wires the sidecar from its configuration and runs it to a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from kvpilot.agent.app.api import api_routes
+from kvpilot.agent.app.exposition import build_registry, sidecar_families, tuning_families
+from kvpilot.agent.app.http import build_app
+from kvpilot.agent.app.lifecycle import LoopSettings, serve_and_tick
+from kvpilot.agent.app.parts import build_notifiers, build_runtime, remediation_settings
+from kvpilot.agent.config.models import AgentConfig, LocalRuntimeConfig
+from kvpilot.agent.remediation import Remediator
+from kvpilot.agent.remediation.prefix_cache import HttpPrefixCacheReset
+from kvpilot.agent.remediation.preflight import MemoryPreflight
+from kvpilot.agent.runtimes import LocalRuntime, Runtime, RuntimeFailure
+from kvpilot.agent.state import StateStore
+from kvpilot.agent.tick.sidecar import Sidecar
+from kvpilot.agent.tuning.local import PROMOTED_FACT, live_stable_argv
+from kvpilot.agent.tuning.schedule import ScheduledTuning, scheduled_tuning
+from kvpilot.agent.tuning.study import StudyError, stable_instance
+from kvpilot.collectors.nvml import NvmlCollector
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Late:
+    """Breaks the construction cycle: the pre-flight reads the sidecar's latest figures."""
+
+    sidecar: Sidecar | None = None
+
+
+async def run_sidecar(
+    config: AgentConfig, *, stop: asyncio.Event | None = None, config_sha256: str | None = None
+) -> None:
+    """The sidecar to a signal. `config_sha256` (the YAML's hash) lets promoted flags hold
+    while the file is unchanged; without it the configured flags run."""
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    api_key = config.runtime.api_key.get_secret_value() if config.runtime.api_key else None
+    timeout = httpx.Timeout(5.0, connect=2.0)
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        with StateStore.open(config.state_dir) as store:
+            runtime = build_runtime(config, promoted_argv(config, store, config_sha256))
+            late = _Late()
+            settings = remediation_settings(config)
+            preflight = MemoryPreflight(
+                latest_nvml=lambda: late.sidecar.latest_nvml() if late.sidecar else None,
+                cache_config=lambda name: late.sidecar.cache_config(name) if late.sidecar else None,
+                margin_ratio=settings.preflight_margin_ratio,
+                runtime_margin_bytes=settings.cpu_runtime_margin_bytes,
+                device=settings.preflight_device,
+            )
+            light_step = (
+                HttpPrefixCacheReset(api_key=api_key)
+                if settings.light_step_reset_prefix_cache
+                else None
+            )
+            remediator = Remediator(
+                runtime, store, settings, preflight=preflight, light_step=light_step
+            )
+            external_url = f"http://{config.listen.host}:{config.listen.port}"
+            sidecar = Sidecar(
+                config,
+                store=store,
+                runtime=runtime,
+                notifiers=build_notifiers(config.notifiers, client, external_url),
+                remediator=remediator,
+                client=client,
+                nvml=NvmlCollector(server_pids=lambda: _all_pids(runtime)),
+            )
+            late.sidecar = sidecar
+            sidecar.reconcile()
+            if isinstance(runtime, LocalRuntime):
+                for name in runtime.adopt_orphans():
+                    log.warning(
+                        "instance %s: adopted the server an earlier kvpilot left running", name
+                    )
+                    store.record_audit(
+                        wall_s=sidecar.now_wall_s(), actor="agent", action="adopt", target=name,
+                        decision="adopted", reason="a server started by an earlier kvpilot "
+                        "still runs with this instance's argv",
+                    )  # fmt: skip
+            tuning = None
+            if config.tuning.schedule is not None and isinstance(runtime, LocalRuntime):
+                try:
+                    tuning = scheduled_tuning(
+                        config, config_sha256 or "", runtime, remediator, store, api_key=api_key
+                    )
+                except StudyError as exc:  # collecting and alerting go on without it
+                    log.error("scheduled tuning is off: %s", exc)
+            starting = asyncio.create_task(_start_local(config, runtime, tuning))
+            own = sidecar_families(sidecar.counters)
+
+            def extra(out: Any) -> None:
+                own(out)
+                tuning_families(sidecar.tuning_families())(out)
+
+            registry = build_registry(sidecar.servers, extra)
+            app = build_app(
+                sidecar,
+                registry,
+                clock=sidecar.clock,
+                stale_after_s=max(10.0, 5 * config.interval_s),
+                extra_routes=api_routes(sidecar, config.api.control_token()),
+            )
+            loop = LoopSettings(
+                listen_host=config.listen.host,
+                listen_port=config.listen.port,
+                interval_s=config.interval_s,
+            )
+
+            async def tick() -> None:
+                await sidecar.tick()
+
+            try:
+                await serve_and_tick(
+                    tick, app, loop, stop=stop, add_jobs=tuning.add_to if tuning else None
+                )
+            finally:
+                if tuning is not None:
+                    await tuning.aclose()  # its rollout stops the canary, restores the stable
+                starting.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await starting
+                await sidecar.aclose()
+                await runtime.aclose(drain_timeout_s=config.runtime.drain_timeout_s)
+
+
+def promoted_argv(
+    config: AgentConfig, store: StateStore, config_sha256: str | None
+) -> dict[str, tuple[str, ...]]:
+    """The stable instance's promoted flags, while the YAML they were promoted under holds."""
+    if config_sha256 is None or not isinstance(config.runtime, LocalRuntimeConfig):
+        return {}
+    promoted = store.get_fact(PROMOTED_FACT)
+    if promoted is None:
+        return {}
+    inst = stable_instance(config)
+    argv, why = live_stable_argv(tuple(inst.argv), promoted, config_sha256)
+    log.info("instance %s runs its %s flags", inst.name, why)
+    return {inst.name: argv}
+
+
+def _all_pids(runtime: Runtime) -> frozenset[int]:
+    return frozenset(pid for instance in runtime.instances() for pid in instance.pids)
+
+
+async def _start_local(
+    config: AgentConfig, runtime: Runtime, tuning: ScheduledTuning | None
+) -> None:
+    """The local runtime's servers start beside the loop, so /healthz answers meanwhile;
+    then a tuning trial an earlier kvpilot left open is recovered."""
+    if not isinstance(config.runtime, LocalRuntimeConfig):
+        return
+
+    async def start(name: str) -> None:
+        try:
+            await runtime.start(name, ready_timeout_s=config.runtime.ready_timeout_s)
+            log.info("instance %s started", name)
+        except RuntimeFailure as exc:
+            # The server-down rule sees it exited; remediation decides under its guards.
+            log.error("instance %s failed to start: %s", name, exc)
+
+    await asyncio.gather(*(start(i.name) for i in config.runtime.instances))
+    if tuning is not None:
+        try:
+            await tuning.start_up()
+        except Exception:  # the next scheduled run recovers again first
+            log.exception("recovering the tuning trial left open failed")

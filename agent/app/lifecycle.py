@@ -1,0 +1,152 @@
+"""The agent process: ticks on a schedule, serves /metrics and /healthz, stops on a signal.
+
+Shutdown is a path: the signal handler only sets an event; the scheduler stops taking new
+ticks, the running tick gets a bounded time to finish, then the HTTP server closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC
+
+import uvicorn
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from starlette.applications import Starlette
+
+from kvpilot.agent.app.exposition import build_registry, single_server
+from kvpilot.agent.app.http import build_app
+from kvpilot.agent.tick.ticker import Ticker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LoopSettings:
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 9400
+    interval_s: float = 1.0
+    shutdown_grace_s: float = 10.0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the agent owns SIGTERM and SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def run_agent(
+    ticker: Ticker,
+    settings: LoopSettings,
+    *,
+    stop: asyncio.Event | None = None,
+    on_tick: Callable[[], Awaitable[None] | None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """The collector-only agent for one server: tick, serve /metrics, stop on a signal."""
+    registry = build_registry(single_server(ticker.state))
+    app = build_app(
+        ticker.state, registry, clock=clock, stale_after_s=max(10.0, 5 * settings.interval_s)
+    )
+
+    async def tick() -> None:
+        await ticker.tick()
+        if on_tick is not None:
+            result = on_tick()
+            if result is not None:
+                await result
+
+    await serve_and_tick(tick, app, settings, stop=stop)
+
+
+async def serve_and_tick(
+    tick: Callable[[], Awaitable[None]],
+    app: Starlette,
+    settings: LoopSettings,
+    *,
+    stop: asyncio.Event | None = None,
+    add_jobs: Callable[[AsyncIOScheduler], None] | None = None,
+) -> None:
+    """Run `tick` every interval and serve `app` until `stop` is set or SIGTERM/SIGINT.
+
+    `add_jobs` may put more jobs on the same scheduler (the scheduled tuning run)."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, _on_signal, stop, sig)
+    server = _Server(
+        uvicorn.Config(
+            app,
+            host=settings.listen_host,
+            port=settings.listen_port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+        )
+    )
+    current: set[asyncio.Task[None]] = set()
+
+    async def tick_job() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        current.add(task)
+        try:
+            await tick()
+        except Exception:
+            # A tick that dies is logged loudly; the next one runs on schedule.
+            log.exception("tick failed")
+        finally:
+            current.discard(task)
+
+    scheduler = AsyncIOScheduler(event_loop=loop)
+    scheduler.add_job(
+        tick_job, "interval", seconds=settings.interval_s, max_instances=1, coalesce=True,
+        next_run_time=_now(), misfire_grace_time=None,
+    )  # fmt: skip
+    if add_jobs is not None:
+        add_jobs(scheduler)
+    serving = asyncio.create_task(server.serve())
+    scheduler.start()
+    log.info(
+        "kvpilot agent listening on http://%s:%d, ticking every %.1f s",
+        settings.listen_host, settings.listen_port, settings.interval_s,
+    )  # fmt: skip
+    try:
+        stopped = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait({stopped, serving}, return_when=asyncio.FIRST_COMPLETED)
+        if serving in done and not stop.is_set():
+            serving.result()  # the HTTP server failed (port in use, ...): raise it
+    finally:
+        log.info("stopping: no new ticks")
+        scheduler.shutdown(wait=False)
+        if current:
+            log.info(
+                "stopping: waiting up to %.0f s for the running tick", settings.shutdown_grace_s
+            )
+            _, pending = await asyncio.wait(current, timeout=settings.shutdown_grace_s)
+            for task in pending:
+                log.warning("stopping: tick did not finish in time, cancelling it")
+                task.cancel()
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(serving, timeout=settings.shutdown_grace_s)
+        log.info("stopped")
+
+
+def _on_signal(stop: asyncio.Event, sig: signal.Signals) -> None:
+    log.info("received %s, shutting down", sig.name)
+    stop.set()
+
+
+def _now():
+    from datetime import datetime
+
+    return datetime.now(UTC)

@@ -1,0 +1,115 @@
+"""Builds the sidecar's parts from the validated configuration: runtime, notifiers, guards."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx
+
+from kvpilot.agent.config.models import (
+    AgentConfig,
+    AlertmanagerNotifierConfig,
+    LocalRuntimeConfig,
+    NotifierConfig,
+    ProcessRuntimeConfig,
+    SlackNotifierConfig,
+    WebhookNotifierConfig,
+)
+from kvpilot.agent.notify import (
+    AlertmanagerNotifier,
+    Notifier,
+    SlackNotifier,
+    WebhookNotifier,
+)
+from kvpilot.agent.remediation.settings import RemediationSettings
+from kvpilot.agent.runtimes import (
+    LocalInstanceSpec,
+    LocalRuntime,
+    ProcessRuntime,
+    ProcessTarget,
+    Runtime,
+)
+
+
+def build_runtime(
+    config: AgentConfig, argv_overrides: Mapping[str, tuple[str, ...]] | None = None
+) -> Runtime:
+    """The configured runtime; `argv_overrides` replaces instances' argv (promoted flags)."""
+    overrides = argv_overrides or {}
+    runtime = config.runtime
+    if isinstance(runtime, LocalRuntimeConfig):
+        specs = [
+            LocalInstanceSpec(
+                name=instance.name,
+                argv=overrides.get(instance.name, tuple(instance.argv)),
+                role=instance.role,
+                env=tuple(sorted(instance.env.items())),
+                kvpool_port=instance.kvpool_port,
+                cpus=instance.cpus,
+            )
+            for instance in runtime.instances
+        ]
+        log_dir = _log_dir(config, runtime)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        return LocalRuntime(specs, log_dir)
+    assert isinstance(runtime, ProcessRuntimeConfig)
+    kvpool_url = (
+        f"http://{runtime.host}:{runtime.kvpool_port}" if runtime.kvpool_port is not None else None
+    )
+    api_key = runtime.api_key.get_secret_value() if runtime.api_key else None
+    target = ProcessTarget(
+        name=runtime.name, port=runtime.port, kvpool_url=kvpool_url, api_key=api_key
+    )
+    return ProcessRuntime([target])
+
+
+def _log_dir(config: AgentConfig, runtime: LocalRuntimeConfig) -> Path:
+    dirs = {i.log_dir for i in runtime.instances if i.log_dir is not None}
+    return next(iter(dirs)) if len(dirs) == 1 else config.state_dir / "logs"
+
+
+def build_notifiers(
+    configs: tuple[NotifierConfig, ...], client: httpx.AsyncClient, external_url: str
+) -> Mapping[str, Notifier]:
+    notifiers: dict[str, Notifier] = {}
+    for cfg in configs:
+        if isinstance(cfg, WebhookNotifierConfig):
+            notifiers[cfg.name] = WebhookNotifier(
+                cfg.name, cfg.url, client, external_url=external_url,
+                secret=cfg.hmac_secret, headers=dict(cfg.headers),
+            )  # fmt: skip
+        elif isinstance(cfg, AlertmanagerNotifierConfig):
+            auth = cfg.auth
+            notifiers[cfg.name] = AlertmanagerNotifier(
+                cfg.name, cfg.url, client,
+                # Each push is valid for a while; the repeat interval re-pushes before then.
+                resend_validity_s=4 * cfg.repeat_interval_s,
+                username=auth.username if auth else None,
+                password=auth.password if auth else None,
+                bearer_token=auth.bearer_token if auth else None,
+            )  # fmt: skip
+        elif isinstance(cfg, SlackNotifierConfig):
+            notifiers[cfg.name] = SlackNotifier(cfg.name, cfg.url, client)
+    return notifiers
+
+
+def remediation_settings(config: AgentConfig) -> RemediationSettings:
+    r = config.remediation
+    return RemediationSettings(
+        dry_run=r.dry_run,
+        cooldown_s=r.cooldown_s,
+        budget_max_restarts=r.budget.max_restarts,
+        budget_window_s=r.budget.window_s,
+        breaker_failures_to_open=r.circuit_breaker.failures_to_open,
+        recurrence_window_s=r.circuit_breaker.hold_s,
+        breaker_open_for_s=r.circuit_breaker.open_for_s,
+        preflight_enabled=r.preflight.enabled,
+        unknown_blocks_restart=r.preflight.unknown_blocks_restart,
+        preflight_margin_ratio=r.preflight.margin_ratio,
+        # The runtime's restart sends SIGTERM (vLLM drains in-flight requests within its
+        # --shutdown-timeout) and waits this long before SIGKILL.
+        drain_timeout_s=r.drain_timeout_s or config.runtime.drain_timeout_s,
+        ready_timeout_s=r.verify_timeout_s,
+        light_step_reset_prefix_cache=r.light_step_reset_prefix_cache,
+    )

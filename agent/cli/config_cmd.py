@@ -1,0 +1,136 @@
+"""`kvpilot config check FILE` and `kvpilot config schema`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+import typer
+from pydantic import BaseModel
+
+from kvpilot.agent.config.models import (
+    AgentConfig,
+    ConfigError,
+    LocalRuntimeConfig,
+    NotifierConfig,
+    SlackNotifierConfig,
+    config_warnings,
+    launch_form,
+    load_config,
+)
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON schema of the configuration file, for editors (yaml-language-server)."""
+    schema = AgentConfig.model_json_schema()
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+
+
+def masked_url(url: str, *, secret: bool = False) -> str:
+    """The URL without credentials or query (a secret URL shows only its host)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host += f":{parts.port}"
+    if secret:
+        return f"{parts.scheme}://{host}/***"
+    return f"{parts.scheme}://{host}{parts.path}" + ("?***" if parts.query else "")
+
+
+def enabled_rules(rules: BaseModel, prefix: str = "") -> list[str]:
+    """`name (action)` of every enabled rule, nested groups as `group.name`."""
+    found = []
+    for name in type(rules).model_fields:
+        value = getattr(rules, name)
+        if not isinstance(value, BaseModel):
+            continue
+        if hasattr(value, "enabled"):
+            if value.enabled:
+                action = getattr(value, "action", None)
+                found.append(f"{prefix}{name}" + (f" ({action})" if action else ""))
+        else:
+            found.extend(enabled_rules(value, f"{prefix}{name}."))
+    return found
+
+
+def _notifier_line(notifier: NotifierConfig) -> str:
+    if isinstance(notifier, SlackNotifierConfig):
+        target = masked_url(notifier.url.get_secret_value(), secret=True)
+    else:
+        target = masked_url(notifier.url)
+    extras = []
+    if getattr(notifier, "hmac_secret", None) is not None:
+        extras.append("hmac signed")
+    if getattr(notifier, "auth", None) is not None:
+        extras.append("auth set")
+    if getattr(notifier, "headers", None):
+        extras.append(f"headers: {', '.join(sorted(notifier.headers))} (values hidden)")
+    extra = f" [{'; '.join(extras)}]" if extras else ""
+    repeat = f"repeat every {notifier.repeat_interval_s:g} s"
+    return f"  {notifier.name}: {notifier.kind} -> {target}, {repeat}{extra}"
+
+
+def summary(config: AgentConfig) -> list[str]:
+    """A short human summary of a valid configuration, secrets masked."""
+    lines = [f"listen: {config.listen.host}:{config.listen.port}, every {config.interval_s:g} s"]
+    runtime = config.runtime
+    if isinstance(runtime, LocalRuntimeConfig):
+        lines.append(f"runtime: local, {len(runtime.instances)} instance(s)")
+        for inst in runtime.instances:
+            kvpool = f", kvpool :{inst.kvpool_port}" if inst.kvpool_port else ""
+            form = launch_form(inst.argv)
+            lines.append(f"  {inst.name} ({inst.role}) {inst.url}, {form} form{kvpool}")
+    else:
+        lines.append(f"runtime: process, {runtime.name} at {runtime.url}")
+    lines.append(f"api key for vLLM: {'set' if runtime.api_key else 'none'}")
+    rules = enabled_rules(config.rules)
+    lines.append(f"rules enabled ({len(rules)}): {', '.join(rules) or 'none'}")
+    lines.append(f"notifiers ({len(config.notifiers)}):")
+    lines.extend(_notifier_line(n) for n in config.notifiers)
+    r = config.remediation
+    lines.append(
+        f"remediation: {'dry run' if r.dry_run else 'live'}, cooldown {r.cooldown_s:g} s, "
+        f"budget {r.budget.max_restarts} per {r.budget.window_s:g} s"
+    )
+    has_token = config.api.token is not None or config.api.token_file is not None
+    lines.append(f"control API token: {'set' if has_token else 'none (POST endpoints refused)'}")
+    lines.append(f"state: {config.state_dir}")
+    return lines
+
+
+def register(app: typer.Typer) -> None:
+    config_app = typer.Typer(
+        help="Check kvpilot's configuration, print its JSON schema.", no_args_is_help=True
+    )
+    app.add_typer(config_app, name="config")
+
+    @config_app.command("check")
+    def check(
+        file: Annotated[Path, typer.Argument(help="The YAML configuration file.")],
+        no_env: Annotated[
+            bool, typer.Option("--no-env", help="Ignore KVPILOT_* environment overrides.")
+        ] = False,
+    ) -> None:
+        """Validate FILE (plus KVPILOT_* overrides) and summarise it; exit 2 on errors."""
+        try:
+            config = load_config(file, None if no_env else os.environ, warn=False)
+            config.api.control_token()
+        except ConfigError as exc:
+            print(f"{file}: invalid configuration", file=sys.stderr)
+            for problem in exc.problems:
+                print(f"  {problem}", file=sys.stderr)
+            raise typer.Exit(2) from None
+        print(f"OK: {file}")
+        for line in summary(config):
+            print(line)
+        for note in config_warnings(config):
+            print(f"warning: {note}")
+
+    @config_app.command("schema")
+    def schema() -> None:
+        """Print the configuration's JSON schema (docs/kvpilot.schema.json)."""
+        print(json.dumps(json_schema(), indent=2))

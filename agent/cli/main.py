@@ -1,0 +1,320 @@
+"""The `kvpilot` command."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+from rich.console import Console
+
+from kvpilot.agent.app.logs import configure_logging
+from kvpilot.agent.cli import config_cmd as config_cli
+from kvpilot.agent.cli import dashboards_cmd as dashboards_cli
+from kvpilot.agent.cli import plan_cmd as plan_cli
+from kvpilot.agent.cli import tune_cmd as tune_cli
+from kvpilot.agent.tick.wiring import CollectSettings, build_ticker
+
+app = typer.Typer(
+    help="Memory observability and auto-tuning for vLLM.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+rig_app = typer.Typer(help="The test rig: a real CPU vLLM and a load generator.")
+app.add_typer(rig_app, name="rig")
+plan_cli.register(app)
+config_cli.register(app)
+dashboards_cli.register(app)
+tune_cli.register(app)
+
+VllmUrl = Annotated[
+    str, typer.Option("--vllm-url", envvar="KVPILOT_VLLM_URL", help="vLLM server's base URL.")
+]
+KvpoolUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--kvpool-url",
+        envvar="KVPILOT_KVPOOL_URL",
+        help="The kvpool plugin's base URL (the server's KVPILOT_KVPOOL_PORT).",
+    ),
+]
+ModelConfig = Annotated[
+    Path | None,
+    typer.Option(
+        "--model-config",
+        help="The served model's config.json: compare the planner's KV prediction with "
+        "what the server reports.",
+    ),
+]
+ApiKey = Annotated[
+    str | None,
+    typer.Option("--api-key", envvar="KVPILOT_VLLM_API_KEY", help="vLLM's --api-key, if set."),
+]
+
+
+def _pids_option(pids: list[int] | None) -> frozenset[int]:
+    return frozenset(pids or ())
+
+
+@app.command()
+def collect(
+    vllm_url: VllmUrl = "http://127.0.0.1:8000",
+    kvpool_url: KvpoolUrl = None,
+    api_key: ApiKey = None,
+    once: Annotated[bool, typer.Option("--once", help="One snapshot, then exit.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of tables.")] = False,
+    span: Annotated[
+        float | None,
+        typer.Option(
+            "--span",
+            min=0.1,
+            help="Scrape twice, SECONDS apart: quantiles and rates over that span "
+            "(without it, quantiles are since the server started).",
+        ),
+    ] = None,
+    interval: Annotated[float, typer.Option(help="Seconds between ticks (live view).")] = 1.0,
+    server_pid: Annotated[
+        list[int] | None,
+        typer.Option("--server-pid", help="PIDs of the vLLM server (tells them apart in NVML)."),
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Per-request timeout, seconds.")] = 2.0,
+    model_config: ModelConfig = None,
+) -> None:
+    """Read vLLM's /metrics, the kvpool plugin and NVML, and show what they say."""
+    configure_logging(json_logs=False, level=logging.ERROR)  # the output says what failed
+    settings = CollectSettings(
+        vllm_url=vllm_url,
+        kvpool_url=kvpool_url,
+        api_key=api_key,
+        timeout_s=timeout,
+        # The second scrape lands a little after `span`: keep both in the window.
+        rate_span_s=2 * span if span else 60.0,
+        quantile_span_s=2 * span if span else 60.0,
+        model_config=model_config,
+    )
+    pids = _pids_option(server_pid)
+    if once:
+        ok = asyncio.run(_collect_once(settings, pids, span=span, as_json=as_json))
+        raise typer.Exit(0 if ok else 1)
+    asyncio.run(_collect_live(settings, pids, interval))
+
+
+async def _collect_once(
+    settings: CollectSettings, pids: frozenset[int], *, span: float | None, as_json: bool
+) -> bool:
+    from kvpilot.agent.cli.report import render, to_data
+    from kvpilot.collectors.errors import SourceError
+
+    async with httpx.AsyncClient() as client:
+        ticker = build_ticker(settings, client, server_pids=lambda: pids)
+        snapshot = await ticker.tick()
+        if span is not None and not isinstance(snapshot.vllm, SourceError):
+            await asyncio.sleep(span)  # the user asked for a span between two scrapes
+            snapshot = await ticker.tick()
+    state = ticker.state
+    if as_json:
+        print(json.dumps(to_data(snapshot, state.figures, state.calibrations), indent=2))
+    else:
+        Console().print(render(snapshot, state.figures, state.calibrations))
+    return not isinstance(snapshot.vllm, SourceError)
+
+
+async def _collect_live(settings: CollectSettings, pids: frozenset[int], interval: float) -> None:
+    from kvpilot.agent.cli.live_view import LiveView
+
+    async with httpx.AsyncClient() as client:
+        ticker = build_ticker(settings, client, server_pids=lambda: pids)
+        with LiveView(ticker.state, title=f"kvpilot: {settings.vllm_url}") as view:
+            while True:
+                await ticker.tick()
+                view.refresh()
+                await asyncio.sleep(interval)
+
+
+@app.command()
+def run(
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            envvar="KVPILOT_CONFIG",
+            help="The sidecar's YAML configuration (runtime, rules, notifiers, remediation). "
+            "Without it: collect and serve metrics for --vllm-url only.",
+        ),
+    ] = None,
+    vllm_url: VllmUrl = "http://127.0.0.1:8000",
+    kvpool_url: KvpoolUrl = None,
+    api_key: ApiKey = None,
+    listen: Annotated[
+        str, typer.Option(help="HOST:PORT for /metrics and /healthz (without --config).")
+    ] = "127.0.0.1:9400",
+    interval: Annotated[float, typer.Option(min=0.1, help="Seconds between ticks.")] = 1.0,
+    server_pid: Annotated[
+        list[int] | None,
+        typer.Option("--server-pid", help="PIDs of the vLLM server (tells them apart in NVML)."),
+    ] = None,
+    model_config: ModelConfig = None,
+) -> None:
+    """The agent: collect every tick, serve /metrics; with --config, the whole sidecar loop."""
+    if config is not None:
+        _run_sidecar(config)
+        return
+    from kvpilot.agent.app.lifecycle import LoopSettings, run_agent
+
+    configure_logging(json_logs=True, secrets=[api_key or ""])
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise typer.BadParameter(f"expected HOST:PORT, got {listen!r}", param_hint="--listen")
+    settings = CollectSettings(
+        vllm_url=vllm_url, kvpool_url=kvpool_url, api_key=api_key, model_config=model_config
+    )
+    pids = _pids_option(server_pid)
+
+    async def main() -> None:
+        async with httpx.AsyncClient() as client:
+            ticker = build_ticker(settings, client, server_pids=lambda: pids)
+            loop = LoopSettings(listen_host=host, listen_port=int(port), interval_s=interval)
+            await run_agent(ticker, loop)
+
+    asyncio.run(main())
+
+
+def _run_sidecar(path: Path) -> None:
+    import os
+
+    from kvpilot.agent.app.compose import run_sidecar
+    from kvpilot.agent.config.models import ConfigError, load_config, secret_values
+    from kvpilot.agent.tuning.local import yaml_hash
+
+    configure_logging(json_logs=True)
+    try:
+        config = load_config(path, os.environ)
+    except ConfigError as exc:
+        print(f"kvpilot: {path}: invalid configuration", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    configure_logging(json_logs=True, secrets=secret_values(config))
+    asyncio.run(run_sidecar(config, config_sha256=yaml_hash(path)))
+
+
+@app.command()
+def demo(
+    duration: Annotated[
+        float | None, typer.Option(help="Stop after this many seconds (default: Ctrl-C).")
+    ] = None,
+    listen_port: Annotated[int, typer.Option(help="Port for kvpilot's /metrics.")] = 9400,
+    no_view: Annotated[
+        bool, typer.Option("--no-view", help="Logs instead of the live view.")
+    ] = False,
+) -> None:
+    """Start a local CPU vLLM with the kvpool plugin, load it, and watch it live."""
+    from kvpilot.agent.cli.demo import DemoSettings, run_demo
+
+    configure_logging(json_logs=False, level=logging.INFO)
+    settings = DemoSettings(duration_s=duration, listen_port=listen_port, live_view=not no_view)
+    asyncio.run(run_demo(settings))
+
+
+@app.command("metrics-table")
+def metrics_table(
+    readme: Annotated[
+        Path | None, typer.Option(help="Rewrite the table between the markers in this file.")
+    ] = None,
+) -> None:
+    """Print the Markdown table of every metric the agent exports (or update the README's)."""
+    from kvpilot.agent.app.metric_catalog import markdown_table, replace_table
+
+    if readme is None:
+        print(markdown_table())
+        return
+    readme.write_text(replace_table(readme.read_text()))
+
+
+@rig_app.command("serve")
+def rig_serve(
+    port: Annotated[int, typer.Option(help="vLLM's port.")] = 8000,
+    kvpool_port: Annotated[
+        int | None, typer.Option(help="Port for the kvpool plugin (unset: plugin idle).")
+    ] = None,
+    kv_cache_memory_bytes: Annotated[int, typer.Option(help="KV-cache budget.")] = 64 * 2**20,
+    num_gpu_blocks_override: Annotated[
+        int | None, typer.Option(help="Force a small KV pool (testing override).")
+    ] = None,
+    model_dir: Annotated[
+        Path | None, typer.Option(help="A folder with a config.json (default: the tiny Llama).")
+    ] = None,
+) -> None:
+    """Start a real CPU vLLM on a random-weight model and keep it up until Ctrl-C."""
+    from kvpilot.rig.server import TINY_MODEL_DIR, ServerSpec, VllmServer
+
+    spec = ServerSpec(
+        port=port,
+        kvpool_port=kvpool_port,
+        kv_cache_memory_bytes=None if num_gpu_blocks_override else kv_cache_memory_bytes,
+        num_gpu_blocks_override=num_gpu_blocks_override,
+        model_dir=model_dir or TINY_MODEL_DIR,
+    )
+    server = VllmServer(spec)
+    print(f"starting vLLM on {spec.url} (log: {server.log_path})", file=sys.stderr)
+    with server:
+        print(f"healthy: {spec.url}", file=sys.stderr)
+        try:
+            server.process.wait()  # type: ignore[union-attr]
+        except KeyboardInterrupt:
+            print("stopping", file=sys.stderr)
+
+
+@rig_app.command("load")
+def rig_load(
+    url: Annotated[str, typer.Option(help="vLLM's base URL.")] = "http://127.0.0.1:8000",
+    requests: Annotated[int, typer.Option(min=1)] = 64,
+    concurrency: Annotated[int | None, typer.Option(min=1)] = None,
+    rate: Annotated[float | None, typer.Option(help="Poisson arrivals per second.")] = None,
+    prompt_len: Annotated[tuple[int, int], typer.Option(help="Uniform LOW HIGH.")] = (32, 256),
+    output_len: Annotated[tuple[int, int], typer.Option(help="Uniform LOW HIGH.")] = (32, 128),
+    seed: int = 0,
+    model: str = "tiny-llama",
+    api_key: ApiKey = None,
+) -> None:
+    """Send token-id completions and print client-side latency quantiles."""
+    from kvpilot.rig.loadgen import LengthDist, Workload, percentile, run_load
+
+    if concurrency is None and rate is None:
+        concurrency = 8
+    workload = Workload(
+        num_requests=requests,
+        concurrency=concurrency,
+        rate_rps=rate,
+        prompt_len=LengthDist.uniform(*prompt_len),
+        output_len=LengthDist.uniform(*output_len),
+        seed=seed,
+    )
+    report = asyncio.run(run_load(url, workload, model=model, api_key=api_key))
+    summary = {
+        "requests": len(report.results),
+        "failed": len(report.failed),
+        "duration_s": round(report.duration_s, 3),
+        "output_tokens_per_s": round(report.output_tokens_per_s(), 1),
+    }
+    for name, values in (
+        ("ttft", report.ttfts_s()),
+        ("inter_token", report.inter_tokens_s()),
+        ("e2e", report.e2es_s()),
+    ):
+        for q in (0.5, 0.95, 0.99):
+            value = percentile(values, q)
+            summary[f"{name}_p{q * 100:g}_ms"] = None if value is None else round(value * 1e3, 2)
+    if report.failed:
+        summary["first_error"] = report.failed[0].error
+    print(json.dumps(summary, indent=2))
+    raise typer.Exit(1 if report.failed else 0)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,234 @@
+"""`kvpilot tune` (a tuning run, or `--dry-run`), `kvpilot tune report` and `kvpilot trials`.
+
+The stable instance is the configuration's first `stable` instance on the `local` runtime; the
+canary runs beside it on `--canary-port`. At start-up a trial a dead kvpilot left running is
+recovered (its canary stopped, the stable flags kept or restored, the trial aborted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.live import Live
+
+from kvpilot.agent.config.models import AgentConfig, LocalRuntimeConfig, load_config
+from kvpilot.agent.config.tuning import TuningConfig
+from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
+from kvpilot.agent.state.db import Database
+from kvpilot.agent.state.store import StateStore
+from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
+from kvpilot.agent.tuning.local import (
+    PROMOTED_FACT,
+    LocalTunerAdapter,
+    live_stable_argv,
+    recover_at_startup,
+    yaml_hash,
+)
+from kvpilot.agent.tuning.study import Study, StudyError, build_study, make_session, read_gpu
+from kvpilot.tuner.render import trials_table
+from kvpilot.tuner.report import write_report
+from kvpilot.tuner.rollout import Strategy
+from kvpilot.tuner.session import Progress, dry_run
+from kvpilot.tuner.suggest import BayesianSuggester
+
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="The agent's YAML file.")]
+tune_app = typer.Typer(help="Tune vLLM's memory knobs with canary rollouts.")
+
+# Each option overrides one field of the YAML's `tuning:` section (whose defaults it shows).
+_DEFAULTS = TuningConfig()
+
+
+@tune_app.callback(invoke_without_command=True)
+def tune(
+    ctx: typer.Context,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="The agent's YAML.")] = None,
+    trials: Annotated[
+        int | None, typer.Option(min=1, help=f"Trials to run [{_DEFAULTS.trials}].")
+    ] = None,
+    strategy: Annotated[
+        Strategy | None, typer.Option(help=f"Canary strategy [{_DEFAULTS.strategy}].")
+    ] = None,
+    dry: Annotated[bool, typer.Option("--dry-run", help="Print the plan; start nothing.")] = False,
+    canary_port: Annotated[
+        int | None, typer.Option(help=f"The canary's port [{_DEFAULTS.canary_port}].")
+    ] = None,
+    canary_cpus: Annotated[
+        str | None, typer.Option(help="Pin the canary to these CPUs, e.g. '1' or '2,3'.")
+    ] = None,
+    requests: Annotated[int | None, typer.Option(min=1, help="Requests per window.")] = None,
+    concurrency: Annotated[int | None, typer.Option(min=1, help="Concurrent requests.")] = None,
+    prompt_len: Annotated[int | None, typer.Option(min=1, help="Prompt tokens.")] = None,
+    output_len: Annotated[int | None, typer.Option(min=1, help="Output tokens.")] = None,
+    ttft_p95_s: Annotated[float | None, typer.Option(help="SLO: TTFT p95 limit.")] = None,
+    itl_p95_s: Annotated[float | None, typer.Option(help="SLO: inter-token p95 limit.")] = None,
+    kv_max_bytes: Annotated[int | None, typer.Option(help="Upper end of the KV budget.")] = None,
+    max_seqs: Annotated[int | None, typer.Option(help="Upper end of max_num_seqs.")] = None,
+    seed: Annotated[int | None, typer.Option(help="The suggester's seed.")] = None,
+    bake: Annotated[bool | None, typer.Option(help="Bake window after a promotion.")] = None,
+) -> None:
+    """Run N trials: ask, start the canary, observe, judge, promote or roll back."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if config is None:
+        raise typer.BadParameter("--config is required", param_hint="--config")
+    cfg = load_config(config)
+    base = cfg.tuning
+    overrides = {
+        "trials": trials, "strategy": strategy.value if strategy else None,
+        "canary_port": canary_port, "kv_max_bytes": kv_max_bytes, "max_num_seqs": max_seqs,
+        "seed": seed, "bake": bake,
+        "canary_cpus": _cpu_list(canary_cpus) if canary_cpus is not None else None,
+        "workload": base.workload.model_copy(update=_given(
+            requests=requests, concurrency=concurrency, prompt_len=prompt_len,
+            output_len=output_len,
+        )),
+        "slo": base.slo.model_copy(update=_given(
+            ttft_p95_s=ttft_p95_s, inter_token_p95_s=itl_p95_s
+        )),
+    }  # fmt: skip
+    try:
+        tuning = TuningConfig.model_validate({**base.model_dump(), **_given(**overrides)})
+        study = build_study(cfg, tuning, read_gpu())
+    except (ValueError, StudyError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--config") from exc
+    console = Console()
+    db = Database.open(cfg.state_dir)
+    try:
+        if dry:
+            told, planned = dry_run(
+                study.space, BayesianSuggester(study.space, seed=tuning.seed),
+                SqliteTrialStore(db), study.fingerprint, tuning.trials,
+                initial_points=len(study.space.knobs) + 2,
+            )  # fmt: skip
+            console.print(f"study {study.fingerprint}: {told} past trials told")
+            for knob in study.space.knobs:
+                span = knob.choices or (knob.low, knob.high)
+                console.print(f"  searching {knob.name} over {span}", highlight=False)
+            for i, plan in enumerate(planned, 1):
+                console.print(f"{i}. {plan.candidate.describe()}  [dim]{plan.why}[/dim]")
+            return
+        asyncio.run(_run(cfg, yaml_hash(config), study, db, console))
+    finally:
+        db.close()
+
+
+def _given(**values: object) -> dict[str, object]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _cpu_list(text: str) -> tuple[int, ...]:
+    try:
+        cpus = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise typer.BadParameter(f"not a list of CPU numbers: {text!r}") from None
+    if any(c < 0 for c in cpus):
+        raise typer.BadParameter(f"CPU numbers are 0 or more: {text!r}")
+    return cpus
+
+
+async def _run(
+    cfg: AgentConfig, config_sha256: str, study: Study, db: Database, console: Console
+) -> None:
+    promoted = StateStore(db).get_fact(PROMOTED_FACT)
+    argv, why = live_stable_argv(study.configured_argv, promoted, config_sha256)
+    log_dir = cfg.state_dir / "logs"
+    runtime = LocalRuntime([dataclasses.replace(study.stable, argv=argv)], log_dir)
+    runtime.adopt_orphans()
+    adapter = LocalTunerAdapter(
+        runtime, stable_name=study.stable.name, canary_port=study.tuning.canary_port,
+        log_dir=log_dir, db=db, configured_argv=study.configured_argv,
+        config_sha256=config_sha256, canary_env=study.stable.env,
+        canary_cpus=study.tuning.canary_cpus,
+    )  # fmt: skip
+    for done in await recover_at_startup(db, adapter):
+        console.print(f"recovered trial {done.trial_id} (was {done.phase.value})")
+    if runtime.status(study.stable.name).state != "running":
+        console.print(f"starting the stable instance ({why})")
+        await runtime.start(study.stable.name, ready_timeout_s=study.ready_timeout_s)
+    line = {"text": "starting"}
+    with Live(console=console, refresh_per_second=4) as live:
+
+        def show(p: Progress) -> None:
+            best = (
+                "-" if p.best_goodput_tokens_per_s is None else f"{p.best_goodput_tokens_per_s:.1f}"
+            )
+            flags = " ".join(f"{k}={v}" for k, v in p.values)
+            line["text"] = (
+                f"trial {p.trial_number}  {flags}  phase {p.phase.value}  best {best} tok/s"
+            )
+            live.update(line["text"])
+
+        summary = await make_session(study, adapter, db, on_progress=show).run(study.tuning.trials)
+    if not console.is_terminal:
+        console.line()  # Live leaves its last line open where output is not a terminal
+    for outcome in summary.outcomes:
+        t = outcome.trial
+        console.print(f"trial {t.number}: {outcome.record.phase.value}: {outcome.record.reason}")
+    console.print(f"{summary.stopped_reason}; best goodput {summary.best_goodput_tokens_per_s}")
+    console.print(f"stable flags now: {' '.join(adapter.stable_argv())}")
+
+
+@tune_app.command("report")
+def report(
+    config: ConfigOpt,
+    output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file.")] = Path(
+        "report.html"
+    ),
+) -> None:
+    """Write the tuning history as one self-contained HTML page."""
+    cfg = load_config(config)
+    db = Database.open(cfg.state_dir)
+    try:
+        path = write_report(output, SqliteTrialStore(db).trials())
+    finally:
+        db.close()
+    Console().print(f"wrote {path}")
+
+
+def trials_command(
+    config: ConfigOpt,
+    canary_port: Annotated[
+        int | None, typer.Option(help="The canary's port [tuning.canary_port].")
+    ] = None,
+) -> None:
+    """Print the tuning history as a table (recovering a trial a dead kvpilot left)."""
+    cfg = load_config(config)
+    canary_port = canary_port or cfg.tuning.canary_port
+    db = Database.open(cfg.state_dir)
+    try:
+        if SqliteRolloutJournal(db).open_records() or SqliteTrialStore(db).unfinished():
+            _recover_only(cfg, config, db, canary_port)
+        Console().print(trials_table(SqliteTrialStore(db).trials()))
+    finally:
+        db.close()
+
+
+def _recover_only(cfg: AgentConfig, path: Path, db: Database, canary_port: int) -> None:
+    runtime_cfg = cfg.runtime
+    if not isinstance(runtime_cfg, LocalRuntimeConfig):
+        return
+    inst = next(i for i in runtime_cfg.instances if i.role == "stable")
+    promoted = StateStore(db).get_fact(PROMOTED_FACT)
+    argv, _ = live_stable_argv(tuple(inst.argv), promoted, yaml_hash(path))
+    log_dir = cfg.state_dir / "logs"
+    env = tuple(inst.env.items())
+    runtime = LocalRuntime(
+        [LocalInstanceSpec(inst.name, argv, "stable", env, inst.kvpool_port, inst.cpus)], log_dir
+    )
+    runtime.adopt_orphans()
+    adapter = LocalTunerAdapter(
+        runtime, stable_name=inst.name, canary_port=canary_port, log_dir=log_dir, db=db,
+        configured_argv=tuple(inst.argv), config_sha256=yaml_hash(path), canary_env=env,
+    )  # fmt: skip
+    asyncio.run(recover_at_startup(db, adapter))
+
+
+def register(app: typer.Typer) -> None:
+    """Add `tune` (with `tune report`) and `trials` to the kvpilot CLI."""
+    app.add_typer(tune_app, name="tune")
+    app.command("trials")(trials_command)

@@ -1,0 +1,1 @@
+"""The agent's configuration: pydantic models by section, loading, errors."""

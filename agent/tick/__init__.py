@@ -1,0 +1,1 @@
+"""One tick: read every source once (NVML once), derive the figures, evaluate the rules."""

@@ -1,0 +1,328 @@
+"""The sidecar loop: every tick, read each server, evaluate the rules, track alerts, notify
+through the outbox, and hand firing alerts to remediation.
+
+One tick, in order (each step sees the same snapshot):
+
+1. one NVML reading, then every server's sources concurrently (`Ticker`);
+2. the rules turn each server's snapshot into conditions (`RuleEngine`);
+3. the alert tracker advances the lifecycle; transitions and alert rows are written to the
+   state store, notifications into the outbox, in one transaction, before anything acts;
+4. remediation observes the transitions (restarts run as background tasks);
+5. a delivery pass sends what is due (in the background, never two at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+
+import httpx
+
+from kvpilot.agent.alerts import AlertTracker, AlertTransition
+from kvpilot.agent.app.exposition import ServerView, SidecarCounters
+from kvpilot.agent.config.models import AgentConfig, NotifierConfig
+from kvpilot.agent.model import AlertEvent, Condition, Instance, Labels
+from kvpilot.agent.notify import DeliveryWorker, Notifier
+from kvpilot.agent.remediation import Remediator
+from kvpilot.agent.rules.engine import RuleEngine
+from kvpilot.agent.runtimes import Runtime
+from kvpilot.agent.state import StateStore
+from kvpilot.agent.state.trials import SqliteTrialStore
+from kvpilot.agent.tick.calibration import model_config_of
+from kvpilot.agent.tick.snapshot import NvmlReading
+from kvpilot.agent.tick.ticker import Ticker
+from kvpilot.agent.tick.wiring import CollectSettings, build_ticker
+from kvpilot.collectors.errors import SourceError
+from kvpilot.collectors.gpu_samples import NvmlSnapshot
+from kvpilot.collectors.nvml import NvmlCollector
+from kvpilot.collectors.vllm_metrics import VllmScrape
+from kvpilot.dashboards import tuning_metrics
+
+log = logging.getLogger(__name__)
+
+RETENTION_EVERY_S = 3600.0
+
+
+class Sidecar:
+    """Owns the per-server tickers, the alert tracker, the outbox and the remediator."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        store: StateStore,
+        runtime: Runtime,
+        notifiers: Mapping[str, Notifier],
+        remediator: Remediator,
+        client: httpx.AsyncClient,
+        nvml: NvmlCollector,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.runtime = runtime
+        self.remediator = remediator
+        self._client = client
+        self._nvml = nvml
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._notifier_configs = {n.name: n for n in config.notifiers}
+        self.delivery = DeliveryWorker(store.outbox, notifiers, clock=wall_clock)
+        self.rules = RuleEngine.from_config(config.rules)
+        self.tracker = self._restore_tracker()
+        self._tickers: dict[str, Ticker] = {}
+        self._roles: dict[str, str] = {}
+        self._pids: dict[str, frozenset[int]] = {}
+        self._delivering: asyncio.Task[None] | None = None
+        self._latest_nvml: NvmlSnapshot | SourceError | None = None
+        self._last_retention_s: float | None = None
+        self._last_repeat_wall_s: dict[tuple[str, str], float] = {}
+        self._notifications: Counter[tuple[str, str]] = Counter()
+        self._remediations: Counter[tuple[str, str]] = Counter()
+        self.ticks_total = 0
+        self.last_tick_at_s: float | None = None
+
+    # -- start-up ----------------------------------------------------------------------
+
+    def _restore_tracker(self) -> AlertTracker:
+        repeat_s = min((n.repeat_interval_s for n in self.config.notifiers), default=4 * 3600.0)
+        external = f"http://{self.config.listen.host}:{self.config.listen.port}/api/v1/alerts"
+        rows = self.store.load_alerts()
+        silences = self.store.load_silences(self._wall_clock())
+        return AlertTracker.from_rows(
+            rows,
+            self.config.rules.for_s_by_rule(),
+            silences=silences,
+            repeat_interval_s=repeat_s,
+            generator_url=external,
+        )
+
+    def reconcile(self) -> None:
+        """What a previous run left unfinished: remediations failed, the budget restored."""
+        for item in self.remediator.reconcile():
+            log.warning("reconciled an unfinished remediation: %s", item)
+
+    # -- the tick ----------------------------------------------------------------------
+
+    async def tick(self) -> list[AlertTransition]:
+        instances = self.runtime.instances()
+        self._forget_gone({i.name for i in instances})
+        start = self._clock()
+        nvml = NvmlReading(await asyncio.to_thread(self._nvml.collect), self._clock() - start)
+        self._latest_nvml = nvml.value
+        per_server = await asyncio.gather(*(self._server(i, nvml) for i in instances))
+        conditions = [c for server in per_server for c in server]
+        now_s, now_wall_s = self._clock(), self._wall_clock()
+        transitions = self.tracker.update(conditions, now_s, now_wall_s)
+        with self.store.transaction():
+            for transition in transitions:
+                self._record(transition, now_wall_s)
+            self.store.save_alerts(self.tracker.to_rows())
+        for task in self.remediator.observe(transitions, conditions, now_s=now_s):
+            task.add_done_callback(self._count_remediation)
+        events = self.remediator.take_events()
+        if events:
+            with self.store.transaction():
+                for event in events:
+                    self._enqueue_all(event, now_wall_s, repeat=False)
+        self._deliver_in_background()
+        self._retention(now_s, now_wall_s)
+        self.ticks_total += 1
+        self.last_tick_at_s = now_s
+        return transitions
+
+    def clock(self) -> float:
+        return self._clock()
+
+    def now_wall_s(self) -> float:
+        return self._wall_clock()
+
+    async def _server(self, instance: Instance, nvml: NvmlReading) -> list[Condition]:
+        ticker = self._ticker(instance)
+        self._roles[instance.name] = instance.role
+        self._pids[instance.name] = instance.pids
+        snapshot = await ticker.tick(nvml)
+        status = self.runtime.status(instance.name)
+        why = status.reason or (
+            f"exit code {status.exit_code}" if status.exit_code is not None else None
+        )
+        return self.rules.evaluate(
+            snapshot,
+            instance=instance,
+            vllm_window=ticker.vllm_window,
+            kvpool_window=ticker.kvpool_window,
+            figures=ticker.state.figures,
+            instance_state=status.state,
+            instance_state_reason=why,
+        )
+
+    def _forget_gone(self, names: set[str]) -> None:
+        """A server the runtime no longer lists (a canary removed): its series go too."""
+        for name in set(self._tickers) - names:
+            del self._tickers[name]
+            self._roles.pop(name, None)
+            self._pids.pop(name, None)
+
+    def _ticker(self, instance: Instance) -> Ticker:
+        ticker = self._tickers.get(instance.name)
+        if ticker is None:
+            api_key = self.config.runtime.api_key
+            settings = CollectSettings(
+                vllm_url=instance.url,
+                kvpool_url=instance.kvpool_url,
+                api_key=api_key.get_secret_value() if api_key else None,
+                model_config=model_config_of(instance.argv),
+            )
+            name = instance.name
+            ticker = build_ticker(
+                settings, self._client, server_pids=lambda: self._pids.get(name, frozenset())
+            )
+            self._tickers[name] = ticker
+        return ticker
+
+    # -- alerts into the outbox --------------------------------------------------------
+
+    def _record(self, transition: AlertTransition, now_wall_s: float) -> None:
+        labels = dict(transition.labels)
+        if transition.to_state in ("firing", "resolved") and not transition.repeat:
+            self.store.record_audit(
+                wall_s=now_wall_s,
+                actor="rule",
+                action="alert",
+                target=labels.get("instance", ""),
+                decision=transition.to_state,
+                reason=transition.reason or labels.get("alertname", transition.rule),
+                incident_id=transition.incident_id,
+                details={"fingerprint": transition.fingerprint, "labels": labels},
+            )
+            ids = {"incident_id": transition.incident_id, "fingerprint": transition.fingerprint}
+            log.info(
+                "alert %s %s on %s",
+                labels.get("alertname"), transition.to_state, labels.get("instance"), extra=ids,
+            )  # fmt: skip
+        if transition.event is not None and not transition.silenced:
+            self._enqueue_all(transition.event, now_wall_s, repeat=transition.repeat)
+
+    def _enqueue_all(self, event: AlertEvent, now_wall_s: float, *, repeat: bool) -> None:
+        for name, cfg in self._notifier_configs.items():
+            if not self._wants(cfg, event, now_wall_s, repeat=repeat):
+                continue
+            self.store.outbox.enqueue(name, event, now_wall_s)
+            self._last_repeat_wall_s[(name, event.fingerprint)] = now_wall_s
+
+    def _wants(
+        self, cfg: NotifierConfig, event: AlertEvent, now_wall_s: float, *, repeat: bool
+    ) -> bool:
+        if event.status == "resolved":
+            return cfg.send_resolved
+        if not repeat:
+            return True
+        # The tracker repeats at the shortest interval; each notifier keeps its own.
+        last = self._last_repeat_wall_s.get((cfg.name, event.fingerprint))
+        return last is None or now_wall_s - last >= cfg.repeat_interval_s
+
+    # -- background work ---------------------------------------------------------------
+
+    def _deliver_in_background(self) -> None:
+        if self._delivering is not None and not self._delivering.done():
+            return  # the previous pass still runs (a slow receiver); the next tick retries
+
+        async def deliver() -> None:
+            report = await self.delivery.deliver_due()
+            for count in report.counts:
+                self._notifications[(count.notifier, count.outcome)] += count.items_total
+
+        self._delivering = asyncio.get_running_loop().create_task(deliver())
+
+    def _count_remediation(self, task: asyncio.Task) -> None:  # type: ignore[type-arg]
+        if task.cancelled() or task.exception() is not None:
+            return
+        outcome = task.result()
+        self._remediations[(outcome.instance, outcome.decision)] += 1
+
+    def _retention(self, now_s: float, now_wall_s: float) -> None:
+        if (
+            self._last_retention_s is not None
+            and now_s - self._last_retention_s < RETENTION_EVERY_S
+        ):
+            return
+        self._last_retention_s = now_s
+        report = self.store.apply_retention(self.config.retention, now_wall_s)
+        log.info("retention applied: %s", report)
+
+    async def aclose(self) -> None:
+        """Stop background work: remediations record themselves interrupted; one last delivery."""
+        await self.remediator.aclose()
+        if self._delivering is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._delivering, timeout=10.0)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.delivery.deliver_due(), timeout=10.0)
+
+    # -- views -------------------------------------------------------------------------
+
+    def servers(self) -> list[ServerView]:
+        return [
+            ServerView(
+                name,
+                self._roles.get(name, "stable"),
+                ticker.state,
+                self._pids.get(name, frozenset()),
+            )
+            for name, ticker in self._tickers.items()
+        ]
+
+    def counters(self) -> SidecarCounters:
+        by_state: Counter[tuple[str, str, str]] = Counter()
+        for alert in self.tracker.alerts():
+            labels = dict(alert.labels)
+            by_state[(labels.get("alertname", ""), alert.state, labels.get("severity", ""))] += 1
+        try:
+            backlog: int | None = self.store.outbox.backlog()
+        except Exception:  # the gauge goes absent rather than wrong
+            log.exception("outbox backlog unreadable")
+            backlog = None
+        status = self.remediator.status()
+        return SidecarCounters(
+            alerts_by_state=tuple(sorted(by_state.items())),
+            outbox_backlog=backlog,
+            notifications_total=tuple(sorted(self._notifications.items())),
+            remediations_total=tuple(sorted(self._remediations.items())),
+            breakers_open=tuple((b.instance, b.state == "open") for b in status.breakers),
+            remediation_in_progress=self.remediator.in_progress(),
+        )
+
+    def tuning_families(self) -> tuple[tuning_metrics.Family, ...]:
+        """Trials from the tuner's store and each stable server's live flags."""
+        trials = SqliteTrialStore(self.store.db).trials()
+        configured = {i.name: tuple(i.argv) for i in getattr(self.config.runtime, "instances", ())}
+        live = [
+            tuning_metrics.LiveFlags(
+                server=instance.name,
+                flags=" ".join(instance.argv or ()),
+                source=tuning_metrics.FlagSource.CONFIGURED
+                if tuple(instance.argv or ()) == configured.get(instance.name, instance.argv)
+                else tuning_metrics.FlagSource.PROMOTED,
+            )
+            for instance in self.runtime.instances()
+            if instance.role == "stable"
+        ]
+        return tuning_metrics.tuning_families(trials, live)
+
+    def latest_nvml(self) -> NvmlSnapshot | SourceError | None:
+        return self._latest_nvml
+
+    def cache_config(self, name: str) -> Labels | None:
+        """The server's `vllm:cache_config_info` labels, for the memory pre-flight."""
+        scrape = self.latest_vllm(name)
+        return scrape.engines[0].cache_config if scrape and scrape.engines else None
+
+    def latest_vllm(self, name: str) -> VllmScrape | None:
+        ticker = self._tickers.get(name)
+        latest = ticker.state.latest if ticker else None
+        return latest.vllm if latest and isinstance(latest.vllm, VllmScrape) else None

@@ -1,0 +1,97 @@
+"""One collection tick: take a snapshot, feed the window, derive the figures, count errors."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+from kvpilot.agent.tick.calibration import EngineCalibration, PlannerCheck
+from kvpilot.agent.tick.derive import EngineFigures, derive_figures
+from kvpilot.agent.tick.snapshot import SOURCES, NvmlReading, Snapshot, SnapshotTaker
+from kvpilot.collectors.errors import SourceError
+from kvpilot.collectors.kvpool.client import KvPoolScrape
+from kvpilot.collectors.nvml import NvmlCollector
+from kvpilot.collectors.vllm_metrics import VllmScrape
+from kvpilot.collectors.window import RollingWindow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class TickState:
+    """What the latest tick produced; read by the exposition, the API and the views.
+
+    Written only by `Ticker.tick` on the event loop; readers take references to immutable
+    values, so a scrape in another thread sees one tick or the next, never a mix.
+    """
+
+    latest: Snapshot | None = None
+    figures: tuple[EngineFigures, ...] = ()
+    ticks_total: int = 0
+    last_tick_at_s: float | None = None
+    errors_total: Counter[tuple[str, str]] = field(default_factory=Counter)
+    calibrations: tuple[EngineCalibration, ...] = ()
+
+
+class Ticker:
+    """Reads every source once per tick and keeps the rolling windows."""
+
+    def __init__(
+        self,
+        taker: SnapshotTaker,
+        *,
+        nvml: NvmlCollector,
+        rate_span_s: float = 60.0,
+        quantile_span_s: float = 60.0,
+        retention_s: float = 600.0,
+        planner: PlannerCheck | None = None,
+    ) -> None:
+        self._taker = taker
+        self._planner = planner
+        self._nvml = nvml
+        self.rate_span_s = rate_span_s
+        self.quantile_span_s = quantile_span_s
+        self.vllm_window = RollingWindow(retention_s=retention_s)
+        self.kvpool_window = RollingWindow(retention_s=retention_s)
+        self.state = TickState()
+        self._failing: set[str] = set()
+
+    async def tick(self, nvml: NvmlReading | None = None) -> Snapshot:
+        snapshot = await self._taker.take(nvml)
+        if isinstance(snapshot.vllm, VllmScrape):
+            self.vllm_window.add(snapshot.vllm)
+        if isinstance(snapshot.kvpool, KvPoolScrape):
+            self.kvpool_window.add(snapshot.kvpool)
+        figures = derive_figures(
+            snapshot,
+            self.vllm_window,
+            self.kvpool_window,
+            rate_span_s=self.rate_span_s,
+            quantile_span_s=self.quantile_span_s,
+        )
+        self._count_errors(snapshot)
+        state = self.state
+        state.latest, state.figures = snapshot, figures
+        if self._planner is not None and isinstance(snapshot.vllm, VllmScrape):
+            state.calibrations = self._planner.check(snapshot.vllm)
+        state.ticks_total += 1
+        state.last_tick_at_s = snapshot.taken_at_s
+        return snapshot
+
+    def _count_errors(self, snapshot: Snapshot) -> None:
+        errors = self.state.errors_total
+        for source in SOURCES:
+            value = getattr(snapshot, source)
+            if isinstance(value, SourceError):
+                errors[(source, value.kind)] += 1
+                if source not in self._failing:
+                    # One line when a source starts failing, one when it recovers.
+                    log.warning("source %s failing: %s: %s", source, value.kind, value.message)
+                    self._failing.add(source)
+            elif value is not None and source in self._failing:
+                log.info("source %s recovered", source)
+                self._failing.discard(source)
+        # NVML's per-call errors (one device, one reading) are tallied by the collector.
+        for reason, count in self._nvml.errors_by_reason().items():
+            errors[("nvml_call", reason)] = count

@@ -1,0 +1,195 @@
+"""Tuning on a schedule inside `kvpilot run`, its restarts through the remediator.
+
+A firing of `tuning.schedule` runs one tuning session beside the collection loop. It is
+skipped, with an audit record, while a remediation is planned or running or while the last
+run is still going; a session also stops between trials when a remediation starts. Every
+restart of the stable instance (a promotion, a sequential switch, a rollback) goes through
+the remediator: audited, dry-run honoured, and for new flags the cooldown, the budget and
+the circuit breaker too. Restoring the flags that served before the trial is forced, since
+it ends the risk rather than adding one. Under `remediation.dry_run` a firing only plans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.cron import CronTrigger
+
+from kvpilot.agent.config.models import AgentConfig
+from kvpilot.agent.remediation import Remediator
+from kvpilot.agent.remediation.ladder import Plan
+from kvpilot.agent.remediation.remediator import Trigger
+from kvpilot.agent.runtimes.base import RuntimeFailure
+from kvpilot.agent.runtimes.local import LocalRuntime
+from kvpilot.agent.state import StateStore
+from kvpilot.agent.state.trials import SqliteTrialStore
+from kvpilot.agent.tuning.local import LocalTunerAdapter, StableRestarter, recover_at_startup
+from kvpilot.agent.tuning.study import build_study, make_session, read_gpu
+from kvpilot.tuner.ports import RestartRefused
+from kvpilot.tuner.session import TuningBlocked, dry_run
+from kvpilot.tuner.suggest import BayesianSuggester
+
+log = logging.getLogger(__name__)
+
+Audit = Callable[[str, str], None]  # (decision, reason)
+
+
+async def _nothing() -> None:
+    return None
+
+
+def remediated_restarter(remediator: Remediator, instance: str) -> StableRestarter:
+    """The tuner's stable restarts as remediations of `instance` (rule `tuning`)."""
+
+    async def restart(argv: tuple[str, ...], reason: str, restore: bool) -> None:
+        trigger = Trigger(
+            instance=instance, rule="tuning", fingerprint=None,
+            incident_id=f"tuning-{uuid.uuid4().hex[:12]}", actor="agent",
+            requested_by="tuner", force=restore,
+        )  # fmt: skip
+        plan = Plan(rule="tuning", action="promote", steps=("promote",), reason=reason, argv=argv)
+        outcome = await remediator.remediate(trigger, plan)
+        if outcome.decision == "succeeded":
+            return
+        if outcome.decision == "failed":
+            raise RuntimeFailure(outcome.reason)
+        raise RestartRefused(outcome.reason)  # skipped by a guard, vetoed, dry-run
+
+    return restart
+
+
+class ScheduledTuning:
+    """Fires `run_once` on a crontab schedule (UTC), one run at a time, never during a
+    remediation; `aclose` cancels a run in progress (its rollout cleans up after itself)."""
+
+    def __init__(
+        self,
+        schedule: str,
+        run_once: Callable[[], Awaitable[str]],
+        *,
+        remediation_in_progress: Callable[[], bool],
+        audit: Audit,
+        recover: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
+        self._trigger = CronTrigger.from_crontab(schedule, timezone=UTC)
+        self._run_once = run_once
+        self._recover = recover or _nothing
+        self._started = False
+        self._remediating = remediation_in_progress
+        self._audit = audit
+        self._task: asyncio.Task[str] | None = None
+        self.runs_total = 0
+
+    def add_to(self, scheduler: AsyncIOScheduler) -> None:
+        scheduler.add_job(
+            self.fire, self._trigger, id="tuning", max_instances=1, coalesce=True,
+            misfire_grace_time=600,
+        )  # fmt: skip
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def start_up(self) -> None:
+        """Once the servers have started: recover a trial an earlier kvpilot left open, then
+        let firings run (one before this would race the recovery and a starting server)."""
+        try:
+            await self._recover()
+        finally:
+            self._started = True
+
+    async def fire(self) -> str:
+        """One firing: run a session unless something says not now; returns what happened."""
+        if not self._started:
+            return self._note("skipped", "kvpilot is still starting its servers")
+        if self.running:
+            return self._note("skipped", "the previous tuning run is still going")
+        if self._remediating():
+            return self._note("skipped", "a remediation is in progress")
+        self._audit("started", "scheduled tuning run")
+        self._task = asyncio.create_task(self._run_once())
+        self.runs_total += 1
+        try:
+            stopped = await self._task
+        except TuningBlocked as exc:
+            return self._note("skipped", str(exc))
+        except asyncio.CancelledError:
+            self._note("cancelled", "kvpilot is stopping")
+            raise
+        except Exception as exc:  # a failed run is logged and audited; the next one runs
+            log.exception("scheduled tuning run failed")
+            return self._note("failed", f"{type(exc).__name__}: {exc}")
+        return self._note("finished", stopped)
+
+    def next_fire_time(self, now: datetime) -> datetime | None:
+        return self._trigger.get_next_fire_time(None, now)
+
+    async def aclose(self) -> None:
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    def _note(self, decision: str, reason: str) -> str:
+        log.info("scheduled tuning %s: %s", decision, reason)
+        self._audit(decision, reason)
+        return f"{decision}: {reason}"
+
+
+def scheduled_tuning(
+    config: AgentConfig,
+    config_sha256: str,
+    runtime: LocalRuntime,
+    remediator: Remediator,
+    store: StateStore,
+    *,
+    api_key: str | None = None,
+) -> ScheduledTuning:
+    """The sidecar's scheduled tuning of its stable instance (config.tuning.schedule set)."""
+    tuning = config.tuning
+    assert tuning.schedule is not None
+    study = build_study(config, tuning, read_gpu())
+    name = study.stable.name
+    adapter = LocalTunerAdapter(
+        runtime, stable_name=name, canary_port=tuning.canary_port,
+        log_dir=config.state_dir / "logs", db=store.db, configured_argv=study.configured_argv,
+        config_sha256=config_sha256, canary_env=study.stable.env,
+        canary_cpus=tuning.canary_cpus, remediation_in_progress=remediator.in_progress,
+        restart_stable=remediated_restarter(remediator, name),
+    )  # fmt: skip
+
+    async def recover() -> None:
+        for done in await recover_at_startup(store.db, adapter):
+            audit("recovered", f"trial {done.trial_id} was left in {done.phase.value}: aborted")
+
+    async def run_once() -> str:
+        await recover()  # a trial an earlier kvpilot left open
+        if remediator.settings.dry_run:
+            told, planned = dry_run(
+                study.space, BayesianSuggester(study.space, seed=tuning.seed),
+                SqliteTrialStore(store.db), study.fingerprint, tuning.trials,
+                initial_points=len(study.space.knobs) + 2,
+            )  # fmt: skip
+            tried = "; ".join(p.candidate.describe() for p in planned)
+            return f"dry-run: would try {tried} ({told} past trials told)"
+        session = make_session(study, adapter, store.db, api_key=api_key)
+        summary = await session.run(tuning.trials)
+        best = summary.best_goodput_tokens_per_s
+        return f"{summary.stopped_reason}; best goodput {best}"
+
+    def audit(decision: str, reason: str) -> None:
+        store.record_audit(
+            wall_s=time.time(), actor="agent", action="tune", target=name,
+            decision=decision, reason=reason,
+        )  # fmt: skip
+
+    return ScheduledTuning(
+        tuning.schedule, run_once, remediation_in_progress=remediator.in_progress, audit=audit,
+        recover=recover,
+    )  # fmt: skip

@@ -1,0 +1,227 @@
+"""One tuning study from the configuration: the search space, workload, SLO and fingerprint,
+and the session that runs it. Shared by `kvpilot tune` and the agent's scheduled tuning."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvpilot.agent.cli.plan_cmd import gpu_from_nvml
+from kvpilot.agent.config.models import AgentConfig, InstanceConfig, LocalRuntimeConfig, flag_value
+from kvpilot.agent.config.tuning import TuningConfig
+from kvpilot.agent.runtimes.local import LocalInstanceSpec
+from kvpilot.agent.runtimes.vllm_argv import parse_server_argv
+from kvpilot.agent.state.db import Database
+from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
+from kvpilot.agent.tuning.local import LoadObserver, LocalTunerAdapter
+from kvpilot.rig.loadgen import LengthDist, Workload
+from kvpilot.tuner.constraints import (
+    batched_tokens_constraint,
+    parse_constraint,
+    planner_constraint,
+)
+from kvpilot.tuner.fingerprint import fingerprint
+from kvpilot.tuner.objective import Slo
+from kvpilot.tuner.planner import FeasibleBounds, PlanInputs, feasible_bounds
+from kvpilot.tuner.rollout import RolloutSettings, Strategy
+from kvpilot.tuner.session import Progress, TuningSession
+from kvpilot.tuner.space import Knob, KnobKind, SearchSpace, optional_knob
+from kvpilot.tuner.suggest import BayesianSuggester
+from kvpilot.tuner.traces import workload_hash
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMemory:
+    """One GPU's memory as NVML reports it now."""
+
+    total_bytes: int
+    free_bytes: int
+    name: str = ""
+
+
+class StudyError(ValueError):
+    """The configuration cannot be tuned as it stands (the message says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Study:
+    """Everything one tuning run is built from."""
+
+    tuning: TuningConfig
+    stable: LocalInstanceSpec
+    configured_argv: tuple[str, ...]
+    space: SearchSpace
+    workload: Workload
+    slo: Slo
+    fingerprint: str
+    ready_timeout_s: float
+
+    @property
+    def model(self) -> str:
+        """The name requests ask for: the served model name, or the model path."""
+        args = parse_server_argv(self.configured_argv)
+        return args.served_model_name or args.model or ""
+
+
+def stable_instance(config: AgentConfig) -> InstanceConfig:
+    """The configuration's first stable instance on the local runtime."""
+    runtime = config.runtime
+    if not isinstance(runtime, LocalRuntimeConfig):
+        raise StudyError("tuning needs the local runtime")
+    inst = next((i for i in runtime.instances if i.role == "stable"), None)
+    if inst is None:
+        raise StudyError("no stable instance in the configuration")
+    return inst
+
+
+def read_gpu() -> GpuMemory | None:
+    """The first GPU's memory from NVML, or None where there is none (the CPU build)."""
+    # One read, not a collector's loop: its "NVML unavailable, retrying" warning would
+    # mislead here, and no GPU simply means the KV-budget knob.
+    nvml_log = logging.getLogger("kvpilot.collectors.nvml")
+    level = nvml_log.level
+    nvml_log.setLevel(logging.ERROR)
+    try:
+        found = gpu_from_nvml(0)
+    finally:
+        nvml_log.setLevel(level)
+    return None if isinstance(found, str) else GpuMemory(*found)
+
+
+def build_study(config: AgentConfig, tuning: TuningConfig, gpu: GpuMemory | None = None) -> Study:
+    """The study of the stable instance under `tuning` (bounds from the planner); `gpu` is
+    the GPU's memory now, needed to search --gpu-memory-utilization."""
+    inst = stable_instance(config)
+    assert isinstance(config.runtime, LocalRuntimeConfig)
+    argv = tuple(inst.argv)
+    knob_name = _knob_name(argv, tuning, gpu)
+    bounds = _bounds(argv, tuning, gpu if knob_name == "gpu_memory_utilization" else None)
+    space = SearchSpace(
+        knobs=(
+            _memory_knob(knob_name, argv, tuning, gpu, bounds),
+            Knob("max_num_seqs", KnobKind.INTEGER, tuning.min_num_seqs, tuning.max_num_seqs,
+                 log_scale=True),
+            *(optional_knob(k.name, low=k.low, high=k.high, choices=k.choices)
+              for k in tuning.extra_knobs),
+        ),
+        constraints=(planner_constraint(bounds), batched_tokens_constraint(),
+                     *(parse_constraint(text) for text in tuning.constraints)),
+    )  # fmt: skip
+    w = tuning.workload
+    workload = Workload(
+        w.requests, LengthDist.fixed(w.prompt_len), LengthDist.fixed(w.output_len), w.concurrency
+    )
+    slo = Slo(ttft_p95_s=tuning.slo.ttft_p95_s, inter_token_p95_s=tuning.slo.inter_token_p95_s)
+    fixed = _fixed_args(argv, space)
+    model = parse_server_argv(argv).model or ""
+    stable = LocalInstanceSpec(
+        inst.name, argv, "stable", tuple(inst.env.items()), inst.kvpool_port, inst.cpus
+    )
+    return Study(
+        tuning, stable, argv, space, workload, slo,
+        fingerprint(model, fixed, workload_hash(workload), slo),
+        config.runtime.ready_timeout_s,
+    )  # fmt: skip
+
+
+def _fixed_args(argv: tuple[str, ...], space: SearchSpace) -> list[str]:
+    """The argv without the searched flags and the port: what the study holds fixed."""
+    valued = {k.flag for k in space.knobs if k.kind is not KnobKind.FLAG} | {"--port"}
+    bare = {
+        f for k in space.knobs if k.kind is KnobKind.FLAG for f in (k.flag, "--no-" + k.flag[2:])
+    }
+    fixed: list[str] = []
+    skip_value = False
+    for arg in argv:
+        if skip_value:
+            skip_value = False
+        elif arg in valued:
+            skip_value = True  # `--flag value`: the value goes too
+        elif arg not in bare and arg.split("=", 1)[0] not in valued:
+            fixed.append(arg)
+    return fixed
+
+
+def _bounds(argv: tuple[str, ...], tuning: TuningConfig, gpu: GpuMemory | None) -> FeasibleBounds:
+    """The planner's feasible region for the stable instance's model and flags; with `gpu`
+    the utilisation range, without it the range of an explicit KV budget."""
+    model = parse_server_argv(argv).model or ""
+    try:
+        inputs = PlanInputs(
+            gpu_memory_bytes=gpu.total_bytes if gpu else None,
+            gpu_free_bytes=gpu.free_bytes if gpu else None,
+            gpu_name=gpu.name if gpu else "",
+            block_size=int(flag_value(argv, "--block-size") or 16),
+            max_model_len=int(flag_value(argv, "--max-model-len") or 0) or None,
+            dtype=flag_value(argv, "--dtype") or "auto",
+            # Without a GPU the planner works from an explicit budget (the CPU build).
+            kv_cache_memory_bytes=None if gpu else tuning.kv_max_bytes,
+        )
+        return feasible_bounds(Path(model) / "config.json", inputs)
+    except ValueError as exc:  # the planner's ConfigError and PlanError, a malformed flag
+        raise StudyError(f"the planner cannot bound the search for {model!r}: {exc}") from exc
+
+
+def _knob_name(argv: tuple[str, ...], tuning: TuningConfig, gpu: GpuMemory | None) -> str:
+    if tuning.memory_knob != "auto":
+        return tuning.memory_knob
+    explicit = flag_value(argv, "--kv-cache-memory-bytes") is not None
+    return "kv_cache_memory_bytes" if explicit or gpu is None else "gpu_memory_utilization"
+
+
+def _memory_knob(
+    name: str,
+    argv: tuple[str, ...],
+    tuning: TuningConfig,
+    gpu: GpuMemory | None,
+    bounds: FeasibleBounds,
+) -> Knob:
+    if name == "kv_cache_memory_bytes":
+        low = max(bounds.min_kv_cache_memory_bytes, tuning.kv_min_bytes or 0)
+        if low >= tuning.kv_max_bytes:
+            raise StudyError(
+                f"kv_max_bytes {tuning.kv_max_bytes} leaves no room above the planner's "
+                f"minimum of {bounds.min_kv_cache_memory_bytes} bytes (one request of "
+                "max_model_len)"
+            )
+        return Knob(name, KnobKind.INTEGER, low, tuning.kv_max_bytes, log_scale=True)
+    if gpu is None:
+        raise StudyError("searching gpu_memory_utilization needs the GPU's memory: NVML sees none")
+    if flag_value(argv, "--kv-cache-memory-bytes") is not None:
+        raise StudyError(
+            "the stable argv sets --kv-cache-memory-bytes, which overrides "
+            "--gpu-memory-utilization: remove it, or search kv_cache_memory_bytes"
+        )
+    low, high = bounds.min_gpu_memory_utilization, bounds.max_gpu_memory_utilization
+    if low is None:
+        raise StudyError(f"no utilisation serves one request: {'; '.join(bounds.reasons)}")
+    high = min(high if high is not None else 1.0, tuning.max_gpu_memory_utilization)
+    if low >= high:
+        raise StudyError(
+            f"no room to search: gpu_memory_utilization from {low} to {high} "
+            f"({'; '.join(bounds.reasons) or 'max_gpu_memory_utilization is below the minimum'})"
+        )
+    return Knob(name, KnobKind.REAL, low, high)
+
+
+def make_session(
+    study: Study,
+    adapter: LocalTunerAdapter,
+    db: Database,
+    *,
+    on_progress: Callable[[Progress], None] | None = None,
+    api_key: str | None = None,
+) -> TuningSession:
+    """A session of the study over `adapter`, with its trials and rollouts in `db`."""
+    t = study.tuning
+    return TuningSession(
+        space=study.space, suggester=BayesianSuggester(study.space, seed=t.seed),
+        store=SqliteTrialStore(db), journal=SqliteRolloutJournal(db), runtime=adapter,
+        observer=LoadObserver(study.workload, model=study.model, api_key=api_key),
+        fingerprint=study.fingerprint,
+        settings=RolloutSettings(slo=study.slo, bake=t.bake, ready_timeout_s=study.ready_timeout_s),
+        strategy=Strategy(t.strategy), wall_clock=time.time, on_progress=on_progress,
+    )  # fmt: skip

@@ -1,0 +1,112 @@
+"""Which memory knob a study searches, and over what range, from the stable argv and the
+GPU's memory (given here as NVML would report it: no GPU runs in this environment)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvpilot.agent.config.models import load_config
+from kvpilot.agent.config.tuning import TuningConfig
+from kvpilot.agent.tuning.study import GpuMemory, StudyError, build_study
+from kvpilot.rig.server import free_port
+from kvpilot.tuner.space import KnobKind
+from tests.agent.sidecar_harness import agent_config, server_spec
+
+GIB = 1 << 30
+H100 = GpuMemory(total_bytes=80 * GIB, free_bytes=60 * GIB, name="NVIDIA H100 80GB HBM3")
+
+
+def _config(tmp_path: Path, **spec: object):
+    path = agent_config(
+        tmp_path, spec=server_spec(**spec), rules={}, notifiers=[], remediation={},
+        listen_port=free_port(),
+    )  # fmt: skip
+    return load_config(path)
+
+
+def test_the_cpu_build_searches_the_kv_budget(tmp_path: Path) -> None:
+    study = build_study(_config(tmp_path), TuningConfig(), gpu=None)
+    memory, seqs = study.space.knobs
+    assert (memory.name, memory.kind) == ("kv_cache_memory_bytes", KnobKind.INTEGER)
+    # One request of 1024 tokens (32 blocks of 32 KiB) and the null block.
+    assert memory.low == 33 * 32 * 1024 and memory.high == 64 << 20
+    assert (seqs.name, seqs.low, seqs.high) == ("max_num_seqs", 1, 64)
+
+
+def test_with_a_gpu_and_no_explicit_budget_it_searches_the_utilisation(tmp_path: Path) -> None:
+    study = build_study(_config(tmp_path, kv_cache_memory_bytes=None), TuningConfig(), gpu=H100)
+    memory = study.space.knobs[0]
+    assert (memory.name, memory.kind) == ("gpu_memory_utilization", KnobKind.REAL)
+    # Other processes hold 20 of 80 GiB: vLLM refuses a utilisation above the free 75 %.
+    assert memory.high == 0.75
+    assert 0 < memory.low < 0.05  # the tiny model needs little for one request
+    assert study.space.violation(study.space.candidate(
+        {"gpu_memory_utilization": 0.7, "max_num_seqs": 8}
+    )) is None  # fmt: skip
+
+
+def test_an_explicit_budget_in_the_argv_keeps_the_kv_knob_even_with_a_gpu(tmp_path: Path) -> None:
+    study = build_study(_config(tmp_path), TuningConfig(), gpu=H100)
+    assert study.space.knobs[0].name == "kv_cache_memory_bytes"
+    with pytest.raises(StudyError, match="overrides --gpu-memory-utilization"):
+        build_study(_config(tmp_path), TuningConfig(memory_knob="gpu_memory_utilization"), H100)
+
+
+def test_the_utilisation_knob_needs_a_gpu_and_room_on_it(tmp_path: Path) -> None:
+    config = _config(tmp_path, kv_cache_memory_bytes=None)
+    utilisation = TuningConfig(memory_knob="gpu_memory_utilization")
+    with pytest.raises(StudyError, match="NVML sees none"):
+        build_study(config, utilisation, gpu=None)
+    full = GpuMemory(total_bytes=80 * GIB, free_bytes=GIB // 1000)
+    with pytest.raises(StudyError, match="other processes hold"):
+        build_study(config, utilisation, gpu=full)
+
+
+def test_extra_knobs_and_own_constraints_join_the_space(tmp_path: Path) -> None:
+    tuning = TuningConfig(
+        extra_knobs=({"name": "max_num_batched_tokens", "low": 256, "high": 4096},
+                     {"name": "enable_prefix_caching"}),
+        constraints=("max_num_seqs * 64 <= max_num_batched_tokens",),
+    )  # fmt: skip
+    study = build_study(_config(tmp_path), tuning)
+    names = [k.name for k in study.space.knobs]
+    assert names == ["kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens",
+                     "enable_prefix_caching"]  # fmt: skip
+    values = {"kv_cache_memory_bytes": 8 << 20, "enable_prefix_caching": True}
+    too_many = study.space.candidate({**values, "max_num_seqs": 32, "max_num_batched_tokens": 512})
+    assert "max_num_seqs * 64 <= max_num_batched_tokens" in (study.space.violation(too_many) or "")
+    fits = study.space.candidate({**values, "max_num_seqs": 4, "max_num_batched_tokens": 512})
+    assert study.space.violation(fits) is None
+
+
+def test_knobs_and_constraints_that_cannot_work_are_config_errors() -> None:
+    with pytest.raises(ValueError, match="max_num_seqs \\*"):
+        TuningConfig(constraints=("max_num_seqs * <= 4",))
+    with pytest.raises(ValueError, match="low <= high"):
+        TuningConfig(extra_knobs=({"name": "max_num_batched_tokens", "low": 9000, "high": 10},))
+
+
+def test_the_study_holds_the_other_flags_fixed_in_either_spelling(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    base = build_study(config, TuningConfig())
+    inst = config.runtime.instances[0]
+    argv = list(inst.argv)
+    at = argv.index("--kv-cache-memory-bytes")
+    argv[at : at + 2] = ["--kv-cache-memory-bytes=1234567"]  # another value, other spelling
+    moved = config.model_copy(update={"runtime": config.runtime.model_copy(update={
+        "instances": (inst.model_copy(update={"argv": tuple(argv)}),)
+    })})  # fmt: skip
+    assert build_study(moved, TuningConfig()).fingerprint == base.fingerprint
+    # A flag the study holds fixed changed: another study.
+    other = moved.model_copy(update={"runtime": moved.runtime.model_copy(update={
+        "instances": (inst.model_copy(update={"argv": (*argv, "--seed", "7")}),)
+    })})  # fmt: skip
+    assert build_study(other, TuningConfig()).fingerprint != base.fingerprint
+
+
+def test_a_model_the_planner_cannot_read_is_a_study_error(tmp_path: Path) -> None:
+    config = _config(tmp_path, model_dir=tmp_path / "nowhere")
+    with pytest.raises(StudyError, match=r"the planner cannot bound the search for .*nowhere"):
+        build_study(config, TuningConfig())
