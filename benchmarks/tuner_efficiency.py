@@ -33,8 +33,8 @@ from pathlib import Path
 import httpx
 
 from kvpilot.collectors.vllm_metrics import VllmMetricsSource, VllmScrape
-from kvpilot.rig.loadgen import LengthDist, Workload, run_load
 from kvpilot.rig.server import ServerSpec, ServerStartError, VllmServer, free_port
+from kvpilot.tuner.loadgen import LengthDist, Workload, run_load
 from kvpilot.tuner.objective import Measurement, Outcome, Slo, TrialResult, evaluate
 from kvpilot.tuner.space import Knob, KnobKind, SearchSpace
 from kvpilot.tuner.suggest import (

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import httpx
 
+from kvpilot.collectors.kvpool.ports import PORT_ENV as KVPOOL_PORT_ENV
+from kvpilot.collectors.procfs import live_group_members
+
 TINY_MODEL_DIR = Path(__file__).resolve().parent / "models" / "tiny-llama"
 TINY_MODEL_VOCAB_SIZE = 1024
 
-# The plugin reads its port from here; the runtime sets one per instance.
-KVPOOL_PORT_ENV = "KVPILOT_KVPOOL_PORT"
 # vLLM loads only the general plugins named here when it is set.
 KVPOOL_PLUGIN_NAME = "kvpilot_kvpool"
 
@@ -200,21 +201,6 @@ class VllmServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
-
-
-def live_group_members(pgid: int, proc_root: Path = Path("/proc")) -> list[int]:
-    """PIDs in process group `pgid` that have not exited (zombies excluded)."""
-    members = []
-    for stat_path in proc_root.glob("[0-9]*/stat"):
-        try:
-            stat = stat_path.read_text()
-        except OSError:
-            continue  # exited while we looked
-        # Fields after the parenthesised command: state, ppid, pgrp, ...
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(stat_path.parent.name))
-    return members
 
 
 def stop_process_group(process: subprocess.Popen[bytes], grace_s: float) -> None:

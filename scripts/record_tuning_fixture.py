@@ -24,8 +24,8 @@ from pathlib import Path
 from types import ModuleType
 
 from kvpilot.dashboards.tuning_metrics import FlagSource, LiveFlags, flags_text
-from kvpilot.rig.loadgen import plan_requests
 from kvpilot.tuner.fingerprint import fingerprint
+from kvpilot.tuner.loadgen import plan_requests
 from kvpilot.tuner.objective import Outcome, TrialResult, WindowMetrics
 from kvpilot.tuner.suggest import BayesianSuggester
 from kvpilot.tuner.traces import workload_hash

@@ -23,7 +23,7 @@ from enum import StrEnum
 
 from kvpilot.collectors.vllm_metrics import VllmScrape
 from kvpilot.collectors.window import RollingWindow
-from kvpilot.rig.loadgen import LoadReport, RequestResult, percentile
+from kvpilot.tuner.loadgen import LoadReport, RequestResult, percentile
 from kvpilot.tuner.startup_errors import StartupFailure, parse_startup_failure
 
 

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpilot.rig.loadgen import LoadReport, PlannedRequest, Workload, plan_requests, run_planned
 from kvpilot.tuner.fingerprint import digest
+from kvpilot.tuner.loadgen import LoadReport, PlannedRequest, Workload, plan_requests, run_planned
 
 _ARRIVAL = ("arrival_s", "timestamp_s", "timestamp", "arrival_time")
 _PROMPT = ("prompt_tokens", "prompt_len", "input_len", "input_tokens")

@@ -13,8 +13,9 @@ import httpx
 from kvpilot.agent.app.lifecycle import LoopSettings, run_agent
 from kvpilot.agent.cli.live_view import LiveView
 from kvpilot.agent.tick.wiring import CollectSettings, build_ticker
-from kvpilot.rig.loadgen import LengthDist, Workload, run_load
-from kvpilot.rig.server import ServerSpec, VllmServer, free_port, live_group_members
+from kvpilot.collectors.procfs import live_group_members
+from kvpilot.rig.server import ServerSpec, VllmServer, free_port
+from kvpilot.tuner.loadgen import LengthDist, Workload, run_load
 
 log = logging.getLogger(__name__)
 

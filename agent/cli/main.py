@@ -283,7 +283,7 @@ def rig_load(
     api_key: ApiKey = None,
 ) -> None:
     """Send token-id completions and print client-side latency quantiles."""
-    from kvpilot.rig.loadgen import LengthDist, Workload, percentile, run_load
+    from kvpilot.tuner.loadgen import LengthDist, Workload, percentile, run_load
 
     if concurrency is None and rate is None:
         concurrency = 8

@@ -28,15 +28,16 @@ from kvpilot.agent.runtimes.base import (
 )
 from kvpilot.agent.runtimes.drain import drain_then_kill
 from kvpilot.agent.runtimes.probe import wait_ready
-from kvpilot.agent.runtimes.procfs import (
+from kvpilot.agent.runtimes.processes import find_vllm_mains
+from kvpilot.agent.runtimes.vllm_argv import ServerArgs, parse_server_argv, redacted
+from kvpilot.collectors.kvpool.ports import PORT_ENV as KVPOOL_PORT_ENV
+from kvpilot.collectors.procfs import (
     ProcRef,
-    find_vllm_mains,
     is_alive,
     list_processes,
+    live_group_members,
     start_wall_s,
 )
-from kvpilot.agent.runtimes.vllm_argv import ServerArgs, parse_server_argv, redacted
-from kvpilot.rig.server import KVPOOL_PORT_ENV, live_group_members
 
 LOG_TAIL_CHARS = 4000
 

@@ -23,20 +23,19 @@ from kvpilot.agent.runtimes.base import (
 )
 from kvpilot.agent.runtimes.drain import drain_then_kill, wait_for
 from kvpilot.agent.runtimes.probe import wait_ready
-from kvpilot.agent.runtimes.procfs import (
+from kvpilot.agent.runtimes.processes import find_vllm_mains, signal_refs
+from kvpilot.agent.runtimes.vllm_argv import parse_server_argv
+from kvpilot.collectors.kvpool.ports import PORT_ENV as KVPOOL_PORT_ENV
+from kvpilot.collectors.procfs import (
     PROC,
     ProcInfo,
     ProcRef,
     descendants,
-    find_vllm_mains,
     is_alive,
     list_processes,
     read_environ,
-    signal_refs,
     start_wall_s,
 )
-from kvpilot.agent.runtimes.vllm_argv import parse_server_argv
-from kvpilot.rig.server import KVPOOL_PORT_ENV
 
 
 class SupervisorTimeout(NotReady):

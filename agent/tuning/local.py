@@ -23,12 +23,12 @@ import httpx
 
 from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
-from kvpilot.agent.runtimes.procfs import find_vllm_mains, list_processes
+from kvpilot.agent.runtimes.processes import find_vllm_mains
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
+from kvpilot.collectors.procfs import list_processes, live_group_members
 from kvpilot.collectors.vllm_metrics import VllmMetricsSource, VllmScrape
-from kvpilot.rig.loadgen import LoadReport, Workload, run_load
-from kvpilot.rig.server import live_group_members
+from kvpilot.tuner.loadgen import LoadReport, Workload, run_load
 from kvpilot.tuner.objective import Measurement, Slo, best_index
 from kvpilot.tuner.ports import CandidateStartFailed, Observation, RestartRefused
 from kvpilot.tuner.rollout import Phase, Recovered, RolloutRecord, recover

@@ -17,13 +17,13 @@ from kvpilot.agent.runtimes.vllm_argv import parse_server_argv
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.local import LoadObserver, LocalTunerAdapter
-from kvpilot.rig.loadgen import LengthDist, Workload
 from kvpilot.tuner.constraints import (
     batched_tokens_constraint,
     parse_constraint,
     planner_constraint,
 )
 from kvpilot.tuner.fingerprint import fingerprint
+from kvpilot.tuner.loadgen import LengthDist, Workload
 from kvpilot.tuner.objective import Slo
 from kvpilot.tuner.planner import FeasibleBounds, PlanInputs, feasible_bounds
 from kvpilot.tuner.rollout import RolloutSettings, Strategy

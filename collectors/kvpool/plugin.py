@@ -29,6 +29,12 @@ from collections.abc import Callable
 from typing import Any
 
 from kvpilot.collectors.kvpool.blocks import BlockPoolSnapshot, snapshot
+from kvpilot.collectors.kvpool.ports import (
+    ALLOCATOR_PORT_OFFSET,
+    DEFAULT_HOST,
+    HOST_ENV,
+    PORT_ENV,
+)
 from kvpilot.collectors.kvpool.server import (
     AllocatorReading,
     EngineReading,
@@ -40,10 +46,6 @@ from kvpilot.collectors.kvpool.server import (
 
 log = logging.getLogger("kvpilot.kvpool")
 
-PORT_ENV = "KVPILOT_KVPOOL_PORT"
-HOST_ENV = "KVPILOT_KVPOOL_HOST"
-DEFAULT_HOST = "127.0.0.1"
-ALLOCATOR_PORT_OFFSET = 100
 MARKER = "_kvpilot_kvpool_wrapped"
 HANDLE_ATTR = "_kvpilot_kvpool_engine"
 

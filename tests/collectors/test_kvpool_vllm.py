@@ -11,8 +11,8 @@ import pytest
 
 from kvpilot.collectors.kvpool.client import KvPoolScrape, KvPoolSource
 from kvpilot.collectors.promtext import parse_samples
-from kvpilot.rig.loadgen import LengthDist, Workload, run_load
 from kvpilot.rig.server import VllmServer
+from kvpilot.tuner.loadgen import LengthDist, Workload, run_load
 
 pytestmark = pytest.mark.slow
 

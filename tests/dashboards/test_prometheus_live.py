@@ -29,8 +29,8 @@ from kvpilot.agent.rules.config import RulesConfig
 from kvpilot.dashboards.build import build_dashboards
 from kvpilot.dashboards.memory import ALLOCATOR_PANELS
 from kvpilot.dashboards.rules import build_rules
-from kvpilot.rig.loadgen import LengthDist, Workload, run_load
 from kvpilot.rig.server import ServerSpec, VllmServer, free_port
+from kvpilot.tuner.loadgen import LengthDist, Workload, run_load
 
 pytestmark = pytest.mark.slow
 

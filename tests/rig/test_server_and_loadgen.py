@@ -8,7 +8,6 @@ import dataclasses
 import httpx
 import pytest
 
-from kvpilot.rig.loadgen import LengthDist, Workload, percentile, plan_requests, run_load
 from kvpilot.rig.server import (
     ServerSpec,
     ServerStartError,
@@ -17,6 +16,7 @@ from kvpilot.rig.server import (
     build_env,
     live_group_members,
 )
+from kvpilot.tuner.loadgen import LengthDist, Workload, percentile, plan_requests, run_load
 
 
 def test_workload_is_drawn_from_its_seed() -> None:

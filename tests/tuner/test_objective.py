@@ -8,7 +8,7 @@ import pytest
 
 from kvpilot.collectors.histogram import Histogram
 from kvpilot.collectors.vllm_metrics import EngineSample, VllmScrape
-from kvpilot.rig.loadgen import LoadReport, RequestResult
+from kvpilot.tuner.loadgen import LoadReport, RequestResult
 from kvpilot.tuner.objective import (
     Measurement,
     Outcome,

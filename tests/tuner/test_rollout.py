@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from kvpilot.rig.loadgen import LoadReport, RequestResult
 from kvpilot.tuner.judge import Classification
+from kvpilot.tuner.loadgen import LoadReport, RequestResult
 from kvpilot.tuner.objective import Measurement, Outcome, Slo
 from kvpilot.tuner.ports import CandidateStartFailed, Observation, RestartRefused
 from kvpilot.tuner.rollout import (

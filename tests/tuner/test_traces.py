@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpilot.rig.loadgen import LengthDist, Workload
+from kvpilot.tuner.loadgen import LengthDist, Workload
 from kvpilot.tuner.traces import (
     Trace,
     TraceError,

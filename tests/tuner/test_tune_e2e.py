@@ -18,7 +18,7 @@ import pytest
 
 from kvpilot.agent.config.models import load_config
 from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
-from kvpilot.agent.runtimes.procfs import find_vllm_mains, list_processes
+from kvpilot.agent.runtimes.processes import find_vllm_mains
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.store import StateStore
 from kvpilot.agent.tuning.local import (
@@ -28,9 +28,10 @@ from kvpilot.agent.tuning.local import (
     open_stores,
     yaml_hash,
 )
-from kvpilot.rig.loadgen import LengthDist, Workload
+from kvpilot.collectors.procfs import list_processes
 from kvpilot.rig.server import free_port
 from kvpilot.tuner.judge import Classification
+from kvpilot.tuner.loadgen import LengthDist, Workload
 from kvpilot.tuner.objective import Outcome, Slo, TrialResult
 from kvpilot.tuner.rollout import Phase, RolloutOutcome, RolloutSettings, Strategy
 from kvpilot.tuner.session import Progress, SessionSummary, TuningSession

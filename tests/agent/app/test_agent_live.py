@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
-from kvpilot.rig.loadgen import LengthDist, Workload, run_load
 from kvpilot.rig.server import TINY_MODEL_DIR, VllmServer, free_port
+from kvpilot.tuner.loadgen import LengthDist, Workload, run_load
 
 pytestmark = pytest.mark.slow
 

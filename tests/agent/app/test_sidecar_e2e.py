@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
-from kvpilot.rig.loadgen import LengthDist, LoadReport, Workload, run_load
 from kvpilot.rig.server import free_port
+from kvpilot.tuner.loadgen import LengthDist, LoadReport, Workload, run_load
 from tests.agent.notify.alertmanager_server import AlertmanagerServer, find_binary
 from tests.agent.notify.notify_receiver import Received, Receiver
 from tests.agent.sidecar_harness import (

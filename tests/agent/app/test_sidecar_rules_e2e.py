@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from kvpilot.rig.loadgen import LengthDist, Workload, run_load
 from kvpilot.rig.server import free_port
+from kvpilot.tuner.loadgen import LengthDist, Workload, run_load
 from tests.agent.notify.notify_receiver import Receiver
 from tests.agent.sidecar_harness import (
     AgentProcess,

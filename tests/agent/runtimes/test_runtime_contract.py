@@ -31,7 +31,7 @@ from kvpilot.agent.runtimes import (
 )
 from kvpilot.agent.runtimes.drain import wait_for
 from kvpilot.agent.runtimes.probe import wait_ready
-from kvpilot.agent.runtimes.procfs import ProcRef, is_alive, read_proc
+from kvpilot.collectors.procfs import ProcRef, is_alive, read_proc
 from kvpilot.rig.server import ServerSpec, build_argv, build_env, free_port, stop_process_group
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ import pytest
 
 from kvpilot.agent.model import Instance
 from kvpilot.agent.runtimes import LocalInstanceSpec, LocalRuntime
-from kvpilot.agent.runtimes.procfs import read_environ, read_proc
+from kvpilot.collectors.procfs import read_environ, read_proc
 from kvpilot.rig.server import KVPOOL_PORT_ENV, ServerSpec, build_argv, build_env, free_port
 
 pytestmark = pytest.mark.slow

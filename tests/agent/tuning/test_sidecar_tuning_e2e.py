@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvpilot.agent.runtimes.procfs import find_vllm_mains, list_processes
+from kvpilot.agent.runtimes.processes import find_vllm_mains
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.store import StateStore
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
+from kvpilot.collectors.procfs import list_processes
 from kvpilot.rig.server import free_port
 from kvpilot.tuner.rollout import Phase
 from tests.agent.sidecar_harness import (

@@ -1,14 +1,14 @@
-"""Processes as /proc shows them: command lines, parents, start times, process trees."""
+"""Processes as /proc shows them: command lines, parents, start times, trees, memory.
+
+The one module that reads /proc; it only reads. Signalling lives in `agent/runtimes`.
+"""
 
 from __future__ import annotations
 
 import os
-import signal
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-
-from kvpilot.agent.runtimes.vllm_argv import NotAVllmServer, launch_split, parse_server_argv
 
 PROC = Path("/proc")
 
@@ -102,30 +102,6 @@ def descendants(pid: int, procs: Mapping[int, ProcInfo]) -> list[ProcInfo]:
     return found
 
 
-def find_vllm_mains(procs: Mapping[int, ProcInfo], *, port: int | None = None) -> list[ProcInfo]:
-    """vLLM server main processes: a launch-form command line whose parent is not one.
-
-    Forked children keep their parent's command line until vLLM renames them, so only the
-    root of each matching subtree counts. `port` narrows to the server with that `--port`.
-    """
-    matching = {
-        pid: info
-        for pid, info in procs.items()
-        if info.alive and info.argv and launch_split(info.argv) is not None
-    }
-    mains = [info for info in matching.values() if info.ppid not in matching]
-    if port is not None:
-        mains = [info for info in mains if _port_of(info) == port]
-    return sorted(mains, key=lambda info: info.pid)
-
-
-def _port_of(info: ProcInfo) -> int | None:
-    try:
-        return parse_server_argv(info.argv).port
-    except NotAVllmServer:
-        return None  # an unparsable --port matches no port
-
-
 def read_environ(pid: int, proc_root: Path = PROC) -> dict[str, str] | None:
     """A process's initial environment, or None when it cannot be read (other UID)."""
     try:
@@ -159,15 +135,8 @@ def start_wall_s(info: ProcInfo, proc_root: Path = PROC) -> float | None:
     return boot + info.start_ticks / os.sysconf("SC_CLK_TCK")
 
 
-def signal_refs(refs: Iterable[ProcRef], sig: signal.Signals, proc_root: Path = PROC) -> list[int]:
-    """Send `sig` to each process still alive as itself; returns the PIDs signalled."""
-    sent = []
-    for ref in refs:
-        if not is_alive(ref, proc_root):
-            continue
-        try:
-            os.kill(ref.pid, sig)
-        except ProcessLookupError:
-            continue
-        sent.append(ref.pid)
-    return sent
+def live_group_members(pgid: int, proc_root: Path = PROC) -> list[int]:
+    """PIDs in process group `pgid` that have not exited (zombies excluded)."""
+    return sorted(
+        info.pid for info in list_processes(proc_root).values() if info.pgid == pgid and info.alive
+    )

@@ -14,10 +14,10 @@ import pytest
 
 from kvpilot.agent.runtimes import ProcessRuntime, ProcessTarget, RuntimeUnsupported
 from kvpilot.agent.runtimes.base import UnknownInstance
-from kvpilot.agent.runtimes.procfs import (
+from kvpilot.agent.runtimes.processes import find_vllm_mains
+from kvpilot.collectors.procfs import (
     ProcRef,
     descendants,
-    find_vllm_mains,
     is_alive,
     list_processes,
     read_proc,

@@ -1,0 +1,7 @@
+"""Where the kvpool plugin listens: the environment the runtime sets for each instance."""
+
+PORT_ENV = "KVPILOT_KVPOOL_PORT"
+HOST_ENV = "KVPILOT_KVPOOL_HOST"
+DEFAULT_HOST = "127.0.0.1"
+# A worker's allocator figures: PORT + ALLOCATOR_PORT_OFFSET + node-local device slot.
+ALLOCATOR_PORT_OFFSET = 100
