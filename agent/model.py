@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 Labels = tuple[tuple[str, str], ...]  # sorted by name
@@ -78,3 +79,5 @@ class Instance:
     main_pid: int | None
     argv: tuple[str, ...] | None
     started_at_wall_s: float | None
+    # The served model's config.json where the runtime knows it without an argv.
+    model_config: Path | None = None

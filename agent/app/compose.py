@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +39,15 @@ class _Late:
 
 
 async def run_sidecar(
-    config: AgentConfig, *, stop: asyncio.Event | None = None, config_sha256: str | None = None
+    config: AgentConfig,
+    *,
+    stop: asyncio.Event | None = None,
+    config_sha256: str | None = None,
+    on_tick: Callable[[Sidecar], None] | None = None,
 ) -> None:
     """The sidecar to a signal. `config_sha256` (the YAML's hash) lets promoted flags hold
-    while the file is unchanged; without it the configured flags run."""
+    while the file is unchanged; without it the configured flags run. `on_tick` sees the
+    sidecar after each tick (the demo's live view)."""
     config.state_dir.mkdir(parents=True, exist_ok=True)
     api_key = config.runtime.api_key.get_secret_value() if config.runtime.api_key else None
     timeout = httpx.Timeout(5.0, connect=2.0)
@@ -118,6 +124,8 @@ async def run_sidecar(
 
             async def tick() -> None:
                 await sidecar.tick()
+                if on_tick is not None:
+                    on_tick(sidecar)
 
             try:
                 await serve_and_tick(

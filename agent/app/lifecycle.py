@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC
@@ -18,10 +17,6 @@ from datetime import UTC
 import uvicorn
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from starlette.applications import Starlette
-
-from kvpilot.agent.app.exposition import build_registry, single_server
-from kvpilot.agent.app.http import build_app
-from kvpilot.agent.tick.ticker import Ticker
 
 log = logging.getLogger(__name__)
 
@@ -40,30 +35,6 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
-
-
-async def run_agent(
-    ticker: Ticker,
-    settings: LoopSettings,
-    *,
-    stop: asyncio.Event | None = None,
-    on_tick: Callable[[], Awaitable[None] | None] | None = None,
-    clock: Callable[[], float] = time.monotonic,
-) -> None:
-    """The collector-only agent for one server: tick, serve /metrics, stop on a signal."""
-    registry = build_registry(single_server(ticker.state))
-    app = build_app(
-        ticker.state, registry, clock=clock, stale_after_s=max(10.0, 5 * settings.interval_s)
-    )
-
-    async def tick() -> None:
-        await ticker.tick()
-        if on_tick is not None:
-            result = on_tick()
-            if result is not None:
-                await result
-
-    await serve_and_tick(tick, app, settings, stop=stop)
 
 
 async def serve_and_tick(

@@ -10,6 +10,7 @@ import httpx
 from kvpilot.agent.config.models import (
     AgentConfig,
     AlertmanagerNotifierConfig,
+    AttachRuntimeConfig,
     LocalRuntimeConfig,
     NotifierConfig,
     ProcessRuntimeConfig,
@@ -24,6 +25,8 @@ from kvpilot.agent.notify import (
 )
 from kvpilot.agent.remediation.settings import RemediationSettings
 from kvpilot.agent.runtimes import (
+    AttachedServer,
+    AttachRuntime,
     LocalInstanceSpec,
     LocalRuntime,
     ProcessRuntime,
@@ -53,6 +56,20 @@ def build_runtime(
         log_dir = _log_dir(config, runtime)
         log_dir.mkdir(parents=True, exist_ok=True)
         return LocalRuntime(specs, log_dir)
+    if isinstance(runtime, AttachRuntimeConfig):
+        return AttachRuntime(
+            [
+                AttachedServer(
+                    name=s.name,
+                    url=s.url,
+                    kvpool_url=s.kvpool_url,
+                    role=s.role,
+                    pids=frozenset(s.pids),
+                    model_config=s.served_model_config,
+                )
+                for s in runtime.servers
+            ]
+        )
     assert isinstance(runtime, ProcessRuntimeConfig)
     kvpool_url = (
         f"http://{runtime.host}:{runtime.kvpool_port}" if runtime.kvpool_port is not None else None

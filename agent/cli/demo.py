@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
+import tempfile
 from dataclasses import dataclass
 
-import httpx
-
-from kvpilot.agent.app.lifecycle import LoopSettings, run_agent
+from kvpilot.agent.app.compose import run_sidecar
 from kvpilot.agent.cli.live_view import LiveView
-from kvpilot.agent.tick.wiring import CollectSettings, build_ticker
-from kvpilot.collectors.procfs import live_group_members
+from kvpilot.agent.config.models import validate_config
+from kvpilot.agent.tick.sidecar import Sidecar
+from kvpilot.agent.tick.ticker import TickState
 from kvpilot.rig.server import ServerSpec, VllmServer, free_port
 from kvpilot.tuner.loadgen import LengthDist, Workload, run_load
 
@@ -75,35 +74,51 @@ async def run_demo(settings: DemoSettings) -> None:
 
 
 async def _watch(server: VllmServer, spec: ServerSpec, settings: DemoSettings) -> None:
+    """The sidecar loop of `kvpilot run`, watching the demo's server by URL."""
     stop = asyncio.Event()
-    collect = CollectSettings(
-        vllm_url=spec.url,
-        kvpool_url=f"http://127.0.0.1:{spec.kvpool_port}",
-        rate_span_s=15.0,
-        quantile_span_s=30.0,
-    )
-    async with httpx.AsyncClient() as client:
-        ticker = build_ticker(
-            collect, client, server_pids=lambda: frozenset(live_group_members(server.pid))
+    with tempfile.TemporaryDirectory(prefix="kvpilot-demo-") as state_dir:
+        config = validate_config(
+            {
+                "listen": {"host": "127.0.0.1", "port": settings.listen_port},
+                "state_dir": state_dir,
+                "runtime": {
+                    "kind": "attach",
+                    "servers": [
+                        {
+                            "name": "demo",
+                            "url": spec.url,
+                            "kvpool_url": f"http://127.0.0.1:{spec.kvpool_port}",
+                            "pids": [server.pid],
+                        }
+                    ],
+                },
+            }
         )
-        view = LiveView(ticker.state, title=f"kvpilot demo: {spec.url}")
-        load = asyncio.create_task(_keep_loading(spec.url, settings, stop))
+        view = LiveView(title=f"kvpilot demo: {spec.url}")
+        load = asyncio.create_task(_keep_loading(spec.url, settings, stop), name="demo-load")
         timer = (
             asyncio.get_running_loop().call_later(settings.duration_s, stop.set)
             if settings.duration_s
             else None
         )
-        loop_settings = dataclasses.replace(LoopSettings(), listen_port=settings.listen_port)
         with view if settings.live_view else contextlib.nullcontext():
             try:
-                await run_agent(
-                    ticker,
-                    loop_settings,
+                await run_sidecar(
+                    config,
                     stop=stop,
-                    on_tick=view.refresh if settings.live_view else None,
+                    on_tick=(lambda s: view.show(_first_server_state(s)))
+                    if settings.live_view
+                    else None,
                 )
             finally:
                 stop.set()
                 if timer is not None:
                     timer.cancel()
-                await load
+                load.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await load
+
+
+def _first_server_state(sidecar: Sidecar) -> TickState | None:
+    servers = sidecar.servers()
+    return servers[0].state if servers else None

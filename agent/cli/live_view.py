@@ -13,10 +13,9 @@ from kvpilot.agent.tick.ticker import TickState
 
 
 class LiveView:
-    """Owns a rich Live display; `refresh()` redraws it from the latest tick."""
+    """Owns a rich Live display; `show()` redraws it from a server's latest tick."""
 
-    def __init__(self, state: TickState, *, title: str, console: Console | None = None) -> None:
-        self._state = state
+    def __init__(self, *, title: str, console: Console | None = None) -> None:
         self._title = title
         self._live = Live(
             Text("waiting for the first tick..."), console=console, auto_refresh=False
@@ -29,9 +28,8 @@ class LiveView:
     def __exit__(self, *exc_info: object) -> None:
         self._live.__exit__(None, None, None)
 
-    def refresh(self) -> None:
-        state = self._state
-        if state.latest is None:
+    def show(self, state: TickState | None) -> None:
+        if state is None or state.latest is None:
             return
         stamp = time.strftime("%H:%M:%S", time.localtime(state.latest.wall_time_s))
         header = Text(f"{self._title}  {stamp}  tick {state.ticks_total}", style="bold")

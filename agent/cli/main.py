@@ -18,7 +18,9 @@ from kvpilot.agent.cli import config_cmd as config_cli
 from kvpilot.agent.cli import dashboards_cmd as dashboards_cli
 from kvpilot.agent.cli import plan_cmd as plan_cli
 from kvpilot.agent.cli import tune_cmd as tune_cli
+from kvpilot.agent.tick.snapshot import read_nvml
 from kvpilot.agent.tick.wiring import CollectSettings, build_ticker
+from kvpilot.collectors.nvml import NvmlCollector
 
 app = typer.Typer(
     help="Memory observability and auto-tuning for vLLM.",
@@ -110,12 +112,13 @@ async def _collect_once(
     from kvpilot.agent.cli.report import render, to_data
     from kvpilot.collectors.errors import SourceError
 
+    nvml = NvmlCollector(server_pids=lambda: pids)
     async with httpx.AsyncClient() as client:
-        ticker = build_ticker(settings, client, server_pids=lambda: pids)
-        snapshot = await ticker.tick()
+        ticker = build_ticker(settings, client)
+        snapshot = await ticker.tick(await read_nvml(nvml))
         if span is not None and not isinstance(snapshot.vllm, SourceError):
             await asyncio.sleep(span)  # the user asked for a span between two scrapes
-            snapshot = await ticker.tick()
+            snapshot = await ticker.tick(await read_nvml(nvml))
     state = ticker.state
     if as_json:
         print(json.dumps(to_data(snapshot, state.figures, state.calibrations), indent=2))
@@ -127,12 +130,13 @@ async def _collect_once(
 async def _collect_live(settings: CollectSettings, pids: frozenset[int], interval: float) -> None:
     from kvpilot.agent.cli.live_view import LiveView
 
+    nvml = NvmlCollector(server_pids=lambda: pids)
     async with httpx.AsyncClient() as client:
-        ticker = build_ticker(settings, client, server_pids=lambda: pids)
-        with LiveView(ticker.state, title=f"kvpilot: {settings.vllm_url}") as view:
+        ticker = build_ticker(settings, client)
+        with LiveView(title=f"kvpilot: {settings.vllm_url}") as view:
             while True:
-                await ticker.tick()
-                view.refresh()
+                await ticker.tick(await read_nvml(nvml))
+                view.show(ticker.state)
                 await asyncio.sleep(interval)
 
 
@@ -160,47 +164,62 @@ def run(
     ] = None,
     model_config: ModelConfig = None,
 ) -> None:
-    """The agent: collect every tick, serve /metrics; with --config, the whole sidecar loop."""
+    """The agent: collect, evaluate the rules and serve /metrics every tick. With --config,
+    the YAML decides everything; without it, one server is watched by URL (the `attach`
+    runtime: never signalled or restarted) with the product's default rules."""
     if config is not None:
         _run_sidecar(config)
         return
-    from kvpilot.agent.app.lifecycle import LoopSettings, run_agent
-
-    configure_logging(json_logs=True, secrets=[api_key or ""])
     host, _, port = listen.rpartition(":")
     if not host or not port.isdigit():
         raise typer.BadParameter(f"expected HOST:PORT, got {listen!r}", param_hint="--listen")
-    settings = CollectSettings(
-        vllm_url=vllm_url, kvpool_url=kvpool_url, api_key=api_key, model_config=model_config
-    )
-    pids = _pids_option(server_pid)
+    server: dict[str, object] = {"name": "vllm", "url": vllm_url, "kvpool_url": kvpool_url}
+    if server_pid:
+        server["pids"] = list(server_pid)
+    if model_config is not None:
+        server["served_model_config"] = str(model_config)
+    runtime: dict[str, object] = {"kind": "attach", "servers": [server]}
+    if api_key:
+        runtime["api_key"] = api_key
+    data = {
+        "listen": {"host": host, "port": int(port)},
+        "interval_s": interval,
+        "runtime": runtime,
+    }
+    _run_sidecar(None, data)
 
-    async def main() -> None:
-        async with httpx.AsyncClient() as client:
-            ticker = build_ticker(settings, client, server_pids=lambda: pids)
-            loop = LoopSettings(listen_host=host, listen_port=int(port), interval_s=interval)
-            await run_agent(ticker, loop)
 
-    asyncio.run(main())
-
-
-def _run_sidecar(path: Path) -> None:
+def _run_sidecar(path: Path | None, data: dict[str, object] | None = None) -> None:
+    """One path for both forms of `kvpilot run`. Without a file nothing is kept after the
+    agent stops unless KVPILOT_STATE_DIR names a state directory."""
     import os
+    import tempfile
 
     from kvpilot.agent.app.compose import run_sidecar
-    from kvpilot.agent.config.models import ConfigError, load_config, secret_values
+    from kvpilot.agent.config.models import (
+        ConfigError,
+        load_config,
+        secret_values,
+        validate_config,
+    )
     from kvpilot.agent.tuning.local import yaml_hash
 
     configure_logging(json_logs=True)
-    try:
-        config = load_config(path, os.environ)
-    except ConfigError as exc:
-        print(f"kvpilot: {path}: invalid configuration", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  {problem}", file=sys.stderr)
-        raise typer.Exit(2) from None
-    configure_logging(json_logs=True, secrets=secret_values(config))
-    asyncio.run(run_sidecar(config, config_sha256=yaml_hash(path)))
+    with tempfile.TemporaryDirectory(prefix="kvpilot-state-") as scratch:
+        try:
+            if path is not None:
+                config = load_config(path, os.environ)
+            else:
+                config = validate_config({"state_dir": scratch, **(data or {})}, os.environ)
+        except ConfigError as exc:
+            where = path if path is not None else "the command line"
+            print(f"kvpilot: {where}: invalid configuration", file=sys.stderr)
+            for problem in exc.problems:
+                print(f"  {problem}", file=sys.stderr)
+            raise typer.Exit(2) from None
+        configure_logging(json_logs=True, secrets=secret_values(config))
+        sha = yaml_hash(path) if path is not None else None
+        asyncio.run(run_sidecar(config, config_sha256=sha))
 
 
 @app.command()

@@ -225,7 +225,46 @@ class ProcessRuntimeConfig(_RuntimeBase):
         return f"http://{host}:{self.port}"
 
 
-RuntimeConfig = Annotated[LocalRuntimeConfig | ProcessRuntimeConfig, Field(discriminator="kind")]
+class AttachedServerConfig(_Model):
+    """One server the `attach` runtime watches by its URL."""
+
+    name: str = Field(pattern=_NAME, description="Unique server name, used in labels.")
+    url: str = Field(description="The server's base URL, e.g. http://127.0.0.1:8000.")
+    kvpool_url: str | None = Field(None, description="The kvpool plugin's URL, if enabled.")
+    role: Literal["stable", "canary"] = Field("stable", description="Labels only.")
+    pids: tuple[Annotated[int, Field(gt=0)], ...] = Field(
+        (), description="The server's PIDs, to tell its GPU memory apart in NVML."
+    )
+    served_model_config: Path | None = Field(
+        None,
+        description="The served model's config.json: the planner's prediction is compared "
+        "with the server's KV blocks.",
+    )
+
+    @field_validator("url", "kvpool_url")
+    @classmethod
+    def _http(cls, url: str | None) -> str | None:
+        return None if url is None else _check_http_url(url).rstrip("/")
+
+
+class AttachRuntimeConfig(_RuntimeBase):
+    """Watch servers by URL: collect, alert and notify; never signal or restart them."""
+
+    kind: Literal["attach"] = Field(description="Servers known only by their URLs.")
+    servers: tuple[AttachedServerConfig, ...] = Field(
+        min_length=1, description="The servers to watch."
+    )
+
+    @model_validator(mode="after")
+    def _distinct(self) -> AttachRuntimeConfig:
+        _require_unique("server name", [s.name for s in self.servers])
+        _require_unique("server url", [s.url for s in self.servers])
+        return self
+
+
+RuntimeConfig = Annotated[
+    LocalRuntimeConfig | ProcessRuntimeConfig | AttachRuntimeConfig, Field(discriminator="kind")
+]
 
 
 def _require_unique(what: str, values: list[Any]) -> None:
@@ -478,9 +517,14 @@ def load_config(
     path: Path | None, environ: Mapping[str, str] | None = None, *, warn: bool = True
 ) -> AgentConfig:
     """The YAML file (if any), then `KVPILOT_*` overrides from `environ`, validated."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        data = _read_yaml(path)
+    return validate_config(_read_yaml(path) if path is not None else {}, environ, warn=warn)
+
+
+def validate_config(
+    data: dict[str, Any], environ: Mapping[str, str] | None = None, *, warn: bool = True
+) -> AgentConfig:
+    """Settings given as data (a parsed YAML, or built from command-line options), then
+    `KVPILOT_*` overrides from `environ`, validated."""
     sources: dict[tuple[str, ...], str] = {}
     if environ is not None:
         data, sources = apply_env_overrides(data, environ)

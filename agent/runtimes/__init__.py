@@ -1,5 +1,7 @@
-"""Where vLLM lives: `local` (kvpilot runs the server) and `process` (attach to one)."""
+"""Where vLLM lives: `local` (kvpilot runs the server), `process` (a supervised process it
+may signal) and `attach` (servers known only by URL: watched, never signalled)."""
 
+from kvpilot.agent.runtimes.attach import AttachedServer, AttachRuntime
 from kvpilot.agent.runtimes.base import (
     InstanceState,
     InstanceStatus,
@@ -17,6 +19,8 @@ from kvpilot.agent.runtimes.process import ProcessRuntime, ProcessTarget, Superv
 from kvpilot.agent.runtimes.vllm_argv import NotAVllmServer, ServerArgs, parse_server_argv
 
 __all__ = [
+    "AttachRuntime",
+    "AttachedServer",
     "InstanceState",
     "InstanceStatus",
     "LocalInstanceSpec",

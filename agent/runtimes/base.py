@@ -8,7 +8,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from kvpilot.agent.model import Instance
 
-RuntimeKind = Literal["local", "process", "kubernetes"]
+RuntimeKind = Literal["local", "process", "attach", "kubernetes"]
 # running: the server's main process is alive; exited: a process this runtime owned ended
 # (exit_code says how); missing: no process matches; unknown: the runtime cannot tell.
 InstanceState = Literal["running", "exited", "missing", "unknown"]

@@ -33,7 +33,7 @@ from kvpilot.agent.runtimes import Runtime
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.trials import SqliteTrialStore
 from kvpilot.agent.tick.calibration import model_config_of
-from kvpilot.agent.tick.snapshot import NvmlReading
+from kvpilot.agent.tick.snapshot import NvmlReading, read_nvml
 from kvpilot.agent.tick.ticker import Ticker
 from kvpilot.agent.tick.wiring import CollectSettings, build_ticker
 from kvpilot.collectors.errors import SourceError
@@ -112,8 +112,7 @@ class Sidecar:
     async def tick(self) -> list[AlertTransition]:
         instances = self.runtime.instances()
         self._forget_gone({i.name for i in instances})
-        start = self._clock()
-        nvml = NvmlReading(await asyncio.to_thread(self._nvml.collect), self._clock() - start)
+        nvml = await read_nvml(self._nvml, self._clock)
         self._latest_nvml = nvml.value
         per_server = await asyncio.gather(*(self._server(i, nvml) for i in instances))
         conditions = [c for server in per_server for c in server]
@@ -176,13 +175,10 @@ class Sidecar:
                 vllm_url=instance.url,
                 kvpool_url=instance.kvpool_url,
                 api_key=api_key.get_secret_value() if api_key else None,
-                model_config=model_config_of(instance.argv),
+                model_config=instance.model_config or model_config_of(instance.argv),
             )
-            name = instance.name
-            ticker = build_ticker(
-                settings, self._client, server_pids=lambda: self._pids.get(name, frozenset())
-            )
-            self._tickers[name] = ticker
+            ticker = build_ticker(settings, self._client)
+            self._tickers[instance.name] = ticker
         return ticker
 
     # -- alerts into the outbox --------------------------------------------------------

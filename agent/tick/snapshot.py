@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvpilot.collectors.errors import SourceError
@@ -32,65 +32,60 @@ class Snapshot:
         return dict(self.durations_s).get(source)
 
 
+@dataclass(frozen=True, slots=True)
+class NvmlReading:
+    """One NVML read, shared by every server of the tick: its result, how long it took, and
+    the collector's per-call error counts (one device or one reading failing) at that time."""
+
+    value: NvmlSnapshot | SourceError
+    duration_s: float
+    call_errors: Mapping[str, int] = field(default_factory=dict)
+
+
+async def read_nvml(
+    collector: NvmlCollector, clock: Callable[[], float] = time.monotonic
+) -> NvmlReading:
+    """Reads NVML once, off the event loop (its calls block, briefly)."""
+    start = clock()
+    value = await asyncio.to_thread(collector.collect)
+    return NvmlReading(value, clock() - start, dict(collector.errors_by_reason()))
+
+
 class SnapshotTaker:
-    """Reads the configured sources concurrently; never raises for a source's failure."""
+    """Reads a server's sources concurrently; never raises for a source's failure."""
 
     def __init__(
         self,
         *,
         vllm: VllmMetricsSource,
         kvpool: KvPoolSource | None,
-        nvml: NvmlCollector,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._vllm = vllm
         self._kvpool = kvpool
-        self._nvml = nvml
         self._clock = clock
         self._wall_clock = wall_clock
 
-    async def take(self, nvml: NvmlReading | None = None) -> Snapshot:
-        """Read every source; `nvml`, when given, is a reading the caller already took
-        this tick (one NVML read serves every server the agent watches)."""
+    async def take(self, nvml: NvmlReading) -> Snapshot:
+        """Read the server's sources; `nvml` is the reading the tick took once for all."""
         taken_at_s, wall_time_s = self._clock(), self._wall_clock()
         reads: dict[str, Awaitable[Any]] = {"vllm": self._vllm.scrape()}
-        if nvml is None:
-            reads["nvml"] = self.read_nvml()
-        else:
-            reads["nvml"] = _given(nvml)
         if self._kvpool is not None:
             reads["kvpool"] = self._kvpool.scrape()
         timed = await asyncio.gather(*(self._timed(read) for read in reads.values()))
         results = dict(zip(reads, timed, strict=True))
+        durations = [(name, result[1]) for name, result in results.items()]
         return Snapshot(
             taken_at_s=taken_at_s,
             wall_time_s=wall_time_s,
             vllm=results["vllm"][0],
             kvpool=results["kvpool"][0] if "kvpool" in results else None,
-            nvml=results["nvml"][0],
-            durations_s=tuple((name, result[1]) for name, result in results.items()),
+            nvml=nvml.value,
+            durations_s=(durations[0], ("nvml", nvml.duration_s), *durations[1:]),
         )
-
-    async def read_nvml(self) -> NvmlSnapshot | SourceError:
-        # NVML calls block (briefly); keep them off the event loop.
-        return await asyncio.to_thread(self._nvml.collect)
 
     async def _timed(self, read: Awaitable[Any]) -> tuple[Any, float]:
         start = self._clock()
         value = await read
-        if isinstance(value, NvmlReading):
-            return value.value, value.duration_s
         return value, self._clock() - start
-
-
-@dataclass(frozen=True, slots=True)
-class NvmlReading:
-    """An NVML result taken once for the tick, and how long it took."""
-
-    value: NvmlSnapshot | SourceError
-    duration_s: float
-
-
-async def _given(reading: NvmlReading) -> NvmlReading:
-    return reading

@@ -11,7 +11,6 @@ from kvpilot.agent.tick.derive import EngineFigures, derive_figures
 from kvpilot.agent.tick.snapshot import SOURCES, NvmlReading, Snapshot, SnapshotTaker
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.kvpool.client import KvPoolScrape
-from kvpilot.collectors.nvml import NvmlCollector
 from kvpilot.collectors.vllm_metrics import VllmScrape
 from kvpilot.collectors.window import RollingWindow
 
@@ -41,7 +40,6 @@ class Ticker:
         self,
         taker: SnapshotTaker,
         *,
-        nvml: NvmlCollector,
         rate_span_s: float = 60.0,
         quantile_span_s: float = 60.0,
         retention_s: float = 600.0,
@@ -49,7 +47,6 @@ class Ticker:
     ) -> None:
         self._taker = taker
         self._planner = planner
-        self._nvml = nvml
         self.rate_span_s = rate_span_s
         self.quantile_span_s = quantile_span_s
         self.vllm_window = RollingWindow(retention_s=retention_s)
@@ -57,7 +54,7 @@ class Ticker:
         self.state = TickState()
         self._failing: set[str] = set()
 
-    async def tick(self, nvml: NvmlReading | None = None) -> Snapshot:
+    async def tick(self, nvml: NvmlReading) -> Snapshot:
         snapshot = await self._taker.take(nvml)
         if isinstance(snapshot.vllm, VllmScrape):
             self.vllm_window.add(snapshot.vllm)
@@ -70,7 +67,7 @@ class Ticker:
             rate_span_s=self.rate_span_s,
             quantile_span_s=self.quantile_span_s,
         )
-        self._count_errors(snapshot)
+        self._count_errors(snapshot, nvml)
         state = self.state
         state.latest, state.figures = snapshot, figures
         if self._planner is not None and isinstance(snapshot.vllm, VllmScrape):
@@ -79,7 +76,7 @@ class Ticker:
         state.last_tick_at_s = snapshot.taken_at_s
         return snapshot
 
-    def _count_errors(self, snapshot: Snapshot) -> None:
+    def _count_errors(self, snapshot: Snapshot, nvml: NvmlReading) -> None:
         errors = self.state.errors_total
         for source in SOURCES:
             value = getattr(snapshot, source)
@@ -92,6 +89,7 @@ class Ticker:
             elif value is not None and source in self._failing:
                 log.info("source %s recovered", source)
                 self._failing.discard(source)
-        # NVML's per-call errors (one device, one reading) are tallied by the collector.
-        for reason, count in self._nvml.errors_by_reason().items():
+        # NVML's per-call errors (one device, one reading), as the collector that read them
+        # tallied them.
+        for reason, count in nvml.call_errors.items():
             errors[("nvml_call", reason)] = count

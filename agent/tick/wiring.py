@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +11,6 @@ from kvpilot.agent.tick.calibration import PlannerCheck
 from kvpilot.agent.tick.snapshot import SnapshotTaker
 from kvpilot.agent.tick.ticker import Ticker
 from kvpilot.collectors.kvpool.client import KvPoolSource
-from kvpilot.collectors.nvml import NvmlCollector
 from kvpilot.collectors.vllm_metrics import VllmMetricsSource
 
 
@@ -31,10 +29,9 @@ class CollectSettings:
 def build_ticker(
     settings: CollectSettings,
     client: httpx.AsyncClient,
-    *,
-    server_pids: Callable[[], frozenset[int]] = frozenset,
 ) -> Ticker:
-    """Sources and windows for one vLLM target; the caller owns (and closes) the client."""
+    """Sources and windows for one vLLM target; the caller owns (and closes) the client and
+    reads NVML once per tick for every target (`read_nvml`)."""
     vllm = VllmMetricsSource(
         settings.vllm_url, client=client, timeout_s=settings.timeout_s, api_key=settings.api_key
     )
@@ -43,11 +40,9 @@ def build_ticker(
         if settings.kvpool_url
         else None
     )
-    nvml = NvmlCollector(server_pids=server_pids)
-    taker = SnapshotTaker(vllm=vllm, kvpool=kvpool, nvml=nvml)
+    taker = SnapshotTaker(vllm=vllm, kvpool=kvpool)
     return Ticker(
         taker,
-        nvml=nvml,
         rate_span_s=settings.rate_span_s,
         quantile_span_s=settings.quantile_span_s,
         planner=PlannerCheck(settings.model_config) if settings.model_config else None,

@@ -29,6 +29,8 @@ if _DESCRIPTION:
             processes=tuple(
                 FakeProcess(pid=p["pid"], used_bytes=p["used_bytes"]) for p in gpu["processes"]
             ),
+            # C function name -> the NVML return code it gives for this device.
+            fail=gpu.get("fail", {}),
         )
         for gpu in json.loads(Path(_DESCRIPTION).read_text())["gpus"]
     ]
