@@ -101,7 +101,7 @@ async def run_sidecar(
                     )
                 except StudyError as exc:  # collecting and alerting go on without it
                     log.error("scheduled tuning is off: %s", exc)
-            starting = asyncio.create_task(_start_local(config, runtime, tuning))
+            starting = sidecar.tasks.spawn(_start_local(config, runtime, tuning), "start-servers")
             own = sidecar_families(sidecar.counters)
 
             def extra(out: Any) -> None:
@@ -129,7 +129,12 @@ async def run_sidecar(
 
             try:
                 await serve_and_tick(
-                    tick, app, loop, stop=stop, add_jobs=tuning.add_to if tuning else None
+                    tick,
+                    app,
+                    loop,
+                    stop=stop,
+                    add_jobs=tuning.add_to if tuning else None,
+                    overruns=sidecar.overruns,
                 )
             finally:
                 if tuning is not None:

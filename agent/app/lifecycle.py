@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC
@@ -18,7 +19,20 @@ import uvicorn
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from starlette.applications import Starlette
 
+from kvpilot.agent.tick.overruns import TickOverruns
+
 log = logging.getLogger(__name__)
+
+
+class _SkippedRunFilter(logging.Filter):
+    """Drops APScheduler's per-run "maximum number of running instances" warning: a tick
+    that overruns is counted and reported by `TickOverruns` instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "maximum number of running instances reached" not in record.getMessage()
+
+
+_SKIPPED_RUNS = _SkippedRunFilter()
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +58,7 @@ async def serve_and_tick(
     *,
     stop: asyncio.Event | None = None,
     add_jobs: Callable[[AsyncIOScheduler], None] | None = None,
+    overruns: TickOverruns | None = None,
 ) -> None:
     """Run `tick` every interval and serve `app` until `stop` is set or SIGTERM/SIGINT.
 
@@ -69,6 +84,7 @@ async def serve_and_tick(
         task = asyncio.current_task()
         assert task is not None
         current.add(task)
+        started_s = time.monotonic()
         try:
             await tick()
         except Exception:
@@ -76,7 +92,12 @@ async def serve_and_tick(
             log.exception("tick failed")
         finally:
             current.discard(task)
+            if overruns is not None:
+                overruns.record(time.monotonic() - started_s)
 
+    scheduler_log = logging.getLogger("apscheduler.scheduler")
+    if overruns is not None and _SKIPPED_RUNS not in scheduler_log.filters:
+        scheduler_log.addFilter(_SKIPPED_RUNS)
     scheduler = AsyncIOScheduler(event_loop=loop)
     scheduler.add_job(
         tick_job, "interval", seconds=settings.interval_s, max_instances=1, coalesce=True,

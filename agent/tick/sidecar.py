@@ -7,7 +7,9 @@ One tick, in order (each step sees the same snapshot):
 2. the rules turn each server's snapshot into conditions (`RuleEngine`);
 3. the alert tracker advances the lifecycle; transitions and alert rows are written to the
    state store, notifications into the outbox, in one transaction, before anything acts;
-4. remediation observes the transitions (restarts run as background tasks);
+4. remediation observes the transitions (restarts run as background tasks); the pages and
+   advice it raises become alerts of the tracker on the next tick, so silences apply to
+   them and the API lists them like any rule's;
 5. a delivery pass sends what is due (in the background, never two at once).
 """
 
@@ -28,11 +30,15 @@ from kvpilot.agent.config.models import AgentConfig, NotifierConfig
 from kvpilot.agent.model import AlertEvent, Condition, Instance, Labels
 from kvpilot.agent.notify import DeliveryWorker, Notifier
 from kvpilot.agent.remediation import Remediator
+from kvpilot.agent.remediation.remediator import Outcome
 from kvpilot.agent.rules.engine import RuleEngine
 from kvpilot.agent.runtimes import Runtime
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.trials import SqliteTrialStore
+from kvpilot.agent.tasks import GuardedTasks
 from kvpilot.agent.tick.calibration import model_config_of
+from kvpilot.agent.tick.overruns import TickOverruns
+from kvpilot.agent.tick.pages import RemediationPages
 from kvpilot.agent.tick.snapshot import NvmlReading, read_nvml
 from kvpilot.agent.tick.ticker import Ticker
 from kvpilot.agent.tick.wiring import CollectSettings, build_ticker
@@ -75,10 +81,13 @@ class Sidecar:
         self.delivery = DeliveryWorker(store.outbox, notifiers, clock=wall_clock)
         self.rules = RuleEngine.from_config(config.rules)
         self.tracker = self._restore_tracker()
+        self._pages = RemediationPages.restore(self.tracker.alerts())
         self._tickers: dict[str, Ticker] = {}
         self._roles: dict[str, str] = {}
         self._pids: dict[str, frozenset[int]] = {}
         self._delivering: asyncio.Task[None] | None = None
+        self.tasks = GuardedTasks()
+        self.overruns = TickOverruns(config.interval_s, clock)
         self._latest_nvml: NvmlSnapshot | SourceError | None = None
         self._last_retention_s: float | None = None
         self._last_repeat_wall_s: dict[tuple[str, str], float] = {}
@@ -117,18 +126,19 @@ class Sidecar:
         per_server = await asyncio.gather(*(self._server(i, nvml) for i in instances))
         conditions = [c for server in per_server for c in server]
         now_s, now_wall_s = self._clock(), self._wall_clock()
-        transitions = self.tracker.update(conditions, now_s, now_wall_s)
+        transitions = self.tracker.update(
+            [*conditions, *self._pages.conditions(self.remediator.take_events())],
+            now_s,
+            now_wall_s,
+        )
         with self.store.transaction():
             for transition in transitions:
                 self._record(transition, now_wall_s)
             self.store.save_alerts(self.tracker.to_rows())
-        for task in self.remediator.observe(transitions, conditions, now_s=now_s):
+        rule_transitions = [t for t in transitions if not self._pages.owns(t.rule)]
+        for task in self.remediator.observe(rule_transitions, conditions, now_s=now_s):
+            self.tasks.watch(task)
             task.add_done_callback(self._count_remediation)
-        events = self.remediator.take_events()
-        if events:
-            with self.store.transaction():
-                for event in events:
-                    self._enqueue_all(event, now_wall_s, repeat=False)
         self._deliver_in_background()
         self._retention(now_s, now_wall_s)
         self.ticks_total += 1
@@ -233,11 +243,11 @@ class Sidecar:
             for count in report.counts:
                 self._notifications[(count.notifier, count.outcome)] += count.items_total
 
-        self._delivering = asyncio.get_running_loop().create_task(deliver())
+        self._delivering = self.tasks.spawn(deliver(), "delivery")
 
-    def _count_remediation(self, task: asyncio.Task) -> None:  # type: ignore[type-arg]
+    def _count_remediation(self, task: asyncio.Task[Outcome]) -> None:
         if task.cancelled() or task.exception() is not None:
-            return
+            return  # a failure is logged and counted by the guard
         outcome = task.result()
         self._remediations[(outcome.instance, outcome.decision)] += 1
 

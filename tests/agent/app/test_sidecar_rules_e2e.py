@@ -159,6 +159,8 @@ def test_a_server_that_cannot_start_opens_the_circuit_and_pages_once(tmp_path: P
             900,
         )
         assert page[0]["labels"]["severity"] == "critical"
+        # The page is an alert like any rule's: the API lists it (and silences apply).
+        assert _alerts(agent, "KvpilotRemediationCircuitOpen", "firing")
         restarts = _restarts(agent)
         assert len(restarts) == 1 and restarts[0]["state"] == "failed", restarts
         breaker = agent.status()["remediation"]["breakers"]
