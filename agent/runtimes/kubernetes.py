@@ -16,10 +16,8 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from kvpilot.agent.model import Instance
 from kvpilot.agent.runtimes import k8s_objects as objects
@@ -35,6 +33,12 @@ from kvpilot.agent.runtimes.base import (
 from kvpilot.agent.runtimes.k8s_api import Conflict, NotFound, call, client_module
 from kvpilot.agent.runtimes.k8s_lease import DeploymentLease
 from kvpilot.agent.runtimes.k8s_objects import ContainerCommand
+from kvpilot.agent.runtimes.k8s_values import (
+    KubernetesTarget,
+    Promotion,
+    PromotionNotApplied,
+    Recommendation,
+)
 from kvpilot.agent.runtimes.probe import wait_ready
 
 DEPLOYMENTS = "deployments.apps"
@@ -42,70 +46,7 @@ PODS = "pods"
 POLL_S = 1.0
 CONFLICT_RETRIES = 3
 POD_GONE_MARGIN_S = 30.0  # beyond the drain deadline: the kubelet's SIGKILL and clean-up
-PromoteMode = Literal["apply", "recommend", "auto"]
-RestartMode = Literal["signal", "rollout"]
 Probe = Callable[..., Awaitable[Any]]
-
-
-@dataclass(frozen=True, slots=True)
-class KubernetesTarget:
-    """The stable Deployment and how to reach and change it."""
-
-    namespace: str
-    deployment: str
-    container: str = "vllm"
-    sidecar_container: str | None = "kvpilot"  # removed from the canary's pod
-    port: int = 8000
-    kvpool_port: int | None = 9500
-    # The sidecar shares the stable pod, so it reaches vLLM on loopback; None: the pod IP.
-    stable_url: str | None = "http://127.0.0.1:8000"
-    api_key: str | None = None
-    promote: PromoteMode = "auto"  # auto: recommend-only when GitOps owns the Deployment
-    restart: RestartMode = "signal"
-    state_dir: Path | None = None  # where recommend-only writes its patches
-    name: str | None = None  # the stable instance's name; the Deployment's by default
-
-    @property
-    def stable_name(self) -> str:
-        return self.name or self.deployment
-
-    @property
-    def canary_name(self) -> str:
-        return objects.canary_name(self.deployment)
-
-
-@dataclass(frozen=True, slots=True)
-class Recommendation:
-    """A promotion written down instead of applied, and where."""
-
-    deployment: str
-    namespace: str
-    patch: str  # a strategic-merge patch, JSON
-    path: Path | None
-    reason: str
-    kubectl: str
-
-
-@dataclass(frozen=True, slots=True)
-class Promotion:
-    """What a promotion did: applied (instance ready) or only recommended."""
-
-    applied: bool
-    instance: Instance | None
-    recommendation: Recommendation | None
-
-
-class PromotionNotApplied(RuntimeUnsupported):
-    """Recommend-only mode: the patch was written, not applied; `recommendation` says where."""
-
-    def __init__(self, recommendation: Recommendation) -> None:
-        where = recommendation.path or "the result (no state directory configured)"
-        super().__init__(
-            f"recommend-only: the patch for Deployment {recommendation.namespace}/"
-            f"{recommendation.deployment} was written to {where}, not applied "
-            f"({recommendation.reason}); apply it with: {recommendation.kubectl}"
-        )
-        self.recommendation = recommendation
 
 
 class KubernetesRuntime:
