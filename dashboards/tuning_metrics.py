@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
+from kvpilot.tuner.constraints import Value
 from kvpilot.tuner.judge import Judgement
-from kvpilot.tuner.space import Value
 from kvpilot.tuner.trials import Trial, TrialState
 
 Kind = Literal["gauge", "counter", "info"]

@@ -117,6 +117,7 @@ class TrialResult:
 
 def evaluate(measurement: Measurement, slo: Slo) -> TrialResult:
     """Goodput and the constraints of one window, as a feasible or infeasible result."""
+    metrics: WindowMetrics | None
     if measurement.report is not None:
         metrics, goodput = _client_metrics(measurement.report, measurement.scrapes, slo)
     else:
