@@ -144,11 +144,11 @@ def tuning_families(
             add(TRIAL_PREEMPTION_RATE, (trial.trial_id,),
                 window.preemptions_total / window.duration_s)  # fmt: skip
     for trial in trials:
-        for verdict in trial.judgement.metrics if trial.judgement else ():
-            for side, median in (("canary", verdict.canary_median),
-                                 ("baseline", verdict.baseline_median)):  # fmt: skip
+        for metric in trial.judgement.metrics if trial.judgement else ():
+            for side, median in (("canary", metric.canary_median),
+                                 ("baseline", metric.baseline_median)):  # fmt: skip
                 if median is not None:
-                    add(CANARY_METRIC, (trial.trial_id, verdict.name, side, "median"), median)
+                    add(CANARY_METRIC, (trial.trial_id, metric.name, side, "median"), median)
     best = best_goodput(trials)
     if best is not None:
         add(BEST_GOODPUT, (), best)
