@@ -293,7 +293,7 @@ def rig_load(
         seed=seed,
     )
     report = asyncio.run(run_load(url, workload, model=model, api_key=api_key))
-    summary = {
+    summary: dict[str, object] = {
         "requests": len(report.results),
         "failed": len(report.failed),
         "duration_s": round(report.duration_s, 3),

@@ -67,8 +67,8 @@ def _notifier_line(notifier: NotifierConfig) -> str:
         extras.append("hmac signed")
     if getattr(notifier, "auth", None) is not None:
         extras.append("auth set")
-    if getattr(notifier, "headers", None):
-        extras.append(f"headers: {', '.join(sorted(notifier.headers))} (values hidden)")
+    if headers := getattr(notifier, "headers", None):
+        extras.append(f"headers: {', '.join(sorted(headers))} (values hidden)")
     extra = f" [{'; '.join(extras)}]" if extras else ""
     repeat = f"repeat every {notifier.repeat_interval_s:g} s"
     return f"  {notifier.name}: {notifier.kind} -> {target}, {repeat}{extra}"

@@ -239,7 +239,7 @@ class Sidecar:
 
         self._delivering = asyncio.get_running_loop().create_task(deliver())
 
-    def _count_remediation(self, task: asyncio.Task) -> None:  # type: ignore[type-arg]
+    def _count_remediation(self, task: asyncio.Task) -> None:
         if task.cancelled() or task.exception() is not None:
             return
         outcome = task.result()

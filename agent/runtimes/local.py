@@ -23,6 +23,7 @@ from kvpilot.agent.model import Instance, Role
 from kvpilot.agent.runtimes.base import (
     InstanceStatus,
     RuntimeFailure,
+    RuntimeKind,
     StopResult,
     UnknownInstance,
 )
@@ -74,7 +75,7 @@ class _Slot:
 class LocalRuntime:
     """Starts, stops and restarts vLLM servers as child process groups of the agent."""
 
-    kind = "local"
+    kind: RuntimeKind = "local"
 
     def __init__(
         self,
