@@ -262,7 +262,7 @@ def rig_serve(
     with server:
         print(f"healthy: {spec.url}", file=sys.stderr)
         try:
-            server.process.wait()  # type: ignore[union-attr]
+            server.process.wait()  # type: ignore[union-attr]  # started by `with server`
         except KeyboardInterrupt:
             print("stopping", file=sys.stderr)
 
