@@ -164,7 +164,7 @@ class AlertTracker:
         **kwargs: object,
     ) -> AlertTracker:
         """A tracker holding persisted states; monotonic stamps are set on the first update."""
-        tracker = cls(rules_for_s, **kwargs)  # type: ignore[arg-type]
+        tracker = cls(rules_for_s, **kwargs)  # type: ignore[arg-type]  # __init__'s keywords
         for row in rows:
             tracker._alerts[row.fingerprint] = _Alert(
                 fingerprint=row.fingerprint,

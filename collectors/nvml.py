@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pynvml
 
@@ -348,7 +348,8 @@ class NvmlCollector:
             self._record(what, "undecodable_string", errors)
             return None
         if isinstance(result, bytes):
-            return result.decode("utf-8", errors="replace")  # type: ignore[return-value]
+            # Older bindings return bytes where newer ones return str: callers get str.
+            return cast(T, result.decode("utf-8", errors="replace"))
         return result
 
     def _record(self, what: str, reason: str, errors: list[str]) -> None:

@@ -82,14 +82,15 @@ class ProcView:
 
     def to_local(self, host_pid: int) -> int | None:
         """``host_pid`` as our namespace sees it; ``None`` when it is not visible to us."""
-        if self._depth is None:
+        depth = self._depth
+        if depth is None:
             return None
         status = self._read_status(host_pid)
-        if status is None or len(status.ns_pids) <= self._depth:
+        if status is None or len(status.ns_pids) <= depth:
             return None
-        if self._depth > 0 and not self._in_our_namespace(host_pid, status):
+        if depth > 0 and not self._in_our_namespace(host_pid, status, depth):
             return None
-        return status.ns_pids[self._depth]
+        return status.ns_pids[depth]
 
     def local_lineage(self, host_pid: int) -> tuple[int, ...]:
         """Our-namespace PIDs of the process and of its visible ancestors, nearest first."""
@@ -130,19 +131,19 @@ class ProcView:
         self._own_namespace = namespace
         return None
 
-    def _in_our_namespace(self, host_pid: int, status: ProcStatus) -> bool:
+    def _in_our_namespace(self, host_pid: int, status: ProcStatus, depth: int) -> bool:
         # Climb to the ancestor that lives at our depth: a process in a nested namespace descends
         # from the init of that namespace, whose parent lives one level up.
         pid, current = host_pid, status
         for _ in range(_MAX_ANCESTRY):
-            if len(current.ns_pids) == self._depth + 1:
+            if len(current.ns_pids) == depth + 1:
                 namespace = self._read_namespace(pid)
                 return namespace is not None and namespace == self._own_namespace
             if current.parent_pid is None or current.parent_pid <= 0:
                 return False
             pid = current.parent_pid
             parent = self._read_status(pid)
-            if parent is None or len(parent.ns_pids) <= self._depth:
+            if parent is None or len(parent.ns_pids) <= depth:
                 return False
             current = parent
         return False

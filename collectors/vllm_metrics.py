@@ -13,10 +13,11 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypedDict
 
 import httpx
 
-from kvpilot.collectors.errors import SourceError
+from kvpilot.collectors.errors import ErrorKind, SourceError
 from kvpilot.collectors.histogram import Histogram
 from kvpilot.collectors.promtext import Labels, MetricsParseError, scan
 
@@ -230,9 +231,9 @@ def _assemble(
         fields: dict[str, object] = dict(values[key])
         for name in ("requests_running", "requests_waiting"):
             if name in fields:
-                fields[name] = _count_or_none(fields[name])  # type: ignore[arg-type]
-        usage = fields.get("kv_usage_ratio")
-        if isinstance(usage, float) and math.isnan(usage):
+                fields[name] = _count_or_none(values[key][name])
+        usage = values[key].get("kv_usage_ratio")
+        if usage is not None and math.isnan(usage):
             fields["kv_usage_ratio"] = usage = None
         for (k, family), (_, h) in chosen.items():
             if k == key:
@@ -241,20 +242,28 @@ def _assemble(
         if isinstance(iterations, Histogram):
             fields["iterations_total"] = iterations.count
         info = cache_infos.get(key[1]) or cache_infos.get(None) or ()
-        fields.update(_cache_fields(info, n_engines, usage))  # type: ignore[arg-type]
+        fields.update(_cache_fields(info, n_engines, usage))
         out.append(
             EngineSample(
                 model_name=key[0],
                 engine=key[1],
                 taken_at_s=taken_at_s,
                 wall_time_s=wall_time_s,
-                **fields,  # type: ignore[arg-type]
+                **fields,  # type: ignore[arg-type]  # keys are EngineSample's own field names
             )
         )
     return tuple(out)
 
 
-def _cache_fields(info: Labels, n_engines: int, usage: float | None) -> dict[str, object]:
+class _CacheFields(TypedDict):
+    cache_config: Labels
+    num_gpu_blocks: int | None
+    blocks_total: int | None
+    blocks_free: int | None
+    block_size: int | None
+
+
+def _cache_fields(info: Labels, n_engines: int, usage: float | None) -> _CacheFields:
     """Block figures from ``vllm:cache_config_info``'s labels and the usage ratio."""
     labels = dict(info)
     num_gpu_blocks = _int_label(labels.get("num_gpu_blocks"))
@@ -305,7 +314,7 @@ def _without_known_families(
             engine=engine,
             taken_at_s=taken_at_s,
             wall_time_s=wall_time_s,
-            **_cache_fields(cache_infos.get(engine) or cache_infos.get(None) or (), n, None),  # type: ignore[arg-type]
+            **_cache_fields(cache_infos.get(engine) or cache_infos.get(None) or (), n, None),
         )
         for model, engine in sorted(engines)
     )
@@ -421,8 +430,8 @@ class VllmMetricsSource:
         if isinstance(version, str):
             self._version = version
 
-    def _error(self, kind: str, message: str) -> SourceError:
-        return SourceError(source=SOURCE, kind=kind, message=message)  # type: ignore[arg-type]
+    def _error(self, kind: ErrorKind, message: str) -> SourceError:
+        return SourceError(source=SOURCE, kind=kind, message=message)
 
 
 def _excerpt(body: str, limit: int = 120) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 from itertools import pairwise
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from kvpilot.collectors.histogram import Histogram, add, delta, quantile
 
@@ -35,27 +35,31 @@ class Sample(Protocol):
     def taken_at_s(self) -> float: ...
 
 
-class Scrape(Protocol):
+SampleT = TypeVar("SampleT", bound=Sample)
+SampleT_co = TypeVar("SampleT_co", bound=Sample, covariant=True)
+
+
+class Scrape(Protocol[SampleT_co]):
     """What the window needs of a scrape: a stamp and the samples taken then."""
 
     @property
     def taken_at_s(self) -> float: ...
 
     @property
-    def engines(self) -> Sequence[Sample]: ...
+    def engines(self) -> Sequence[SampleT_co]: ...
 
 
-class RollingWindow:
+class RollingWindow(Generic[SampleT]):
     """Samples per key over the last ``retention_s`` seconds; not thread-safe (one tick owns it)."""
 
     def __init__(self, retention_s: float) -> None:
         if retention_s <= 0:
             raise ValueError("retention_s must be positive")
         self.retention_s = retention_s
-        self._series: dict[Key, deque[Sample]] = {}
+        self._series: dict[Key, deque[SampleT]] = {}
         self._last_at_s: float | None = None
 
-    def add(self, scrape: Scrape) -> None:
+    def add(self, scrape: Scrape[SampleT]) -> None:
         """Append a scrape's samples, trim old ones, and drop engines the scrape no longer has."""
         now = scrape.taken_at_s
         if self._last_at_s is not None and now <= self._last_at_s:
@@ -80,12 +84,12 @@ class RollingWindow:
         """The engines the latest scrape reported."""
         return list(self._series)
 
-    def latest(self, key: Key) -> Sample | None:
+    def latest(self, key: Key) -> SampleT | None:
         """The newest sample of an engine."""
         series = self._series.get(key)
         return series[-1] if series else None
 
-    def samples(self, key: Key, span_s: float | None = None) -> list[Sample]:
+    def samples(self, key: Key, span_s: float | None = None) -> list[SampleT]:
         """The samples of an engine, oldest first, within ``span_s`` of the newest if given."""
         series = self._series.get(key)
         if not series:
@@ -154,7 +158,7 @@ def _increase(points: list[tuple[float, float]]) -> float:
     return total
 
 
-def _values(samples: list[Sample], field: str) -> list[tuple[float, Any]]:
+def _values(samples: Sequence[Sample], field: str) -> list[tuple[float, Any]]:
     """``(taken_at_s, value)`` of the samples where ``field`` is known."""
     out = []
     for s in samples:

@@ -36,7 +36,8 @@ class DashboardFile:
 
     def model(self) -> dict[str, Any]:
         """The dashboard as Grafana's JSON model."""
-        return json.loads(self.json_text)
+        model: dict[str, Any] = json.loads(self.json_text)
+        return model
 
 
 @dataclass(frozen=True, slots=True)

@@ -203,7 +203,7 @@ def _agent_row() -> list[Item]:
     ]
 
 
-def annotations() -> Sequence[dashboard_builders.AnnotationQuery]:
+def annotation_queries() -> Sequence[dashboard_builders.AnnotationQuery]:
     """Alert states (Prometheus's ALERTS series) and the agent's remediations."""
     return (
         dashboard_builders.AnnotationQuery()
@@ -258,7 +258,7 @@ def memory_dashboard(*, fragmentation_threshold_ratio: float = 0.30) -> Dashboar
             )
         )
     )
-    for annotation in annotations():
+    for annotation in annotation_queries():
         builder = builder.annotation(annotation)
     rows = (
         _gpu_row()

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grafana_client import GrafanaApi
+from grafana_client.api import GrafanaApi
 from grafana_client.client import (
     GrafanaClientError,
     GrafanaException,
@@ -135,7 +135,9 @@ def _ensure_folder(session: _Session, api: GrafanaApi) -> Outcome:
 
 def _stored(session: _Session, api: GrafanaApi, uid: str) -> dict[str, Any] | None:
     try:
-        found = session.call(f"read dashboard {uid}", api.dashboard.get_dashboard, uid)
+        found: dict[str, Any] = session.call(
+            f"read dashboard {uid}", api.dashboard.get_dashboard, uid
+        )
     except PushError as exc:
         cause = exc.__cause__
         if isinstance(cause, GrafanaClientError) and cause.status_code == 404:

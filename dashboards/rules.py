@@ -27,52 +27,75 @@ from typing import Any, Protocol
 import yaml
 
 
+# Read-only members (properties): the agent's config models are frozen.
 class _Rule(Protocol):
-    enabled: bool
-    for_s: float
-    severity: str
-    labels: Mapping[str, str]
+    @property
+    def enabled(self) -> bool: ...
+    @property
+    def for_s(self) -> float: ...
+    @property
+    def severity(self) -> str: ...
+    @property
+    def labels(self) -> Mapping[str, str]: ...
 
 
 class _FragmentationSource(_Rule, Protocol):
-    threshold_ratio: float
+    @property
+    def threshold_ratio(self) -> float: ...
 
 
 class _Fragmentation(Protocol):
-    kv_blocks: _FragmentationSource
-    allocator: _FragmentationSource
+    @property
+    def kv_blocks(self) -> _FragmentationSource: ...
+    @property
+    def allocator(self) -> _FragmentationSource: ...
 
 
 class _PreemptionSpike(_Rule, Protocol):
-    window_s: float
-    baseline_window_s: float
-    floor_per_s: float
-    baseline_multiple: float
+    @property
+    def window_s(self) -> float: ...
+    @property
+    def baseline_window_s(self) -> float: ...
+    @property
+    def floor_per_s(self) -> float: ...
+    @property
+    def baseline_multiple(self) -> float: ...
 
 
 class _KvSaturation(_Rule, Protocol):
-    usage_threshold_ratio: float
-    min_waiting: int
+    @property
+    def usage_threshold_ratio(self) -> float: ...
+    @property
+    def min_waiting(self) -> int: ...
 
 
 class _EngineStall(_Rule, Protocol):
-    stall_s: float
+    @property
+    def stall_s(self) -> float: ...
 
 
 class _GpuMemoryGrowth(_Rule, Protocol):
-    window_s: float
-    slope_threshold_bytes_per_s: float
-    min_growth_bytes: int
+    @property
+    def window_s(self) -> float: ...
+    @property
+    def slope_threshold_bytes_per_s(self) -> float: ...
+    @property
+    def min_growth_bytes(self) -> int: ...
 
 
 class RuleSettings(Protocol):
     """The part of the agent's `RulesConfig` these rules are generated from."""
 
-    fragmentation: _Fragmentation
-    preemption_spike: _PreemptionSpike
-    kv_saturation: _KvSaturation
-    engine_stall: _EngineStall
-    gpu_memory_growth: _GpuMemoryGrowth
+    @property
+    def fragmentation(self) -> _Fragmentation: ...
+    @property
+    def preemption_spike(self) -> _PreemptionSpike: ...
+    @property
+    def kv_saturation(self) -> _KvSaturation: ...
+    @property
+    def engine_stall(self) -> _EngineStall: ...
+    @property
+    def gpu_memory_growth(self) -> _GpuMemoryGrowth: ...
 
 
 @dataclass(frozen=True, slots=True)

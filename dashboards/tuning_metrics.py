@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
+from kvpilot.tuner.constraints import Value
 from kvpilot.tuner.judge import Judgement
-from kvpilot.tuner.space import Value
 from kvpilot.tuner.trials import Trial, TrialState
 
 Kind = Literal["gauge", "counter", "info"]
@@ -144,11 +144,11 @@ def tuning_families(
             add(TRIAL_PREEMPTION_RATE, (trial.trial_id,),
                 window.preemptions_total / window.duration_s)  # fmt: skip
     for trial in trials:
-        for verdict in trial.judgement.metrics if trial.judgement else ():
-            for side, median in (("canary", verdict.canary_median),
-                                 ("baseline", verdict.baseline_median)):  # fmt: skip
+        for metric in trial.judgement.metrics if trial.judgement else ():
+            for side, median in (("canary", metric.canary_median),
+                                 ("baseline", metric.baseline_median)):  # fmt: skip
                 if median is not None:
-                    add(CANARY_METRIC, (trial.trial_id, verdict.name, side, "median"), median)
+                    add(CANARY_METRIC, (trial.trial_id, metric.name, side, "median"), median)
     best = best_goodput(trials)
     if best is not None:
         add(BEST_GOODPUT, (), best)

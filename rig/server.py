@@ -38,7 +38,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago (the kernel picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 @dataclass(frozen=True, slots=True)

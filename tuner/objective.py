@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from kvpilot.collectors.vllm_metrics import VllmScrape
+from kvpilot.collectors.vllm_metrics import EngineSample, VllmScrape
 from kvpilot.collectors.window import RollingWindow
 from kvpilot.tuner.loadgen import LoadReport, RequestResult, percentile
 from kvpilot.tuner.startup_errors import StartupFailure, parse_startup_failure
@@ -117,6 +117,7 @@ class TrialResult:
 
 def evaluate(measurement: Measurement, slo: Slo) -> TrialResult:
     """Goodput and the constraints of one window, as a feasible or infeasible result."""
+    metrics: WindowMetrics | None
     if measurement.report is not None:
         metrics, goodput = _client_metrics(measurement.report, measurement.scrapes, slo)
     else:
@@ -270,9 +271,9 @@ def _slo_broken(metrics: WindowMetrics, slo: Slo) -> str | None:
     return None
 
 
-def _window(scrapes: Sequence[VllmScrape]) -> RollingWindow:
+def _window(scrapes: Sequence[VllmScrape]) -> RollingWindow[EngineSample]:
     span = max(1.0, scrapes[-1].taken_at_s - scrapes[0].taken_at_s + 1.0)
-    window = RollingWindow(retention_s=span)
+    window: RollingWindow[EngineSample] = RollingWindow(retention_s=span)
     for scrape in scrapes:
         window.add(scrape)
     return window

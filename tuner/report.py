@@ -20,6 +20,7 @@ from kvpilot.tuner.space import SearchSpace
 from kvpilot.tuner.trials import Trial, TrialState
 
 W, H, PAD = 560, 320, 56
+DEFAULT_TITLE = "kvpilot tuning report"
 _VERDICT_COLOUR = {"pass": "#2e7d32", "high": "#c62828", "low": "#1565c0", "nodata": "#9e9e9e"}
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222}
@@ -53,7 +54,7 @@ class _Axis:
 def render_report(
     trials: Sequence[Trial],
     *,
-    title: str = "kvpilot tuning report",
+    title: str = DEFAULT_TITLE,
     space: SearchSpace | None = None,
 ) -> str:
     """The whole page as a string."""
@@ -84,10 +85,16 @@ def render_report(
     return "\n".join(parts)
 
 
-def write_report(path: str | Path, trials: Sequence[Trial], **kwargs: object) -> Path:
+def write_report(
+    path: str | Path,
+    trials: Sequence[Trial],
+    *,
+    title: str = DEFAULT_TITLE,
+    space: SearchSpace | None = None,
+) -> Path:
     """Write the page; returns its path."""
     out = Path(path)
-    out.write_text(render_report(trials, **kwargs), encoding="utf-8")  # type: ignore[arg-type]
+    out.write_text(render_report(trials, title=title, space=space), encoding="utf-8")
     return out
 
 

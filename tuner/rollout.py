@@ -23,6 +23,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from kvpilot.tuner.judge import JudgeConfig, Judgement, judge
 from kvpilot.tuner.objective import Slo, TrialResult, better, evaluate
@@ -107,7 +108,9 @@ class RolloutRecord:
     baseline_goodput_tokens_per_s: float | None = None
     bake_goodput_tokens_per_s: float | None = None
 
-    def at(self, phase: Phase, *, at_wall_s: float, reason: str | None = None, **changes: object):
+    def at(
+        self, phase: Phase, *, at_wall_s: float, reason: str | None = None, **changes: Any
+    ) -> RolloutRecord:
         """The record in a new phase; a final phase cannot be left."""
         if self.phase.final:
             raise ValueError(f"rollout {self.trial_id}: {self.phase} is final")

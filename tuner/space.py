@@ -74,7 +74,8 @@ class Knob:
             if len(self.choices) == 1:
                 return 0.5
             return self.choices.index(value) / (len(self.choices) - 1)
-        low, high, v = float(self.low), float(self.high), float(value)  # type: ignore[arg-type]
+        low, high = self._range()
+        v = float(value)
         if high == low:
             return 0.5
         if self.log_scale:
@@ -88,7 +89,7 @@ class Knob:
             return self.choices[round(u * (len(self.choices) - 1))]
         if self.levels:
             return self._typed(min(self.levels, key=lambda v: abs(self.to_unit(v) - u)))
-        low, high = float(self.low), float(self.high)  # type: ignore[arg-type]
+        low, high = self._range()
         if self.log_scale:
             raw = math.exp(math.log(low) + u * (math.log(high) - math.log(low)))
         else:
@@ -105,7 +106,8 @@ class Knob:
             return False
         if self.levels:
             return float(value) in self.levels
-        return float(self.low) <= float(value) <= float(self.high)  # type: ignore[arg-type]
+        low, high = self._range()
+        return low <= float(value) <= high
 
     def grid(self, points: int) -> tuple[Value, ...]:
         """Ascending values to walk: the levels or choices, else `points` evenly in scale."""
@@ -127,6 +129,12 @@ class Knob:
         if self.kind is KnobKind.INTEGER:
             return round(raw)
         return round(raw, REAL_DIGITS)
+
+    def _range(self) -> tuple[float, float]:
+        """Low and high of a numeric knob (construction checked that both are set)."""
+        if self.low is None or self.high is None:
+            raise ValueError(f"{self.name}: a {self.kind} knob has no range")
+        return float(self.low), float(self.high)
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,16 +286,13 @@ def optional_knob(
         base = _CATALOGUE[name]
     else:
         raise ValueError(f"unknown knob {name!r}; known: {', '.join(sorted(_CATALOGUE))}")
-    changes: dict[str, object] = {}
-    if low is not None:
-        changes["low"] = low
-    if high is not None:
-        changes["high"] = high
-    if choices:
-        changes["choices"] = tuple(choices)
-    if levels:
-        changes["levels"] = tuple(levels)
-    return replace(base, **changes)  # type: ignore[arg-type]
+    return replace(
+        base,
+        low=base.low if low is None else low,
+        high=base.high if high is None else high,
+        choices=tuple(choices) if choices else base.choices,
+        levels=tuple(levels) if levels else base.levels,
+    )
 
 
 def default_space(

@@ -14,9 +14,11 @@ import csv
 import dataclasses
 import json
 import random
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvpilot.tuner.fingerprint import digest
 from kvpilot.tuner.loadgen import LoadReport, PlannedRequest, Workload, plan_requests, run_planned
@@ -114,17 +116,19 @@ async def replay(
     clock: Callable[[], float] | None = None,
 ) -> LoadReport:
     """Send a workload or a trace to one instance and return the client-side report."""
-    kwargs = {"model": model, "api_key": api_key}
-    if clock is not None:
-        kwargs["clock"] = clock
+    send_clock = clock or time.monotonic
     if isinstance(source, Workload):
         planned = plan_requests(source)
         return await run_planned(
             base_url, planned, concurrency=source.concurrency,
-            request_timeout_s=source.request_timeout_s, **kwargs,
+            request_timeout_s=source.request_timeout_s, model=model, api_key=api_key,
+            clock=send_clock,
         )  # fmt: skip
     planned = plan_trace(source, seed=seed, speedup=speedup, max_model_len=max_model_len)
-    return await run_planned(base_url, planned, request_timeout_s=request_timeout_s, **kwargs)
+    return await run_planned(
+        base_url, planned, request_timeout_s=request_timeout_s, model=model, api_key=api_key,
+        clock=send_clock,
+    )  # fmt: skip
 
 
 def workload_hash(source: Workload | Trace) -> str:
@@ -148,7 +152,8 @@ def _jsonl_rows(text: str, path: Path) -> Iterable[tuple[int, Mapping[str, objec
 
 
 def _request(row: Mapping[str, object], path: Path, number: int) -> TraceRequest:
-    def pick(names: tuple[str, ...], cast: Callable[[object], float | int]) -> float | int:
+    # A JSON value goes to the converter as it is: what it cannot read raises, reported below.
+    def pick(names: tuple[str, ...], cast: Callable[[Any], float | int]) -> float | int:
         for name in names:
             if name in row and row[name] not in (None, ""):
                 try:
@@ -167,8 +172,8 @@ def _request(row: Mapping[str, object], path: Path, number: int) -> TraceRequest
     )
 
 
-def _as_int(value: object) -> int:
-    number = float(value)  # type: ignore[arg-type]
+def _as_int(value: Any) -> int:
+    number = float(value)
     if number != int(number):
         raise ValueError("not a whole number of tokens")
     return int(number)

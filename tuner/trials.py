@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+from kvpilot.tuner.constraints import Value
 from kvpilot.tuner.judge import Classification, Judgement, MetricVerdict, Verdict
 from kvpilot.tuner.objective import Outcome, TrialResult, WindowMetrics
-from kvpilot.tuner.space import Value
 from kvpilot.tuner.startup_errors import StartupFailure, StartupFailureKind
 
 

@@ -37,6 +37,7 @@ class _Families:
         if value is None:
             return  # unknown stays absent; never a substituted zero
         family = self._family(name)
+        assert not isinstance(family, InfoMetricFamily)
         family.add_metric(list(labels), value)
 
     def info(self, name: str, labels: Iterable[str], values: dict[str, str]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from prometheus_client import make_asgi_app
 from prometheus_client.registry import CollectorRegistry
@@ -12,7 +13,15 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kvpilot.agent.tick.ticker import TickState  # or any object with the same two fields
+
+class TickRecord(Protocol):
+    """What records the last tick (a TickState, the Sidecar): the two fields read here."""
+
+    @property
+    def last_tick_at_s(self) -> float | None: ...
+
+    @property
+    def ticks_total(self) -> int: ...
 
 
 class _AsgiApp:
@@ -24,7 +33,7 @@ class _AsgiApp:
 
 
 def build_app(
-    state: TickState,
+    state: TickRecord,
     registry: CollectorRegistry,
     *,
     clock: Callable[[], float],

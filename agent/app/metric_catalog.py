@@ -27,7 +27,7 @@ class MetricSpec:
     help: str
 
 
-_SPECS = (
+_SPECS: tuple[MetricSpec, ...] = (
     # The agent itself.
     MetricSpec("kvpilot_build_info", "info", ("version",), "kvpilot's version."),
     MetricSpec(

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from kvpilot.agent.config.models import (
     AgentConfig,
+    AttachRuntimeConfig,
     ConfigError,
     LocalRuntimeConfig,
     NotifierConfig,
@@ -67,8 +68,8 @@ def _notifier_line(notifier: NotifierConfig) -> str:
         extras.append("hmac signed")
     if getattr(notifier, "auth", None) is not None:
         extras.append("auth set")
-    if getattr(notifier, "headers", None):
-        extras.append(f"headers: {', '.join(sorted(notifier.headers))} (values hidden)")
+    if headers := getattr(notifier, "headers", None):
+        extras.append(f"headers: {', '.join(sorted(headers))} (values hidden)")
     extra = f" [{'; '.join(extras)}]" if extras else ""
     repeat = f"repeat every {notifier.repeat_interval_s:g} s"
     return f"  {notifier.name}: {notifier.kind} -> {target}, {repeat}{extra}"
@@ -84,6 +85,9 @@ def summary(config: AgentConfig) -> list[str]:
             kvpool = f", kvpool :{inst.kvpool_port}" if inst.kvpool_port else ""
             form = launch_form(inst.argv)
             lines.append(f"  {inst.name} ({inst.role}) {inst.url}, {form} form{kvpool}")
+    elif isinstance(runtime, AttachRuntimeConfig):
+        lines.append(f"runtime: attach (watch only), {len(runtime.servers)} server(s)")
+        lines.extend(f"  {s.name} ({s.role}) {s.url}" for s in runtime.servers)
     else:
         lines.append(f"runtime: process, {runtime.name} at {runtime.url}")
     lines.append(f"api key for vLLM: {'set' if runtime.api_key else 'none'}")

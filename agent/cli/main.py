@@ -284,7 +284,7 @@ def rig_serve(
     with server:
         print(f"healthy: {spec.url}", file=sys.stderr)
         try:
-            server.process.wait()  # type: ignore[union-attr]
+            server.process.wait()  # type: ignore[union-attr]  # started by `with server`
         except KeyboardInterrupt:
             print("stopping", file=sys.stderr)
 
@@ -315,7 +315,7 @@ def rig_load(
         seed=seed,
     )
     report = asyncio.run(run_load(url, workload, model=model, api_key=api_key))
-    summary = {
+    summary: dict[str, object] = {
         "requests": len(report.results),
         "failed": len(report.failed),
         "duration_s": round(report.duration_s, 3),

@@ -41,7 +41,7 @@ def to_data(
 def _source_data(value: object, drop: tuple[str, ...] = ()) -> dict[str, Any]:
     if isinstance(value, SourceError):
         return {"status": "error", "kind": value.kind, "message": value.message}
-    data = _jsonable(dataclasses.asdict(value))  # type: ignore[call-overload]
+    data = _jsonable(dataclasses.asdict(value))  # type: ignore[call-overload]  # a dataclass here
     for engine in data.get("engines", ()):
         for name in drop:
             engine.pop(name, None)

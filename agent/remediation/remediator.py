@@ -766,6 +766,7 @@ class Remediator:
 
     def _on_breaker_change(self, change: BreakerChange) -> None:
         wall_s = self._wall_clock()
+        page: AlertEvent | None
         if change.to_state == "open":
             found = self._find(change.instance)
             page = circuit_open_event(
@@ -852,7 +853,7 @@ def _action(plan: Plan) -> str:
 
 def _decision(state: RemediationState) -> Decision:
     if state in ("succeeded", "failed", "skipped", "vetoed"):
-        return state  # type: ignore[return-value]
+        return state
     return "failed"
 
 

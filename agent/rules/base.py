@@ -14,6 +14,8 @@ from kvpilot.agent.model import Condition, Instance, Labels, labels_of
 from kvpilot.agent.tick.derive import EngineFigures
 from kvpilot.agent.tick.snapshot import Snapshot
 from kvpilot.collectors.errors import SourceError
+from kvpilot.collectors.kvpool.client import KvBlockSample
+from kvpilot.collectors.vllm_metrics import EngineSample
 from kvpilot.collectors.window import RollingWindow
 
 
@@ -22,8 +24,8 @@ class RuleContext:
     """Everything one rule sees at one tick, for one instance; every rule sees the same."""
 
     snapshot: Snapshot
-    vllm_window: RollingWindow
-    kvpool_window: RollingWindow
+    vllm_window: RollingWindow[EngineSample]
+    kvpool_window: RollingWindow[KvBlockSample]
     figures: tuple[EngineFigures, ...]
     instance: Instance
     # What the runtime says of the instance's process: running, exited, missing, unknown.

@@ -75,7 +75,8 @@ def split_processes(
     processes: tuple[GpuProcess, ...], pids: frozenset[int]
 ) -> tuple[list[GpuProcess], list[GpuProcess]]:
     """(the server's processes, the neighbours)."""
-    mine, others = [], []
+    mine: list[GpuProcess] = []
+    others: list[GpuProcess] = []
     for process in processes:
         ours = process.is_server and (not pids or process.container_pid in pids)
         (mine if ours else others).append(process)

@@ -55,7 +55,7 @@ class EngineStallRule:
         cfg = self.config
         target = {"model_name": sample.model_name, "engine": sample.engine}
         where = f"engine {sample.engine} of {ctx.instance.name}"
-        extra = {"action": cfg.action}
+        extra: dict[str, str] = {"action": cfg.action}
         load = _load(sample)
         if sample.iterations_total is None or load is None:
             missing = "the iteration counter" if load is not None else "the request gauges"

@@ -14,6 +14,7 @@ from pathlib import Path
 from kvpilot.agent.model import Instance, Role
 from kvpilot.agent.runtimes.base import (
     InstanceStatus,
+    RuntimeKind,
     RuntimeUnsupported,
     StopResult,
     UnknownInstance,
@@ -35,7 +36,7 @@ class AttachedServer:
 
 
 class AttachRuntime:
-    kind = "attach"
+    kind: RuntimeKind = "attach"
 
     def __init__(self, servers: Sequence[AttachedServer]) -> None:
         self._servers = {server.name: server for server in servers}

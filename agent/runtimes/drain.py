@@ -40,7 +40,7 @@ class DrainOutcome:
 
 async def drain_then_kill(
     *,
-    terminate: Callable[[], None],
+    terminate: Callable[[], object],
     main_exited: Callable[[], bool],
     survivors: Callable[[], Collection[int]],
     kill: Callable[[], Collection[int]],

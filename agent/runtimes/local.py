@@ -23,6 +23,7 @@ from kvpilot.agent.model import Instance, Role
 from kvpilot.agent.runtimes.base import (
     InstanceStatus,
     RuntimeFailure,
+    RuntimeKind,
     StopResult,
     UnknownInstance,
 )
@@ -75,7 +76,7 @@ class _Slot:
 class LocalRuntime:
     """Starts, stops and restarts vLLM servers as child process groups of the agent."""
 
-    kind = "local"
+    kind: RuntimeKind = "local"
 
     def __init__(
         self,
@@ -277,14 +278,17 @@ class LocalRuntime:
 
     async def _stop(self, slot: _Slot, drain_timeout_s: float) -> StopResult:
         process, adopted = slot.process, slot.adopted
-        if process is None and adopted is None:
+        if process is not None:
+            pgid = process.pid
+        elif adopted is not None:
+            pgid = adopted.pid
+        else:
             return StopResult(slot.spec.name, False, False, None, (), 0.0)
-        pgid = process.pid if process is not None else adopted.pid  # type: ignore[union-attr]
 
         def main_exited() -> bool:
             if process is not None:
                 return self._poll(slot) is not None
-            return not is_alive(adopted)  # type: ignore[arg-type]
+            return not is_alive(adopted)  # type: ignore[arg-type]  # set when process is None
 
         def terminate() -> None:
             if main_exited():

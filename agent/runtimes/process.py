@@ -15,8 +15,10 @@ from pathlib import Path
 
 from kvpilot.agent.model import Instance, Role
 from kvpilot.agent.runtimes.base import (
+    InstanceState,
     InstanceStatus,
     NotReady,
+    RuntimeKind,
     RuntimeUnsupported,
     StopResult,
     UnknownInstance,
@@ -63,7 +65,7 @@ class _Found:
 class ProcessRuntime:
     """Reports, stops and restarts vLLM servers that another supervisor owns."""
 
-    kind = "process"
+    kind: RuntimeKind = "process"
 
     def __init__(
         self,
@@ -143,7 +145,9 @@ class ProcessRuntime:
         if name not in self._absent_since:
             self._absent_since[name] = self._wall_clock()  # first observed, not exact
         since = self._absent_since[name]
-        state = "missing" if found.reason and found.reason.startswith("no ") else "unknown"
+        state: InstanceState = (
+            "missing" if found.reason and found.reason.startswith("no ") else "unknown"
+        )
         return InstanceStatus(name, state, None, since, reason=found.reason)
 
     async def start(self, name: str, *, ready_timeout_s: float = 240.0) -> Instance:

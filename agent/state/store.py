@@ -265,7 +265,8 @@ class StateStore:
         limit: int = 100,
     ) -> list[RemediationRecord]:
         """Matching remediations, newest first."""
-        where, params = ["1 = 1"], []
+        where = ["1 = 1"]
+        params: list[str | float] = []
         if incident_id is not None:
             where.append("incident_id = ?")
             params.append(incident_id)

@@ -10,8 +10,8 @@ from kvpilot.agent.tick.calibration import EngineCalibration, PlannerCheck
 from kvpilot.agent.tick.derive import EngineFigures, derive_figures
 from kvpilot.agent.tick.snapshot import SOURCES, NvmlReading, Snapshot, SnapshotTaker
 from kvpilot.collectors.errors import SourceError
-from kvpilot.collectors.kvpool.client import KvPoolScrape
-from kvpilot.collectors.vllm_metrics import VllmScrape
+from kvpilot.collectors.kvpool.client import KvBlockSample, KvPoolScrape
+from kvpilot.collectors.vllm_metrics import EngineSample, VllmScrape
 from kvpilot.collectors.window import RollingWindow
 
 log = logging.getLogger(__name__)
@@ -49,8 +49,8 @@ class Ticker:
         self._planner = planner
         self.rate_span_s = rate_span_s
         self.quantile_span_s = quantile_span_s
-        self.vllm_window = RollingWindow(retention_s=retention_s)
-        self.kvpool_window = RollingWindow(retention_s=retention_s)
+        self.vllm_window: RollingWindow[EngineSample] = RollingWindow(retention_s=retention_s)
+        self.kvpool_window: RollingWindow[KvBlockSample] = RollingWindow(retention_s=retention_s)
         self.state = TickState()
         self._failing: set[str] = set()
 

@@ -114,6 +114,7 @@ class LocalTunerAdapter:
     def stable_argv(self) -> tuple[str, ...]:
         for instance in self._runtime.instances():
             if instance.name == self._stable:
+                assert instance.argv is not None  # the local runtime starts it from its argv
                 return tuple(instance.argv)
         raise RuntimeFailure(f"no stable instance {self._stable!r}")
 

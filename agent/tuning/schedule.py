@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -71,7 +71,7 @@ class ScheduledTuning:
     def __init__(
         self,
         schedule: str,
-        run_once: Callable[[], Awaitable[str]],
+        run_once: Callable[[], Coroutine[object, object, str]],
         *,
         remediation_in_progress: Callable[[], bool],
         audit: Audit,

@@ -179,6 +179,7 @@ def _memory_knob(
     gpu: GpuMemory | None,
     bounds: FeasibleBounds,
 ) -> Knob:
+    low: float | None
     if name == "kv_cache_memory_bytes":
         low = max(bounds.min_kv_cache_memory_bytes, tuning.kv_min_bytes or 0)
         if low >= tuning.kv_max_bytes:

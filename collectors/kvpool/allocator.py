@@ -80,11 +80,13 @@ def allocator_stats_from(
 
 
 def _snapshot_segments(torch_cuda: Any) -> Sequence[Mapping[str, Any]]:
+    segments: Sequence[Mapping[str, Any]]
     try:
         # Traces are not needed and can be large; older torch has no such argument.
-        return torch_cuda.memory_snapshot(include_traces=False)
+        segments = torch_cuda.memory_snapshot(include_traces=False)
     except TypeError:
-        return torch_cuda.memory_snapshot()
+        segments = torch_cuda.memory_snapshot()
+    return segments
 
 
 def read_allocator_stats(

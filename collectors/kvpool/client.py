@@ -113,7 +113,7 @@ def samples_to_scrape(
         longest = _as_int(get("kvpool_longest_free_run_blocks", key))
         fragmentation = (
             kv_blocks_fragmentation(free, longest, total)
-            if None not in (total, free, longest)
+            if total is not None and free is not None and longest is not None
             else None
         )
         engines.append(

@@ -253,7 +253,10 @@ def register() -> None:
             current.errors.record(part, exc)
 
 
-def _wrap_once(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]):
+Method = Callable[..., Any]
+
+
+def _wrap_once(cls: type, name: str, make: Callable[[Method], Method]) -> None:
     original = cls.__dict__.get(name)
     if original is None or getattr(original, MARKER, False):
         return
@@ -271,8 +274,8 @@ def _patch_scheduler(current: PluginState) -> None:
 def patch_scheduler_class(cls: type, current: PluginState) -> None:
     """Wrap `__init__`, `_preempt_request` and `update_from_output` of `cls` once."""
 
-    def make_init(original):
-        def __init__(self, *args, **kwargs):
+    def make_init(original: Method) -> Method:
+        def __init__(self: object, *args: Any, **kwargs: Any) -> None:
             original(self, *args, **kwargs)
             try:
                 _attach(self, _state or current)
@@ -281,8 +284,8 @@ def patch_scheduler_class(cls: type, current: PluginState) -> None:
 
         return __init__
 
-    def make_preempt(original):
-        def _preempt_request(self, *args, **kwargs):
+    def make_preempt(original: Method) -> Method:
+        def _preempt_request(self: object, *args: Any, **kwargs: Any) -> Any:
             result = original(self, *args, **kwargs)
             handle = getattr(self, HANDLE_ATTR, None)
             if handle is not None:
@@ -291,8 +294,8 @@ def patch_scheduler_class(cls: type, current: PluginState) -> None:
 
         return _preempt_request
 
-    def make_update(original):
-        def update_from_output(self, *args, **kwargs):
+    def make_update(original: Method) -> Method:
+        def update_from_output(self: object, *args: Any, **kwargs: Any) -> Any:
             result = original(self, *args, **kwargs)
             handle = getattr(self, HANDLE_ATTR, None)
             if handle is not None:
@@ -331,8 +334,8 @@ def _attach(scheduler: object, current: PluginState) -> None:
 def _patch_worker(current: PluginState) -> None:
     from vllm.v1.worker.worker_base import WorkerWrapperBase
 
-    def make_init_device(original):
-        def init_device(self, *args, **kwargs):
+    def make_init_device(original: Method) -> Method:
+        def init_device(self: object, *args: Any, **kwargs: Any) -> Any:
             result = original(self, *args, **kwargs)
             try:
                 _attach_allocator(getattr(self, "worker", None), _state or current)

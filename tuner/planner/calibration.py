@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvpilot.tuner.planner.kv_sizing import cdiv
@@ -122,30 +122,28 @@ def calibrate(
     predicted_blocks = engine_blocks * data_parallel_size
     predicted_bytes = predicted_blocks * geo.bytes_per_block
     estimated_overhead = None if exact else budget.overheads.total_bytes
-    base = {
-        "predicted_num_blocks": predicted_blocks,
-        "predicted_kv_cache_size_tokens": predicted_tokens,
-        "predicted_kv_cache_memory_bytes": predicted_bytes,
-        "estimated_overhead_bytes": estimated_overhead,
-        "exact": exact,
-        "max_model_len": cap.max_model_len,
-        "max_model_len_source": max_model_len_source,
-    }
+    unmeasured = Calibration(
+        predicted_num_blocks=predicted_blocks,
+        live_num_blocks=None,
+        blocks_difference=None,
+        blocks_ratio=None,
+        predicted_kv_cache_size_tokens=predicted_tokens,
+        live_kv_cache_size_tokens=live.kv_cache_size_tokens,
+        tokens_difference=None,
+        predicted_kv_cache_memory_bytes=predicted_bytes,
+        live_kv_cache_memory_bytes=None,
+        memory_difference_bytes=None,
+        implied_overhead_bytes=None,
+        estimated_overhead_bytes=estimated_overhead,
+        exact=exact,
+        max_model_len=cap.max_model_len,
+        max_model_len_source=max_model_len_source,
+        warning=None,
+        likely_cause=None,
+        missing_reason="the server reports no num_gpu_blocks in vllm:cache_config_info",
+    )
     if live.num_gpu_blocks is None:
-        return Calibration(
-            live_num_blocks=None,
-            blocks_difference=None,
-            blocks_ratio=None,
-            live_kv_cache_size_tokens=live.kv_cache_size_tokens,
-            tokens_difference=None,
-            live_kv_cache_memory_bytes=None,
-            memory_difference_bytes=None,
-            implied_overhead_bytes=None,
-            warning=None,
-            likely_cause=None,
-            missing_reason="the server reports no num_gpu_blocks in vllm:cache_config_info",
-            **base,
-        )
+        return unmeasured
     live_blocks = live.num_gpu_blocks
     diff = live_blocks - predicted_blocks
     ratio = live_blocks / predicted_blocks if predicted_blocks else None
@@ -168,11 +166,11 @@ def calibrate(
             f"KV pool differs from the plan: predicted {predicted_blocks} blocks, server "
             f"reports {live_blocks} ({diff:+d}); likely cause: {cause}"
         )
-    return Calibration(
+    return replace(
+        unmeasured,
         live_num_blocks=live_blocks,
         blocks_difference=diff,
         blocks_ratio=ratio,
-        live_kv_cache_size_tokens=live.kv_cache_size_tokens,
         tokens_difference=tokens_diff,
         live_kv_cache_memory_bytes=live_bytes,
         memory_difference_bytes=live_bytes - predicted_bytes,
@@ -180,7 +178,6 @@ def calibrate(
         warning=warning,
         likely_cause=cause,
         missing_reason=None,
-        **base,
     )
 
 

@@ -98,7 +98,8 @@ def config_file(path: str | Path) -> Path:
 def shape_from_config(raw: Mapping[str, Any]) -> ModelShape:
     """Turn a parsed config.json into a ModelShape; raises ConfigError with what is wrong."""
     architecture = _decoder_architecture(raw)
-    cfg = raw.get("text_config") if isinstance(raw.get("text_config"), Mapping) else raw
+    text_config = raw.get("text_config")
+    cfg: Mapping[str, Any] = text_config if isinstance(text_config, Mapping) else raw
     model_type = str(cfg.get("model_type") or raw.get("model_type") or "unknown")
     _require(cfg, ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size"))
     layers = _positive_int(cfg, "num_hidden_layers")

@@ -17,7 +17,7 @@ from kvpilot.tuner.planner.plan import GIB, Plan
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     """The plan as plain JSON-ready values (enums by value, paths as strings)."""
-    data = _plain(dataclasses.asdict(plan))
+    data: dict[str, Any] = _plain(dataclasses.asdict(plan))
     data["shape"]["params"]["total_params"] = plan.shape.params.total_params
     data["budget"]["overheads"]["total_bytes"] = plan.budget.overheads.total_bytes
     data["budget"]["estimates"] = ["non_torch_bytes", "activation_peak_bytes", "cuda_graph_bytes"]
@@ -110,9 +110,9 @@ def render_plan(plan: Plan) -> Group:
     lengths = Table(title="Longest max_model_len at a concurrency", title_justify="left")
     lengths.add_column("concurrent requests", justify="right")
     lengths.add_column("max_model_len", justify="right")
-    for row in plan.lengths_at_concurrency:
-        value = "does not fit" if row.max_model_len is None else f"{row.max_model_len:,}"
-        lengths.add_row(str(row.concurrency), value)
+    for length in plan.lengths_at_concurrency:
+        value = "does not fit" if length.max_model_len is None else f"{length.max_model_len:,}"
+        lengths.add_row(str(length.concurrency), value)
 
     util = plan.utilization
     bounds = Table(title="--gpu-memory-utilization", show_header=False, title_justify="left")

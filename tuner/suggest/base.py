@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
+from kvpilot.tuner.constraints import Value
 from kvpilot.tuner.objective import TrialResult
 from kvpilot.tuner.space import Candidate, SearchSpace
 
@@ -33,7 +34,9 @@ def objective_value(result: TrialResult) -> float | None:
 
 
 def warm_start(
-    suggester: Suggester, space: SearchSpace, history: Iterable[tuple[dict, TrialResult]]
+    suggester: Suggester,
+    space: SearchSpace,
+    history: Iterable[tuple[Mapping[str, Value], TrialResult]],
 ) -> int:
     """Tell past (knob values, result) pairs that fit this space; returns how many were told."""
     told = 0

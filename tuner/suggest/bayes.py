@@ -98,7 +98,8 @@ class BayesianSuggester:
         dims = len(self._space.knobs)
         points = [tuple(self._rng.random() for _ in range(dims)) for _ in range(self._pool_size)]
         # Half as many again near the best feasible points: refinement, not only exploration.
-        ranked = sorted((p for p in self._observed if p[1] is not None), key=lambda p: -p[1])
+        feasible = [(x, y) for x, y in self._observed if y is not None]
+        ranked = sorted(feasible, key=lambda p: -p[1])
         for centre, _ in ranked[:3]:
             for _ in range(self._pool_size // 6):
                 points.append(tuple(min(1.0, max(0.0, self._rng.gauss(c, 0.05))) for c in centre))
