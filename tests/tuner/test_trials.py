@@ -9,13 +9,13 @@ import pytest
 from kvpilot.tuner.judge import judge
 from kvpilot.tuner.objective import Outcome, TrialResult
 from kvpilot.tuner.trials import (
-    InMemoryTrialStore,
     TrialState,
     TrialTransitionError,
     new_trial,
     trial_from_dict,
     trial_to_dict,
 )
+from tests.fakes.trial_store import InMemoryTrialStore
 
 from .trial_store_contract import METRICS, TrialStoreContract
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvpilot.agent.notify import MemoryOutbox
 from tests.agent.notify.notify_helpers import make_event
 from tests.agent.notify.outbox_contract import OutboxContract
+from tests.fakes.outbox import MemoryOutbox
 
 
 class TestMemoryOutbox(OutboxContract):
