@@ -1,11 +1,12 @@
 """An in-memory `TrialStore` (see `kvpilot.tuner.trials`): a dict, for tuner tests that need
 no database. It passes the same contract as the agent's SQLite store
-(tests/tuner/test_trial_store_contract.py).
+(tests/tuner/test_trial_store_contract.py). `CountingTrialStore` wraps any store and counts
+the reads that reach it.
 """
 
 from __future__ import annotations
 
-from kvpilot.tuner.trials import Trial
+from kvpilot.tuner.trials import Trial, TrialStore
 
 
 class InMemoryTrialStore:
@@ -33,3 +34,30 @@ class InMemoryTrialStore:
 
     def unfinished(self) -> list[Trial]:
         return [t for t in self.trials() if not t.state.terminal]
+
+
+class CountingTrialStore:
+    """Wraps a TrialStore and counts the reads that reach it (`reads`), for tests that must
+    show a path reads nothing."""
+
+    def __init__(self, inner: TrialStore) -> None:
+        self.inner = inner
+        self.reads = 0
+
+    def add(self, trial: Trial) -> None:
+        self.inner.add(trial)
+
+    def save(self, trial: Trial) -> None:
+        self.inner.save(trial)
+
+    def get(self, trial_id: str) -> Trial | None:
+        self.reads += 1
+        return self.inner.get(trial_id)
+
+    def trials(self, fingerprint: str | None = None) -> list[Trial]:
+        self.reads += 1
+        return self.inner.trials(fingerprint)
+
+    def unfinished(self) -> list[Trial]:
+        self.reads += 1
+        return self.inner.unfinished()
