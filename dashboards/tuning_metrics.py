@@ -11,13 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
 
+from kvpilot.dashboards.metric_catalog import MetricSpec, specs
 from kvpilot.tuner.constraints import Value
 from kvpilot.tuner.judge import Judgement
 from kvpilot.tuner.trials import Trial, TrialState
-
-Kind = Literal["gauge", "counter", "info"]
 
 TRIAL_GOODPUT = "kvpilot_tuning_trial_goodput_tokens_per_second"
 TRIAL_PREEMPTION_RATE = "kvpilot_tuning_trial_preemption_rate_per_second"
@@ -47,42 +45,17 @@ class LiveFlags:
     source: FlagSource
 
 
-@dataclass(frozen=True, slots=True)
-class FamilySpec:
-    """A family's name (as Prometheus stores its samples), kind, labels and help."""
-
-    name: str
-    kind: Kind
-    labels: tuple[str, ...]
-    help: str
-
-    @property
-    def base_name(self) -> str:
-        """The name without the `_total` / `_info` suffix the kind adds (OpenMetrics)."""
-        if self.kind == "counter":
-            return self.name.removesuffix("_total")
-        if self.kind == "info":
-            return self.name.removesuffix("_info")
-        return self.name
-
-
-SPECS: tuple[FamilySpec, ...] = (
-    FamilySpec(TRIAL_GOODPUT, "gauge", ("trial", "state", "verdict"),
-               "Goodput under the SLO of each finished trial (kept for infeasible trials)."),
-    FamilySpec(TRIAL_PREEMPTION_RATE, "gauge", ("trial",),
-               "Preemptions per second over each finished trial's measurement window."),
-    FamilySpec(TRIAL_INFO, "info", ("trial", "state", "verdict", "flags", "reason"),
-               "Each trial's flags, state, canary verdict and reason."),
-    FamilySpec(BEST_GOODPUT, "gauge", (),
-               "The best goodput of a feasible trial so far."),
-    FamilySpec(TRIALS_TOTAL, "counter", ("state",),
-               "Trials finished, by final state."),
-    FamilySpec(LIVE_FLAGS_INFO, "info", ("server", "flags", "source"),
-               "The flags each stable server runs with: configured, or promoted by the tuner."),
-    FamilySpec(CANARY_METRIC, "gauge", ("trial", "metric", "side", "stat"),
-               "A judged metric of a trial's canary and of its baseline (median of samples)."),
-)  # fmt: skip
-SPEC_BY_NAME: Mapping[str, FamilySpec] = {spec.name: spec for spec in SPECS}
+# The families' specs are the catalog's; this module renders their samples.
+SPECS: tuple[MetricSpec, ...] = specs(
+    TRIAL_GOODPUT,
+    TRIAL_PREEMPTION_RATE,
+    TRIAL_INFO,
+    BEST_GOODPUT,
+    TRIALS_TOTAL,
+    LIVE_FLAGS_INFO,
+    CANARY_METRIC,
+)
+SPEC_BY_NAME: Mapping[str, MetricSpec] = {spec.name: spec for spec in SPECS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +71,7 @@ class Sample:
 class Family:
     """A family's spec and its samples."""
 
-    spec: FamilySpec
+    spec: MetricSpec
     samples: tuple[Sample, ...]
 
 

@@ -119,25 +119,6 @@ class RolloutRecord:
         )
 
 
-class InMemoryRolloutJournal:
-    """A RolloutJournal in a dict, for tests and dry runs."""
-
-    def __init__(self) -> None:
-        self._records: dict[str, RolloutRecord] = {}
-
-    def save(self, record: RolloutRecord) -> None:
-        self._records[record.trial_id] = record
-
-    def get(self, trial_id: str) -> RolloutRecord | None:
-        return self._records.get(trial_id)
-
-    def records(self) -> list[RolloutRecord]:
-        return list(self._records.values())
-
-    def open_records(self) -> list[RolloutRecord]:
-        return [r for r in self._records.values() if not r.phase.final]
-
-
 @dataclass(frozen=True, slots=True)
 class RolloutSettings:
     """How a rollout decides and how long it waits."""

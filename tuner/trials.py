@@ -121,33 +121,6 @@ class TrialStore(Protocol):
         """Trials still planned or running: left behind by a process that died."""
 
 
-class InMemoryTrialStore:
-    """A TrialStore in a dict, for tests and dry runs."""
-
-    def __init__(self) -> None:
-        self._trials: dict[str, Trial] = {}
-
-    def add(self, trial: Trial) -> None:
-        if trial.trial_id in self._trials:
-            raise ValueError(f"trial {trial.trial_id} exists")
-        self._trials[trial.trial_id] = trial
-
-    def save(self, trial: Trial) -> None:
-        if trial.trial_id not in self._trials:
-            raise KeyError(trial.trial_id)
-        self._trials[trial.trial_id] = trial
-
-    def get(self, trial_id: str) -> Trial | None:
-        return self._trials.get(trial_id)
-
-    def trials(self, fingerprint: str | None = None) -> list[Trial]:
-        chosen = [t for t in self._trials.values() if fingerprint in (None, t.fingerprint)]
-        return sorted(chosen, key=lambda t: (t.created_wall_s, t.number))
-
-    def unfinished(self) -> list[Trial]:
-        return [t for t in self.trials() if not t.state.terminal]
-
-
 def abort_unfinished(store: TrialStore, *, at_wall_s: float, reason: str) -> list[Trial]:
     """Mark every planned or running trial aborted (after the caller stopped its canary)."""
     aborted = []

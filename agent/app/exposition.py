@@ -14,7 +14,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector, CollectorRegistry
 
 import kvpilot
-from kvpilot.agent.app.metric_catalog import CATALOG
 from kvpilot.agent.tick.derive import EngineFigures
 from kvpilot.agent.tick.snapshot import SOURCES
 from kvpilot.agent.tick.ticker import TickState
@@ -23,6 +22,7 @@ from kvpilot.collectors.gpu_samples import GpuSample, NvmlSnapshot
 from kvpilot.collectors.kvpool.client import KvPoolScrape
 from kvpilot.collectors.vllm_metrics import VllmScrape
 from kvpilot.dashboards import tuning_metrics
+from kvpilot.dashboards.metric_catalog import CATALOG
 
 Family = GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily
 
@@ -48,8 +48,7 @@ class _Families:
     def _family(self, name: str) -> Family:
         if name not in self._made:
             spec = CATALOG[name]
-            base = name.removesuffix("_total") if spec.kind == "counter" else name
-            base = base.removesuffix("_info") if spec.kind == "info" else base
+            base = spec.base_name
             labels = list(spec.labels)
             if spec.kind == "info":  # the info's own keys are values, not family labels
                 labels = [label for label in labels if label != "version"]

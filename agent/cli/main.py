@@ -247,7 +247,7 @@ def metrics_table(
     ] = None,
 ) -> None:
     """Print the Markdown table of every metric the agent exports (or update the README's)."""
-    from kvpilot.agent.app.metric_catalog import markdown_table, replace_table
+    from kvpilot.dashboards.metric_catalog import markdown_table, replace_table
 
     if readme is None:
         print(markdown_table())

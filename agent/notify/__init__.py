@@ -10,7 +10,6 @@ from kvpilot.agent.notify.delivery import (
     Outbox,
     OutboxItem,
 )
-from kvpilot.agent.notify.memory_outbox import MemoryOutbox
 from kvpilot.agent.notify.signing import sign, verify_signature
 from kvpilot.agent.notify.slack import SlackNotifier
 from kvpilot.agent.notify.webhook import WebhookNotifier
@@ -22,7 +21,6 @@ __all__ = [
     "DeliveryError",
     "DeliveryReport",
     "DeliveryWorker",
-    "MemoryOutbox",
     "Notifier",
     "Outbox",
     "OutboxItem",

@@ -10,7 +10,9 @@ One tick, in order (each step sees the same snapshot):
 4. remediation observes the transitions (restarts run as background tasks); the pages and
    advice it raises become alerts of the tracker on the next tick, so silences apply to
    them and the API lists them like any rule's;
-5. a delivery pass sends what is due (in the background, never two at once).
+5. a delivery pass sends what is due (in the background, never two at once);
+6. the tuner's figures for `/metrics` are refreshed from this tick's instances and, at most
+   every `tuning_refresh_s`, the trial store: a scrape reads them from memory.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import httpx
 
@@ -41,12 +43,18 @@ from kvpilot.agent.tick.overruns import TickOverruns
 from kvpilot.agent.tick.pages import RemediationPages
 from kvpilot.agent.tick.snapshot import NvmlReading, read_nvml
 from kvpilot.agent.tick.ticker import Ticker
+from kvpilot.agent.tick.tuning_figures import (
+    DEFAULT_TUNING_REFRESH_S,
+    TuningFiguresCache,
+    live_flags,
+)
 from kvpilot.agent.tick.wiring import CollectSettings, build_ticker
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import NvmlSnapshot
 from kvpilot.collectors.nvml import NvmlCollector
 from kvpilot.collectors.vllm_metrics import VllmScrape
 from kvpilot.dashboards import tuning_metrics
+from kvpilot.tuner.trials import TrialStore
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +76,8 @@ class Sidecar:
         nvml: NvmlCollector,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        trial_store: TrialStore | None = None,
+        tuning_refresh_s: float = DEFAULT_TUNING_REFRESH_S,
     ) -> None:
         self.config = config
         self.store = store
@@ -95,6 +105,10 @@ class Sidecar:
         self._remediations: Counter[tuple[str, str]] = Counter()
         self.ticks_total = 0
         self.last_tick_at_s: float | None = None
+        self._tuning = TuningFiguresCache(
+            trial_store if trial_store is not None else SqliteTrialStore(store.db),
+            refresh_s=tuning_refresh_s,
+        )
 
     # -- start-up ----------------------------------------------------------------------
 
@@ -141,6 +155,7 @@ class Sidecar:
             task.add_done_callback(self._count_remediation)
         self._deliver_in_background()
         self._retention(now_s, now_wall_s)
+        self._refresh_tuning(instances, now_s)
         self.ticks_total += 1
         self.last_tick_at_s = now_s
         return transitions
@@ -304,21 +319,14 @@ class Sidecar:
         )
 
     def tuning_families(self) -> tuple[tuning_metrics.Family, ...]:
-        """Trials from the tuner's store and each stable server's live flags."""
-        trials = SqliteTrialStore(self.store.db).trials()
-        configured = {i.name: tuple(i.argv) for i in getattr(self.config.runtime, "instances", ())}
-        live = [
-            tuning_metrics.LiveFlags(
-                server=instance.name,
-                flags=" ".join(instance.argv or ()),
-                source=tuning_metrics.FlagSource.CONFIGURED
-                if tuple(instance.argv or ()) == configured.get(instance.name, instance.argv)
-                else tuning_metrics.FlagSource.PROMOTED,
-            )
-            for instance in self.runtime.instances()
-            if instance.role == "stable"
-        ]
-        return tuning_metrics.tuning_families(trials, live)
+        """The tuner's families as the last tick left them: trials read at most every
+        `tuning_refresh_s`, each stable server's live flags. Reads nothing (a scrape's path)."""
+        return self._tuning.current.families
+
+    def _refresh_tuning(self, instances: Sequence[Instance], now_s: float) -> None:
+        runtime = self.config.runtime
+        configured = {i.name: tuple(i.argv) for i in getattr(runtime, "instances", ())}
+        self._tuning.refresh(now_s, live_flags(instances, configured))
 
     def latest_nvml(self) -> NvmlSnapshot | SourceError | None:
         return self._latest_nvml

@@ -11,11 +11,11 @@ import yaml
 from dashboard_queries import annotation_queries, metric_names, panel_queries, variable_queries
 from typer.testing import CliRunner
 
-from kvpilot.agent.app.metric_catalog import CATALOG
 from kvpilot.agent.cli.dashboards_cmd import register, runbooks
 from kvpilot.agent.rules.config import RulesConfig
 from kvpilot.dashboards.build import build_dashboards, generated_files, stale
 from kvpilot.dashboards.memory import ALLOCATOR_PANELS
+from kvpilot.dashboards.metric_catalog import CATALOG
 from kvpilot.dashboards.rules import build_rules
 from kvpilot.dashboards.tuning import UID as TUNING_UID
 from kvpilot.dashboards.tuning_metrics import SPECS as TUNING_SPECS

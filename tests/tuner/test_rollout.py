@@ -13,7 +13,6 @@ from kvpilot.tuner.loadgen import LoadReport, RequestResult
 from kvpilot.tuner.objective import Measurement, Outcome, Slo
 from kvpilot.tuner.ports import CandidateStartFailed, Observation, RestartRefused
 from kvpilot.tuner.rollout import (
-    InMemoryRolloutJournal,
     Phase,
     Rollout,
     RolloutSettings,
@@ -21,7 +20,9 @@ from kvpilot.tuner.rollout import (
     recover,
 )
 from kvpilot.tuner.startup_errors import StartupFailureKind
-from kvpilot.tuner.trials import InMemoryTrialStore, TrialState, new_trial
+from kvpilot.tuner.trials import TrialState, new_trial
+from tests.fakes.rollout_journal import InMemoryRolloutJournal
+from tests.fakes.trial_store import InMemoryTrialStore
 
 STABLE = (
     "python",

@@ -1,4 +1,4 @@
-"""Trial records, their state machine, the in-memory store and the plain-data form."""
+"""Trial records, their state machine and the plain-data form (stores: the contract suite)."""
 
 from __future__ import annotations
 
@@ -9,21 +9,13 @@ import pytest
 from kvpilot.tuner.judge import judge
 from kvpilot.tuner.objective import Outcome, TrialResult
 from kvpilot.tuner.trials import (
-    InMemoryTrialStore,
     TrialState,
     TrialTransitionError,
     new_trial,
     trial_from_dict,
     trial_to_dict,
 )
-
-from .trial_store_contract import METRICS, TrialStoreContract
-
-
-class TestInMemoryStore(TrialStoreContract):
-    @pytest.fixture
-    def store(self) -> InMemoryTrialStore:
-        return InMemoryTrialStore()
+from tests.tuner.test_trial_store_contract import METRICS
 
 
 def test_the_state_machine_allows_only_forward_moves() -> None:

@@ -16,12 +16,14 @@ from kvpilot.agent.config.models import flag_value
 from kvpilot.agent.runtimes.k8s_lease import DeploymentLease, LeaseHeld, lease_name
 from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter
 from kvpilot.tuner.ports import Observation
-from kvpilot.tuner.rollout import InMemoryRolloutJournal, Phase, RolloutSettings, Strategy
+from kvpilot.tuner.rollout import Phase, RolloutSettings, Strategy
 from kvpilot.tuner.session import TuningSession
 from kvpilot.tuner.space import Knob, KnobKind, SearchSpace
 from kvpilot.tuner.suggest import GridSuggester
-from kvpilot.tuner.trials import InMemoryTrialStore, TrialState
+from kvpilot.tuner.trials import TrialState
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment, make_runtime
+from tests.fakes.rollout_journal import InMemoryRolloutJournal
+from tests.fakes.trial_store import InMemoryTrialStore
 from tests.tuner.test_rollout import SLO, window
 
 CANARY = "vllm-kvpilot-canary"

@@ -15,10 +15,10 @@ from kvpilot.agent.notify import (
     AlertmanagerNotifier,
     DeliveryError,
     DeliveryWorker,
-    MemoryOutbox,
 )
 from tests.agent.notify.alertmanager_server import AlertmanagerServer
 from tests.agent.notify.notify_helpers import make_event
+from tests.fakes.outbox import MemoryOutbox
 
 pytestmark = pytest.mark.slow
 

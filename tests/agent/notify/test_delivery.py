@@ -14,13 +14,13 @@ from kvpilot.agent.model import AlertEvent
 from kvpilot.agent.notify import (
     Backoff,
     DeliveryWorker,
-    MemoryOutbox,
     Notifier,
     SlackNotifier,
     WebhookNotifier,
 )
 from tests.agent.notify.notify_helpers import START_WALL_S, FakeClock, make_event
 from tests.agent.notify.notify_receiver import Receiver
+from tests.fakes.outbox import MemoryOutbox
 
 DRAW = 0.5  # the injected random: every delay is its base x (1 - 0.2 x 0.5)
 JITTER = 1 - 0.2 * DRAW

@@ -1,4 +1,7 @@
-"""An in-memory `Outbox` for tests and dry runs; it forgets everything when the agent stops."""
+"""An in-memory `Outbox` (see `kvpilot.agent.notify.delivery`): a dict that forgets everything
+when the test ends. It passes the same contract as the SQLite outbox
+(tests/agent/notify/test_outbox_contract.py) and also tells how each row left the backlog.
+"""
 
 from __future__ import annotations
 
@@ -84,7 +87,7 @@ class MemoryOutbox:
         return len(self._pending)
 
     def pending(self) -> list[OutboxItem]:
-        """Every pending row, oldest first (for tests and `kvpilot status`)."""
+        """Every pending row, due or not, oldest first (as `SqliteOutbox.pending`)."""
         return sorted(self._pending.values(), key=lambda i: (i.created_wall_s, i.id))
 
     def finished(self) -> list[FinishedItem]:

@@ -1,15 +1,20 @@
-"""Every metric family the agent exports, in one table: name, type, labels, meaning.
+"""Every metric family kvpilot exports, in one table: name, type, labels, meaning.
 
-`exposition.py` builds families from this table (and refuses a name that is not in it);
-the README's metric table is generated from it (`kvpilot metrics-table`).
+The agent's `/metrics` (`kvpilot.agent.app.exposition`) builds its families from this table
+and refuses a name that is not in it; the tuner's families (`tuning_metrics`) take their specs
+from it, for `/metrics` and for the OpenMetrics history alike; the dashboards and alert rules
+read only names found here (tests/dashboards/test_build.py); the README's metric table is
+generated from it (`kvpilot metrics-table`). It lives with the dashboards, below the agent, so
+that both the agent and the dashboards can read it.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Literal
-
-from kvpilot.dashboards import tuning_metrics
 
 Kind = Literal["gauge", "counter", "info"]
 
@@ -18,16 +23,49 @@ SERVER = ("server", "role")
 ENGINE = (*SERVER, "model_name", "engine")
 GPU = ("gpu", "uuid")
 
+_NAME = re.compile(r"kvpilot_[a-z0-9_]+")
+
 
 @dataclass(frozen=True, slots=True)
 class MetricSpec:
+    """One family: its name as Prometheus stores the samples, kind, label names and help.
+
+    Info families are gauges of 1 whose labels carry the values; a `version` label is the
+    info's own key rather than a label of the family (`kvpilot_build_info`).
+    """
+
     name: str
     kind: Kind
     labels: tuple[str, ...]
     help: str
 
+    def __post_init__(self) -> None:
+        problems = []
+        if not _NAME.fullmatch(self.name):
+            problems.append("not kvpilot_ followed by lower-case letters, digits and _")
+        if (self.kind == "counter") != self.name.endswith("_total"):
+            problems.append("counters, and only counters, end in _total")
+        if self.kind == "info" and not self.name.endswith("_info"):
+            problems.append("an info ends in _info")
+        if len(set(self.labels)) != len(self.labels):
+            problems.append(f"repeated labels {self.labels}")
+        if not self.help.endswith("."):
+            problems.append("the help is a sentence ending in a full stop")
+        if problems:
+            raise ValueError(f"metric {self.name!r}: {'; '.join(problems)}")
 
-_SPECS: tuple[MetricSpec, ...] = (
+    @property
+    def base_name(self) -> str:
+        """The name without the `_total` / `_info` suffix its kind adds (OpenMetrics, and
+        prometheus-client's family constructors)."""
+        if self.kind == "counter":
+            return self.name.removesuffix("_total")
+        if self.kind == "info":
+            return self.name.removesuffix("_info")
+        return self.name
+
+
+SPECS: tuple[MetricSpec, ...] = (
     # The agent itself.
     MetricSpec("kvpilot_build_info", "info", ("version",), "kvpilot's version."),
     MetricSpec(
@@ -220,20 +258,73 @@ _SPECS: tuple[MetricSpec, ...] = (
         ("gpu", "mig", "uuid", "state"),
         "MIG instance memory by state: total, used, free.",
     ),
+    # The tuner: trials, the best result, the live flags (rendered by tuning_metrics, which
+    # also writes them as OpenMetrics history for a backfill).
+    MetricSpec(
+        "kvpilot_tuning_trial_goodput_tokens_per_second",
+        "gauge",
+        ("trial", "state", "verdict"),
+        "Goodput under the SLO of each finished trial (kept for infeasible trials).",
+    ),
+    MetricSpec(
+        "kvpilot_tuning_trial_preemption_rate_per_second",
+        "gauge",
+        ("trial",),
+        "Preemptions per second over each finished trial's measurement window.",
+    ),
+    MetricSpec(
+        "kvpilot_tuning_trial_info",
+        "info",
+        ("trial", "state", "verdict", "flags", "reason"),
+        "Each trial's flags, state, canary verdict and reason.",
+    ),
+    MetricSpec(
+        "kvpilot_tuning_best_goodput_tokens_per_second",
+        "gauge",
+        (),
+        "The best goodput of a feasible trial so far.",
+    ),
+    MetricSpec(
+        "kvpilot_tuning_trials_total", "counter", ("state",), "Trials finished, by final state."
+    ),
+    MetricSpec(
+        "kvpilot_live_flags_info",
+        "info",
+        ("server", "flags", "source"),
+        "The flags each stable server runs with: configured, or promoted by the tuner.",
+    ),
+    MetricSpec(
+        "kvpilot_canary_metric",
+        "gauge",
+        ("trial", "metric", "side", "stat"),
+        "A judged metric of a trial's canary and of its baseline (median of samples).",
+    ),
 )
 
-# The tuning families are defined once, beside the Tuning dashboard that reads them.
-_SPECS += tuple(
-    MetricSpec(spec.name, spec.kind, spec.labels, spec.help) for spec in tuning_metrics.SPECS
-)
 
-CATALOG: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
+def _index(specs: tuple[MetricSpec, ...]) -> Mapping[str, MetricSpec]:
+    index = {spec.name: spec for spec in specs}
+    if len(index) != len(specs):
+        repeated = sorted({s.name for s in specs if sum(t.name == s.name for t in specs) > 1})
+        raise ValueError(f"metric names listed twice: {repeated}")
+    return MappingProxyType(index)
+
+
+CATALOG: Mapping[str, MetricSpec] = _index(SPECS)
+
+
+def specs(*names: str) -> tuple[MetricSpec, ...]:
+    """The catalog's specs of `names`, in that order; a name not in the catalog raises."""
+    missing = [name for name in names if name not in CATALOG]
+    if missing:
+        raise KeyError(f"not in the metric catalog: {missing}")
+    return tuple(CATALOG[name] for name in names)
 
 
 def markdown_table() -> str:
     """The README's table of every metric."""
     rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
-    for spec in _SPECS:
+    for spec in SPECS:
         labels = ", ".join(f"`{label}`" for label in spec.labels) or "-"
         rows.append(f"| `{spec.name}` | {spec.kind} | {labels} | {spec.help} |")
     return "\n".join(rows)
