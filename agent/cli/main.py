@@ -185,22 +185,14 @@ def run(
 
 
 def _run_sidecar(path: Path) -> None:
-    import os
-
     from kvpilot.agent.app.compose import run_sidecar
-    from kvpilot.agent.config.models import ConfigError, load_config, secret_values
-    from kvpilot.agent.tuning.local import yaml_hash
+    from kvpilot.agent.cli.config_load import load_or_exit
+    from kvpilot.agent.config.models import secret_values
 
     configure_logging(json_logs=True)
-    try:
-        config = load_config(path, os.environ)
-    except ConfigError as exc:
-        print(f"kvpilot: {path}: invalid configuration", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  {problem}", file=sys.stderr)
-        raise typer.Exit(2) from None
+    config, sha256 = load_or_exit(path, read_token=True)
     configure_logging(json_logs=True, secrets=secret_values(config))
-    asyncio.run(run_sidecar(config, config_sha256=yaml_hash(path)))
+    asyncio.run(run_sidecar(config, config_sha256=sha256))
 
 
 @app.command()
