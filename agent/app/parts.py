@@ -77,7 +77,7 @@ def build_notifiers(
         if isinstance(cfg, WebhookNotifierConfig):
             notifiers[cfg.name] = WebhookNotifier(
                 cfg.name, cfg.url, client, external_url=external_url,
-                secret=cfg.hmac_secret, headers=dict(cfg.headers),
+                secret=cfg.hmac_secret, headers=dict(cfg.headers), timeout_s=cfg.timeout_s,
             )  # fmt: skip
         elif isinstance(cfg, AlertmanagerNotifierConfig):
             auth = cfg.auth
@@ -88,9 +88,10 @@ def build_notifiers(
                 username=auth.username if auth else None,
                 password=auth.password if auth else None,
                 bearer_token=auth.bearer_token if auth else None,
+                headers=dict(cfg.headers), timeout_s=cfg.timeout_s,
             )  # fmt: skip
         elif isinstance(cfg, SlackNotifierConfig):
-            notifiers[cfg.name] = SlackNotifier(cfg.name, cfg.url, client)
+            notifiers[cfg.name] = SlackNotifier(cfg.name, cfg.url, client, timeout_s=cfg.timeout_s)
     return notifiers
 
 

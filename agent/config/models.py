@@ -20,6 +20,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -242,13 +243,34 @@ def _check_http_url(url: str) -> str:
     return url
 
 
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110's token
+
+
+def _check_headers(headers: dict[str, SecretStr]) -> dict[str, SecretStr]:
+    """Header names and values that make a valid request; values are never shown."""
+    for name, value in headers.items():
+        if not _HEADER_NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not a header name (letters, digits, -_.!#$%&'*+^`|~)")
+        text = value.get_secret_value()
+        if "\r" in text or "\n" in text:
+            raise ValueError(f"header {name!r}: the value has a line break")
+        if any((ord(c) < 32 and c != "\t") or ord(c) == 127 for c in text):
+            raise ValueError(f"header {name!r}: the value has a control character")
+    return headers
+
+
 class _NotifierBase(_Model):
     name: str = Field(
         "",  # filled with the kind before validation; the schema shows it as optional
         pattern=_NAME,
         description="Unique name; keys this receiver's outbox rows (default: the kind).",
     )
-    timeout_s: float = Field(10.0, gt=0, description="Per-request timeout.")
+    timeout_s: float = Field(
+        10.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds one request may take, connecting to answer, before it is retried.",
+    )
     send_resolved: bool = Field(True, description="Also notify when an alert resolves.")
 
     @model_validator(mode="before")
@@ -279,6 +301,11 @@ class WebhookNotifierConfig(_NotifierBase):
     def _http_url(cls, url: str) -> str:
         return _check_http_url(url)
 
+    @field_validator("headers")
+    @classmethod
+    def _valid_headers(cls, headers: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        return _check_headers(headers)
+
 
 class AlertmanagerAuth(_Model):
     """Basic or bearer authentication for Alertmanager's API."""
@@ -304,7 +331,9 @@ class AlertmanagerNotifierConfig(_NotifierBase):
     url: str = Field(description="Alertmanager's base URL, e.g. http://alertmanager:9093.")
     auth: AlertmanagerAuth | None = Field(None, description="Credentials, if required.")
     headers: dict[str, SecretStr] = Field(
-        default_factory=dict, description="Extra request headers (values are secrets)."
+        default_factory=dict,
+        description="Extra headers on every push, e.g. X-Scope-OrgID for a multi-tenant "
+        "Alertmanager (values are secrets; Authorization only without auth).",
     )
     repeat_interval_s: float = Field(
         60.0,
@@ -317,6 +346,15 @@ class AlertmanagerNotifierConfig(_NotifierBase):
     @classmethod
     def _http_url(cls, url: str) -> str:
         return _check_http_url(url)
+
+    @field_validator("headers")
+    @classmethod
+    def _valid_headers(
+        cls, headers: dict[str, SecretStr], info: ValidationInfo
+    ) -> dict[str, SecretStr]:
+        if info.data.get("auth") is not None and "authorization" in {k.lower() for k in headers}:
+            raise ValueError("auth sets the Authorization header: remove it from headers")
+        return _check_headers(headers)
 
 
 class SlackNotifierConfig(_NotifierBase):
