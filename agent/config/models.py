@@ -11,7 +11,7 @@ import logging
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
@@ -360,9 +360,17 @@ class AlertmanagerNotifierConfig(_NotifierBase):
 class SlackNotifierConfig(_NotifierBase):
     """Slack-compatible incoming-webhook text."""
 
+    # Fields that once were, and why they went: the error says so instead of "unknown field".
+    retired_fields: ClassVar[dict[str, str]] = {
+        "channel": "Slack app incoming webhooks post to the channel chosen when the webhook "
+        "was created and ignore a channel field; remove it (one webhook per channel)",
+    }
+
     kind: Literal["slack"] = Field(description="Slack-compatible incoming webhook.")
-    url: SecretStr = Field(description="The incoming-webhook URL (a secret: it holds the token).")
-    channel: str | None = Field(None, description="Overrides the webhook's default channel.")
+    url: SecretStr = Field(
+        description="The incoming-webhook URL (a secret: it holds the token); it posts to the "
+        "channel chosen when the webhook was created."
+    )
     repeat_interval_s: float = Field(
         4 * 3600.0, gt=0, description="Re-send a still-firing alert this often."
     )
