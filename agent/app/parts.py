@@ -54,13 +54,15 @@ def build_runtime(
         log_dir.mkdir(parents=True, exist_ok=True)
         return LocalRuntime(specs, log_dir)
     assert isinstance(runtime, ProcessRuntimeConfig)
-    kvpool_url = (
-        f"http://{runtime.host}:{runtime.kvpool_port}" if runtime.kvpool_port is not None else None
-    )
+    kvpool_url = None
+    if runtime.kvpool_port is not None:
+        host = runtime.host or "127.0.0.1"
+        kvpool_url = f"http://{f'[{host}]' if ':' in host else host}:{runtime.kvpool_port}"
     api_key = runtime.api_key.get_secret_value() if runtime.api_key else None
     target = ProcessTarget(
-        name=runtime.name, port=runtime.port, kvpool_url=kvpool_url, api_key=api_key
-    )
+        name=runtime.name, port=runtime.port, host=runtime.host,
+        cmdline_regex=runtime.cmdline_regex, kvpool_url=kvpool_url, api_key=api_key,
+    )  # fmt: skip
     return ProcessRuntime([target])
 
 

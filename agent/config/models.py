@@ -6,6 +6,7 @@ never appear in errors, summaries or logs.
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import logging
 import re
@@ -197,17 +198,29 @@ class LocalRuntimeConfig(_RuntimeBase):
 
 
 class ProcessRuntimeConfig(_RuntimeBase):
-    """Attach to a vLLM server that something else supervises (kubelet, systemd)."""
+    """Attach to a vLLM server that something else supervises (kubelet, systemd).
+
+    The server is the one process (the root of its tree) whose command line is a vLLM launch
+    form with `--port` equal to `port` and, when set, listening where `host` says and matching
+    `cmdline_regex`. When none or several match, nothing is signalled.
+    """
 
     kind: Literal["process"] = Field(description="Find the server by its command line.")
     name: str = Field("vllm", pattern=_NAME, description="Instance name, used in labels.")
     cmdline_regex: str | None = Field(
         None,
-        description="A regular expression searched in the process's command line (arguments "
-        "joined by spaces); default: any vLLM server in either launch form.",
+        description="A regular expression searched (not anchored) in the process's arguments "
+        "joined by single spaces; only a process it is found in is the server. Unset: any vLLM "
+        "server in either launch form (with the port, and host if set).",
     )
-    host: str = Field("127.0.0.1", description="Where the agent reaches the server.")
-    port: Port = Field(description="The server's --port; also tells servers apart.")
+    host: str | None = Field(
+        None,
+        description="Where the agent reaches the server. Set: only a server listening there "
+        "matches: its --host equals this (as text, case and IPv6 brackets aside; names are not "
+        "resolved), or is absent, 0.0.0.0 or :: (every address, vLLM's default). Unset: any "
+        "--host, reached where it listens (loopback for every address).",
+    )
+    port: Port = Field(description="The server's --port (8000 when absent); tells servers apart.")
     kvpool_port: Port | None = Field(None, description="The kvpool plugin's port, if enabled.")
 
     @field_validator("cmdline_regex")
@@ -220,9 +233,32 @@ class ProcessRuntimeConfig(_RuntimeBase):
                 raise ValueError(f"not a regular expression: {exc}") from exc
         return pattern
 
+    @field_validator("host")
+    @classmethod
+    def _an_address(cls, host: str | None) -> str | None:
+        if host is None:
+            return None
+        bare = host.removeprefix("[").removesuffix("]")
+        if bare in _WILDCARD_HOSTS:
+            raise ValueError(
+                "host is where the agent reaches the server, not a wildcard (a server listening "
+                "on every address matches any host; leave host unset to match any --host)"
+            )
+        if ":" in bare:
+            try:
+                ipaddress.IPv6Address(bare)
+            except ValueError:
+                raise ValueError(
+                    "must be a host name or an IP address (no scheme, port or path)"
+                ) from None
+        elif not re.fullmatch(r"[A-Za-z0-9_.-]+", bare):
+            raise ValueError("must be a host name or an IP address (no scheme, port or path)")
+        return bare
+
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        host = self.host or "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.port}"
 
 
