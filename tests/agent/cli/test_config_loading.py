@@ -122,3 +122,25 @@ def test_a_state_dir_that_cannot_hold_the_database_is_a_clear_error(
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     assert done.stderr.startswith(f"kvpilot: state_dir {not_a_dir}: cannot open the database")
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (None, "cannot read: No such file or directory"),
+        (b"\xff\xfe\x00runtime: {}", "not UTF-8 text"),
+        (b"runtime: [unclosed", "not valid YAML"),
+        (b"- a list\n", "the top level must be a mapping, not list"),
+    ],
+)
+def test_a_file_that_is_no_configuration_is_a_clear_error(
+    tmp_path: Path, content: bytes | None, says: str
+) -> None:
+    path = tmp_path / "kvpilot.yaml"
+    if content is not None:
+        path.write_bytes(content)
+    done = _kvpilot(_args("tune", path, tmp_path), _clean_env())
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    assert done.stderr.startswith(f"kvpilot: {path}: invalid configuration\n")
+    assert says in done.stderr
