@@ -244,14 +244,7 @@ class ProcessRuntimeConfig(_RuntimeBase):
                 "host is where the agent reaches the server, not a wildcard (a server listening "
                 "on every address matches any host; leave host unset to match any --host)"
             )
-        if ":" in bare:
-            try:
-                ipaddress.IPv6Address(bare)
-            except ValueError:
-                raise ValueError(
-                    "must be a host name or an IP address (no scheme, port or path)"
-                ) from None
-        elif not re.fullmatch(r"[A-Za-z0-9_.-]+", bare):
+        if not (_is_ipv6(bare) if ":" in bare else re.fullmatch(r"[A-Za-z0-9_.-]+", bare)):
             raise ValueError("must be a host name or an IP address (no scheme, port or path)")
         return bare
 
@@ -260,6 +253,14 @@ class ProcessRuntimeConfig(_RuntimeBase):
         host = self.host or "127.0.0.1"
         host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.port}"
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 RuntimeConfig = Annotated[LocalRuntimeConfig | ProcessRuntimeConfig, Field(discriminator="kind")]

@@ -118,8 +118,9 @@ async def post(
                     url, content=content, headers=dict(headers), timeout=timeout_s
                 )
     except (httpx.TimeoutException, TimeoutError) as exc:
+        after = "" if timeout_s is None else f" after {timeout_s:g} s"
         raise DeliveryError(
-            f"{name}: timed out ({type(exc).__name__})",
+            f"{name}: timed out{after} ({type(exc).__name__})",
             True,
             delivered=delivered,
             dedup_key=dedup_key,
