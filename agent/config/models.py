@@ -310,6 +310,13 @@ class _NotifierBase(_Model):
     )
     send_resolved: bool = Field(True, description="Also notify when an alert resolves.")
 
+    @field_validator("timeout_s", mode="before")
+    @classmethod
+    def _seconds_not_a_flag(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # pydantic would read true as 1 s
+            raise ValueError("must be a number of seconds, not true or false")
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _default_name(cls, data: Any) -> Any:

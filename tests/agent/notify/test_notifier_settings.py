@@ -193,6 +193,7 @@ def test_hostile_headers_are_clear_errors_without_their_values(
         (-1, "greater than 0"),
         ([1], "valid number"),
         (".inf", "finite number"),
+        (True, "a number of seconds, not true or false"),
     ],
 )
 def test_a_timeout_that_is_no_positive_number_is_a_clear_error(
