@@ -71,13 +71,15 @@ def build_runtime(
             ]
         )
     assert isinstance(runtime, ProcessRuntimeConfig)
-    kvpool_url = (
-        f"http://{runtime.host}:{runtime.kvpool_port}" if runtime.kvpool_port is not None else None
-    )
+    kvpool_url = None
+    if runtime.kvpool_port is not None:
+        host = runtime.host or "127.0.0.1"
+        kvpool_url = f"http://{f'[{host}]' if ':' in host else host}:{runtime.kvpool_port}"
     api_key = runtime.api_key.get_secret_value() if runtime.api_key else None
     target = ProcessTarget(
-        name=runtime.name, port=runtime.port, kvpool_url=kvpool_url, api_key=api_key
-    )
+        name=runtime.name, port=runtime.port, host=runtime.host,
+        cmdline_regex=runtime.cmdline_regex, kvpool_url=kvpool_url, api_key=api_key,
+    )  # fmt: skip
     return ProcessRuntime([target])
 
 
@@ -94,7 +96,7 @@ def build_notifiers(
         if isinstance(cfg, WebhookNotifierConfig):
             notifiers[cfg.name] = WebhookNotifier(
                 cfg.name, cfg.url, client, external_url=external_url,
-                secret=cfg.hmac_secret, headers=dict(cfg.headers),
+                secret=cfg.hmac_secret, headers=dict(cfg.headers), timeout_s=cfg.timeout_s,
             )  # fmt: skip
         elif isinstance(cfg, AlertmanagerNotifierConfig):
             auth = cfg.auth
@@ -105,9 +107,10 @@ def build_notifiers(
                 username=auth.username if auth else None,
                 password=auth.password if auth else None,
                 bearer_token=auth.bearer_token if auth else None,
+                headers=dict(cfg.headers), timeout_s=cfg.timeout_s,
             )  # fmt: skip
         elif isinstance(cfg, SlackNotifierConfig):
-            notifiers[cfg.name] = SlackNotifier(cfg.name, cfg.url, client)
+            notifiers[cfg.name] = SlackNotifier(cfg.name, cfg.url, client, timeout_s=cfg.timeout_s)
     return notifiers
 
 

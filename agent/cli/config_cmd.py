@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -12,16 +10,15 @@ from urllib.parse import urlsplit
 import typer
 from pydantic import BaseModel
 
+from kvpilot.agent.cli.config_load import load_or_exit
 from kvpilot.agent.config.models import (
     AgentConfig,
     AttachRuntimeConfig,
-    ConfigError,
     LocalRuntimeConfig,
     NotifierConfig,
     SlackNotifierConfig,
     config_warnings,
     launch_form,
-    load_config,
 )
 
 
@@ -120,14 +117,7 @@ def register(app: typer.Typer) -> None:
         ] = False,
     ) -> None:
         """Validate FILE (plus KVPILOT_* overrides) and summarise it; exit 2 on errors."""
-        try:
-            config = load_config(file, None if no_env else os.environ, warn=False)
-            config.api.control_token()
-        except ConfigError as exc:
-            print(f"{file}: invalid configuration", file=sys.stderr)
-            for problem in exc.problems:
-                print(f"  {problem}", file=sys.stderr)
-            raise typer.Exit(2) from None
+        config, _ = load_or_exit(file, use_env=not no_env, warn=False, read_token=True)
         print(f"OK: {file}")
         for line in summary(config):
             print(line)

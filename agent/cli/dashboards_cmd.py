@@ -28,17 +28,13 @@ class RulesFormat(enum.StrEnum):
 
 
 def rules_config(config_file: Path | None) -> RulesConfig:
-    """The `rules:` section of the agent's configuration, or the defaults."""
+    """The `rules:` section of the agent's configuration (with its overrides), or the defaults."""
     if config_file is None:
         return RulesConfig()
-    from kvpilot.agent.config.errors import ConfigError
-    from kvpilot.agent.config.models import load_config
+    from kvpilot.agent.cli.config_load import load_or_exit
 
-    try:
-        return load_config(config_file, None, warn=False).rules
-    except ConfigError as exc:
-        typer.echo(f"kvpilot: {exc}", err=True)
-        raise typer.Exit(2) from None
+    config, _ = load_or_exit(config_file, warn=False)
+    return config.rules
 
 
 def runbooks() -> dict[str, str]:

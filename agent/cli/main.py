@@ -192,34 +192,21 @@ def run(
 def _run_sidecar(path: Path | None, data: dict[str, object] | None = None) -> None:
     """One path for both forms of `kvpilot run`. Without a file nothing is kept after the
     agent stops unless KVPILOT_STATE_DIR names a state directory."""
-    import os
     import tempfile
 
     from kvpilot.agent.app.compose import run_sidecar
-    from kvpilot.agent.config.models import (
-        ConfigError,
-        load_config,
-        secret_values,
-        validate_config,
-    )
-    from kvpilot.agent.tuning.local import yaml_hash
+    from kvpilot.agent.cli.config_load import load_or_exit, validate_or_exit
+    from kvpilot.agent.config.models import secret_values
 
     configure_logging(json_logs=True)
     with tempfile.TemporaryDirectory(prefix="kvpilot-state-") as scratch:
-        try:
-            if path is not None:
-                config = load_config(path, os.environ)
-            else:
-                config = validate_config({"state_dir": scratch, **(data or {})}, os.environ)
-        except ConfigError as exc:
-            where = path if path is not None else "the command line"
-            print(f"kvpilot: {where}: invalid configuration", file=sys.stderr)
-            for problem in exc.problems:
-                print(f"  {problem}", file=sys.stderr)
-            raise typer.Exit(2) from None
+        if path is not None:
+            config, sha256 = load_or_exit(path, read_token=True)
+        else:
+            config = validate_or_exit({"state_dir": scratch, **(data or {})})
+            sha256 = None
         configure_logging(json_logs=True, secrets=secret_values(config))
-        sha = yaml_hash(path) if path is not None else None
-        asyncio.run(run_sidecar(config, config_sha256=sha))
+        asyncio.run(run_sidecar(config, config_sha256=sha256))
 
 
 @app.command()

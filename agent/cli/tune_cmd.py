@@ -16,7 +16,8 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
-from kvpilot.agent.config.models import AgentConfig, LocalRuntimeConfig, load_config
+from kvpilot.agent.cli.config_load import load_or_exit, open_state_or_exit
+from kvpilot.agent.config.models import AgentConfig, LocalRuntimeConfig
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
 from kvpilot.agent.state.db import Database
@@ -27,7 +28,6 @@ from kvpilot.agent.tuning.local import (
     LocalTunerAdapter,
     live_stable_argv,
     recover_at_startup,
-    yaml_hash,
 )
 from kvpilot.agent.tuning.study import Study, StudyError, build_study, make_session, read_gpu
 from kvpilot.tuner.render import trials_table
@@ -76,7 +76,7 @@ def tune(
         return
     if config is None:
         raise typer.BadParameter("--config is required", param_hint="--config")
-    cfg = load_config(config)
+    cfg, config_sha256 = load_or_exit(config)
     base = cfg.tuning
     overrides = {
         "trials": trials, "strategy": strategy.value if strategy else None,
@@ -97,7 +97,7 @@ def tune(
     except (ValueError, StudyError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--config") from exc
     console = Console()
-    db = Database.open(cfg.state_dir)
+    db = open_state_or_exit(cfg)
     try:
         if dry:
             told, planned = dry_run(
@@ -112,7 +112,7 @@ def tune(
             for i, plan in enumerate(planned, 1):
                 console.print(f"{i}. {plan.candidate.describe()}  [dim]{plan.why}[/dim]")
             return
-        asyncio.run(_run(cfg, yaml_hash(config), study, db, console))
+        asyncio.run(_run(cfg, config_sha256, study, db, console))
     finally:
         db.close()
 
@@ -181,8 +181,8 @@ def report(
     ),
 ) -> None:
     """Write the tuning history as one self-contained HTML page."""
-    cfg = load_config(config)
-    db = Database.open(cfg.state_dir)
+    cfg, _ = load_or_exit(config)
+    db = open_state_or_exit(cfg)
     try:
         path = write_report(output, SqliteTrialStore(db).trials())
     finally:
@@ -197,24 +197,24 @@ def trials_command(
     ] = None,
 ) -> None:
     """Print the tuning history as a table (recovering a trial a dead kvpilot left)."""
-    cfg = load_config(config)
+    cfg, config_sha256 = load_or_exit(config)
     canary_port = canary_port or cfg.tuning.canary_port
-    db = Database.open(cfg.state_dir)
+    db = open_state_or_exit(cfg)
     try:
         if SqliteRolloutJournal(db).open_records() or SqliteTrialStore(db).unfinished():
-            _recover_only(cfg, config, db, canary_port)
+            _recover_only(cfg, config_sha256, db, canary_port)
         Console().print(trials_table(SqliteTrialStore(db).trials()))
     finally:
         db.close()
 
 
-def _recover_only(cfg: AgentConfig, path: Path, db: Database, canary_port: int) -> None:
+def _recover_only(cfg: AgentConfig, config_sha256: str, db: Database, canary_port: int) -> None:
     runtime_cfg = cfg.runtime
     if not isinstance(runtime_cfg, LocalRuntimeConfig):
         return
     inst = next(i for i in runtime_cfg.instances if i.role == "stable")
     promoted = StateStore(db).get_fact(PROMOTED_FACT)
-    argv, _ = live_stable_argv(tuple(inst.argv), promoted, yaml_hash(path))
+    argv, _ = live_stable_argv(tuple(inst.argv), promoted, config_sha256)
     log_dir = cfg.state_dir / "logs"
     env = tuple(inst.env.items())
     runtime = LocalRuntime(
@@ -223,7 +223,7 @@ def _recover_only(cfg: AgentConfig, path: Path, db: Database, canary_port: int) 
     runtime.adopt_orphans()
     adapter = LocalTunerAdapter(
         runtime, stable_name=inst.name, canary_port=canary_port, log_dir=log_dir, db=db,
-        configured_argv=tuple(inst.argv), config_sha256=yaml_hash(path), canary_env=env,
+        configured_argv=tuple(inst.argv), config_sha256=config_sha256, canary_env=env,
     )  # fmt: skip
     asyncio.run(recover_at_startup(db, adapter))
 

@@ -129,7 +129,11 @@ def format_validation_error(
         kind = error["type"]
         if kind == "extra_forbidden":
             names = walked.parent.model_fields if walked.parent is not None else ()
-            problem = f"unknown field{suggest(walked.path[-1], names)}"
+            retired = getattr(walked.parent, "retired_fields", {})
+            if walked.path[-1] in retired:
+                problem = f"no longer supported: {retired[walked.path[-1]]}"
+            else:
+                problem = f"unknown field{suggest(walked.path[-1], names)}"
         else:
             problem = error["msg"].removeprefix("Value error, ")
             value = error.get("input")

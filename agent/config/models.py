@@ -6,12 +6,13 @@ never appear in errors, summaries or logs.
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import logging
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
@@ -20,6 +21,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -196,17 +198,29 @@ class LocalRuntimeConfig(_RuntimeBase):
 
 
 class ProcessRuntimeConfig(_RuntimeBase):
-    """Attach to a vLLM server that something else supervises (kubelet, systemd)."""
+    """Attach to a vLLM server that something else supervises (kubelet, systemd).
+
+    The server is the one process (the root of its tree) whose command line is a vLLM launch
+    form with `--port` equal to `port` and, when set, listening where `host` says and matching
+    `cmdline_regex`. When none or several match, nothing is signalled.
+    """
 
     kind: Literal["process"] = Field(description="Find the server by its command line.")
     name: str = Field("vllm", pattern=_NAME, description="Instance name, used in labels.")
     cmdline_regex: str | None = Field(
         None,
-        description="A regular expression searched in the process's command line (arguments "
-        "joined by spaces); default: any vLLM server in either launch form.",
+        description="A regular expression searched (not anchored) in the process's arguments "
+        "joined by single spaces; only a process it is found in is the server. Unset: any vLLM "
+        "server in either launch form (with the port, and host if set).",
     )
-    host: str = Field("127.0.0.1", description="Where the agent reaches the server.")
-    port: Port = Field(description="The server's --port; also tells servers apart.")
+    host: str | None = Field(
+        None,
+        description="Where the agent reaches the server. Set: only a server listening there "
+        "matches: its --host equals this (as text, case and IPv6 brackets aside; names are not "
+        "resolved), or is absent, 0.0.0.0 or :: (every address, vLLM's default). Unset: any "
+        "--host, reached where it listens (loopback for every address).",
+    )
+    port: Port = Field(description="The server's --port (8000 when absent); tells servers apart.")
     kvpool_port: Port | None = Field(None, description="The kvpool plugin's port, if enabled.")
 
     @field_validator("cmdline_regex")
@@ -219,10 +233,34 @@ class ProcessRuntimeConfig(_RuntimeBase):
                 raise ValueError(f"not a regular expression: {exc}") from exc
         return pattern
 
+    @field_validator("host")
+    @classmethod
+    def _an_address(cls, host: str | None) -> str | None:
+        if host is None:
+            return None
+        bare = host.removeprefix("[").removesuffix("]")
+        if bare in _WILDCARD_HOSTS:
+            raise ValueError(
+                "host is where the agent reaches the server, not a wildcard (a server listening "
+                "on every address matches any host; leave host unset to match any --host)"
+            )
+        if not (_is_ipv6(bare) if ":" in bare else re.fullmatch(r"[A-Za-z0-9_.-]+", bare)):
+            raise ValueError("must be a host name or an IP address (no scheme, port or path)")
+        return bare
+
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        host = self.host or "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.port}"
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 class AttachedServerConfig(_Model):
@@ -281,14 +319,42 @@ def _check_http_url(url: str) -> str:
     return url
 
 
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110's token
+
+
+def _check_headers(headers: dict[str, SecretStr]) -> dict[str, SecretStr]:
+    """Header names and values that make a valid request; values are never shown."""
+    for name, value in headers.items():
+        if not _HEADER_NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not a header name (letters, digits, -_.!#$%&'*+^`|~)")
+        text = value.get_secret_value()
+        if "\r" in text or "\n" in text:
+            raise ValueError(f"header {name!r}: the value has a line break")
+        if any((ord(c) < 32 and c != "\t") or ord(c) == 127 for c in text):
+            raise ValueError(f"header {name!r}: the value has a control character")
+    return headers
+
+
 class _NotifierBase(_Model):
     name: str = Field(
         "",  # filled with the kind before validation; the schema shows it as optional
         pattern=_NAME,
         description="Unique name; keys this receiver's outbox rows (default: the kind).",
     )
-    timeout_s: float = Field(10.0, gt=0, description="Per-request timeout.")
+    timeout_s: float = Field(
+        10.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds one request may take, connecting to answer, before it is retried.",
+    )
     send_resolved: bool = Field(True, description="Also notify when an alert resolves.")
+
+    @field_validator("timeout_s", mode="before")
+    @classmethod
+    def _seconds_not_a_flag(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # pydantic would read true as 1 s
+            raise ValueError("must be a number of seconds, not true or false")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -318,6 +384,11 @@ class WebhookNotifierConfig(_NotifierBase):
     def _http_url(cls, url: str) -> str:
         return _check_http_url(url)
 
+    @field_validator("headers")
+    @classmethod
+    def _valid_headers(cls, headers: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        return _check_headers(headers)
+
 
 class AlertmanagerAuth(_Model):
     """Basic or bearer authentication for Alertmanager's API."""
@@ -343,7 +414,9 @@ class AlertmanagerNotifierConfig(_NotifierBase):
     url: str = Field(description="Alertmanager's base URL, e.g. http://alertmanager:9093.")
     auth: AlertmanagerAuth | None = Field(None, description="Credentials, if required.")
     headers: dict[str, SecretStr] = Field(
-        default_factory=dict, description="Extra request headers (values are secrets)."
+        default_factory=dict,
+        description="Extra headers on every push, e.g. X-Scope-OrgID for a multi-tenant "
+        "Alertmanager (values are secrets; Authorization only without auth).",
     )
     repeat_interval_s: float = Field(
         60.0,
@@ -357,13 +430,30 @@ class AlertmanagerNotifierConfig(_NotifierBase):
     def _http_url(cls, url: str) -> str:
         return _check_http_url(url)
 
+    @field_validator("headers")
+    @classmethod
+    def _valid_headers(
+        cls, headers: dict[str, SecretStr], info: ValidationInfo
+    ) -> dict[str, SecretStr]:
+        if info.data.get("auth") is not None and "authorization" in {k.lower() for k in headers}:
+            raise ValueError("auth sets the Authorization header: remove it from headers")
+        return _check_headers(headers)
+
 
 class SlackNotifierConfig(_NotifierBase):
     """Slack-compatible incoming-webhook text."""
 
+    # Fields that once were, and why they went: the error says so instead of "unknown field".
+    retired_fields: ClassVar[dict[str, str]] = {
+        "channel": "Slack app incoming webhooks post to the channel chosen when the webhook "
+        "was created and ignore a channel field; remove it (one webhook per channel)",
+    }
+
     kind: Literal["slack"] = Field(description="Slack-compatible incoming webhook.")
-    url: SecretStr = Field(description="The incoming-webhook URL (a secret: it holds the token).")
-    channel: str | None = Field(None, description="Overrides the webhook's default channel.")
+    url: SecretStr = Field(
+        description="The incoming-webhook URL (a secret: it holds the token); it posts to the "
+        "channel chosen when the webhook was created."
+    )
     repeat_interval_s: float = Field(
         4 * 3600.0, gt=0, description="Re-send a still-firing alert this often."
     )
@@ -540,9 +630,11 @@ def validate_config(
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{path}: not UTF-8 text: {exc.reason} at byte {exc.start}"]) from exc
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

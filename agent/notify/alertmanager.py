@@ -13,14 +13,14 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
 from pydantic import SecretStr
 
 from kvpilot.agent.model import AlertEvent
-from kvpilot.agent.notify.base import post, redacted_url, rfc3339
+from kvpilot.agent.notify.base import post, redacted_url, rfc3339, with_headers
 from kvpilot.agent.notify.webhook import INCIDENT_ANNOTATION
 
 # Prometheus: 4 x its default resend delay of 1 min.
@@ -40,6 +40,8 @@ class AlertmanagerNotifier:
         username: str | None = None,
         password: SecretStr | None = None,
         bearer_token: SecretStr | None = None,
+        headers: Mapping[str, SecretStr | str] | None = None,
+        timeout_s: float | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if resend_validity_s <= 0:
@@ -53,6 +55,11 @@ class AlertmanagerNotifier:
         self._username = username
         self._password = password
         self._bearer_token = bearer_token
+        # Extra headers (a tenant, a proxy's token) may be credentials: secrets until the request.
+        self._headers = {
+            k: v if isinstance(v, SecretStr) else SecretStr(v) for k, v in (headers or {}).items()
+        }
+        self._timeout_s = timeout_s  # per request; None: the client's own
         self._clock = clock
 
     def __repr__(self) -> str:
@@ -76,15 +83,16 @@ class AlertmanagerNotifier:
             alert["generatorURL"] = event.generator_url
         return alert
 
-    def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
+    def headers_for_push(self) -> dict[str, str]:
+        """Every push's headers: the configured ones, the content type, the credentials."""
+        ours = {"Content-Type": "application/json"}
         if self._bearer_token is not None:
-            headers["Authorization"] = f"Bearer {self._bearer_token.get_secret_value()}"
+            ours["Authorization"] = f"Bearer {self._bearer_token.get_secret_value()}"
         elif self._username is not None:
             password = "" if self._password is None else self._password.get_secret_value()
             token = base64.b64encode(f"{self._username}:{password}".encode()).decode()
-            headers["Authorization"] = f"Basic {token}"
-        return headers
+            ours["Authorization"] = f"Basic {token}"
+        return with_headers(self._headers, ours)
 
     async def send(self, events: Sequence[AlertEvent]) -> None:
         if not events:
@@ -98,6 +106,7 @@ class AlertmanagerNotifier:
             self.name,
             self._endpoint,
             content=body,
-            headers=self._headers(),
+            headers=self.headers_for_push(),
+            timeout_s=self._timeout_s,
             dedup_key=only,
         )

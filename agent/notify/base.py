@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 import httpx
+from pydantic import SecretStr
 
 from kvpilot.agent.model import AlertEvent
 
@@ -68,6 +70,17 @@ def redacted_url(url: str) -> str:
     return f"{parts.scheme}://{host}{port}/..."
 
 
+def with_headers(custom: Mapping[str, SecretStr], ours: Mapping[str, str]) -> dict[str, str]:
+    """The configured headers' values, with ours replacing any of the same name (in any case).
+
+    The values may carry credentials: they go into the request only, never into a message.
+    """
+    taken = {name.lower() for name in ours}
+    headers = {k: v.get_secret_value() for k, v in custom.items() if k.lower() not in taken}
+    headers.update(ours)
+    return headers
+
+
 def _retry_after_s(response: httpx.Response) -> float | None:
     value = response.headers.get("retry-after")
     if value is None:
@@ -86,15 +99,28 @@ async def post(
     *,
     content: bytes,
     headers: Mapping[str, str],
+    timeout_s: float | None = None,
     dedup_key: str | None = None,
     delivered: frozenset[str] = frozenset(),
 ) -> httpx.Response:
-    """POST and classify the outcome; messages never carry the URL (it may hold a token)."""
+    """POST and classify the outcome; messages never carry the URL (it may hold a token).
+
+    `timeout_s` bounds the whole request (connect, send, answer) in place of the client's own
+    timeouts; None keeps the client's.
+    """
     try:
-        response = await client.post(url, content=content, headers=dict(headers))
-    except httpx.TimeoutException as exc:
+        if timeout_s is None:
+            response = await client.post(url, content=content, headers=dict(headers))
+        else:
+            # httpx's timeout applies to each phase; the deadline bounds them together.
+            async with asyncio.timeout(timeout_s):
+                response = await client.post(
+                    url, content=content, headers=dict(headers), timeout=timeout_s
+                )
+    except (httpx.TimeoutException, TimeoutError) as exc:
+        after = "" if timeout_s is None else f" after {timeout_s:g} s"
         raise DeliveryError(
-            f"{name}: timed out ({type(exc).__name__})",
+            f"{name}: timed out{after} ({type(exc).__name__})",
             True,
             delivered=delivered,
             dedup_key=dedup_key,

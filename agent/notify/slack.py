@@ -69,10 +69,18 @@ def payload_of(event: AlertEvent) -> dict[str, Any]:
 class SlackNotifier:
     """POSTs to a Slack incoming-webhook URL (the URL is the secret)."""
 
-    def __init__(self, name: str, url: SecretStr, client: httpx.AsyncClient) -> None:
+    def __init__(
+        self,
+        name: str,
+        url: SecretStr,
+        client: httpx.AsyncClient,
+        *,
+        timeout_s: float | None = None,
+    ) -> None:
         self.name = name
         self._url = url
         self._client = client
+        self._timeout_s = timeout_s  # per request; None: the client's own
 
     def __repr__(self) -> str:
         shown = redacted_url(self._url.get_secret_value())
@@ -87,6 +95,7 @@ class SlackNotifier:
                 self._url.get_secret_value(),
                 content=json.dumps(payload_of(event)).encode(),
                 headers={"Content-Type": "application/json"},
+                timeout_s=self._timeout_s,
                 dedup_key=event.dedup_key,
                 delivered=frozenset(delivered),
             )

@@ -18,7 +18,7 @@ import httpx
 from pydantic import SecretStr
 
 from kvpilot.agent.model import AlertEvent
-from kvpilot.agent.notify.base import ZERO_TIME, post, redacted_url, rfc3339
+from kvpilot.agent.notify.base import ZERO_TIME, post, redacted_url, rfc3339, with_headers
 from kvpilot.agent.notify.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
 
 DEDUP_HEADER = "X-Kvpilot-Dedup-Key"
@@ -80,11 +80,13 @@ class WebhookNotifier:
         external_url: str = "",
         secret: SecretStr | None = None,
         headers: Mapping[str, SecretStr | str] | None = None,
+        timeout_s: float | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.name = name
         self._url = url
         self._client = client
+        self._timeout_s = timeout_s  # per request; None: the client's own
         self._external_url = external_url
         self._secret = secret
         # Custom headers may carry a bearer token: kept as secrets until the request.
@@ -99,14 +101,12 @@ class WebhookNotifier:
 
     def headers_for(self, event: AlertEvent, body: bytes) -> dict[str, str]:
         """The request headers: content type, custom ones, dedup key, signature."""
-        headers = {k: v.get_secret_value() for k, v in self._headers.items()}
-        headers["Content-Type"] = "application/json"
-        headers[DEDUP_HEADER] = event.dedup_key
+        ours = {"Content-Type": "application/json", DEDUP_HEADER: event.dedup_key}
         if self._secret is not None:
             timestamp = int(self._clock())
-            headers[TIMESTAMP_HEADER] = str(timestamp)
-            headers[SIGNATURE_HEADER] = sign(self._secret, timestamp, body)
-        return headers
+            ours[TIMESTAMP_HEADER] = str(timestamp)
+            ours[SIGNATURE_HEADER] = sign(self._secret, timestamp, body)
+        return with_headers(self._headers, ours)
 
     async def send(self, events: Sequence[AlertEvent]) -> None:
         delivered: set[str] = set()
@@ -118,6 +118,7 @@ class WebhookNotifier:
                 self._url,
                 content=body,
                 headers=self.headers_for(event, body),
+                timeout_s=self._timeout_s,
                 dedup_key=event.dedup_key,
                 delivered=frozenset(delivered),
             )

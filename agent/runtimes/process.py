@@ -1,12 +1,31 @@
 """Attach to a vLLM that something else supervises (systemd, a pod's kubelet): find, signal, wait.
 
-The server is found by its command line in /proc (either launch form), optionally narrowed
-by `--port`. A restart is a drain by SIGTERM; the supervisor brings a new process back and
-the runtime waits for it to be healthy and answer a probe.
+A process is a target's server when all of these hold:
+
+* its command line is a vLLM server launch form (`vllm serve ...`, `python -m
+  vllm.entrypoints.openai.api_server ...`) and its parent's is not (forked children keep
+  their parent's command line for a while);
+* `port` set: its `--port` (8000 when absent) is `port`;
+* `host` set: it listens there: its `--host` is absent, empty, `0.0.0.0` or `::` (every
+  address, vLLM's default), or equals `host` as text, case and IPv6 brackets aside (names are
+  not resolved: `localhost` is not `127.0.0.1`);
+* `cmdline_regex` set: the expression is found (`re.search`) in its arguments joined by
+  single spaces.
+
+Exactly one process must match; none or several, and nothing is signalled. Right before each
+signal the process is read again from /proc: it must still be the same process (PID and start
+time) and the main process must still match. The signal goes through a pidfd opened before
+that check, so a PID reused in between never receives it.
+
+A restart is a drain by SIGTERM; the supervisor brings a new process back and the runtime
+waits for it to be healthy and answer a probe.
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import re
 import signal
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -18,6 +37,7 @@ from kvpilot.agent.runtimes.base import (
     InstanceState,
     InstanceStatus,
     NotReady,
+    RuntimeFailure,
     RuntimeKind,
     RuntimeUnsupported,
     StopResult,
@@ -25,8 +45,8 @@ from kvpilot.agent.runtimes.base import (
 )
 from kvpilot.agent.runtimes.drain import drain_then_kill, wait_for
 from kvpilot.agent.runtimes.probe import wait_ready
-from kvpilot.agent.runtimes.processes import find_vllm_mains, signal_refs
-from kvpilot.agent.runtimes.vllm_argv import parse_server_argv
+from kvpilot.agent.runtimes.processes import find_vllm_mains
+from kvpilot.agent.runtimes.vllm_argv import NotAVllmServer, ServerArgs, parse_server_argv
 from kvpilot.collectors.kvpool.ports import PORT_ENV as KVPOOL_PORT_ENV
 from kvpilot.collectors.procfs import (
     PROC,
@@ -36,12 +56,19 @@ from kvpilot.collectors.procfs import (
     is_alive,
     list_processes,
     read_environ,
+    read_proc,
     start_wall_s,
 )
+
+_EVERY_ADDRESS = frozenset({"", "0.0.0.0", "::"})  # noqa: S104 - matched, never bound
 
 
 class SupervisorTimeout(NotReady):
     """The outside supervisor did not bring vLLM back within the deadline."""
+
+
+class IdentityChanged(RuntimeFailure):
+    """The process found is still alive but no longer the target's server: not signalled."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +78,26 @@ class ProcessTarget:
     name: str
     role: Role = "stable"
     port: int | None = None  # narrows the match to the server started with this --port
+    host: str | None = None  # narrows to a server listening there; also where it is reached
+    cmdline_regex: str | None = None  # narrows to a command line (arguments joined by spaces)
     kvpool_url: str | None = None  # else from KVPILOT_KVPOOL_PORT in the server's environment
     api_key: str | None = None  # else --api-key, else VLLM_API_KEY in its environment
+
+
+def _bare_host(host: str) -> str:
+    return host.removeprefix("[").removesuffix("]").lower()
+
+
+def _http_url(host: str, port: int) -> str:
+    bare = host.removeprefix("[").removesuffix("]")
+    return f"http://[{bare}]:{port}" if ":" in bare else f"http://{bare}:{port}"
+
+
+def listens_at(server_host: str | None, host: str) -> bool:
+    """Whether a server started with `--host server_host` (None: absent) is reachable at `host`."""
+    if server_host is None or _bare_host(server_host) in _EVERY_ADDRESS:
+        return True  # vLLM listens on every address
+    return _bare_host(server_host) == _bare_host(host)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +121,13 @@ class ProcessRuntime:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._targets: dict[str, ProcessTarget] = {}
+        self._patterns: dict[str, re.Pattern[str]] = {}
         for target in targets:
             if target.name in self._targets:
                 raise ValueError(f"duplicate instance name {target.name!r}")
             self._targets[target.name] = target
+            if target.cmdline_regex is not None:
+                self._patterns[target.name] = re.compile(target.cmdline_regex)
         self._proc_root = proc_root
         self._wall_clock = wall_clock
         self._clock = clock
@@ -91,10 +139,30 @@ class ProcessRuntime:
         except KeyError:
             raise UnknownInstance(f"no attached instance named {name!r}") from None
 
+    def _matches(self, target: ProcessTarget, info: ProcInfo) -> bool:
+        """Whether `info` is `target`'s server by its command line (the module's rules)."""
+        try:
+            args = parse_server_argv(info.argv)
+        except NotAVllmServer:
+            return False
+        if target.port is not None and args.port != target.port:
+            return False
+        if target.host is not None and not listens_at(args.host, target.host):
+            return False
+        pattern = self._patterns.get(target.name)
+        return pattern is None or pattern.search(" ".join(info.argv)) is not None
+
+    def _criteria(self, target: ProcessTarget) -> str:
+        said = [f"--port {target.port}"] if target.port is not None else []
+        said += [f"listening at {target.host}"] if target.host is not None else []
+        if target.cmdline_regex is not None:
+            said.append(f"a command line matching {target.cmdline_regex!r}")
+        return f" with {', '.join(said)}" if said else ""
+
     def _find(self, target: ProcessTarget) -> _Found:
         procs = list_processes(self._proc_root)
-        mains = find_vllm_mains(procs, port=target.port)
-        where = "" if target.port is None else f" with --port {target.port}"
+        mains = [info for info in find_vllm_mains(procs) if self._matches(target, info)]
+        where = self._criteria(target)
         if not mains:
             return _Found(None, (), f"no vLLM server process{where} found in /proc")
         if len(mains) > 1:
@@ -115,16 +183,21 @@ class ProcessRuntime:
         args = parse_server_argv(main.argv)
         return args.api_key or (read_environ(main.pid, self._proc_root) or {}).get("VLLM_API_KEY")
 
+    def _url(self, target: ProcessTarget, args: ServerArgs) -> str:
+        """Where the agent reaches the server: `host` when set, else where it listens."""
+        return args.url if target.host is None else _http_url(target.host, args.port)
+
     def _instance(self, target: ProcessTarget, found: _Found) -> Instance:
         main = found.main
         if main is None:
-            url = f"http://127.0.0.1:{target.port}" if target.port is not None else ""
+            host = target.host or "127.0.0.1"
+            url = _http_url(host, target.port) if target.port is not None else ""
             return Instance(target.name, target.role, url, target.kvpool_url, frozenset(),
                             None, None, None)  # fmt: skip
         return Instance(
             name=target.name,
             role=target.role,
-            url=parse_server_argv(main.argv).url,
+            url=self._url(target, parse_server_argv(main.argv)),
             kvpool_url=self._kvpool_url(target, main),
             pids=frozenset(info.pid for info in found.tree),
             main_pid=main.pid,
@@ -157,23 +230,82 @@ class ProcessRuntime:
             "kubelet) starts vLLM; use restart, or the local runtime"
         )
 
-    async def _stop(self, name: str, found: _Found, drain_timeout_s: float) -> StopResult:
+    def _is_still(self, ref: ProcRef, target: ProcessTarget | None) -> bool:
+        """Whether `ref` still names that live process and, with `target`, still its server."""
+        info = read_proc(ref.pid, self._proc_root)
+        if info is None or info.ref != ref or not info.alive:
+            return False
+        return target is None or self._matches(target, info)
+
+    def _send(self, ref: ProcRef, sig: signal.Signals, target: ProcessTarget | None) -> bool:
+        """Send `sig` if `_is_still(ref, target)` holds right now; returns whether it was sent."""
+        try:
+            pidfd: int | None = os.pidfd_open(ref.pid)
+        except ProcessLookupError:
+            return False
+        except OSError as exc:
+            if exc.errno != errno.ENOSYS:
+                raise
+            pidfd = None  # kernels before 5.3: the check alone, a narrower race
+        try:
+            # The descriptor holds on to the process there now: the one checked is the one
+            # signalled, and a successor that took its PID gets ESRCH, not the signal.
+            if not self._is_still(ref, target):
+                return False
+            if pidfd is None:
+                os.kill(ref.pid, sig)
+            else:
+                signal.pidfd_send_signal(pidfd, sig)
+            return True
+        except ProcessLookupError:
+            return False
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+    def _changed(self, target: ProcessTarget, pid: int) -> IdentityChanged:
+        return IdentityChanged(
+            f"PID {pid} no longer matches vLLM instance {target.name!r}{self._criteria(target)} "
+            "(its command line changed): not signalled"
+        )
+
+    async def _stop(
+        self, target: ProcessTarget, found: _Found, drain_timeout_s: float
+    ) -> StopResult:
+        name = target.name
         main = found.main
         if main is None:
             return StopResult(name, False, False, None, (), 0.0)
-        tracked: set[ProcRef] = {info.ref for info in found.tree}
+        if is_alive(main.ref, self._proc_root) and not self._is_still(main.ref, target):
+            raise self._changed(target, main.pid)  # nor are the processes it started ours now
+        children: set[ProcRef] = {info.ref for info in found.tree if info.ref != main.ref}
+
+        def main_gone() -> bool:
+            return not self._is_still(main.ref, target)
+
+        def terminate() -> None:
+            sent = self._send(main.ref, signal.SIGTERM, target)
+            if not sent and is_alive(main.ref, self._proc_root):
+                raise self._changed(target, main.pid)
 
         def survivors() -> list[int]:
             if is_alive(main.ref, self._proc_root):  # children it started meanwhile count too
                 procs = list_processes(self._proc_root)
-                tracked.update(info.ref for info in descendants(main.pid, procs))
-            return sorted(r.pid for r in tracked if is_alive(r, self._proc_root))
+                children.update(info.ref for info in descendants(main.pid, procs))
+            alive = [r.pid for r in children if is_alive(r, self._proc_root)]
+            return sorted(alive if main_gone() else [main.pid, *alive])
+
+        def kill() -> list[int]:
+            sent = [main.pid] if self._send(main.ref, signal.SIGKILL, target) else []
+            # The others were found in the server's tree: their start time tells them apart.
+            sent += [r.pid for r in children if self._send(r, signal.SIGKILL, None)]
+            return sent
 
         outcome = await drain_then_kill(
-            terminate=lambda: signal_refs([main.ref], signal.SIGTERM, self._proc_root),
-            main_exited=lambda: not is_alive(main.ref, self._proc_root),
+            terminate=terminate,
+            main_exited=main_gone,
             survivors=survivors,
-            kill=lambda: signal_refs(list(tracked), signal.SIGKILL, self._proc_root),
+            kill=kill,
             drain_timeout_s=drain_timeout_s,
             what=f"vLLM instance {name!r} (PID {main.pid})",
             clock=self._clock,
@@ -184,7 +316,7 @@ class ProcessRuntime:
     async def stop(self, name: str, *, drain_timeout_s: float) -> StopResult:
         """Drain and stop the server's processes; its supervisor may well start it again."""
         target = self._target(name)
-        return await self._stop(name, self._find(target), drain_timeout_s)
+        return await self._stop(target, self._find(target), drain_timeout_s)
 
     async def restart(
         self,
@@ -202,7 +334,7 @@ class ProcessRuntime:
                 "owns it (change the unit or the pod spec)"
             )
         old = self._find(target)
-        await self._stop(name, old, drain_timeout_s)
+        await self._stop(target, old, drain_timeout_s)
         old_ref = None if old.main is None else old.main.ref
         started = self._clock()
         latest: list[_Found] = []
@@ -222,7 +354,7 @@ class ProcessRuntime:
         assert new.main is not None
         new_ref = new.main.ref
         await wait_ready(
-            parse_server_argv(new.main.argv).url,
+            self._url(target, parse_server_argv(new.main.argv)),
             api_key=self._api_key(target, new.main),
             timeout_s=max(0.0, ready_timeout_s - (self._clock() - started)),
             exited=lambda: (

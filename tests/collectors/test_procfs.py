@@ -159,3 +159,49 @@ def test_real_children_identity_zombies_and_start_time() -> None:
         child.kill()
         child.wait()
     assert read_proc(child.pid) is None
+
+
+@pytest.mark.parametrize(
+    ("server_host", "host", "found"),
+    [
+        ((), "127.0.0.1", True),  # no --host: vLLM listens on every address
+        (("--host", "0.0.0.0"), "10.0.0.5", True),
+        (("--host", "::"), "127.0.0.1", True),
+        (("--host", "[::]"), "127.0.0.1", True),
+        (("--host=",), "127.0.0.1", True),
+        (("--host", "127.0.0.1"), "127.0.0.1", True),
+        (("--host=127.0.0.1",), "127.0.0.1", True),
+        (("--host", "10.0.0.5"), "127.0.0.1", False),
+        (("--host", "localhost"), "127.0.0.1", False),  # names are not resolved
+        (("--host", "LocalHost"), "localhost", True),
+        (("--host", "::1"), "::1", True),
+        (("--host", "[::1]"), "::1", True),
+        (("--host", "::1"), "[::1]", True),
+        (("--host", "10.0.0.5"), None, True),  # no host set: any --host
+    ],
+)
+def test_host_matches_where_the_server_listens(
+    proc: FakeProc, server_host: tuple[str, ...], host: str | None, found: bool
+) -> None:
+    proc.add(50, 1, (*SERVER, "--port", "9001", *server_host))
+    runtime = ProcessRuntime([ProcessTarget("a", port=9001, host=host)], proc_root=proc.root)
+    assert (runtime.status("a").main_pid == 50) is found
+
+
+@pytest.mark.parametrize(
+    ("pattern", "found"),
+    [
+        (r"--served-model-name tiny\b", True),
+        (r"^python3 -m vllm\.entrypoints", True),  # the whole command line, from its start
+        (r"--model m --port 9001", True),  # arguments joined by single spaces
+        (r"--served-model-name tiny-llama", False),
+        (r"^--model", False),
+    ],
+)
+def test_cmdline_regex_is_searched_in_the_arguments_joined_by_spaces(
+    proc: FakeProc, pattern: str, found: bool
+) -> None:
+    proc.add(60, 1, (*SERVER, "--port", "9001", "--served-model-name", "tiny"))
+    target = ProcessTarget("a", port=9001, cmdline_regex=pattern)
+    runtime = ProcessRuntime([target], proc_root=proc.root)
+    assert (runtime.status("a").main_pid == 60) is found
