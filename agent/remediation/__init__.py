@@ -1,5 +1,6 @@
 """Remediation: the ladder per rule, the guards, and the remediator that runs them."""
 
+from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.events import CIRCUIT_OPEN_ALERT, TUNING_RECOMMENDED_ALERT
 from kvpilot.agent.remediation.guards import (
     CircuitBreaker,
@@ -37,6 +38,7 @@ __all__ = [
     "ActiveRemediation",
     "CircuitBreaker",
     "Cooldown",
+    "Decision",
     "GuardDecision",
     "HttpPrefixCacheReset",
     "LightStep",

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
+from kvpilot.agent.remediation.decision import Decision, read_decision
+
 RemediationState = Literal[
     "planned", "draining", "restarting", "verifying", "succeeded", "failed", "vetoed", "skipped"
 ]
@@ -91,7 +93,7 @@ class RemediationJournal(Protocol):
         actor: Actor,
         action: str,
         target: str,
-        decision: str,
+        decision: Decision | str,
         reason: str,
         incident_id: str | None = None,
         remediation_id: int | None = None,
@@ -135,7 +137,7 @@ class AuditEntry:
     actor: Actor
     action: str
     target: str
-    decision: str
+    decision: Decision | str
     reason: str
     incident_id: str | None
     remediation_id: int | None
@@ -232,7 +234,7 @@ class MemoryJournal:
         actor: Actor,
         action: str,
         target: str,
-        decision: str,
+        decision: Decision | str,
         reason: str,
         incident_id: str | None = None,
         remediation_id: int | None = None,
@@ -244,7 +246,7 @@ class MemoryJournal:
             actor,
             action,
             target,
-            decision,
+            read_decision(decision),  # as the SQLite store reads it back
             reason,
             incident_id,
             remediation_id,

@@ -19,11 +19,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from kvpilot.agent.alerts import AlertTransition, new_incident_id
 from kvpilot.agent.model import AlertEvent, Condition, Instance, Labels
+from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.events import circuit_open_event, resolved, tuning_recommended_event
 from kvpilot.agent.remediation.guards import (
     BreakerChange,
@@ -64,9 +65,14 @@ _BEGAN_PREFIXES = (RESTART_FAILED, VERIFY_FAILED, INTERRUPTED_AFTER_RESTART_BEGA
 BREAKER_FACT = "remediation.breaker.{instance}"
 VETO_FACT = "remediation.vetoes"
 
-Decision = Literal[
-    "succeeded", "failed", "skipped", "vetoed", "dry_run", "alert_only", "recommended"
-]
+# The journal state a remediation's record ends in, by its decision.
+FINAL_STATE: dict[Decision, RemediationState] = {
+    Decision.SUCCEEDED: "succeeded",
+    Decision.FAILED: "failed",
+    Decision.SKIPPED: "skipped",
+    Decision.VETOED: "vetoed",
+    Decision.DRY_RUN: "skipped",  # nothing was done
+}
 
 
 class RestartTarget(Protocol):
@@ -428,7 +434,7 @@ class Remediator:
                 record.id, state="failed", reason=reason, now_wall_s=now_wall_s
             )
             self._audit_raw(
-                "agent", record.action, record.instance, "interrupted", reason,
+                "agent", record.action, record.instance, Decision.INTERRUPTED, reason,
                 record.incident_id, record.id, {"previous_state": record.state},
             )  # fmt: skip
             out.append(
@@ -467,12 +473,11 @@ class Remediator:
         """Plan, guard and run one remediation to its end; never raises for its failures."""
         instance = self._find(trigger.instance)
         if instance is None:
-            return self._finish_new(trigger, "skipped", "unknown instance", "skipped")
+            return self._finish_new(trigger, Decision.SKIPPED, "unknown instance")
         if instance.role == "canary":
             return self._finish_new(
-                trigger, "skipped", "skipped: canary (the tuner's judge acts on canaries)",
-                "skipped",
-            )  # fmt: skip
+                trigger, Decision.SKIPPED, "skipped: canary (the tuner's judge acts on canaries)"
+            )
         if plan is None:
             plan = plan_for(
                 trigger.rule,
@@ -482,15 +487,17 @@ class Remediator:
                 better_config=self._better_config,
             )
         if not plan.steps:
-            self._audit(trigger, None, plan.action, "alert only", plan.reason)
-            return Outcome(trigger.instance, trigger.incident_id, "alert_only", plan.reason, None)
+            self._audit(trigger, None, plan.action, Decision.ALERT_ONLY, plan.reason)
+            return Outcome(
+                trigger.instance, trigger.incident_id, Decision.ALERT_ONLY, plan.reason, None
+            )
         if plan.steps == ("recommend_tuning",):
             return self._recommend(trigger, plan)
         if trigger.incident_id is not None and self._incident_restarted(trigger.incident_id):
             reason = f"skipped: incident {trigger.incident_id} was already restarted once"
-            return self._finish_new(trigger, "skipped", reason, "skipped", plan)
+            return self._finish_new(trigger, Decision.SKIPPED, reason, plan)
         if self._vetoed(trigger):
-            return self._finish_new(trigger, "vetoed", self._veto_reason(trigger), "vetoed", plan)
+            return self._finish_new(trigger, Decision.VETOED, self._veto_reason(trigger), plan)
         rid = self._journal.start_remediation(
             instance=trigger.instance,
             action=_action(plan),
@@ -503,7 +510,9 @@ class Remediator:
         )
         self._set_active(rid, trigger, plan, "planned")
         self._old_pids[rid] = instance.main_pid
-        self._audit(trigger, rid, _action(plan), "planned", plan.reason, {"steps": plan.steps})
+        self._audit(
+            trigger, rid, _action(plan), Decision.PLANNED, plan.reason, {"steps": plan.steps}
+        )
         state: RemediationState = "planned"
         try:
             async with self._locks.setdefault(trigger.instance, asyncio.Lock()):
@@ -513,21 +522,22 @@ class Remediator:
         except asyncio.CancelledError:
             state = self._active[rid].state if rid in self._active else state
             prefix = INTERRUPTED_AFTER_RESTART_BEGAN if state in RESTART_STATES else NOT_RESTARTED
-            self._end(rid, trigger, plan, "failed", f"{prefix}kvpilot shutting down during {state}")
+            reason = f"{prefix}kvpilot shutting down during {state}"
+            self._end(rid, trigger, plan, Decision.FAILED, reason)
             raise
         except Exception as exc:  # a bug must not leave the record open or kill the tick
             log.exception("remediation %s of %s failed unexpectedly", rid, trigger.instance)
             state = self._active[rid].state if rid in self._active else state
             prefix = INTERRUPTED_AFTER_RESTART_BEGAN if state in RESTART_STATES else NOT_RESTARTED
             reason = f"{prefix}internal error during {state}: {type(exc).__name__}: {exc}"
-            return self._end(rid, trigger, plan, "failed", reason)
+            return self._end(rid, trigger, plan, Decision.FAILED, reason)
         finally:
             self._active.pop(rid, None)
 
     async def _run(self, trigger: Trigger, plan: Plan, rid: int) -> Outcome:
         instance = self._find(trigger.instance)
         if instance is None:
-            return self._end(rid, trigger, plan, "skipped", "skipped: instance gone")
+            return self._end(rid, trigger, plan, Decision.SKIPPED, "skipped: instance gone")
         self._check_veto(rid, trigger, plan)
         now_s = self._clock()
         if plan.restarts:
@@ -535,8 +545,7 @@ class Remediator:
             self._preflight_check(rid, trigger, plan, instance)
         if self.settings.dry_run:
             reason = f"dry-run: would {' then '.join(plan.steps)} ({plan.reason})"
-            outcome = self._end(rid, trigger, plan, "skipped", reason, decision="dry-run")
-            return replace(outcome, decision="dry_run")
+            return self._end(rid, trigger, plan, Decision.DRY_RUN, reason)
         if "reset_prefix_cache" in plan.steps:
             cleared = await self._light(rid, trigger, plan, instance, now_s)
             if cleared is not None:
@@ -557,7 +566,8 @@ class Remediator:
             self._audit(trigger, rid, d.guard, verdict, d.reason)
         blocked = [d for d in decisions if not d.allowed]
         if blocked and not trigger.force:
-            raise _Stop(self._end(rid, trigger, plan, "skipped", f"skipped: {blocked[0].reason}"))
+            reason = f"skipped: {blocked[0].reason}"
+            raise _Stop(self._end(rid, trigger, plan, Decision.SKIPPED, reason))
 
     def _preflight_check(self, rid: int, trigger: Trigger, plan: Plan, instance: Instance) -> None:
         if not self.settings.preflight_enabled or self._preflight is None:
@@ -582,7 +592,7 @@ class Remediator:
         if blocks and not trigger.force:
             unknown = " (unknown blocks the restart)" if check.ok is None else ""
             reason = f"skipped: pre-flight: {check.reason}{unknown}"
-            raise _Stop(self._end(rid, trigger, plan, "skipped", reason))
+            raise _Stop(self._end(rid, trigger, plan, Decision.SKIPPED, reason))
 
     async def _light(
         self, rid: int, trigger: Trigger, plan: Plan, instance: Instance, now_s: float
@@ -604,7 +614,8 @@ class Remediator:
                 f"{watched.reason}; going on to the restart",
             )  # fmt: skip
             return None
-        return self._end(rid, trigger, plan, "succeeded", "the light step cleared the condition")
+        reason = "the light step cleared the condition"
+        return self._end(rid, trigger, plan, Decision.SUCCEEDED, reason)
 
     async def _restart(self, rid: int, trigger: Trigger, plan: Plan, instance: Instance) -> Outcome:
         now_s = self._clock()
@@ -628,7 +639,9 @@ class Remediator:
         except Exception as exc:  # any runtime failure is this remediation's failure
             log.warning("restart of %s failed: %s", trigger.instance, exc)
             reason = f"{RESTART_FAILED}{type(exc).__name__}: {exc}"
-            outcome = self._end(rid, trigger, plan, "failed", reason, decision="escalated")
+            outcome = self._end(
+                rid, trigger, plan, Decision.FAILED, reason, audited_as=Decision.ESCALATED
+            )
             self._breaker_failure(trigger.instance, self._clock(), reason)
             return outcome
         new_pid = new.main_pid
@@ -640,7 +653,7 @@ class Remediator:
         restarted_at_s = self._clock()
         if trigger.fingerprint is None:
             return self._end(
-                rid, trigger, plan, "succeeded", "restarted: healthy and a probe answered",
+                rid, trigger, plan, Decision.SUCCEEDED, "restarted: healthy and a probe answered",
                 new_pid=new_pid,
             )  # fmt: skip
         watched = await self._watch.wait(
@@ -652,13 +665,14 @@ class Remediator:
                 f"{self.settings.verify_window_s:g} s after the restart: {watched.reason}"
             )
             outcome = self._end(
-                rid, trigger, plan, "failed", reason, new_pid=new_pid, decision="escalated"
-            )
+                rid, trigger, plan, Decision.FAILED, reason, new_pid=new_pid,
+                audited_as=Decision.ESCALATED,
+            )  # fmt: skip
             self._breaker_failure(trigger.instance, self._clock(), reason)
             return outcome
         self._recurrence[trigger.fingerprint] = _Recurrence(trigger.instance, restarted_at_s, rid)
         return self._end(
-            rid, trigger, plan, "succeeded",
+            rid, trigger, plan, Decision.SUCCEEDED,
             f"condition cleared {watched.at_s - restarted_at_s:.0f} s after the restart",
             new_pid=new_pid,
         )  # fmt: skip
@@ -686,11 +700,11 @@ class Remediator:
 
     def _check_veto(self, rid: int, trigger: Trigger, plan: Plan) -> None:
         if self._vetoed(trigger):
-            raise _Stop(self._end(rid, trigger, plan, "vetoed", self._veto_reason(trigger)))
+            raise _Stop(self._end(rid, trigger, plan, Decision.VETOED, self._veto_reason(trigger)))
 
     def _recommend(self, trigger: Trigger, plan: Plan) -> Outcome:
         wall_s = self._wall_clock()
-        self._audit(trigger, None, "recommend_tuning", "recommended", plan.reason)
+        self._audit(trigger, None, "recommend_tuning", Decision.RECOMMENDED, plan.reason)
         event = tuning_recommended_event(
             trigger.instance, trigger.rule, plan.reason, trigger.labels,
             incident_id=trigger.incident_id or self._new_id(), wall_s=wall_s,
@@ -699,7 +713,12 @@ class Remediator:
         if trigger.fingerprint is not None:
             self._advice[trigger.fingerprint] = event
         return Outcome(
-            trigger.instance, trigger.incident_id, "recommended", plan.reason, None, plan.steps
+            trigger.instance,
+            trigger.incident_id,
+            Decision.RECOMMENDED,
+            plan.reason,
+            None,
+            plan.steps,
         )
 
     def _set_active(self, rid: int, trigger: Trigger, plan: Plan, state: RemediationState) -> None:
@@ -723,34 +742,34 @@ class Remediator:
         self._audit(trigger, rid, state, state, reason)
 
     def _end(
-        self, rid: int, trigger: Trigger, plan: Plan, state: RemediationState, reason: str, *,
-        new_pid: int | None = None, decision: str | None = None,
+        self, rid: int, trigger: Trigger, plan: Plan, decision: Decision, reason: str, *,
+        new_pid: int | None = None, audited_as: Decision | None = None,
     ) -> Outcome:  # fmt: skip
         self._journal.update_remediation(
-            rid, state=state, reason=reason, now_wall_s=self._wall_clock(), new_pid=new_pid
-        )
-        self._audit(trigger, rid, _action(plan), decision or state, reason)
+            rid, state=FINAL_STATE[decision], reason=reason, now_wall_s=self._wall_clock(),
+            new_pid=new_pid,
+        )  # fmt: skip
+        self._audit(trigger, rid, _action(plan), audited_as or decision, reason)
         self._active.pop(rid, None)
         old_pid = self._old_pids.pop(rid, None)
         return Outcome(
-            trigger.instance, trigger.incident_id, _decision(state), reason, rid, plan.steps,
+            trigger.instance, trigger.incident_id, decision, reason, rid, plan.steps,
             old_pid, new_pid,
         )  # fmt: skip
 
     def _finish_new(
-        self, trigger: Trigger, state: RemediationState, reason: str, decision: str,
-        plan: Plan | None = None,
-    ) -> Outcome:  # fmt: skip
+        self, trigger: Trigger, decision: Decision, reason: str, plan: Plan | None = None
+    ) -> Outcome:
         """A remediation decided before it started: one finished record and its audit."""
         action = _action(plan) if plan else "remediate"
         rid = self._journal.start_remediation(
-            instance=trigger.instance, action=action, state=state, reason=reason,
-            started_wall_s=self._wall_clock(), incident_id=trigger.incident_id,
+            instance=trigger.instance, action=action, state=FINAL_STATE[decision],
+            reason=reason, started_wall_s=self._wall_clock(), incident_id=trigger.incident_id,
             fingerprint=trigger.fingerprint,
         )  # fmt: skip
         self._audit(trigger, rid, action, decision, reason)
         steps = plan.steps if plan else ()
-        return Outcome(trigger.instance, trigger.incident_id, _decision(state), reason, rid, steps)
+        return Outcome(trigger.instance, trigger.incident_id, decision, reason, rid, steps)
 
     def _breaker_failure(self, instance: str, now_s: float, reason: str) -> None:
         change = self.breaker.record_failure(instance, now_s, reason)
@@ -812,8 +831,8 @@ class Remediator:
         )
 
     def _audit(
-        self, trigger: Trigger, rid: int | None, action: str, decision: str, reason: str,
-        details: dict[str, Any] | None = None,
+        self, trigger: Trigger, rid: int | None, action: str, decision: Decision | str,
+        reason: str, details: dict[str, Any] | None = None,
     ) -> None:  # fmt: skip
         extra: dict[str, Any] = {"rule": trigger.rule, **(details or {})}
         if trigger.fingerprint is not None:
@@ -828,7 +847,7 @@ class Remediator:
         )  # fmt: skip
 
     def _audit_raw(
-        self, actor: Actor, action: str, target: str, decision: str, reason: str,
+        self, actor: Actor, action: str, target: str, decision: Decision | str, reason: str,
         incident_id: str | None, rid: int | None, details: dict[str, Any] | None = None,
     ) -> None:  # fmt: skip
         self._journal.record_audit(
@@ -848,12 +867,6 @@ class Remediator:
 
 def _action(plan: Plan) -> str:
     return "promote" if "promote" in plan.steps else "restart"
-
-
-def _decision(state: RemediationState) -> Decision:
-    if state in ("succeeded", "failed", "skipped", "vetoed"):
-        return state  # type: ignore[return-value]
-    return "failed"
 
 
 def _page_from_fact(instance: str, page: dict[str, Any]) -> AlertEvent:

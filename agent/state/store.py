@@ -20,6 +20,7 @@ from typing import Any, Literal, get_args
 from kvpilot.agent.alerts import AlertRow, Silence
 from kvpilot.agent.config.models import RetentionConfig
 from kvpilot.agent.model import Labels
+from kvpilot.agent.remediation.decision import Decision, read_decision
 from kvpilot.agent.state.db import DEFAULT_BUSY_TIMEOUT_S, Database
 from kvpilot.agent.state.outbox import SqliteOutbox
 
@@ -61,7 +62,7 @@ class AuditRecord:
     actor: Actor
     action: str
     target: str
-    decision: str
+    decision: Decision | str  # the remediator's are a Decision; other writers' free text
     reason: str
     incident_id: str | None
     remediation_id: int | None
@@ -293,7 +294,7 @@ class StateStore:
         actor: Actor,
         action: str,
         target: str,
-        decision: str,
+        decision: Decision | str,
         reason: str,
         incident_id: str | None = None,
         remediation_id: int | None = None,
@@ -334,7 +335,7 @@ class StateStore:
                 actor=r["actor"],
                 action=r["action"],
                 target=r["target"],
-                decision=r["decision"],
+                decision=read_decision(r["decision"]),
                 reason=r["reason"],
                 incident_id=r["incident_id"],
                 remediation_id=r["remediation_id"],

@@ -14,6 +14,7 @@ from kvpilot.agent.remediation import (
     Remediator,
     Trigger,
 )
+from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.runtimes.base import NotReady
 
 from .remediation_helpers import (
@@ -89,7 +90,7 @@ def test_alert_only_rule_is_not_restarted_and_is_audited() -> None:
         outcome = await task
         assert outcome.decision == "alert_only"
         assert h.runtime.entered == 0
-        assert h.decisions() == ["alert only"]
+        assert h.decisions() == [Decision.ALERT_ONLY]
 
     run(main)
 
@@ -117,10 +118,11 @@ def test_dry_run_decides_and_audits_but_does_nothing() -> None:
         )
         (task,) = h.tick(condition())
         outcome = await task
-        assert outcome.decision == "dry_run" and outcome.reason.startswith("dry-run: would restart")
+        assert outcome.decision is Decision.DRY_RUN
+        assert outcome.reason.startswith("dry-run: would restart")
         assert h.runtime.entered == 0
         assert h.journal.records[1].state == "skipped"
-        assert "dry-run" in h.decisions()
+        assert Decision.DRY_RUN in h.decisions()
         # The guards and the pre-flight still ran and were audited.
         assert {a.action for a in h.journal.audit} >= {
             "cooldown",
@@ -293,7 +295,7 @@ def test_restart_that_fails_escalates_and_counts_against_the_breaker() -> None:
             "restart failed: NotReady"
         )
         assert h.journal.states[1][-1] == "failed"
-        assert "escalated" in h.decisions()
+        assert Decision.ESCALATED in h.decisions()
         assert h.remediator.breaker.failures("vllm-0") == 1
         # Still firing: the same incident is not restarted a second time.
         assert h.tick(condition()) == []
