@@ -19,13 +19,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kvpilot.agent.alerts import AlertTransition, new_incident_id
 from kvpilot.agent.model import AlertEvent, Condition, Instance, Labels
 from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.events import circuit_open_event, resolved, tuning_recommended_event
+from kvpilot.agent.remediation.facts import AlertFacts
 from kvpilot.agent.remediation.guards import (
     BreakerChange,
     BreakerState,
@@ -103,7 +104,7 @@ class Trigger:
     fingerprint: str | None
     incident_id: str | None
     labels: Labels = ()
-    annotations: Labels = ()
+    facts: AlertFacts = field(default_factory=AlertFacts)  # what the ladder decides on
     actor: Actor = "rule"
     requested_by: str | None = None
     force: bool = False
@@ -295,7 +296,8 @@ class Remediator:
                 if condition is not None
                 else (t.event.annotations if t.event else ())
             )
-            trigger = Trigger(instance, t.rule, t.fingerprint, t.incident_id, t.labels, annotations)
+            facts = AlertFacts.from_annotations(annotations)
+            trigger = Trigger(instance, t.rule, t.fingerprint, t.incident_id, t.labels, facts)
             started.append(self.submit(trigger))
         self._expire_recurrences(now_s)
         return started
@@ -481,7 +483,7 @@ class Remediator:
         if plan is None:
             plan = plan_for(
                 trigger.rule,
-                trigger.annotations,
+                trigger.facts,
                 trigger.instance,
                 light_step_enabled=self._light_enabled(),
                 better_config=self._better_config,

@@ -15,6 +15,7 @@ from kvpilot.agent.remediation import (
     Trigger,
 )
 from kvpilot.agent.remediation.decision import Decision
+from kvpilot.agent.remediation.facts import AlertFacts
 from kvpilot.agent.runtimes.base import NotReady
 
 from .remediation_helpers import (
@@ -457,7 +458,7 @@ def test_reconcile_after_a_crash_mid_restart_does_not_restart_the_incident_again
         # The incident is still firing after the restart of kvpilot: no second restart.
         trigger = Trigger(
             "vllm-0", "fragmentation_allocator", condition().fingerprint, "inc-1",
-            condition().labels, condition().annotations,
+            condition().labels, AlertFacts.from_annotations(condition().annotations),
         )  # fmt: skip
         again = await second.remediate(trigger)
         assert again.decision == "skipped" and "already restarted" in again.reason
@@ -492,7 +493,7 @@ def test_reconcile_of_a_planned_record_allows_a_restart_later() -> None:
             condition().fingerprint,
             "inc-9",
             condition().labels,
-            condition().annotations,
+            AlertFacts.from_annotations(condition().annotations),
         )
         task = asyncio.ensure_future(h.remediator.remediate(trigger))
         await until(lambda: h.runtime.restarts != [], "restart")
@@ -522,7 +523,7 @@ def test_the_sqlite_store_is_a_journal_and_reconcile_works_across_processes(tmp_
         assert record.state == "failed" and record.finished_wall_s is not None
         trigger = Trigger(
             "vllm-0", "fragmentation_allocator", condition().fingerprint, record.incident_id,
-            condition().labels, condition().annotations,
+            condition().labels, AlertFacts.from_annotations(condition().annotations),
         )  # fmt: skip
         assert (await second.remediate(trigger)).decision == "skipped"
         audit = reopened.audit_records()
