@@ -30,7 +30,7 @@ from kvpilot.agent.remediation.remediator import (
     RestartTarget,
     Trigger,
 )
-from kvpilot.agent.remediation.settings import RemediationSettings, settings_warnings
+from kvpilot.agent.remediation.watch import WatchWindows
 
 __all__ = [
     "CIRCUIT_OPEN_ALERT",
@@ -51,14 +51,13 @@ __all__ = [
     "Reconciled",
     "RemediationJournal",
     "RemediationRecordLike",
-    "RemediationSettings",
     "RemediationStatus",
     "Remediator",
     "RestartBudget",
     "RestartTarget",
     "Trigger",
+    "WatchWindows",
     "manual_plan",
     "plan_for",
-    "settings_warnings",
     "unfinished",
 ]

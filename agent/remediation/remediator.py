@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kvpilot.agent.alerts import AlertTransition, new_incident_id
+from kvpilot.agent.config.models import RemediationConfig
 from kvpilot.agent.model import AlertEvent, Condition, Instance, Labels
 from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.events import circuit_open_event, resolved, tuning_recommended_event
@@ -52,8 +53,7 @@ from kvpilot.agent.remediation.ladder import (
 )
 from kvpilot.agent.remediation.prefix_cache import LightStep
 from kvpilot.agent.remediation.preflight import MemoryCheck
-from kvpilot.agent.remediation.settings import RemediationSettings
-from kvpilot.agent.remediation.watch import ConditionWatch
+from kvpilot.agent.remediation.watch import DEFAULT_WINDOWS, ConditionWatch, WatchWindows
 
 log = logging.getLogger(__name__)
 
@@ -197,8 +197,10 @@ class Remediator:
         self,
         runtime: RestartTarget,
         journal: RemediationJournal,
-        settings: RemediationSettings,
+        config: RemediationConfig,
         *,
+        runtime_drain_timeout_s: float = 0.0,
+        windows: WatchWindows = DEFAULT_WINDOWS,
         preflight: Preflight | None = None,
         light_step: LightStep | None = None,
         better_config: BetterConfig = no_better_config,
@@ -208,17 +210,20 @@ class Remediator:
     ) -> None:
         self._runtime = runtime
         self._journal = journal
-        self.settings = settings
+        self.config = config
+        # 0 in the section: the runtime's own SIGTERM drain window before it kills the server.
+        self._drain_timeout_s = config.drain_timeout_s or runtime_drain_timeout_s
+        self._windows = windows
         self._preflight = preflight
         self._light_step = light_step
         self._better_config = better_config
         self._clock = clock
         self._wall_clock = wall_clock
         self._new_id = new_id
-        self.cooldown = Cooldown(settings.cooldown_s)
-        self.budget = RestartBudget(settings.budget_max_restarts, settings.budget_window_s)
+        self.cooldown = Cooldown(config.cooldown_s)
+        self.budget = RestartBudget(config.budget.max_restarts, config.budget.window_s)
         self.breaker = CircuitBreaker(
-            settings.breaker_failures_to_open, settings.breaker_open_for_s
+            config.circuit_breaker.failures_to_open, config.circuit_breaker.open_for_s
         )
         self._watch = ConditionWatch()
         self._locks: dict[str, asyncio.Lock] = {}
@@ -231,7 +236,7 @@ class Remediator:
         self._events: list[AlertEvent] = []
         self._vetoed_instances: set[str] = set()
         self._vetoed_incidents: set[str] = set()
-        if light_step is not None and settings.light_step_reset_prefix_cache:
+        if light_step is not None and config.light_step_reset_prefix_cache:
             log.warning(
                 "remediation: the prefix-cache reset step uses vLLM's dev endpoints "
                 "(VLLM_SERVER_DEV_MODE=1), which are unauthenticated: keep the port private"
@@ -247,7 +252,7 @@ class Remediator:
         now_s = self._clock()
         names = {i.name for i in self._runtime.instances()} | set(self._pages)
         return RemediationStatus(
-            dry_run=self.settings.dry_run,
+            dry_run=self.config.dry_run,
             active=tuple(self._active.values()),
             breakers=tuple(
                 BreakerView(n, self.breaker.state(n, now_s), self.breaker.failures(n))
@@ -325,7 +330,7 @@ class Remediator:
         if recurrence is None:
             return
         elapsed = now_s - recurrence.restarted_at_s
-        if elapsed > self.settings.recurrence_window_s:
+        if elapsed > self.config.circuit_breaker.hold_s:
             self._breaker_success(recurrence.instance, now_s)
             return
         reason = f"the alert fired again {elapsed:.0f} s after the restart"
@@ -337,7 +342,7 @@ class Remediator:
 
     def _expire_recurrences(self, now_s: float) -> None:
         for fp, recurrence in list(self._recurrence.items()):
-            if now_s - recurrence.restarted_at_s > self.settings.recurrence_window_s:
+            if now_s - recurrence.restarted_at_s > self.config.circuit_breaker.hold_s:
                 del self._recurrence[fp]
                 self._breaker_success(recurrence.instance, now_s)
 
@@ -448,7 +453,7 @@ class Remediator:
         return out
 
     def _restore(self, now_s: float, now_wall_s: float) -> None:
-        horizon = max(self.settings.budget_window_s, self.settings.cooldown_s)
+        horizon = max(self.config.budget.window_s, self.config.cooldown_s)
         history = self._journal.remediations(since_wall_s=now_wall_s - horizon, limit=10_000)
         names = {i.name for i in self._runtime.instances()}
         for record in history:
@@ -545,7 +550,7 @@ class Remediator:
         if plan.restarts:
             self._guards(rid, trigger, plan, now_s)
             self._preflight_check(rid, trigger, plan, instance)
-        if self.settings.dry_run:
+        if self.config.dry_run:
             reason = f"dry-run: would {' then '.join(plan.steps)} ({plan.reason})"
             return self._end(rid, trigger, plan, Decision.DRY_RUN, reason)
         if "reset_prefix_cache" in plan.steps:
@@ -572,13 +577,14 @@ class Remediator:
             raise _Stop(self._end(rid, trigger, plan, Decision.SKIPPED, reason))
 
     def _preflight_check(self, rid: int, trigger: Trigger, plan: Plan, instance: Instance) -> None:
-        if not self.settings.preflight_enabled or self._preflight is None:
+        if not self.config.preflight.enabled or self._preflight is None:
             return
         try:
             check = self._preflight.check(instance)
         except OSError as exc:
             check = MemoryCheck(None, None, f"pre-flight check failed: {exc}")
-        blocks = check.ok is False or (check.ok is None and self.settings.unknown_blocks_restart)
+        unknown_blocks = self.config.preflight.unknown_blocks_restart
+        blocks = check.ok is False or (check.ok is None and unknown_blocks)
         if check.ok is True:
             verdict = "allowed"
         elif not blocks:
@@ -608,7 +614,7 @@ class Remediator:
         if not result.ok or trigger.fingerprint is None:
             return None
         watched = await self._watch.wait(
-            trigger.fingerprint, self._clock() + self.settings.light_step_wait_s
+            trigger.fingerprint, self._clock() + self._windows.after_light_step_s
         )
         if watched.verdict != "cleared":
             self._audit(
@@ -627,15 +633,15 @@ class Remediator:
         self._save_breaker(trigger.instance, now_s)
         drain = (
             f"SIGTERM; vLLM drains in-flight requests for up to "
-            f"{self.settings.drain_timeout_s:g} s, then the runtime starts it again"
+            f"{self._drain_timeout_s:g} s, then the runtime starts it again"
         )
         self._step(rid, trigger, "draining", drain)
         self._step(rid, trigger, "restarting", f"{_action(plan)} through the runtime")
         try:
             new = await self._runtime.restart(
                 trigger.instance,
-                drain_timeout_s=self.settings.drain_timeout_s,
-                ready_timeout_s=self.settings.ready_timeout_s,
+                drain_timeout_s=self._drain_timeout_s,
+                ready_timeout_s=self.config.verify_timeout_s,
                 argv=plan.argv,
             )
         except Exception as exc:  # any runtime failure is this remediation's failure
@@ -659,12 +665,12 @@ class Remediator:
                 new_pid=new_pid,
             )  # fmt: skip
         watched = await self._watch.wait(
-            trigger.fingerprint, restarted_at_s + self.settings.verify_window_s
+            trigger.fingerprint, restarted_at_s + self._windows.after_restart_s
         )
         if watched.verdict != "cleared":
             reason = (
                 f"{VERIFY_FAILED}condition {watched.verdict} "
-                f"{self.settings.verify_window_s:g} s after the restart: {watched.reason}"
+                f"{self._windows.after_restart_s:g} s after the restart: {watched.reason}"
             )
             outcome = self._end(
                 rid, trigger, plan, Decision.FAILED, reason, new_pid=new_pid,
@@ -685,7 +691,7 @@ class Remediator:
         return next((i for i in self._runtime.instances() if i.name == name), None)
 
     def _light_enabled(self) -> bool:
-        return self.settings.light_step_reset_prefix_cache and self._light_step is not None
+        return self.config.light_step_reset_prefix_cache and self._light_step is not None
 
     def _incident_restarted(self, incident_id: str) -> bool:
         return any(restart_began(r) for r in self._journal.remediations(incident_id=incident_id))

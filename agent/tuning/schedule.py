@@ -170,7 +170,7 @@ def scheduled_tuning(
 
     async def run_once() -> str:
         await recover()  # a trial an earlier kvpilot left open
-        if remediator.settings.dry_run:
+        if remediator.config.dry_run:
             told, planned = dry_run(
                 study.space, BayesianSuggester(study.space, seed=tuning.seed),
                 SqliteTrialStore(store.db), study.fingerprint, tuning.trials,

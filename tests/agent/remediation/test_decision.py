@@ -8,11 +8,11 @@ from pathlib import Path
 from prometheus_client import generate_latest
 
 from kvpilot.agent.app.exposition import SidecarCounters, build_registry, sidecar_families
-from kvpilot.agent.remediation import Outcome, RemediationSettings
+from kvpilot.agent.remediation import Outcome
 from kvpilot.agent.remediation.decision import OUTCOMES, Decision, read_decision
 from kvpilot.agent.state import StateStore
 
-from .remediation_helpers import FixedPreflight, Harness, condition
+from .remediation_helpers import FixedPreflight, Harness, condition, remediation_config
 
 
 def test_the_values_are_the_strings_already_exported() -> None:
@@ -57,7 +57,7 @@ def test_a_dry_run_is_dry_run_in_the_journal_the_audit_and_the_metric(tmp_path: 
     async def main() -> None:
         with StateStore.open(tmp_path) as store:
             h = Harness(
-                RemediationSettings(dry_run=True),
+                remediation_config(dry_run=True),
                 preflight=FixedPreflight(True),
                 journal=store,  # type: ignore[arg-type]
             )
@@ -78,7 +78,7 @@ def test_alert_only_and_escalated_end_to_end(tmp_path: Path) -> None:
     async def main() -> None:
         with StateStore.open(tmp_path) as store:
             h = Harness(
-                RemediationSettings(cooldown_s=0.0, preflight_enabled=False),
+                remediation_config(cooldown_s=0.0, preflight={"enabled": False}),
                 journal=store,  # type: ignore[arg-type]
             )
             (task,) = h.tick(condition("fragmentation_kv_blocks", action="alert"))
