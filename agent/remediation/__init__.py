@@ -8,12 +8,7 @@ from kvpilot.agent.remediation.guards import (
     GuardDecision,
     RestartBudget,
 )
-from kvpilot.agent.remediation.journal import (
-    MemoryJournal,
-    RemediationJournal,
-    RemediationRecordLike,
-    unfinished,
-)
+from kvpilot.agent.remediation.journal import RemediationJournal, restart_began, unfinished
 from kvpilot.agent.remediation.ladder import Plan, manual_plan, plan_for
 from kvpilot.agent.remediation.prefix_cache import (
     HttpPrefixCacheReset,
@@ -44,13 +39,11 @@ __all__ = [
     "LightStep",
     "LightStepResult",
     "MemoryCheck",
-    "MemoryJournal",
     "MemoryPreflight",
     "Outcome",
     "Plan",
     "Reconciled",
     "RemediationJournal",
-    "RemediationRecordLike",
     "RemediationStatus",
     "Remediator",
     "RestartBudget",
@@ -59,5 +52,6 @@ __all__ = [
     "WatchWindows",
     "manual_plan",
     "plan_for",
+    "restart_began",
     "unfinished",
 ]

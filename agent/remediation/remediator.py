@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvpilot.agent.alerts import AlertTransition, new_incident_id
 from kvpilot.agent.config.models import RemediationConfig
@@ -37,11 +37,13 @@ from kvpilot.agent.remediation.guards import (
     RestartBudget,
 )
 from kvpilot.agent.remediation.journal import (
+    INTERRUPTED_AFTER_RESTART_BEGAN,
+    NOT_RESTARTED,
+    RESTART_FAILED,
     RESTART_STATES,
-    Actor,
+    VERIFY_FAILED,
     RemediationJournal,
-    RemediationRecordLike,
-    RemediationState,
+    restart_began,
     unfinished,
 )
 from kvpilot.agent.remediation.ladder import (
@@ -55,14 +57,11 @@ from kvpilot.agent.remediation.prefix_cache import LightStep
 from kvpilot.agent.remediation.preflight import MemoryCheck
 from kvpilot.agent.remediation.watch import DEFAULT_WINDOWS, ConditionWatch, WatchWindows
 
+if TYPE_CHECKING:
+    from kvpilot.agent.state.store import Actor, RemediationState
+
 log = logging.getLogger(__name__)
 
-# Reason prefixes that say whether a failed remediation got as far as the restart.
-RESTART_FAILED = "restart failed: "
-VERIFY_FAILED = "verification failed: "
-INTERRUPTED_AFTER_RESTART_BEGAN = "interrupted after the restart began: "
-NOT_RESTARTED = "not restarted: "
-_BEGAN_PREFIXES = (RESTART_FAILED, VERIFY_FAILED, INTERRUPTED_AFTER_RESTART_BEGAN)
 BREAKER_FACT = "remediation.breaker.{instance}"
 VETO_FACT = "remediation.vetoes"
 
@@ -171,15 +170,6 @@ class _Recurrence:
     instance: str
     restarted_at_s: float
     remediation_id: int
-
-
-def restart_began(record: RemediationRecordLike) -> bool:
-    """Whether this remediation may have stopped the server (so its incident is done)."""
-    return (
-        record.state in RESTART_STATES
-        or record.new_pid is not None
-        or record.reason.startswith(_BEGAN_PREFIXES)
-    )
 
 
 class _Stop(Exception):

@@ -34,7 +34,7 @@ _DAY_S = 86400.0
 
 @dataclass(frozen=True, slots=True)
 class RemediationRecord:
-    """One remediation attempt and where it got to."""
+    """One remediation attempt and where it got to, as every remediation journal reads it."""
 
     id: int
     incident_id: str | None
@@ -55,7 +55,7 @@ class RemediationRecord:
 
 @dataclass(frozen=True, slots=True)
 class AuditRecord:
-    """One decision and why it was taken."""
+    """One decision and why it was taken, as every remediation journal reads it."""
 
     id: int
     wall_s: float

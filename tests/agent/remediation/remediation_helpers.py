@@ -13,11 +13,11 @@ from kvpilot.agent.model import Condition, Instance, labels_of
 from kvpilot.agent.remediation import (
     LightStepResult,
     MemoryCheck,
-    MemoryJournal,
     Remediator,
     WatchWindows,
 )
 from kvpilot.agent.remediation.ladder import BetterConfig, no_better_config
+from tests.fakes.remediation_journal import MemoryJournal
 
 WALL_OFFSET_S = 1_700_000_000.0
 

@@ -12,13 +12,13 @@ import pytest
 
 from kvpilot.agent.config.models import RemediationConfig
 from kvpilot.agent.remediation import (
-    MemoryJournal,
     MemoryPreflight,
     Remediator,
 )
 from kvpilot.agent.remediation.preflight import read_resident_memory
 from kvpilot.agent.runtimes import LocalInstanceSpec, LocalRuntime
 from kvpilot.rig.server import ServerSpec, build_argv, build_env, free_port
+from tests.fakes.remediation_journal import MemoryJournal
 
 pytestmark = pytest.mark.slow
 KV_BYTES = 64 * 1024 * 1024

@@ -9,7 +9,6 @@ from collections.abc import Awaitable, Callable
 from kvpilot.agent.remediation import (
     CIRCUIT_OPEN_ALERT,
     TUNING_RECOMMENDED_ALERT,
-    MemoryJournal,
     Remediator,
     Trigger,
     WatchWindows,
@@ -17,6 +16,7 @@ from kvpilot.agent.remediation import (
 from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.facts import AlertFacts
 from kvpilot.agent.runtimes.base import NotReady
+from tests.fakes.remediation_journal import MemoryJournal
 
 from .remediation_helpers import (
     FixedPreflight,
