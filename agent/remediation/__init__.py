@@ -2,6 +2,7 @@
 
 from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.events import CIRCUIT_OPEN_ALERT, TUNING_RECOMMENDED_ALERT
+from kvpilot.agent.remediation.execute import RestartTarget
 from kvpilot.agent.remediation.guards import (
     CircuitBreaker,
     Cooldown,
@@ -16,15 +17,11 @@ from kvpilot.agent.remediation.prefix_cache import (
     LightStepResult,
 )
 from kvpilot.agent.remediation.preflight import MemoryCheck, MemoryPreflight
-from kvpilot.agent.remediation.remediator import (
-    ActiveRemediation,
-    Outcome,
-    Reconciled,
-    RemediationStatus,
-    Remediator,
-    RestartTarget,
-    Trigger,
-)
+from kvpilot.agent.remediation.progress import ActiveRemediation
+from kvpilot.agent.remediation.reconcile import Reconciled
+from kvpilot.agent.remediation.remediator import Remediator
+from kvpilot.agent.remediation.status import RemediationStatus
+from kvpilot.agent.remediation.trigger import Outcome, Trigger
 from kvpilot.agent.remediation.watch import WatchWindows
 
 __all__ = [

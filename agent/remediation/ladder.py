@@ -46,6 +46,11 @@ class Plan:
     def restarts(self) -> bool:
         return "restart" in self.steps or "promote" in self.steps
 
+    @property
+    def journal_action(self) -> str:
+        """What its journal record and audit rows call it: a promotion or a restart."""
+        return "promote" if "promote" in self.steps else "restart"
+
 
 def plan_for(
     rule: str,

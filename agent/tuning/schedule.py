@@ -22,9 +22,8 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 
 from kvpilot.agent.config.models import AgentConfig
-from kvpilot.agent.remediation import Remediator
+from kvpilot.agent.remediation import Remediator, Trigger
 from kvpilot.agent.remediation.ladder import Plan
-from kvpilot.agent.remediation.remediator import Trigger
 from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.local import LocalRuntime
 from kvpilot.agent.state import StateStore
