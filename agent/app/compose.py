@@ -15,7 +15,7 @@ from kvpilot.agent.app.api import api_routes
 from kvpilot.agent.app.exposition import build_registry, sidecar_families, tuning_families
 from kvpilot.agent.app.http import build_app
 from kvpilot.agent.app.lifecycle import LoopSettings, serve_and_tick
-from kvpilot.agent.app.parts import build_notifiers, build_runtime, remediation_settings
+from kvpilot.agent.app.parts import build_notifiers, build_runtime
 from kvpilot.agent.config.models import AgentConfig, LocalRuntimeConfig
 from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.remediation.prefix_cache import HttpPrefixCacheReset
@@ -55,22 +55,21 @@ async def run_sidecar(
         with StateStore.open(config.state_dir) as store:
             runtime = build_runtime(config, promoted_argv(config, store, config_sha256))
             late = _Late()
-            settings = remediation_settings(config)
+            section = config.remediation
             preflight = MemoryPreflight(
                 latest_nvml=lambda: late.sidecar.latest_nvml() if late.sidecar else None,
                 cache_config=lambda name: late.sidecar.cache_config(name) if late.sidecar else None,
-                margin_ratio=settings.preflight_margin_ratio,
-                runtime_margin_bytes=settings.cpu_runtime_margin_bytes,
-                device=settings.preflight_device,
+                margin_ratio=section.preflight.margin_ratio,
             )
             light_step = (
                 HttpPrefixCacheReset(api_key=api_key)
-                if settings.light_step_reset_prefix_cache
+                if section.light_step_reset_prefix_cache
                 else None
             )
             remediator = Remediator(
-                runtime, store, settings, preflight=preflight, light_step=light_step
-            )
+                runtime, store, section, preflight=preflight, light_step=light_step,
+                runtime_drain_timeout_s=config.runtime.drain_timeout_s,
+            )  # fmt: skip
             external_url = f"http://{config.listen.host}:{config.listen.port}"
             sidecar = Sidecar(
                 config,

@@ -1,4 +1,4 @@
-"""Builds the sidecar's parts from the validated configuration: runtime, notifiers, guards."""
+"""Builds the sidecar's parts from the validated configuration: the runtime, the notifiers."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from kvpilot.agent.notify import (
     SlackNotifier,
     WebhookNotifier,
 )
-from kvpilot.agent.remediation.settings import RemediationSettings
 from kvpilot.agent.runtimes import (
     AttachedServer,
     AttachRuntime,
@@ -112,24 +111,3 @@ def build_notifiers(
         elif isinstance(cfg, SlackNotifierConfig):
             notifiers[cfg.name] = SlackNotifier(cfg.name, cfg.url, client, timeout_s=cfg.timeout_s)
     return notifiers
-
-
-def remediation_settings(config: AgentConfig) -> RemediationSettings:
-    r = config.remediation
-    return RemediationSettings(
-        dry_run=r.dry_run,
-        cooldown_s=r.cooldown_s,
-        budget_max_restarts=r.budget.max_restarts,
-        budget_window_s=r.budget.window_s,
-        breaker_failures_to_open=r.circuit_breaker.failures_to_open,
-        recurrence_window_s=r.circuit_breaker.hold_s,
-        breaker_open_for_s=r.circuit_breaker.open_for_s,
-        preflight_enabled=r.preflight.enabled,
-        unknown_blocks_restart=r.preflight.unknown_blocks_restart,
-        preflight_margin_ratio=r.preflight.margin_ratio,
-        # The runtime's restart sends SIGTERM (vLLM drains in-flight requests within its
-        # --shutdown-timeout) and waits this long before SIGKILL.
-        drain_timeout_s=r.drain_timeout_s or config.runtime.drain_timeout_s,
-        ready_timeout_s=r.verify_timeout_s,
-        light_step_reset_prefix_cache=r.light_step_reset_prefix_cache,
-    )

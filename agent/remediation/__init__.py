@@ -1,18 +1,15 @@
 """Remediation: the ladder per rule, the guards, and the remediator that runs them."""
 
+from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.events import CIRCUIT_OPEN_ALERT, TUNING_RECOMMENDED_ALERT
+from kvpilot.agent.remediation.execute import RestartTarget
 from kvpilot.agent.remediation.guards import (
     CircuitBreaker,
     Cooldown,
     GuardDecision,
     RestartBudget,
 )
-from kvpilot.agent.remediation.journal import (
-    MemoryJournal,
-    RemediationJournal,
-    RemediationRecordLike,
-    unfinished,
-)
+from kvpilot.agent.remediation.journal import RemediationJournal, restart_began, unfinished
 from kvpilot.agent.remediation.ladder import Plan, manual_plan, plan_for
 from kvpilot.agent.remediation.prefix_cache import (
     HttpPrefixCacheReset,
@@ -20,16 +17,12 @@ from kvpilot.agent.remediation.prefix_cache import (
     LightStepResult,
 )
 from kvpilot.agent.remediation.preflight import MemoryCheck, MemoryPreflight
-from kvpilot.agent.remediation.remediator import (
-    ActiveRemediation,
-    Outcome,
-    Reconciled,
-    RemediationStatus,
-    Remediator,
-    RestartTarget,
-    Trigger,
-)
-from kvpilot.agent.remediation.settings import RemediationSettings, settings_warnings
+from kvpilot.agent.remediation.progress import ActiveRemediation
+from kvpilot.agent.remediation.reconcile import Reconciled
+from kvpilot.agent.remediation.remediator import Remediator
+from kvpilot.agent.remediation.status import RemediationStatus
+from kvpilot.agent.remediation.trigger import Outcome, Trigger
+from kvpilot.agent.remediation.watch import WatchWindows
 
 __all__ = [
     "CIRCUIT_OPEN_ALERT",
@@ -37,26 +30,25 @@ __all__ = [
     "ActiveRemediation",
     "CircuitBreaker",
     "Cooldown",
+    "Decision",
     "GuardDecision",
     "HttpPrefixCacheReset",
     "LightStep",
     "LightStepResult",
     "MemoryCheck",
-    "MemoryJournal",
     "MemoryPreflight",
     "Outcome",
     "Plan",
     "Reconciled",
     "RemediationJournal",
-    "RemediationRecordLike",
-    "RemediationSettings",
     "RemediationStatus",
     "Remediator",
     "RestartBudget",
     "RestartTarget",
     "Trigger",
+    "WatchWindows",
     "manual_plan",
     "plan_for",
-    "settings_warnings",
+    "restart_began",
     "unfinished",
 ]

@@ -1,11 +1,13 @@
 """The remediation layer's own notifications: the circuit-breaker page and tuning advice.
 
 They are `AlertEvent`s like any rule's, so the notifiers deliver them unchanged; each has a
-stable fingerprint from its labels and a resolved event that ends it.
+stable fingerprint from its labels and a resolved event that ends it. `Notices` holds them
+until the agent takes them, and remembers the open ones so that they can be resolved.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 
 from kvpilot.agent.model import AlertEvent, Labels, fingerprint, labels_of
@@ -79,3 +81,51 @@ def tuning_recommended_event(
 def resolved(event: AlertEvent, wall_s: float) -> AlertEvent:
     """The event that ends `event`'s episode."""
     return replace(event, status="resolved", ends_at_wall_s=wall_s)
+
+
+class Notices:
+    """Pages and advice waiting for the agent to enqueue, and those still open."""
+
+    def __init__(self) -> None:
+        self._waiting: list[AlertEvent] = []
+        self._pages: dict[str, AlertEvent] = {}  # open circuit pages, by instance
+        self._advice: dict[str, AlertEvent] = {}  # open advice, by its source alert's fingerprint
+
+    def take(self) -> list[AlertEvent]:
+        """What was produced since the last call."""
+        events, self._waiting = self._waiting, []
+        return events
+
+    def advise(self, event: AlertEvent, source_fingerprint: str | None) -> None:
+        """Sends tuning advice; it resolves with its source alert, when that has one."""
+        self._waiting.append(event)
+        if source_fingerprint is not None:
+            self._advice[source_fingerprint] = event
+
+    def sources_resolved(self, fingerprints: Iterable[str], wall_s: float) -> None:
+        """These alerts resolved: so does the advice they caused."""
+        for fp in fingerprints:
+            advice = self._advice.pop(fp, None)
+            if advice is not None:
+                self._waiting.append(resolved(advice, wall_s))
+
+    def open_page(self, instance: str, page: AlertEvent) -> None:
+        self._pages[instance] = page
+        self._waiting.append(page)
+
+    def close_page(self, instance: str, wall_s: float) -> AlertEvent | None:
+        """Resolves the instance's page; the page, or None when there was none."""
+        page = self._pages.pop(instance, None)
+        if page is not None:
+            self._waiting.append(resolved(page, wall_s))
+        return page
+
+    def restore_page(self, instance: str, page: AlertEvent) -> None:
+        """A page an earlier kvpilot sent: open again, not sent again."""
+        self._pages[instance] = page
+
+    def page(self, instance: str) -> AlertEvent | None:
+        return self._pages.get(instance)
+
+    def paged_instances(self) -> frozenset[str]:
+        return frozenset(self._pages)

@@ -7,8 +7,9 @@
   flags when it holds some (a promotion); a restart with the same flags only for the
   capacity-leak signature; otherwise a recommendation to run the tuner, and no restart.
 
-The action comes from the condition's `action` annotation (the rules write their
-configured action there); a rule without one is alert-only.
+The ladder decides on the alert's typed facts (`AlertFacts`), read once from the
+condition's annotations: the action the rule is configured with (a rule without one is
+alert-only) and the capacity-leak signature.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from kvpilot.agent.model import Labels
+from kvpilot.agent.remediation.facts import Action, AlertFacts
 
 Step = Literal["reset_prefix_cache", "restart", "promote", "recommend_tuning"]
 # Rules whose pressure a prefix-cache reset can relieve: it frees cached blocks now, and
@@ -45,21 +46,25 @@ class Plan:
     def restarts(self) -> bool:
         return "restart" in self.steps or "promote" in self.steps
 
+    @property
+    def journal_action(self) -> str:
+        """What its journal record and audit rows call it: a promotion or a restart."""
+        return "promote" if "promote" in self.steps else "restart"
+
 
 def plan_for(
     rule: str,
-    annotations: Labels,
+    facts: AlertFacts,
     instance: str,
     *,
     light_step_enabled: bool,
     better_config: BetterConfig = no_better_config,
 ) -> Plan:
     """The ladder for one firing alert of `rule` on `instance`."""
-    notes = dict(annotations)
-    action = notes.get("action", "alert")
-    if action == "alert":
+    action = facts.action
+    if action == Action.ALERT:
         return Plan(rule, action, (), f"{rule}: action is alert (notify only)")
-    if action == "ladder":
+    if action == Action.LADDER:
         argv = better_config(instance)
         if argv is not None:
             return Plan(
@@ -69,8 +74,7 @@ def plan_for(
                 "the tuner holds a validated better configuration: promote it",
                 tuple(argv),
             )
-        leak = notes.get("capacity_leak")
-        if leak == "true":
+        if facts.capacity_leak:
             return Plan(
                 rule,
                 action,
@@ -80,8 +84,8 @@ def plan_for(
             )
         why = (
             "no capacity-leak signature"
-            if leak == "false"
-            else f"capacity leak {leak or 'unknown'}"
+            if facts.capacity_leak is False
+            else "capacity leak unknown"
         )
         return Plan(
             rule,
@@ -90,7 +94,7 @@ def plan_for(
             f"{why}; a restart with the same flags would bring the preemptions back: "
             "recommend a tuning run",
         )
-    if action == "restart":
+    if action == Action.RESTART:
         return Plan(
             rule,
             action,

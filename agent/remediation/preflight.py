@@ -25,6 +25,8 @@ from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import NvmlSnapshot
 
 PROC = Path("/proc")
+# CPU servers: weights, activations and the runtime beside the KV pool.
+CPU_RUNTIME_MARGIN_BYTES = 1024**3
 _HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -239,7 +241,7 @@ class MemoryPreflight:
         latest_nvml: Callable[[], NvmlSnapshot | SourceError | None],
         cache_config: Callable[[str], Labels | None],
         margin_ratio: float,
-        runtime_margin_bytes: int,
+        runtime_margin_bytes: int = CPU_RUNTIME_MARGIN_BYTES,
         device: Literal["auto", "gpu", "cpu"] = "auto",
         proc_root: Path = PROC,
     ) -> None:

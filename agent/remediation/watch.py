@@ -19,6 +19,23 @@ Verdict = Literal["cleared", "active", "unknown", "absent"]
 
 
 @dataclass(frozen=True, slots=True)
+class WatchWindows:
+    """How long the condition is watched after a step; fixed here, not configured."""
+
+    # After a healthy restart: still active this long, the restart failed.
+    after_restart_s: float = 120.0
+    # After the light step: not cleared this long, the restart follows.
+    after_light_step_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.after_restart_s <= 0 or self.after_light_step_s < 0:
+            raise ValueError(f"watch windows must be positive: {self}")
+
+
+DEFAULT_WINDOWS = WatchWindows()
+
+
+@dataclass(frozen=True, slots=True)
 class WatchResult:
     """How a watch ended: the verdict, and the tick's time when it did."""
 

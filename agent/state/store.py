@@ -20,6 +20,7 @@ from typing import Any, Literal, get_args
 from kvpilot.agent.alerts import AlertRow, Silence
 from kvpilot.agent.config.models import RetentionConfig
 from kvpilot.agent.model import Labels
+from kvpilot.agent.remediation.decision import Decision, read_decision
 from kvpilot.agent.state.db import DEFAULT_BUSY_TIMEOUT_S, Database
 from kvpilot.agent.state.outbox import SqliteOutbox
 
@@ -33,7 +34,7 @@ _DAY_S = 86400.0
 
 @dataclass(frozen=True, slots=True)
 class RemediationRecord:
-    """One remediation attempt and where it got to."""
+    """One remediation attempt and where it got to, as every remediation journal reads it."""
 
     id: int
     incident_id: str | None
@@ -54,14 +55,14 @@ class RemediationRecord:
 
 @dataclass(frozen=True, slots=True)
 class AuditRecord:
-    """One decision and why it was taken."""
+    """One decision and why it was taken, as every remediation journal reads it."""
 
     id: int
     wall_s: float
     actor: Actor
     action: str
     target: str
-    decision: str
+    decision: Decision | str  # the remediator's are a Decision; other writers' free text
     reason: str
     incident_id: str | None
     remediation_id: int | None
@@ -294,7 +295,7 @@ class StateStore:
         actor: Actor,
         action: str,
         target: str,
-        decision: str,
+        decision: Decision | str,
         reason: str,
         incident_id: str | None = None,
         remediation_id: int | None = None,
@@ -335,7 +336,7 @@ class StateStore:
                 actor=r["actor"],
                 action=r["action"],
                 target=r["target"],
-                decision=r["decision"],
+                decision=read_decision(r["decision"]),
                 reason=r["reason"],
                 incident_id=r["incident_id"],
                 remediation_id=r["remediation_id"],

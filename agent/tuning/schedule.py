@@ -22,9 +22,8 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 
 from kvpilot.agent.config.models import AgentConfig
-from kvpilot.agent.remediation import Remediator
+from kvpilot.agent.remediation import Remediator, Trigger
 from kvpilot.agent.remediation.ladder import Plan
-from kvpilot.agent.remediation.remediator import Trigger
 from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.local import LocalRuntime
 from kvpilot.agent.state import StateStore
@@ -170,7 +169,7 @@ def scheduled_tuning(
 
     async def run_once() -> str:
         await recover()  # a trial an earlier kvpilot left open
-        if remediator.settings.dry_run:
+        if remediator.config.dry_run:
             told, planned = dry_run(
                 study.space, BayesianSuggester(study.space, seed=tuning.seed),
                 SqliteTrialStore(store.db), study.fingerprint, tuning.trials,

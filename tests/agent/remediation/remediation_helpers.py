@@ -5,19 +5,26 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from kvpilot.agent.alerts import AlertTracker, AlertTransition
+from kvpilot.agent.config.models import RemediationConfig
 from kvpilot.agent.model import Condition, Instance, labels_of
 from kvpilot.agent.remediation import (
     LightStepResult,
     MemoryCheck,
-    MemoryJournal,
-    RemediationSettings,
     Remediator,
+    WatchWindows,
 )
 from kvpilot.agent.remediation.ladder import BetterConfig, no_better_config
+from tests.fakes.remediation_journal import MemoryJournal
 
 WALL_OFFSET_S = 1_700_000_000.0
+
+
+def remediation_config(**fields: Any) -> RemediationConfig:
+    """The `remediation` section as the YAML would give it (sub-sections as dicts), validated."""
+    return RemediationConfig.model_validate(fields)
 
 
 class FakeClock:
@@ -153,8 +160,10 @@ class Harness:
 
     def __init__(
         self,
-        settings: RemediationSettings | None = None,
+        config: RemediationConfig | None = None,
         *,
+        windows: WatchWindows | None = None,
+        runtime_drain_timeout_s: float = 0.0,
         instances: Sequence[Instance] = (),
         preflight: FixedPreflight | None = None,
         light_step: RecordingLightStep | None = None,
@@ -164,12 +173,14 @@ class Harness:
         self.clock = FakeClock()
         self.runtime = RecordingRuntimeDouble(*(instances or (make_instance(),)))
         self.journal = journal if journal is not None else MemoryJournal()
-        self.settings = settings or RemediationSettings(preflight_enabled=preflight is not None)
+        self.config = config or remediation_config(preflight={"enabled": preflight is not None})
         self.tracker = AlertTracker({}, new_id=self._ids())
         self.remediator = Remediator(
             self.runtime,
             self.journal,
-            self.settings,
+            self.config,
+            windows=windows or WatchWindows(),
+            runtime_drain_timeout_s=runtime_drain_timeout_s,
             preflight=preflight,
             light_step=light_step,
             better_config=better_config,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvpilot.agent.remediation import CircuitBreaker, Cooldown, RemediationSettings, RestartBudget
+from kvpilot.agent.config.models import CircuitBreakerConfig
+from kvpilot.agent.remediation import CircuitBreaker, Cooldown, RestartBudget, WatchWindows
 
 
 def test_cooldown_blocks_until_it_has_passed_per_instance() -> None:
@@ -90,7 +91,10 @@ def test_breaker_state_round_trips_through_wall_time() -> None:
 
 
 def test_settings_refuse_nonsense() -> None:
-    with pytest.raises(ValueError, match="breaker_failures_to_open"):
-        RemediationSettings(breaker_failures_to_open=0)
-    with pytest.raises(ValueError, match="recurrence_window_s"):
-        RemediationSettings(recurrence_window_s=0)
+    # The guards take the validated `remediation` section; it refuses these itself.
+    with pytest.raises(ValueError, match="failures_to_open"):
+        CircuitBreakerConfig(failures_to_open=0)
+    with pytest.raises(ValueError, match="hold_s"):
+        CircuitBreakerConfig(hold_s=0)
+    with pytest.raises(ValueError, match="watch windows"):
+        WatchWindows(after_restart_s=0)

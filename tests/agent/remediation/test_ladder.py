@@ -1,14 +1,38 @@
-"""Which steps each rule and action lead to."""
+"""Which steps each rule and action lead to, decided on the alert's typed facts."""
 
 from __future__ import annotations
 
 from kvpilot.agent.model import labels_of
 from kvpilot.agent.remediation import plan_for
+from kvpilot.agent.remediation.facts import Action, AlertFacts
 from kvpilot.agent.remediation.ladder import manual_plan
 
 
-def notes(**values: str):
-    return labels_of(values)
+def notes(**values: str) -> AlertFacts:
+    """The facts of an alert whose rule wrote these annotations."""
+    return AlertFacts.from_annotations(labels_of(values))
+
+
+def test_facts_are_read_once_from_the_annotations_the_rules_write() -> None:
+    assert notes() == AlertFacts(Action.ALERT, None)
+    assert notes(action="ladder", capacity_leak="true", summary="x") == AlertFacts(
+        Action.LADDER, True
+    )
+    assert notes(action="restart", capacity_leak="false") == AlertFacts(Action.RESTART, False)
+    assert notes(action="ladder", capacity_leak="unknown").capacity_leak is None
+    assert notes(action="reboot").action == "reboot"  # unknown: kept for the audit, alert only
+    assert not isinstance(notes(action="reboot").action, Action)
+
+
+def test_the_ladder_decides_on_typed_facts() -> None:
+    leak = AlertFacts(Action.LADDER, capacity_leak=True)
+    assert plan_for("preemption_spike", leak, "i", light_step_enabled=False).steps == ("restart",)
+    no_leak = AlertFacts(Action.LADDER, capacity_leak=False)
+    plan = plan_for("preemption_spike", no_leak, "i", light_step_enabled=False)
+    assert plan.steps == ("recommend_tuning",)
+    assert plan.reason.startswith("no capacity-leak signature;")
+    unknown = plan_for("preemption_spike", AlertFacts(Action.LADDER), "i", light_step_enabled=False)
+    assert unknown.reason.startswith("capacity leak unknown;")
 
 
 def test_kv_blocks_fragmentation_is_alert_only_by_default_and_restarts_when_configured() -> None:
@@ -91,10 +115,10 @@ def test_preemption_action_restart_is_literal() -> None:
 
 
 def test_no_or_unknown_action_is_alert_only() -> None:
-    assert plan_for("engine_stall", (), "i", light_step_enabled=True).steps == ()
-    assert (
-        plan_for("engine_stall", notes(action="reboot"), "i", light_step_enabled=True).steps == ()
-    )
+    assert plan_for("engine_stall", notes(), "i", light_step_enabled=True).steps == ()
+    unknown = plan_for("engine_stall", notes(action="reboot"), "i", light_step_enabled=True)
+    assert unknown.steps == () and unknown.action == "reboot"
+    assert unknown.reason == "engine_stall: unknown action 'reboot', treated as alert only"
 
 
 def test_manual_plan_is_a_plain_restart() -> None:

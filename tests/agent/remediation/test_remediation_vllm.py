@@ -10,15 +10,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kvpilot.agent.config.models import RemediationConfig
 from kvpilot.agent.remediation import (
-    MemoryJournal,
     MemoryPreflight,
-    RemediationSettings,
     Remediator,
 )
 from kvpilot.agent.remediation.preflight import read_resident_memory
 from kvpilot.agent.runtimes import LocalInstanceSpec, LocalRuntime
 from kvpilot.rig.server import ServerSpec, build_argv, build_env, free_port
+from tests.fakes.remediation_journal import MemoryJournal
 
 pytestmark = pytest.mark.slow
 KV_BYTES = 64 * 1024 * 1024
@@ -44,16 +44,14 @@ def test_preflight_reads_the_real_server_and_a_manual_restart_gives_a_new_pid(
         tmp_path / "logs",
     )
     journal = MemoryJournal()
-    settings = RemediationSettings(
-        cpu_runtime_margin_bytes=256 * 1024 * 1024, ready_timeout_s=240.0, drain_timeout_s=20.0
-    )
+    config = RemediationConfig(verify_timeout_s=240.0, drain_timeout_s=20.0)
     preflight = MemoryPreflight(
         latest_nvml=lambda: None,  # no GPU here: the CPU check
         cache_config=lambda name: None,  # the KV budget comes from the argv's flag
-        margin_ratio=settings.preflight_margin_ratio,
-        runtime_margin_bytes=settings.cpu_runtime_margin_bytes,
+        margin_ratio=config.preflight.margin_ratio,
+        runtime_margin_bytes=256 * 1024 * 1024,
     )
-    remediator = Remediator(runtime, journal, settings, preflight=preflight)
+    remediator = Remediator(runtime, journal, config, preflight=preflight)
 
     async def main() -> None:
         try:

@@ -9,12 +9,14 @@ from collections.abc import Awaitable, Callable
 from kvpilot.agent.remediation import (
     CIRCUIT_OPEN_ALERT,
     TUNING_RECOMMENDED_ALERT,
-    MemoryJournal,
-    RemediationSettings,
     Remediator,
     Trigger,
+    WatchWindows,
 )
+from kvpilot.agent.remediation.decision import Decision
+from kvpilot.agent.remediation.facts import AlertFacts
 from kvpilot.agent.runtimes.base import NotReady
+from tests.fakes.remediation_journal import MemoryJournal
 
 from .remediation_helpers import (
     FixedPreflight,
@@ -22,10 +24,12 @@ from .remediation_helpers import (
     RecordingLightStep,
     condition,
     make_instance,
+    remediation_config,
     until,
 )
 
-FAST = RemediationSettings(cooldown_s=0.0, preflight_enabled=False, verify_window_s=60.0)
+FAST = remediation_config(cooldown_s=0.0, preflight={"enabled": False})
+FAST_WATCH = WatchWindows(after_restart_s=60.0)
 
 
 def run(main: Callable[[], Awaitable[None]]) -> None:
@@ -48,7 +52,7 @@ async def restart_and_clear(h: Harness, rule: str = "fragmentation_allocator", *
 
 def test_restart_writes_every_state_before_the_next_step() -> None:
     async def main() -> None:
-        h = Harness(FAST)
+        h = Harness(FAST, windows=FAST_WATCH)
         seen_during_restart = []
         original = h.runtime.restart
 
@@ -77,26 +81,39 @@ def test_restart_writes_every_state_before_the_next_step() -> None:
         assert record.incident_id == "inc-1" and record.old_pid == 100 and record.new_pid == 200
         assert record.fingerprint == condition().fingerprint
         assert not h.remediator.in_progress()
-        assert h.runtime.restarts == [("vllm-0", None, FAST.drain_timeout_s, FAST.ready_timeout_s)]
+        assert h.runtime.restarts == [("vllm-0", None, FAST.drain_timeout_s, FAST.verify_timeout_s)]
+
+    run(main)
+
+
+def test_drain_timeout_0_leaves_the_drain_to_the_runtime_setting() -> None:
+    async def main() -> None:
+        own = Harness(remediation_config(drain_timeout_s=20.0), runtime_drain_timeout_s=30.0)
+        await own.remediator.trigger("vllm-0", requested_by="alice")
+        runtimes = Harness(remediation_config(drain_timeout_s=0.0), runtime_drain_timeout_s=30.0)
+        await runtimes.remediator.trigger("vllm-0", requested_by="alice")
+        assert [r[2] for r in own.runtime.restarts + runtimes.runtime.restarts] == [20.0, 30.0]
+        (drain,) = [a for a in runtimes.journal.audit if a.action == "draining"]
+        assert "for up to 30 s" in drain.reason
 
     run(main)
 
 
 def test_alert_only_rule_is_not_restarted_and_is_audited() -> None:
     async def main() -> None:
-        h = Harness(FAST)
+        h = Harness(FAST, windows=FAST_WATCH)
         (task,) = h.tick(condition("fragmentation_kv_blocks", action="alert"))
         outcome = await task
         assert outcome.decision == "alert_only"
         assert h.runtime.entered == 0
-        assert h.decisions() == ["alert only"]
+        assert h.decisions() == [Decision.ALERT_ONLY]
 
     run(main)
 
 
 def test_canary_is_never_remediated() -> None:
     async def main() -> None:
-        h = Harness(FAST, instances=[make_instance("canary-0", role="canary")])
+        h = Harness(FAST, windows=FAST_WATCH, instances=[make_instance("canary-0", role="canary")])
         (task,) = h.tick(condition(instance="canary-0", role="canary"))
         outcome = await task
         assert outcome.decision == "skipped" and "canary" in outcome.reason
@@ -112,15 +129,16 @@ def test_canary_is_never_remediated() -> None:
 def test_dry_run_decides_and_audits_but_does_nothing() -> None:
     async def main() -> None:
         h = Harness(
-            RemediationSettings(dry_run=True, preflight_enabled=True),
+            remediation_config(dry_run=True, preflight={"enabled": True}),
             preflight=FixedPreflight(True),
         )
         (task,) = h.tick(condition())
         outcome = await task
-        assert outcome.decision == "dry_run" and outcome.reason.startswith("dry-run: would restart")
+        assert outcome.decision is Decision.DRY_RUN
+        assert outcome.reason.startswith("dry-run: would restart")
         assert h.runtime.entered == 0
         assert h.journal.records[1].state == "skipped"
-        assert "dry-run" in h.decisions()
+        assert Decision.DRY_RUN in h.decisions()
         # The guards and the pre-flight still ran and were audited.
         assert {a.action for a in h.journal.audit} >= {
             "cooldown",
@@ -134,15 +152,13 @@ def test_dry_run_decides_and_audits_but_does_nothing() -> None:
 
 def test_cooldown_blocks_a_second_restart_then_allows_it() -> None:
     async def main() -> None:
-        settings = RemediationSettings(
+        config = remediation_config(
             cooldown_s=300.0,
-            preflight_enabled=False,
-            budget_max_restarts=10,
-            breaker_failures_to_open=10,
-            verify_window_s=10.0,
-            recurrence_window_s=5.0,
+            preflight={"enabled": False},
+            budget={"max_restarts": 10},
+            circuit_breaker={"failures_to_open": 10, "hold_s": 5.0},
         )
-        h = Harness(settings)
+        h = Harness(config, windows=WatchWindows(after_restart_s=10.0))
         await restart_and_clear(h)
         h.tick(advance_s=10.0)  # recurrence window passes cleanly
         (blocked,) = h.tick(condition())
@@ -161,16 +177,13 @@ def test_cooldown_blocks_a_second_restart_then_allows_it() -> None:
 
 def test_budget_exhausted_stops_restarts() -> None:
     async def main() -> None:
-        settings = RemediationSettings(
+        config = remediation_config(
             cooldown_s=0.0,
-            preflight_enabled=False,
-            budget_max_restarts=2,
-            budget_window_s=3600.0,
-            breaker_failures_to_open=10,
-            verify_window_s=10.0,
-            recurrence_window_s=1.0,
+            preflight={"enabled": False},
+            budget={"max_restarts": 2, "window_s": 3600.0},
+            circuit_breaker={"failures_to_open": 10, "hold_s": 1.0},
         )
-        h = Harness(settings)
+        h = Harness(config, windows=WatchWindows(after_restart_s=10.0))
         for _ in range(2):
             await restart_and_clear(h)
             h.tick(advance_s=5.0)
@@ -192,7 +205,7 @@ def test_budget_exhausted_stops_restarts() -> None:
 def test_preflight_blocks_or_allows_and_unknown_follows_the_setting() -> None:
     async def main() -> None:
         short = Harness(
-            RemediationSettings(cooldown_s=0.0), preflight=FixedPreflight(False, "not enough RAM")
+            remediation_config(cooldown_s=0.0), preflight=FixedPreflight(False, "not enough RAM")
         )
         (task,) = short.tick(condition())
         outcome = await task
@@ -200,7 +213,8 @@ def test_preflight_blocks_or_allows_and_unknown_follows_the_setting() -> None:
         assert short.runtime.entered == 0
 
         lenient = Harness(
-            RemediationSettings(cooldown_s=0.0, unknown_blocks_restart=False, verify_window_s=5.0),
+            remediation_config(cooldown_s=0.0, preflight={"unknown_blocks_restart": False}),
+            windows=WatchWindows(after_restart_s=5.0),
             preflight=FixedPreflight(None, "MemAvailable unreadable"),
         )
         (task,) = lenient.tick(condition())
@@ -210,7 +224,7 @@ def test_preflight_blocks_or_allows_and_unknown_follows_the_setting() -> None:
         assert "allowed (unknown does not block)" in lenient.decisions("preflight")
 
         strict = Harness(
-            RemediationSettings(cooldown_s=0.0, unknown_blocks_restart=True),
+            remediation_config(cooldown_s=0.0, preflight={"unknown_blocks_restart": True}),
             preflight=FixedPreflight(None, "MemAvailable unreadable"),
         )
         (task,) = strict.tick(condition())
@@ -223,7 +237,7 @@ def test_preflight_blocks_or_allows_and_unknown_follows_the_setting() -> None:
 
 def test_veto_of_an_instance_skips_pending_and_future_remediations() -> None:
     async def main() -> None:
-        h = Harness(FAST)
+        h = Harness(FAST, windows=FAST_WATCH)
         await restart_and_clear(h)
         # A remediation waits for the instance's lock behind a running one.
         h.runtime.hold = asyncio.Event()
@@ -253,7 +267,7 @@ def test_veto_of_an_instance_skips_pending_and_future_remediations() -> None:
 
 def test_veto_of_an_incident() -> None:
     async def main() -> None:
-        h = Harness(FAST)
+        h = Harness(FAST, windows=FAST_WATCH)
         h.remediator.veto(incident_id="inc-1", requested_by="dave", reason="known issue")
         (task,) = h.tick(condition())
         outcome = await task
@@ -265,8 +279,7 @@ def test_veto_of_an_incident() -> None:
 
 def test_manual_trigger_respects_guards_unless_forced() -> None:
     async def main() -> None:
-        settings = RemediationSettings(cooldown_s=300.0, preflight_enabled=False)
-        h = Harness(settings)
+        h = Harness(remediation_config(cooldown_s=300.0, preflight={"enabled": False}))
         first = await h.remediator.trigger("vllm-0", requested_by="alice")
         assert first.decision == "succeeded" and first.new_pid == 200
         second = await h.remediator.trigger("vllm-0", requested_by="alice")
@@ -284,7 +297,11 @@ def test_manual_trigger_respects_guards_unless_forced() -> None:
 def test_restart_that_fails_escalates_and_counts_against_the_breaker() -> None:
     async def main() -> None:
         h = Harness(
-            RemediationSettings(cooldown_s=0.0, preflight_enabled=False, breaker_failures_to_open=3)
+            remediation_config(
+                cooldown_s=0.0,
+                preflight={"enabled": False},
+                circuit_breaker={"failures_to_open": 3},
+            )
         )
         h.runtime.failures.append(NotReady("vLLM at x not ready within 300 s"))
         (task,) = h.tick(condition())
@@ -293,7 +310,7 @@ def test_restart_that_fails_escalates_and_counts_against_the_breaker() -> None:
             "restart failed: NotReady"
         )
         assert h.journal.states[1][-1] == "failed"
-        assert "escalated" in h.decisions()
+        assert Decision.ESCALATED in h.decisions()
         assert h.remediator.breaker.failures("vllm-0") == 1
         # Still firing: the same incident is not restarted a second time.
         assert h.tick(condition()) == []
@@ -304,7 +321,8 @@ def test_restart_that_fails_escalates_and_counts_against_the_breaker() -> None:
 def test_condition_still_active_after_restart_fails_verification() -> None:
     async def main() -> None:
         h = Harness(
-            RemediationSettings(cooldown_s=0.0, preflight_enabled=False, verify_window_s=30.0)
+            remediation_config(cooldown_s=0.0, preflight={"enabled": False}),
+            windows=WatchWindows(after_restart_s=30.0),
         )
         (task,) = h.tick(condition())
         await until(lambda: h.runtime.restarts != [], "restart")
@@ -324,15 +342,13 @@ def test_condition_still_active_after_restart_fails_verification() -> None:
 
 def test_circuit_opens_after_k_recurrences_pages_once_and_stops_restarting() -> None:
     async def main() -> None:
-        settings = RemediationSettings(
+        config = remediation_config(
             cooldown_s=0.0,
-            preflight_enabled=False,
-            budget_max_restarts=100,
-            breaker_failures_to_open=2,
-            recurrence_window_s=600.0,
-            verify_window_s=30.0,
+            preflight={"enabled": False},
+            budget={"max_restarts": 100},
+            circuit_breaker={"failures_to_open": 2, "hold_s": 600.0},
         )
-        h = Harness(settings)
+        h = Harness(config, windows=WatchWindows(after_restart_s=30.0))
         for _ in range(2):
             await restart_and_clear(h)
             h.tick(condition(active=False), advance_s=5.0)
@@ -371,13 +387,10 @@ def test_circuit_opens_after_k_recurrences_pages_once_and_stops_restarting() -> 
 def test_light_step_that_clears_the_condition_avoids_the_restart() -> None:
     async def main() -> None:
         light = RecordingLightStep(ok=True)
-        settings = RemediationSettings(
-            cooldown_s=0.0,
-            preflight_enabled=False,
-            light_step_reset_prefix_cache=True,
-            light_step_wait_s=20.0,
+        config = remediation_config(
+            cooldown_s=0.0, preflight={"enabled": False}, light_step_reset_prefix_cache=True
         )
-        h = Harness(settings, light_step=light)
+        h = Harness(config, windows=WatchWindows(after_light_step_s=20.0), light_step=light)
         rule = "fragmentation_kv_blocks"
         (task,) = h.tick(condition(rule))
         await until(lambda: light.calls == ["vllm-0"], "light step")
@@ -403,7 +416,7 @@ def test_preemption_ladder_branches() -> None:
     async def main() -> None:
         rule = "preemption_spike"
         better = ["python", "-m", "vllm.entrypoints.openai.api_server", "--max-num-seqs", "4"]
-        promoted = Harness(FAST, better_config=lambda name: better)
+        promoted = Harness(FAST, windows=FAST_WATCH, better_config=lambda name: better)
         (task,) = promoted.tick(condition(rule, action="ladder", capacity_leak="false"))
         await until(lambda: promoted.runtime.restarts != [], "promotion")
         promoted.tick(condition(rule, action="ladder", active=False))
@@ -411,14 +424,14 @@ def test_preemption_ladder_branches() -> None:
         assert promoted.runtime.restarts[0][1] == tuple(better)
         assert promoted.journal.records[1].action == "promote"
 
-        leak = Harness(FAST)
+        leak = Harness(FAST, windows=FAST_WATCH)
         (task,) = leak.tick(condition(rule, action="ladder", capacity_leak="true"))
         await until(lambda: leak.runtime.restarts != [], "same-flags restart")
         leak.tick(condition(rule, action="ladder", active=False))
         assert (await task).decision == "succeeded"
         assert leak.runtime.restarts[0][1] is None
 
-        advice = Harness(FAST)
+        advice = Harness(FAST, windows=FAST_WATCH)
         (task,) = advice.tick(condition(rule, action="ladder", capacity_leak="false"))
         outcome = await task
         assert outcome.decision == "recommended" and advice.runtime.entered == 0
@@ -437,14 +450,19 @@ def test_preemption_ladder_branches() -> None:
 def test_reconcile_after_a_crash_mid_restart_does_not_restart_the_incident_again() -> None:
     async def main() -> None:
         journal = MemoryJournal()
-        first = Harness(FAST, journal=journal)
+        first = Harness(FAST, windows=FAST_WATCH, journal=journal)
         first.runtime.hold = asyncio.Event()  # the restart never returns: kvpilot dies in it
         (task,) = first.tick(condition())
         await until(lambda: first.runtime.entered == 1, "restart entered")
         assert journal.records[1].state == "restarting"
         # kvpilot dies here: the record stays as the crashed run left it.
         second = Remediator(
-            first.runtime, journal, FAST, clock=first.clock, wall_clock=first.clock.wall
+            first.runtime,
+            journal,
+            FAST,
+            windows=FAST_WATCH,
+            clock=first.clock,
+            wall_clock=first.clock.wall,
         )
         first.runtime.hold = None
         (result,) = second.reconcile()
@@ -455,7 +473,7 @@ def test_reconcile_after_a_crash_mid_restart_does_not_restart_the_incident_again
         # The incident is still firing after the restart of kvpilot: no second restart.
         trigger = Trigger(
             "vllm-0", "fragmentation_allocator", condition().fingerprint, "inc-1",
-            condition().labels, condition().annotations,
+            condition().labels, AlertFacts.from_annotations(condition().annotations),
         )  # fmt: skip
         again = await second.remediate(trigger)
         assert again.decision == "skipped" and "already restarted" in again.reason
@@ -472,7 +490,7 @@ def test_reconcile_after_a_crash_mid_restart_does_not_restart_the_incident_again
 def test_reconcile_of_a_planned_record_allows_a_restart_later() -> None:
     async def main() -> None:
         journal = MemoryJournal()
-        h = Harness(FAST, journal=journal)
+        h = Harness(FAST, windows=FAST_WATCH, journal=journal)
         journal.start_remediation(
             instance="vllm-0",
             action="restart",
@@ -490,7 +508,7 @@ def test_reconcile_of_a_planned_record_allows_a_restart_later() -> None:
             condition().fingerprint,
             "inc-9",
             condition().labels,
-            condition().annotations,
+            AlertFacts.from_annotations(condition().annotations),
         )
         task = asyncio.ensure_future(h.remediator.remediate(trigger))
         await until(lambda: h.runtime.restarts != [], "restart")
@@ -505,14 +523,19 @@ def test_the_sqlite_store_is_a_journal_and_reconcile_works_across_processes(tmp_
 
     async def main() -> None:
         store = StateStore.open(tmp_path)
-        first = Harness(FAST, journal=store)  # type: ignore[arg-type]
+        first = Harness(FAST, windows=FAST_WATCH, journal=store)  # type: ignore[arg-type]
         first.runtime.hold = asyncio.Event()
         (task,) = first.tick(condition())
         await until(lambda: first.runtime.entered == 1, "restart entered")
         # kvpilot dies mid-restart; a new one opens the same state directory.
         reopened = StateStore.open(tmp_path)
         second = Remediator(
-            first.runtime, reopened, FAST, clock=first.clock, wall_clock=first.clock.wall
+            first.runtime,
+            reopened,
+            FAST,
+            windows=FAST_WATCH,
+            clock=first.clock,
+            wall_clock=first.clock.wall,
         )
         (result,) = second.reconcile()
         assert result.previous_state == "restarting" and result.restart_may_have_happened
@@ -520,7 +543,7 @@ def test_the_sqlite_store_is_a_journal_and_reconcile_works_across_processes(tmp_
         assert record.state == "failed" and record.finished_wall_s is not None
         trigger = Trigger(
             "vllm-0", "fragmentation_allocator", condition().fingerprint, record.incident_id,
-            condition().labels, condition().annotations,
+            condition().labels, AlertFacts.from_annotations(condition().annotations),
         )  # fmt: skip
         assert (await second.remediate(trigger)).decision == "skipped"
         audit = reopened.audit_records()
@@ -536,7 +559,7 @@ def test_the_sqlite_store_is_a_journal_and_reconcile_works_across_processes(tmp_
 
 def test_shutdown_mid_verification_records_the_interruption() -> None:
     async def main() -> None:
-        h = Harness(FAST)
+        h = Harness(FAST, windows=FAST_WATCH)
         h.tick(condition())
         await until(lambda: verifying(h), "verifying")
         await h.remediator.aclose()
@@ -554,7 +577,7 @@ def test_an_unexpected_error_fails_the_record_instead_of_leaving_it_open() -> No
             raise RuntimeError("bug")
 
     async def main() -> None:
-        h = Harness(RemediationSettings(cooldown_s=0.0), preflight=BrokenPreflight())  # type: ignore[arg-type]
+        h = Harness(remediation_config(cooldown_s=0.0), preflight=BrokenPreflight())  # type: ignore[arg-type]
         (task,) = h.tick(condition())
         outcome = await task
         assert outcome.decision == "failed" and "internal error during planned" in outcome.reason

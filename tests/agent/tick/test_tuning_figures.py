@@ -18,7 +18,6 @@ import pytest
 
 from kvpilot.agent.app.exposition import build_registry, sidecar_families, tuning_families
 from kvpilot.agent.app.http import build_app
-from kvpilot.agent.app.parts import remediation_settings
 from kvpilot.agent.config.models import AgentConfig
 from kvpilot.agent.model import Instance
 from kvpilot.agent.remediation import Remediator
@@ -123,7 +122,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         async with httpx.AsyncClient(timeout=2.0) as client:
             sidecar = Sidecar(
                 config, store=store, runtime=runtime, notifiers={},
-                remediator=Remediator(runtime, store, remediation_settings(config), clock=clock),
+                remediator=Remediator(runtime, store, config.remediation, clock=clock),
                 client=client, nvml=NvmlCollector(),  # type: ignore[arg-type]
                 clock=clock, wall_clock=lambda: 1_760_000_000.0 + clock(),
                 trial_store=counting, tuning_refresh_s=REFRESH_S,

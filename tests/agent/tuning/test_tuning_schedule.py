@@ -8,12 +8,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from kvpilot.agent.remediation import RemediationSettings
 from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.tuning.schedule import ScheduledTuning, remediated_restarter
 from kvpilot.tuner.ports import RestartRefused
 from kvpilot.tuner.session import TuningBlocked
-from tests.agent.remediation.remediation_helpers import Harness
+from tests.agent.remediation.remediation_helpers import Harness, remediation_config
 
 NEW_FLAGS = ("python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m",
              "--max-num-seqs", "8")  # fmt: skip
@@ -135,7 +134,7 @@ def test_aclose_cancels_a_run_in_progress() -> None:
 
 def test_a_promotion_is_a_guarded_audited_restart_with_the_new_flags() -> None:
     async def main() -> None:
-        h = Harness(RemediationSettings(cooldown_s=300.0, preflight_enabled=False))
+        h = Harness(remediation_config(cooldown_s=300.0, preflight={"enabled": False}))
         restart = remediated_restarter(h.remediator, "vllm-0")
         await restart(NEW_FLAGS, "promoted by trial 4", False)
         assert [(name, argv) for name, argv, *_ in h.runtime.restarts] == [("vllm-0", NEW_FLAGS)]
@@ -160,11 +159,13 @@ def test_a_promotion_is_a_guarded_audited_restart_with_the_new_flags() -> None:
 
 def test_dry_run_refuses_and_a_failed_restart_is_a_runtime_failure() -> None:
     async def main() -> None:
-        dry = Harness(RemediationSettings(dry_run=True, cooldown_s=0.0, preflight_enabled=False))
+        dry = Harness(
+            remediation_config(dry_run=True, cooldown_s=0.0, preflight={"enabled": False})
+        )
         with pytest.raises(RestartRefused, match="dry-run"):
             await remediated_restarter(dry.remediator, "vllm-0")(NEW_FLAGS, "promote", False)
         assert dry.runtime.restarts == []
-        h = Harness(RemediationSettings(cooldown_s=0.0, preflight_enabled=False))
+        h = Harness(remediation_config(cooldown_s=0.0, preflight={"enabled": False}))
         h.runtime.failures.append(RuntimeFailure("exit code 1 during start-up"))
         with pytest.raises(RuntimeFailure, match="exit code 1"):
             await remediated_restarter(h.remediator, "vllm-0")(NEW_FLAGS, "promote", False)

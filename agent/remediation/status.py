@@ -1,0 +1,52 @@
+"""What `GET /api/v1/status` shows of remediation: runs in progress, breakers, vetoes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kvpilot.agent.remediation.guards import BreakerState, CircuitBreaker
+from kvpilot.agent.remediation.progress import ActiveRemediation
+from kvpilot.agent.remediation.vetoes import Vetoes
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerView:
+    """One instance's circuit breaker."""
+
+    instance: str
+    state: BreakerState
+    failures: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemediationStatus:
+    """Everything `GET /api/v1/status` shows of remediation."""
+
+    dry_run: bool
+    active: tuple[ActiveRemediation, ...]
+    breakers: tuple[BreakerView, ...]
+    vetoed_instances: tuple[str, ...]
+    vetoed_incidents: tuple[str, ...]
+
+
+def remediation_status(
+    *,
+    dry_run: bool,
+    active: tuple[ActiveRemediation, ...],
+    breaker: CircuitBreaker,
+    instances: Iterable[str],
+    vetoes: Vetoes,
+    now_s: float,
+) -> RemediationStatus:
+    """The view at `now_s`; a breaker for each of `instances`, sorted by name."""
+    return RemediationStatus(
+        dry_run=dry_run,
+        active=active,
+        breakers=tuple(
+            BreakerView(name, breaker.state(name, now_s), breaker.failures(name))
+            for name in sorted(set(instances))
+        ),
+        vetoed_instances=tuple(sorted(vetoes.instances)),
+        vetoed_incidents=tuple(sorted(vetoes.incidents)),
+    )
