@@ -126,6 +126,19 @@ SPECS: tuple[MetricSpec, ...] = (
         (),
         "1 while a remediation (drain, restart, verify) is running.",
     ),
+    MetricSpec(
+        "kvpilot_tick_overruns_total",
+        "counter",
+        (),
+        "Ticks that took longer than the interval (the next one waited; none piled up).",
+    ),
+    MetricSpec(
+        "kvpilot_background_task_failures_total",
+        "counter",
+        ("task",),
+        "Background tasks (delivery, remediation, start-up) that ended with an error; "
+        "each is logged with its traceback.",
+    ),
     # vLLM /metrics, per engine.
     MetricSpec("kvpilot_vllm_info", "info", (*SERVER, "version"), "The vLLM server's version."),
     MetricSpec("kvpilot_kv_usage_ratio", "gauge", ENGINE, "KV-cache usage, 0..1 (vLLM's figure)."),

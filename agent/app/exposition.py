@@ -88,6 +88,8 @@ class SidecarCounters:
     remediations_total: tuple[tuple[tuple[str, str], int], ...]  # (server, decision)
     breakers_open: tuple[tuple[str, bool], ...]
     remediation_in_progress: bool
+    tick_overruns_total: int = 0
+    task_failures_total: tuple[tuple[str, int], ...] = ()  # (task, failures)
 
 
 class AgentCollector(Collector):
@@ -260,6 +262,9 @@ def sidecar_families(counters: Callable[[], SidecarCounters]) -> Callable[[_Fami
         for server, is_open in c.breakers_open:
             out.add("kvpilot_remediation_circuit_open", (server,), 1.0 if is_open else 0.0)
         out.add("kvpilot_remediation_in_progress", (), 1.0 if c.remediation_in_progress else 0.0)
+        out.add("kvpilot_tick_overruns_total", (), c.tick_overruns_total)
+        for task, count in c.task_failures_total:
+            out.add("kvpilot_background_task_failures_total", (task,), count)
 
     return add
 

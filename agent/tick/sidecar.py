@@ -97,6 +97,7 @@ class Sidecar:
         self._pids: dict[str, frozenset[int]] = {}
         self._delivering: asyncio.Task[None] | None = None
         self.tasks = GuardedTasks()
+        self._counters: SidecarCounters | None = None
         self.overruns = TickOverruns(config.interval_s, clock)
         self._latest_nvml: NvmlSnapshot | SourceError | None = None
         self._last_retention_s: float | None = None
@@ -158,6 +159,7 @@ class Sidecar:
         self._refresh_tuning(instances, now_s)
         self.ticks_total += 1
         self.last_tick_at_s = now_s
+        self._counters = self._count()
         return transitions
 
     def clock(self) -> float:
@@ -299,6 +301,13 @@ class Sidecar:
         ]
 
     def counters(self) -> SidecarCounters:
+        """The sidecar's own figures as the last tick left them (a scrape reads no database
+        and no /proc)."""
+        if self._counters is None:
+            self._counters = self._count()
+        return self._counters
+
+    def _count(self) -> SidecarCounters:
         by_state: Counter[tuple[str, str, str]] = Counter()
         for alert in self.tracker.alerts():
             labels = dict(alert.labels)
@@ -316,6 +325,8 @@ class Sidecar:
             remediations_total=tuple(sorted(self._remediations.items())),
             breakers_open=tuple((b.instance, b.state == "open") for b in status.breakers),
             remediation_in_progress=self.remediator.in_progress(),
+            tick_overruns_total=self.overruns.total,
+            task_failures_total=tuple(sorted(self.tasks.failures.items())),
         )
 
     def tuning_families(self) -> tuple[tuning_metrics.Family, ...]:

@@ -38,7 +38,9 @@ class PagingRemediator:
         return []
 
     def status(self) -> RemediationStatus:
-        return RemediationStatus(dry_run=False, active=(), breakers=(), vetoed_instances=())
+        return RemediationStatus(
+            dry_run=False, active=(), breakers=(), vetoed_instances=(), vetoed_incidents=()
+        )
 
     def in_progress(self) -> bool:
         return False
