@@ -19,9 +19,9 @@ from kvpilot.agent.config.models import (
     NotifierConfig,
     SlackNotifierConfig,
     config_warnings,
-    launch_form,
     load_config,
 )
+from kvpilot.collectors.vllm_argv import launch_form
 
 
 def json_schema() -> dict[str, Any]:

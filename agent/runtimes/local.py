@@ -35,7 +35,7 @@ from kvpilot.agent.runtimes.procfs import (
     list_processes,
     start_wall_s,
 )
-from kvpilot.agent.runtimes.vllm_argv import ServerArgs, parse_server_argv, redacted
+from kvpilot.collectors.vllm_argv import ServerArgs, parse_server_argv, redacted
 from kvpilot.rig.server import KVPOOL_PORT_ENV, live_group_members
 
 LOG_TAIL_CHARS = 4000

@@ -35,7 +35,7 @@ from kvpilot.agent.runtimes.procfs import (
     signal_refs,
     start_wall_s,
 )
-from kvpilot.agent.runtimes.vllm_argv import parse_server_argv
+from kvpilot.collectors.vllm_argv import parse_server_argv
 from kvpilot.rig.server import KVPOOL_PORT_ENV
 
 

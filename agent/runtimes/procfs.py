@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpilot.agent.runtimes.vllm_argv import NotAVllmServer, launch_split, parse_server_argv
+from kvpilot.collectors.vllm_argv import NotAVllmServer, launch_split, parse_server_argv
 
 PROC = Path("/proc")
 

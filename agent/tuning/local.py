@@ -26,6 +26,7 @@ from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
 from kvpilot.agent.runtimes.procfs import find_vllm_mains, list_processes
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
+from kvpilot.collectors.vllm_argv import set_flag
 from kvpilot.collectors.vllm_metrics import VllmMetricsSource, VllmScrape
 from kvpilot.rig.loadgen import LoadReport, Workload, run_load
 from kvpilot.rig.server import live_group_members
@@ -46,22 +47,6 @@ StableRestarter = Callable[[tuple[str, ...], str, bool], Awaitable[None]]
 def yaml_hash(path: Path) -> str:
     """sha256 of the configuration file's bytes: a promotion holds while it is unchanged."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def with_port(argv: Sequence[str], port: int) -> tuple[str, ...]:
-    """The argv with its --port set to `port`."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg == "--port":
-            skip = True
-            continue
-        if arg.startswith("--port="):
-            continue
-        out.append(arg)
-    return (*out, "--port", str(port))
 
 
 def live_stable_argv(
@@ -126,7 +111,7 @@ class LocalTunerAdapter:
     async def start_canary(self, argv: Sequence[str], *, ready_timeout_s: float) -> str:
         # The stable's environment (offline mode, thread binding), never its plugin port.
         spec = LocalInstanceSpec(
-            CANARY_NAME, with_port(argv, self._canary_port), "canary", self._canary_env,
+            CANARY_NAME, set_flag(argv, "--port", self._canary_port), "canary", self._canary_env,
             cpus=self._canary_cpus,
         )  # fmt: skip
         self._canary = LocalRuntime([spec], self._log_dir)
@@ -411,6 +396,5 @@ __all__ = [
     "recover_at_startup",
     "samples",
     "tuning_view",
-    "with_port",
     "yaml_hash",
 ]

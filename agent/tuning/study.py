@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvpilot.agent.cli.plan_cmd import gpu_from_nvml
-from kvpilot.agent.config.models import AgentConfig, InstanceConfig, LocalRuntimeConfig, flag_value
+from kvpilot.agent.config.models import AgentConfig, InstanceConfig, LocalRuntimeConfig
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes.local import LocalInstanceSpec
-from kvpilot.agent.runtimes.vllm_argv import parse_server_argv
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.local import LoadObserver, LocalTunerAdapter
+from kvpilot.collectors.vllm_argv import flag_value, parse_server_argv, without_flags
 from kvpilot.rig.loadgen import LengthDist, Workload
 from kvpilot.tuner.constraints import (
     batched_tokens_constraint,
@@ -127,22 +127,11 @@ def build_study(config: AgentConfig, tuning: TuningConfig, gpu: GpuMemory | None
     )  # fmt: skip
 
 
-def _fixed_args(argv: tuple[str, ...], space: SearchSpace) -> list[str]:
+def _fixed_args(argv: tuple[str, ...], space: SearchSpace) -> tuple[str, ...]:
     """The argv without the searched flags and the port: what the study holds fixed."""
-    valued = {k.flag for k in space.knobs if k.kind is not KnobKind.FLAG} | {"--port"}
-    bare = {
-        f for k in space.knobs if k.kind is KnobKind.FLAG for f in (k.flag, "--no-" + k.flag[2:])
-    }
-    fixed: list[str] = []
-    skip_value = False
-    for arg in argv:
-        if skip_value:
-            skip_value = False
-        elif arg in valued:
-            skip_value = True  # `--flag value`: the value goes too
-        elif arg not in bare and arg.split("=", 1)[0] not in valued:
-            fixed.append(arg)
-    return fixed
+    valued = [k.flag for k in space.knobs if k.kind is not KnobKind.FLAG]
+    bare = [k.flag for k in space.knobs if k.kind is KnobKind.FLAG]
+    return without_flags(argv, [*valued, "--port"], bare)
 
 
 def _bounds(argv: tuple[str, ...], tuning: TuningConfig, gpu: GpuMemory | None) -> FeasibleBounds:
