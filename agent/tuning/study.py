@@ -3,19 +3,18 @@ and the session that runs it. Shared by `kvpilot tune` and the agent's scheduled
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpilot.agent.cli.plan_cmd import gpu_from_nvml
 from kvpilot.agent.config.models import AgentConfig, InstanceConfig, LocalRuntimeConfig
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes.local import LocalInstanceSpec
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.local import LoadObserver, LocalTunerAdapter
+from kvpilot.collectors.nvml import gpu_from_nvml
 from kvpilot.collectors.vllm_argv import flag_value, parse_server_argv, without_flags
 from kvpilot.rig.loadgen import LengthDist, Workload
 from kvpilot.tuner.constraints import (
@@ -78,16 +77,9 @@ def stable_instance(config: AgentConfig) -> InstanceConfig:
 
 
 def read_gpu() -> GpuMemory | None:
-    """The first GPU's memory from NVML, or None where there is none (the CPU build)."""
-    # One read, not a collector's loop: its "NVML unavailable, retrying" warning would
-    # mislead here, and no GPU simply means the KV-budget knob.
-    nvml_log = logging.getLogger("kvpilot.collectors.nvml")
-    level = nvml_log.level
-    nvml_log.setLevel(logging.ERROR)
-    try:
-        found = gpu_from_nvml(0)
-    finally:
-        nvml_log.setLevel(level)
+    """The first GPU's memory from NVML, or None where there is none (the CPU build, where
+    no GPU simply means the KV-budget knob)."""
+    found = gpu_from_nvml(0)
     return None if isinstance(found, str) else GpuMemory(*found)
 
 
