@@ -189,7 +189,7 @@ def _run_sidecar(path: Path) -> None:
 
     from kvpilot.agent.app.compose import run_sidecar
     from kvpilot.agent.config.models import ConfigError, load_config, secret_values
-    from kvpilot.agent.tuning.local import yaml_hash
+    from kvpilot.agent.tuning.promoted import yaml_hash
 
     configure_logging(json_logs=True)
     try:

@@ -36,6 +36,7 @@ from kvpilot.agent.tick.calibration import model_config_of
 from kvpilot.agent.tick.snapshot import NvmlReading
 from kvpilot.agent.tick.ticker import Ticker
 from kvpilot.agent.tick.wiring import CollectSettings, build_ticker
+from kvpilot.agent.tuning.promoted import running_flags_source
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import NvmlSnapshot
 from kvpilot.collectors.nvml import NvmlCollector
@@ -300,14 +301,15 @@ class Sidecar:
     def tuning_families(self) -> tuple[tuning_metrics.Family, ...]:
         """Trials from the tuner's store and each stable server's live flags."""
         trials = SqliteTrialStore(self.store.db).trials()
-        configured = {i.name: tuple(i.argv) for i in getattr(self.config.runtime, "instances", ())}
         live = [
             tuning_metrics.LiveFlags(
                 server=instance.name,
                 flags=" ".join(instance.argv or ()),
-                source=tuning_metrics.FlagSource.CONFIGURED
-                if tuple(instance.argv or ()) == configured.get(instance.name, instance.argv)
-                else tuning_metrics.FlagSource.PROMOTED,
+                source=tuning_metrics.FlagSource(
+                    running_flags_source(
+                        self.config, self.store, instance.name, instance.argv or ()
+                    )
+                ),
             )
             for instance in self.runtime.instances()
             if instance.role == "stable"

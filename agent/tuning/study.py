@@ -13,7 +13,9 @@ from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes.local import LocalInstanceSpec
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
-from kvpilot.agent.tuning.local import LoadObserver, LocalTunerAdapter
+from kvpilot.agent.tuning.local import LocalTunerAdapter
+from kvpilot.agent.tuning.observer import LoadObserver
+from kvpilot.agent.tuning.promoted import tuned_instance
 from kvpilot.collectors.nvml import gpu_from_nvml
 from kvpilot.collectors.vllm_argv import flag_value, parse_server_argv, without_flags
 from kvpilot.rig.loadgen import LengthDist, Workload
@@ -66,11 +68,10 @@ class Study:
 
 
 def stable_instance(config: AgentConfig) -> InstanceConfig:
-    """The configuration's first stable instance on the local runtime."""
-    runtime = config.runtime
-    if not isinstance(runtime, LocalRuntimeConfig):
+    """The instance tuning is for: the configuration's first stable one on the local runtime."""
+    if not isinstance(config.runtime, LocalRuntimeConfig):
         raise StudyError("tuning needs the local runtime")
-    inst = next((i for i in runtime.instances if i.role == "stable"), None)
+    inst = tuned_instance(config)
     if inst is None:
         raise StudyError("no stable instance in the configuration")
     return inst
