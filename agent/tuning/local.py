@@ -1,21 +1,27 @@
 """The tuner's runtime over the local runtime: the canary is a second local instance, the
 stable instance restarts through the runtime (or the agent's remediator), and a promotion is
 recorded for the next start (`promoted.py` decides what runs).
+
+The canary carries an id in its environment, recorded in the state database before it
+starts: a later kvpilot stops the canary an earlier one left behind by that id, and never
+another process, whatever its command line or port.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
-from kvpilot.agent.runtimes.procfs import find_vllm_mains, list_processes
+from kvpilot.agent.runtimes.procfs import find_vllm_mains, list_processes, read_environ
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.store import StateStore
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
@@ -25,7 +31,11 @@ from kvpilot.rig.server import live_group_members
 from kvpilot.tuner.ports import CandidateStartFailed, RestartRefused
 from kvpilot.tuner.rollout import Recovered, recover
 
+log = logging.getLogger(__name__)
+
 CANARY_NAME = "canary"
+CANARY_FACT = "tuning.canary"  # {"id": ..., "port": ...}: the canary this kvpilot started
+CANARY_ID_ENV = "KVPILOT_CANARY_ID"
 _START_HEADER = "===== kvpilot: start #"
 
 # Restarts the stable instance with (argv, reason, restore); raises RestartRefused when its
@@ -82,10 +92,15 @@ class LocalTunerAdapter:
         return f"http://127.0.0.1:{self._canary_port}"
 
     async def start_canary(self, argv: Sequence[str], *, ready_timeout_s: float) -> str:
+        await self._stop_left_canary()
+        # Recorded before it starts: a kvpilot that dies while it starts leaves it findable.
+        canary_id = uuid.uuid4().hex
+        fact = {"id": canary_id, "port": self._canary_port}
+        self._store.set_fact(CANARY_FACT, fact, self._wall())
         # The stable's environment (offline mode, thread binding), never its plugin port.
         spec = LocalInstanceSpec(
-            CANARY_NAME, set_flag(argv, "--port", self._canary_port), "canary", self._canary_env,
-            cpus=self._canary_cpus,
+            CANARY_NAME, set_flag(argv, "--port", self._canary_port), "canary",
+            (*self._canary_env, (CANARY_ID_ENV, canary_id)), cpus=self._canary_cpus,
         )  # fmt: skip
         self._canary = LocalRuntime([spec], self._log_dir)
         try:
@@ -100,7 +115,21 @@ class LocalTunerAdapter:
         if self._canary is not None:
             await self._canary.stop(CANARY_NAME, drain_timeout_s=self._drain_s)
             self._canary = None
-        await kill_servers_on_port(self._canary_port)  # one a dead kvpilot left behind
+        await self._stop_left_canary()
+        for other in find_vllm_mains(list_processes(), port=self._canary_port):
+            log.warning(
+                "a vLLM server kvpilot did not start (PID %d) is on the canary port %d: "
+                "left alone", other.pid, self._canary_port,
+            )  # fmt: skip
+
+    async def _stop_left_canary(self) -> None:
+        """The canary a kvpilot that died left running, by the id it recorded."""
+        left = self._store.get_fact(CANARY_FACT)
+        if left is not None:
+            killed = await kill_own_canary(str(left["id"]))
+            if killed:
+                log.warning("stopped the canary an earlier kvpilot left running: PID %s", killed)
+            self._store.delete_fact(CANARY_FACT)
 
     async def set_stable(
         self, argv: Sequence[str], *, reason: str, ready_timeout_s: float, restore: bool = False
@@ -135,14 +164,22 @@ class LocalTunerAdapter:
         return self._remediating()
 
 
-async def kill_servers_on_port(port: int, deadline_s: float = 30.0) -> list[int]:
-    """SIGKILL the process group of every vLLM server listening on `port`; returns the PIDs."""
+async def kill_own_canary(canary_id: str, deadline_s: float = 30.0) -> list[int]:
+    """SIGKILL the process group of the canary started with `canary_id` in its environment, and
+    of nothing else; returns the PIDs killed. A canary leads its own process group (the
+    runtime starts each server in its own session); a process of another user, whose
+    environment cannot be read, is never this kvpilot's."""
     killed = []
-    for info in find_vllm_mains(list_processes(), port=port):
+    loop = asyncio.get_running_loop()
+    for info in find_vllm_mains(list_processes()):
+        if info.pgid != info.pid:
+            continue
+        env = read_environ(info.pid)
+        if env is None or env.get(CANARY_ID_ENV) != canary_id:
+            continue
         with contextlib.suppress(ProcessLookupError):
             os.killpg(info.pgid, signal.SIGKILL)
         killed.append(info.pid)
-        loop = asyncio.get_running_loop()
         end = loop.time() + deadline_s
         # Polls /proc: nothing signals the end of a process group that is not our child.
         while live_group_members(info.pgid) and loop.time() < end:  # noqa: ASYNC110
