@@ -70,16 +70,17 @@ def _launch(argv: Sequence[str]) -> tuple[LaunchForm, int] | None:
     i = 1
     while i < len(argv):
         arg = argv[i]
-        if arg == "-m" or (arg.startswith("-m") and not arg.startswith("--")):
-            module, rest = (argv[i + 1] if i + 1 < len(argv) else "", i + 2)
-            if arg != "-m":
+        if arg.startswith("-m"):
+            if arg == "-m":
+                module, rest = (argv[i + 1] if i + 1 < len(argv) else ""), i + 2
+            else:
                 module, rest = arg[2:], i + 1  # `-mvllm.entrypoints...`
             if module in SERVER_MODULES:
                 return "module", rest
             if module == CLI_MODULE and argv[rest : rest + 1] == ["serve"]:
                 return "vllm-serve", rest + 1
             return None
-        if arg in ("-c", "-") or arg.startswith("-c"):
+        if arg == "-" or arg.startswith("-c"):
             return None  # a program given inline or on stdin
         if not arg.startswith("-"):  # a script: `python .../bin/vllm serve ...`
             if _is_vllm_script(arg) and argv[i + 1 : i + 2] == ["serve"]:
