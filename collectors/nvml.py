@@ -101,12 +101,14 @@ class NvmlCollector:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         retry_after_s: float = 300.0,
+        warn_unavailable: bool = True,
     ) -> None:
         self._server_pids = server_pids
         self._pid_mapper = pid_mapper if pid_mapper is not None else PidMapper()
         self._clock = clock
         self._wall_clock = wall_clock
         self._retry_after_s = retry_after_s
+        self._warn_unavailable = warn_unavailable  # False: the caller reports the SourceError
         self._initialized = False
         self._unavailable: SourceError | None = None
         self._retry_at_s = 0.0
@@ -167,7 +169,8 @@ class NvmlCollector:
 
     def _mark_unavailable(self, why: str, now_s: float) -> SourceError:
         message = f"NVML disabled, because {why}"
-        if self._unavailable is None or self._unavailable.message != message:
+        changed = self._unavailable is None or self._unavailable.message != message
+        if changed and self._warn_unavailable:
             log.warning("%s; retrying every %.0f s", message, self._retry_after_s)
         self._unavailable = SourceError(SOURCE, "unavailable", message)
         self._retry_at_s = now_s + self._retry_after_s
@@ -358,6 +361,24 @@ class NvmlCollector:
 
     def _count(self, what: str, reason: str) -> None:
         self._errors[f"{what}:{reason}"] += 1
+
+
+def gpu_from_nvml(index: int) -> tuple[int, int, str] | str:
+    """(total, free, name) of one GPU in one read, or why NVML could not say. A one-off
+    read logs no "retrying" warning: it never retries, and its caller reports the reason."""
+    collector = NvmlCollector(warn_unavailable=False)
+    try:
+        snapshot = collector.collect()
+    finally:
+        collector.close()
+    if isinstance(snapshot, SourceError):
+        return snapshot.message
+    if index >= len(snapshot.gpus):
+        return f"NVML sees {len(snapshot.gpus)} GPU(s); there is no GPU {index}"
+    gpu = snapshot.gpus[index]
+    if gpu.total_bytes is None or gpu.free_bytes is None:
+        return f"GPU {index} memory unreadable: {'; '.join(gpu.errors) or 'no reason given'}"
+    return gpu.total_bytes, gpu.free_bytes, gpu.name or ""
 
 
 def _process(item: Any, view: ProcView, server_pids: frozenset[int]) -> GpuProcess:

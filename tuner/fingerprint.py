@@ -11,28 +11,10 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 
+from kvpilot.collectors.vllm_argv import canonical_flags, flag_name
 from kvpilot.tuner.objective import Slo
 
 FINGERPRINT_CHARS = 16
-
-
-def canonical_flags(argv: Sequence[str]) -> list[list[str]]:
-    """Flags as sorted [flag, value] pairs; `--a=b` and `--a b` are the same flag."""
-    pairs: list[list[str]] = []
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        if token.startswith("--") and "=" in token:
-            name, value = token.split("=", 1)
-            pairs.append([name.replace("_", "-"), value])
-        elif token.startswith("--"):
-            has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
-            pairs.append([token.replace("_", "-"), argv[i + 1] if has_value else ""])
-            i += int(has_value)
-        else:
-            pairs.append(["", token])  # a positional argument keeps its text
-        i += 1
-    return sorted(pairs)
 
 
 def digest(payload: object) -> str:
@@ -47,10 +29,12 @@ def fingerprint(
     workload_hash: str,
     slo: Slo,
 ) -> str:
-    """The fingerprint of a tuning study."""
+    """The fingerprint of a tuning study: `fixed_flags` as a command line (read by
+    `canonical_flags`: any launch form, spelling or order of one server is one study) or as
+    a mapping of flag names to values."""
     if isinstance(fixed_flags, Mapping):
         flags = sorted(
-            ["--" + k.lstrip("-").replace("_", "-"), str(v)] for k, v in fixed_flags.items()
+            [flag_name("--" + k.lstrip("-")) or k, str(v)] for k, v in fixed_flags.items()
         )
     else:
         flags = canonical_flags(fixed_flags)

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from kvpilot.collectors.vllm_argv import without_flags
 from kvpilot.tuner.objective import Slo, TrialResult, best_index
 from kvpilot.tuner.ports import Observer, RolloutJournal, TunerRuntime
 from kvpilot.tuner.rollout import Phase, Rollout, RolloutOutcome, RolloutSettings, Strategy
@@ -50,28 +51,10 @@ class SessionSummary:
 def candidate_argv(
     base: Sequence[str], space: SearchSpace, candidate: Candidate
 ) -> tuple[str, ...]:
-    """`base` with each knob's flag (`--x v` or `--x=v`) set to the candidate's value."""
-    drop_bare: set[str] = set()
-    drop_valued: set[str] = set()
-    for knob in space.knobs:
-        if knob.kind is KnobKind.FLAG:
-            drop_bare |= {knob.flag, "--no-" + knob.flag[2:]}
-        else:
-            drop_valued.add(knob.flag)
-    out: list[str] = []
-    skip = False
-    for token in base:
-        if skip:
-            skip = False
-            continue
-        name = token.split("=", 1)[0].replace("_", "-") if token.startswith("--") else None
-        if name in drop_bare:
-            continue
-        if name in drop_valued:
-            skip = "=" not in token
-            continue
-        out.append(token)
-    return (*out, *space.argv(candidate))
+    """`base` with each knob's flag (in any spelling) replaced by the candidate's value."""
+    valued = [k.flag for k in space.knobs if k.kind is not KnobKind.FLAG]
+    bare = [k.flag for k in space.knobs if k.kind is KnobKind.FLAG]
+    return (*without_flags(base, valued, bare), *space.argv(candidate))
 
 
 def best_goodput(store: TrialStore, fingerprint: str, slo: Slo) -> float | None:

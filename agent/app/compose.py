@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,9 +24,15 @@ from kvpilot.agent.remediation.preflight import MemoryPreflight
 from kvpilot.agent.runtimes import LocalRuntime, Runtime, RuntimeFailure
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.tick.sidecar import Sidecar
-from kvpilot.agent.tuning.local import PROMOTED_FACT, live_stable_argv
+from kvpilot.agent.tuning.promoted import (
+    PROMOTED_FACT,
+    Why,
+    live_argv,
+    record_running_config,
+    tuned_instance,
+)
 from kvpilot.agent.tuning.schedule import ScheduledTuning, scheduled_tuning
-from kvpilot.agent.tuning.study import StudyError, stable_instance
+from kvpilot.agent.tuning.study import StudyError
 from kvpilot.collectors.nvml import NvmlCollector
 
 log = logging.getLogger(__name__)
@@ -148,16 +155,17 @@ async def run_sidecar(
 def promoted_argv(
     config: AgentConfig, store: StateStore, config_sha256: str | None
 ) -> dict[str, tuple[str, ...]]:
-    """The stable instance's promoted flags, while the YAML they were promoted under holds."""
-    if config_sha256 is None or not isinstance(config.runtime, LocalRuntimeConfig):
+    """The tuned instance's live flags: the tuner's promoted ones while the YAML they were
+    promoted under holds. Notes the YAML's hash, under which the live-flags metric labels
+    what runs."""
+    record_running_config(store, config_sha256, time.time())
+    inst = tuned_instance(config)
+    if inst is None:
         return {}
-    promoted = store.get_fact(PROMOTED_FACT)
-    if promoted is None:
-        return {}
-    inst = stable_instance(config)
-    argv, why = live_stable_argv(tuple(inst.argv), promoted, config_sha256)
-    log.info("instance %s runs its %s flags", inst.name, why)
-    return {inst.name: argv}
+    live = live_argv(inst.argv, store.get_fact(PROMOTED_FACT), config_sha256)
+    if live.why is not Why.CONFIGURED:
+        log.info("instance %s runs its %s flags", inst.name, live.describe())
+    return {inst.name: live.argv}
 
 
 def _all_pids(runtime: Runtime) -> frozenset[int]:

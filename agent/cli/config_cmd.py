@@ -18,8 +18,8 @@ from kvpilot.agent.config.models import (
     NotifierConfig,
     SlackNotifierConfig,
     config_warnings,
-    launch_form,
 )
+from kvpilot.collectors.vllm_argv import launch_form
 
 
 def json_schema() -> dict[str, Any]:

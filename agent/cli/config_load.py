@@ -19,7 +19,7 @@ import typer
 from kvpilot.agent.config.models import AgentConfig, ConfigError, load_config, validate_config
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.migrations import SchemaTooNewError
-from kvpilot.agent.tuning.local import yaml_hash
+from kvpilot.agent.tuning.promoted import yaml_hash
 
 INVALID_CONFIG_EXIT = 2
 

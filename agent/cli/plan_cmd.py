@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from kvpilot.collectors.nvml import gpu_from_nvml
 from kvpilot.tuner.planner import ConfigError, PlanError, PlanInputs, make_plan
 from kvpilot.tuner.planner.render import plan_to_json, print_plan
 
@@ -38,26 +39,6 @@ def parse_size(text: str) -> int:
     if match is None or unit not in _UNITS:
         raise typer.BadParameter(f"{text!r} is not a size (e.g. 80GiB, 80GB, 85899345920)")
     return int(float(match.group(1)) * _UNITS[unit])
-
-
-def gpu_from_nvml(index: int) -> tuple[int, int, str] | str:
-    """(total, free, name) of one GPU, or why NVML could not say."""
-    from kvpilot.collectors.errors import SourceError
-    from kvpilot.collectors.nvml import NvmlCollector
-
-    collector = NvmlCollector()
-    try:
-        snapshot = collector.collect()
-    finally:
-        collector.close()
-    if isinstance(snapshot, SourceError):
-        return snapshot.message
-    if index >= len(snapshot.gpus):
-        return f"NVML sees {len(snapshot.gpus)} GPU(s); there is no GPU {index}"
-    gpu = snapshot.gpus[index]
-    if gpu.total_bytes is None or gpu.free_bytes is None:
-        return f"GPU {index} memory unreadable: {'; '.join(gpu.errors) or 'no reason given'}"
-    return gpu.total_bytes, gpu.free_bytes, gpu.name or ""
 
 
 def plan_command(

@@ -16,7 +16,7 @@ from kvpilot.agent.tick.snapshot import Snapshot
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import NvmlSnapshot
 from kvpilot.collectors.kvpool.client import KvBlockSample, KvPoolScrape
-from kvpilot.collectors.vllm_metrics import EngineSample, VllmScrape
+from kvpilot.collectors.vllm_metrics import VllmScrape
 
 _HISTOGRAM_FIELDS = ("ttft", "inter_token_latency", "e2e_latency", "queue_time")
 
@@ -240,7 +240,3 @@ def _latency(figures: tuple[EngineFigures, ...]) -> RenderableType:
             _fmt(_pct(f.prefix_cache_hit_ratio), "%", 1),
         )
     return Group(table, rates)
-
-
-def engine_samples(snapshot: Snapshot) -> tuple[EngineSample, ...]:
-    return snapshot.vllm.engines if isinstance(snapshot.vllm, VllmScrape) else ()

@@ -8,7 +8,6 @@ recovered (its canary stopped, the stable flags kept or restored, the trial abor
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -17,18 +16,13 @@ from rich.console import Console
 from rich.live import Live
 
 from kvpilot.agent.cli.config_load import load_or_exit, open_state_or_exit
-from kvpilot.agent.config.models import AgentConfig, LocalRuntimeConfig
+from kvpilot.agent.config.models import AgentConfig
 from kvpilot.agent.config.tuning import TuningConfig
-from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
 from kvpilot.agent.state.db import Database
-from kvpilot.agent.state.store import StateStore
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
-from kvpilot.agent.tuning.local import (
-    PROMOTED_FACT,
-    LocalTunerAdapter,
-    live_stable_argv,
-    recover_at_startup,
-)
+from kvpilot.agent.tuning.factory import local_adapter, stable_runtime
+from kvpilot.agent.tuning.local import recover_at_startup
+from kvpilot.agent.tuning.promoted import tuned_instance
 from kvpilot.agent.tuning.study import Study, StudyError, build_study, make_session, read_gpu
 from kvpilot.tuner.render import trials_table
 from kvpilot.tuner.report import write_report
@@ -134,21 +128,12 @@ def _cpu_list(text: str) -> tuple[int, ...]:
 async def _run(
     cfg: AgentConfig, config_sha256: str, study: Study, db: Database, console: Console
 ) -> None:
-    promoted = StateStore(db).get_fact(PROMOTED_FACT)
-    argv, why = live_stable_argv(study.configured_argv, promoted, config_sha256)
-    log_dir = cfg.state_dir / "logs"
-    runtime = LocalRuntime([dataclasses.replace(study.stable, argv=argv)], log_dir)
-    runtime.adopt_orphans()
-    adapter = LocalTunerAdapter(
-        runtime, stable_name=study.stable.name, canary_port=study.tuning.canary_port,
-        log_dir=log_dir, db=db, configured_argv=study.configured_argv,
-        config_sha256=config_sha256, canary_env=study.stable.env,
-        canary_cpus=study.tuning.canary_cpus,
-    )  # fmt: skip
+    runtime, flags = stable_runtime(cfg, db, config_sha256)
+    adapter = local_adapter(cfg, runtime, db, config_sha256=config_sha256, tuning=study.tuning)
     for done in await recover_at_startup(db, adapter):
         console.print(f"recovered trial {done.trial_id} (was {done.phase.value})")
     if runtime.status(study.stable.name).state != "running":
-        console.print(f"starting the stable instance ({why})")
+        console.print(f"starting the stable instance ({flags.describe()})")
         await runtime.start(study.stable.name, ready_timeout_s=study.ready_timeout_s)
     line = {"text": "starting"}
     with Live(console=console, refresh_per_second=4) as live:
@@ -209,22 +194,11 @@ def trials_command(
 
 
 def _recover_only(cfg: AgentConfig, config_sha256: str, db: Database, canary_port: int) -> None:
-    runtime_cfg = cfg.runtime
-    if not isinstance(runtime_cfg, LocalRuntimeConfig):
-        return
-    inst = next(i for i in runtime_cfg.instances if i.role == "stable")
-    promoted = StateStore(db).get_fact(PROMOTED_FACT)
-    argv, _ = live_stable_argv(tuple(inst.argv), promoted, config_sha256)
-    log_dir = cfg.state_dir / "logs"
-    env = tuple(inst.env.items())
-    runtime = LocalRuntime(
-        [LocalInstanceSpec(inst.name, argv, "stable", env, inst.kvpool_port, inst.cpus)], log_dir
-    )
-    runtime.adopt_orphans()
-    adapter = LocalTunerAdapter(
-        runtime, stable_name=inst.name, canary_port=canary_port, log_dir=log_dir, db=db,
-        configured_argv=tuple(inst.argv), config_sha256=config_sha256, canary_env=env,
-    )  # fmt: skip
+    if tuned_instance(cfg) is None:
+        return  # nothing this configuration tunes
+    runtime, _ = stable_runtime(cfg, db, config_sha256)
+    tuning = cfg.tuning.model_copy(update={"canary_port": canary_port})
+    adapter = local_adapter(cfg, runtime, db, config_sha256=config_sha256, tuning=tuning)
     asyncio.run(recover_at_startup(db, adapter))
 
 

@@ -7,7 +7,6 @@ never appear in errors, summaries or logs.
 from __future__ import annotations
 
 import ipaddress
-import itertools
 import logging
 import re
 from collections.abc import Mapping
@@ -29,14 +28,23 @@ from pydantic import (
 from kvpilot.agent.config.errors import ConfigError, env_value, format_validation_error, suggest
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.rules.config import RulesConfig
+from kvpilot.collectors.vllm_argv import (
+    CLI_MODULE,
+    NotAVllmServer,
+    ServerArgs,
+    is_vllm_server,
+    parse_server_argv,
+)
 
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "KVPILOT_"
 ENV_NESTING = "__"
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
-_MODULE_FORM = "vllm.entrypoints.openai.api_server"
-_WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}  # noqa: S104 (recognised, not bound)
+
+
+# Addresses that mean "every interface": a server may listen there, the agent never dials them.
+_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})  # noqa: S104 (recognised, not bound)
 
 
 class _Model(BaseModel):
@@ -120,51 +128,36 @@ class InstanceConfig(_Model):
     @field_validator("argv")
     @classmethod
     def _argv_starts_vllm(cls, argv: tuple[str, ...]) -> tuple[str, ...]:
-        if launch_form(argv) is None:
+        if not is_vllm_server(argv):
             raise ValueError(
-                "argv must start a vLLM server: [vllm, serve, MODEL, ...] or "
-                f"[python, -m, {_MODULE_FORM}, ...]"
+                "argv must start a vLLM server: [vllm, serve, MODEL, ...], "
+                f"[python, -m, {CLI_MODULE}, serve, MODEL, ...] or "
+                "[python, -m, vllm.entrypoints.openai.api_server, --model, MODEL, ...]"
             )
+        try:
+            parse_server_argv(argv)
+        except NotAVllmServer as exc:  # e.g. a --port no server can listen on
+            raise ValueError(str(exc)) from None
         return argv
+
+    @property
+    def server_args(self) -> ServerArgs:
+        """What the argv says about the server, read as the runtime reads it."""
+        return parse_server_argv(self.argv)
 
     @property
     def host(self) -> str:
         """The address the agent reaches the server on (loopback for a wildcard bind)."""
-        host = flag_value(self.argv, "--host") or ""
-        return "127.0.0.1" if host in _WILDCARD_HOSTS else host
+        return self.server_args.probe_host.removeprefix("[").removesuffix("]")
 
     @property
     def port(self) -> int:
         """The server's `--port` (vLLM's default, 8000, when absent)."""
-        value = flag_value(self.argv, "--port")
-        return int(value) if value is not None and value.isdigit() else 8000
+        return self.server_args.port
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-
-def launch_form(argv: tuple[str, ...] | list[str]) -> Literal["serve", "module"] | None:
-    """Which of vLLM's two launch forms `argv` is, or None for neither."""
-    program = Path(argv[0]).name if argv else ""
-    if program == "vllm" and len(argv) > 1 and argv[1] == "serve":
-        return "serve"
-    if re.fullmatch(r"python[0-9.]*", program):
-        for flag, module in itertools.pairwise(argv):
-            if flag == "-m" and module == _MODULE_FORM:
-                return "module"
-    return None
-
-
-def flag_value(argv: tuple[str, ...], flag: str) -> str | None:
-    """The value of `flag` in `argv` (`--x v` or `--x=v`), or None."""
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
+        return self.server_args.url
 
 
 class _RuntimeBase(_Model):

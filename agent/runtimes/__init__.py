@@ -16,7 +16,7 @@ from kvpilot.agent.runtimes.base import (
 )
 from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
 from kvpilot.agent.runtimes.process import ProcessRuntime, ProcessTarget, SupervisorTimeout
-from kvpilot.agent.runtimes.vllm_argv import NotAVllmServer, ServerArgs, parse_server_argv
+from kvpilot.collectors.vllm_argv import NotAVllmServer, ServerArgs, parse_server_argv
 
 __all__ = [
     "AttachRuntime",

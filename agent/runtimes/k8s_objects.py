@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvpilot.agent.runtimes.vllm_argv import launch_split
+from kvpilot.collectors.vllm_argv import launch_split
 
 ROLE_LABEL = "kvpilot.dev/role"  # as in deploy/base/deployment.yaml
 CANARY_OF_ANNOTATION = "kvpilot.dev/canary-of"

@@ -30,7 +30,6 @@ from kvpilot.agent.runtimes.base import (
 from kvpilot.agent.runtimes.drain import drain_then_kill
 from kvpilot.agent.runtimes.probe import wait_ready
 from kvpilot.agent.runtimes.processes import find_vllm_mains
-from kvpilot.agent.runtimes.vllm_argv import ServerArgs, parse_server_argv, redacted
 from kvpilot.collectors.kvpool.ports import PORT_ENV as KVPOOL_PORT_ENV
 from kvpilot.collectors.procfs import (
     ProcRef,
@@ -39,6 +38,7 @@ from kvpilot.collectors.procfs import (
     live_group_members,
     start_wall_s,
 )
+from kvpilot.collectors.vllm_argv import ServerArgs, parse_server_argv, redacted
 
 LOG_TAIL_CHARS = 4000
 

@@ -46,7 +46,6 @@ from kvpilot.agent.runtimes.base import (
 from kvpilot.agent.runtimes.drain import drain_then_kill, wait_for
 from kvpilot.agent.runtimes.probe import wait_ready
 from kvpilot.agent.runtimes.processes import find_vllm_mains
-from kvpilot.agent.runtimes.vllm_argv import NotAVllmServer, ServerArgs, parse_server_argv
 from kvpilot.collectors.kvpool.ports import PORT_ENV as KVPOOL_PORT_ENV
 from kvpilot.collectors.procfs import (
     PROC,
@@ -59,6 +58,7 @@ from kvpilot.collectors.procfs import (
     read_proc,
     start_wall_s,
 )
+from kvpilot.collectors.vllm_argv import NotAVllmServer, ServerArgs, parse_server_argv
 
 _EVERY_ADDRESS = frozenset({"", "0.0.0.0", "::"})  # noqa: S104 - matched, never bound
 

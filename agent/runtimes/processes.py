@@ -7,8 +7,8 @@ import signal
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from kvpilot.agent.runtimes.vllm_argv import NotAVllmServer, launch_split, parse_server_argv
 from kvpilot.collectors.procfs import PROC, ProcInfo, ProcRef, is_alive
+from kvpilot.collectors.vllm_argv import NotAVllmServer, launch_split, parse_server_argv
 
 
 def find_vllm_mains(procs: Mapping[int, ProcInfo], *, port: int | None = None) -> list[ProcInfo]:

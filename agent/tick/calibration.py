@@ -28,7 +28,7 @@ def model_config_of(argv: tuple[str, ...] | None) -> Path | None:
     """The served model's config.json when the server's `--model` (or `serve MODEL`) is a folder."""
     if not argv:
         return None
-    from kvpilot.agent.runtimes.vllm_argv import NotAVllmServer, parse_server_argv
+    from kvpilot.collectors.vllm_argv import NotAVllmServer, parse_server_argv
 
     try:
         model = parse_server_argv(argv).model

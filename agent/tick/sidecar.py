@@ -49,6 +49,7 @@ from kvpilot.agent.tick.tuning_figures import (
     live_flags,
 )
 from kvpilot.agent.tick.wiring import CollectSettings, build_ticker
+from kvpilot.agent.tuning.promoted import running_flags_source
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import NvmlSnapshot
 from kvpilot.collectors.nvml import NvmlCollector
@@ -335,9 +336,11 @@ class Sidecar:
         return self._tuning.current.families
 
     def _refresh_tuning(self, instances: Sequence[Instance], now_s: float) -> None:
-        runtime = self.config.runtime
-        configured = {i.name: tuple(i.argv) for i in getattr(runtime, "instances", ())}
-        self._tuning.refresh(now_s, live_flags(instances, configured))
+        self._tuning.refresh(now_s, live_flags(instances, self._flags_source))
+
+    def _flags_source(self, instance: Instance) -> tuning_metrics.FlagSource:
+        source = running_flags_source(self.config, self.store, instance.name, instance.argv or ())
+        return tuning_metrics.FlagSource(source)
 
     def latest_nvml(self) -> NvmlSnapshot | SourceError | None:
         return self._latest_nvml

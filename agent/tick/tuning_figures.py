@@ -10,7 +10,7 @@ half-built one. Until the first read succeeds the trial families are absent rath
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvpilot.agent.model import Instance
@@ -36,16 +36,12 @@ NOTHING_YET = TuningFigures(None, None, (), ())
 
 
 def live_flags(
-    instances: Sequence[Instance], configured: Mapping[str, tuple[str, ...]]
+    instances: Sequence[Instance], source_of: Callable[[Instance], tuning_metrics.FlagSource]
 ) -> tuple[tuning_metrics.LiveFlags, ...]:
-    """Each stable instance's flags, and whether they are the configured ones."""
+    """Each stable instance's flags, and whether they are the configured or promoted ones."""
     return tuple(
         tuning_metrics.LiveFlags(
-            server=instance.name,
-            flags=" ".join(instance.argv or ()),
-            source=tuning_metrics.FlagSource.CONFIGURED
-            if tuple(instance.argv or ()) == configured.get(instance.name, instance.argv)
-            else tuning_metrics.FlagSource.PROMOTED,
+            server=instance.name, flags=" ".join(instance.argv or ()), source=source_of(instance)
         )
         for instance in instances
         if instance.role == "stable"

@@ -28,7 +28,8 @@ from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.local import LocalRuntime
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.trials import SqliteTrialStore
-from kvpilot.agent.tuning.local import LocalTunerAdapter, StableRestarter, recover_at_startup
+from kvpilot.agent.tuning.factory import local_adapter
+from kvpilot.agent.tuning.local import StableRestarter, recover_at_startup
 from kvpilot.agent.tuning.study import build_study, make_session, read_gpu
 from kvpilot.tuner.ports import RestartRefused
 from kvpilot.tuner.session import TuningBlocked, dry_run
@@ -155,11 +156,9 @@ def scheduled_tuning(
     assert tuning.schedule is not None
     study = build_study(config, tuning, read_gpu())
     name = study.stable.name
-    adapter = LocalTunerAdapter(
-        runtime, stable_name=name, canary_port=tuning.canary_port,
-        log_dir=config.state_dir / "logs", db=store.db, configured_argv=study.configured_argv,
-        config_sha256=config_sha256, canary_env=study.stable.env,
-        canary_cpus=tuning.canary_cpus, remediation_in_progress=remediator.in_progress,
+    adapter = local_adapter(
+        config, runtime, store.db, config_sha256=config_sha256, tuning=tuning,
+        remediation_in_progress=remediator.in_progress,
         restart_stable=remediated_restarter(remediator, name),
     )  # fmt: skip
 

@@ -3,20 +3,21 @@ and the session that runs it. Shared by `kvpilot tune` and the agent's scheduled
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpilot.agent.cli.plan_cmd import gpu_from_nvml
-from kvpilot.agent.config.models import AgentConfig, InstanceConfig, LocalRuntimeConfig, flag_value
+from kvpilot.agent.config.models import AgentConfig, InstanceConfig, LocalRuntimeConfig
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes.local import LocalInstanceSpec
-from kvpilot.agent.runtimes.vllm_argv import parse_server_argv
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
-from kvpilot.agent.tuning.local import LoadObserver, LocalTunerAdapter
+from kvpilot.agent.tuning.local import LocalTunerAdapter
+from kvpilot.agent.tuning.observer import LoadObserver
+from kvpilot.agent.tuning.promoted import tuned_instance
+from kvpilot.collectors.nvml import gpu_from_nvml
+from kvpilot.collectors.vllm_argv import flag_value, parse_server_argv, without_flags
 from kvpilot.tuner.constraints import (
     batched_tokens_constraint,
     parse_constraint,
@@ -67,27 +68,19 @@ class Study:
 
 
 def stable_instance(config: AgentConfig) -> InstanceConfig:
-    """The configuration's first stable instance on the local runtime."""
-    runtime = config.runtime
-    if not isinstance(runtime, LocalRuntimeConfig):
+    """The instance tuning is for: the configuration's first stable one on the local runtime."""
+    if not isinstance(config.runtime, LocalRuntimeConfig):
         raise StudyError("tuning needs the local runtime")
-    inst = next((i for i in runtime.instances if i.role == "stable"), None)
+    inst = tuned_instance(config)
     if inst is None:
         raise StudyError("no stable instance in the configuration")
     return inst
 
 
 def read_gpu() -> GpuMemory | None:
-    """The first GPU's memory from NVML, or None where there is none (the CPU build)."""
-    # One read, not a collector's loop: its "NVML unavailable, retrying" warning would
-    # mislead here, and no GPU simply means the KV-budget knob.
-    nvml_log = logging.getLogger("kvpilot.collectors.nvml")
-    level = nvml_log.level
-    nvml_log.setLevel(logging.ERROR)
-    try:
-        found = gpu_from_nvml(0)
-    finally:
-        nvml_log.setLevel(level)
+    """The first GPU's memory from NVML, or None where there is none (the CPU build, where
+    no GPU simply means the KV-budget knob)."""
+    found = gpu_from_nvml(0)
     return None if isinstance(found, str) else GpuMemory(*found)
 
 
@@ -127,22 +120,11 @@ def build_study(config: AgentConfig, tuning: TuningConfig, gpu: GpuMemory | None
     )  # fmt: skip
 
 
-def _fixed_args(argv: tuple[str, ...], space: SearchSpace) -> list[str]:
+def _fixed_args(argv: tuple[str, ...], space: SearchSpace) -> tuple[str, ...]:
     """The argv without the searched flags and the port: what the study holds fixed."""
-    valued = {k.flag for k in space.knobs if k.kind is not KnobKind.FLAG} | {"--port"}
-    bare = {
-        f for k in space.knobs if k.kind is KnobKind.FLAG for f in (k.flag, "--no-" + k.flag[2:])
-    }
-    fixed: list[str] = []
-    skip_value = False
-    for arg in argv:
-        if skip_value:
-            skip_value = False
-        elif arg in valued:
-            skip_value = True  # `--flag value`: the value goes too
-        elif arg not in bare and arg.split("=", 1)[0] not in valued:
-            fixed.append(arg)
-    return fixed
+    valued = [k.flag for k in space.knobs if k.kind is not KnobKind.FLAG]
+    bare = [k.flag for k in space.knobs if k.kind is KnobKind.FLAG]
+    return without_flags(argv, [*valued, "--port"], bare)
 
 
 def _bounds(argv: tuple[str, ...], tuning: TuningConfig, gpu: GpuMemory | None) -> FeasibleBounds:

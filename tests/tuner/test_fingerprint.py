@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from kvpilot.tuner.fingerprint import canonical_flags, fingerprint
+from kvpilot.collectors.vllm_argv import canonical_flags
+from kvpilot.tuner.fingerprint import fingerprint
 from kvpilot.tuner.objective import Slo
 
 

@@ -21,13 +21,9 @@ from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
 from kvpilot.agent.runtimes.processes import find_vllm_mains
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.store import StateStore
-from kvpilot.agent.tuning.local import (
-    PROMOTED_FACT,
-    LoadObserver,
-    LocalTunerAdapter,
-    open_stores,
-    yaml_hash,
-)
+from kvpilot.agent.tuning.local import LocalTunerAdapter, open_stores
+from kvpilot.agent.tuning.observer import LoadObserver
+from kvpilot.agent.tuning.promoted import PROMOTED_FACT, yaml_hash
 from kvpilot.collectors.procfs import list_processes
 from kvpilot.rig.server import free_port
 from kvpilot.tuner.judge import Classification

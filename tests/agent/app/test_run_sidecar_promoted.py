@@ -9,7 +9,7 @@ from kvpilot.agent.app.compose import promoted_argv
 from kvpilot.agent.app.parts import build_runtime
 from kvpilot.agent.config.models import load_config
 from kvpilot.agent.state import StateStore
-from kvpilot.agent.tuning.local import PROMOTED_FACT, yaml_hash
+from kvpilot.agent.tuning.promoted import PROMOTED_FACT, yaml_hash
 from kvpilot.rig.server import free_port
 from tests.agent.sidecar_harness import agent_config, server_spec
 

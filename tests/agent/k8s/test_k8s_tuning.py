@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from kvpilot.agent.config.models import flag_value
 from kvpilot.agent.runtimes.k8s_lease import DeploymentLease, LeaseHeld, lease_name
 from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter
+from kvpilot.collectors.vllm_argv import flag_value
 from kvpilot.tuner.ports import Observation
 from kvpilot.tuner.rollout import Phase, RolloutSettings, Strategy
 from kvpilot.tuner.session import TuningSession

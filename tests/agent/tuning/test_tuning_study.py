@@ -3,16 +3,18 @@ GPU's memory (given here as NVML would report it: no GPU runs in this environmen
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 
 from kvpilot.agent.config.models import load_config
 from kvpilot.agent.config.tuning import TuningConfig
-from kvpilot.agent.tuning.study import GpuMemory, StudyError, build_study
+from kvpilot.agent.tuning.study import GpuMemory, StudyError, build_study, read_gpu
 from kvpilot.rig.server import free_port
 from kvpilot.tuner.space import KnobKind
 from tests.agent.sidecar_harness import agent_config, server_spec
+from tests.fakes.nvml import FakeGpu, FakeNvmlLibrary, installed
 
 GIB = 1 << 30
 H100 = GpuMemory(total_bytes=80 * GIB, free_bytes=60 * GIB, name="NVIDIA H100 80GB HBM3")
@@ -110,3 +112,13 @@ def test_a_model_the_planner_cannot_read_is_a_study_error(tmp_path: Path) -> Non
     config = _config(tmp_path, model_dir=tmp_path / "nowhere")
     with pytest.raises(StudyError, match=r"the planner cannot bound the search for .*nowhere"):
         build_study(config, TuningConfig())
+
+
+def test_the_gpu_is_read_once_and_quietly(caplog: pytest.LogCaptureFixture) -> None:
+    gpu = FakeGpu(uuid="GPU-0", total_bytes=80 * GIB, used_bytes=20 * GIB, reserved_bytes=0)
+    with caplog.at_level(logging.DEBUG):
+        with installed(FakeNvmlLibrary([gpu])):
+            assert read_gpu() == GpuMemory(80 * GIB, 60 * GIB, "NVIDIA H100 80GB HBM3")
+        with installed(None):  # no NVML library: the CPU build, and nothing to warn about
+            assert read_gpu() is None
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

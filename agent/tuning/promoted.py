@@ -1,0 +1,116 @@
+"""Which flags the stable instance runs, and why: the one decision between configured and
+promoted flags, used to start it (`kvpilot run`, `kvpilot tune`) and to label it
+(the live-flags metric).
+
+A promotion is stored as a fact with the hash of the YAML it was promoted under. Promoted
+flags win over the YAML's engine flags until the YAML itself changes; without a YAML to
+compare (no file), the configured flags run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+from kvpilot.agent.config.models import AgentConfig, InstanceConfig, LocalRuntimeConfig
+from kvpilot.agent.state.store import StateStore
+
+PROMOTED_FACT = "tuning.promoted"  # {"argv": [...], "yaml_sha256": ..., "reason": ...}
+# The hash of the YAML the running agent decided its flags under: {"yaml_sha256": ...}.
+RUNNING_CONFIG_FACT = "agent.config"
+
+
+def yaml_hash(path: Path) -> str:
+    """sha256 of the configuration file's bytes: a promotion holds while it is unchanged."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class Why(StrEnum):
+    """Why the live flags are what they are."""
+
+    CONFIGURED = "configured"  # nothing promoted (or no YAML to hold a promotion to)
+    PROMOTED = "promoted"  # the tuner's, under this very YAML
+    YAML_CHANGED = "yaml_changed"  # configured: the YAML changed since the last promotion
+
+
+@dataclass(frozen=True, slots=True)
+class LiveArgv:
+    """The stable instance's flags and why."""
+
+    argv: tuple[str, ...]
+    why: Why
+    promotion_reason: str | None = None  # what the tuner said when it promoted
+
+    @property
+    def source(self) -> Literal["configured", "promoted"]:
+        return "promoted" if self.why is Why.PROMOTED else "configured"
+
+    def describe(self) -> str:
+        if self.why is Why.PROMOTED:
+            return f"promoted ({self.promotion_reason or 'by the tuner'})"
+        if self.why is Why.YAML_CHANGED:
+            return "configured (the YAML changed since the last promotion)"
+        return "configured"
+
+    def source_of(self, running: Sequence[str]) -> Literal["configured", "promoted"]:
+        """Where the flags a server runs now came from: this decision's source when they
+        are its flags; flags the tuner set since (a trial under way) are not configured."""
+        return self.source if tuple(running) == self.argv else "promoted"
+
+
+def live_argv(
+    configured: Sequence[str], promoted: Mapping[str, Any] | None, config_sha256: str | None
+) -> LiveArgv:
+    """The flags to run: the promoted ones while the YAML (`config_sha256`) is the one they
+    were promoted under, else the configured ones."""
+    if promoted and config_sha256 is not None and promoted.get("yaml_sha256") == config_sha256:
+        return LiveArgv(tuple(promoted["argv"]), Why.PROMOTED, promoted.get("reason"))
+    if promoted and config_sha256 is not None:
+        return LiveArgv(tuple(configured), Why.YAML_CHANGED)
+    return LiveArgv(tuple(configured), Why.CONFIGURED)
+
+
+def tuned_instance(config: AgentConfig) -> InstanceConfig | None:
+    """The instance the tuner tunes and promotes for: the local runtime's first stable one."""
+    if not isinstance(config.runtime, LocalRuntimeConfig):
+        return None
+    return next((i for i in config.runtime.instances if i.role == "stable"), None)
+
+
+def instance_live_argv(
+    config: AgentConfig, store: StateStore, name: str, config_sha256: str | None
+) -> LiveArgv | None:
+    """Instance `name`'s flags and why (a promotion counts for the tuned instance only), or
+    None for a server whose flags kvpilot does not set (the process runtime's)."""
+    runtime = config.runtime
+    if not isinstance(runtime, LocalRuntimeConfig):
+        return None
+    inst = next((i for i in runtime.instances if i.name == name), None)
+    if inst is None:
+        return None
+    tuned = tuned_instance(config)
+    promoted = store.get_fact(PROMOTED_FACT) if tuned is not None and tuned.name == name else None
+    return live_argv(inst.argv, promoted, config_sha256)
+
+
+def record_running_config(store: StateStore, config_sha256: str | None, now_wall_s: float) -> None:
+    """Note the YAML the running agent decided its flags under (None: it has no file)."""
+    if config_sha256 is None:
+        store.delete_fact(RUNNING_CONFIG_FACT)
+    else:
+        store.set_fact(RUNNING_CONFIG_FACT, {"yaml_sha256": config_sha256}, now_wall_s)
+
+
+def running_flags_source(
+    config: AgentConfig, store: StateStore, name: str, running: Sequence[str]
+) -> Literal["configured", "promoted"]:
+    """Where the flags instance `name` runs now came from, decided under the YAML the running
+    agent noted at start-up (the live-flags metric's label)."""
+    noted = store.get_fact(RUNNING_CONFIG_FACT)
+    sha = noted.get("yaml_sha256") if isinstance(noted, Mapping) else None
+    live = instance_live_argv(config, store, name, sha)
+    return "configured" if live is None else live.source_of(running)
