@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from kvpilot.agent.config.models import AgentConfig, LocalRuntimeConfig
+from kvpilot.agent.config import AgentConfig, LocalRuntimeConfig
 from kvpilot.agent.tick.sidecar import Sidecar
 
 log = logging.getLogger(__name__)

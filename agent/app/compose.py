@@ -17,7 +17,7 @@ from kvpilot.agent.app.exposition import build_registry, sidecar_families, tunin
 from kvpilot.agent.app.http import build_app
 from kvpilot.agent.app.lifecycle import LoopSettings, serve_and_tick
 from kvpilot.agent.app.parts import build_notifiers, build_runtime
-from kvpilot.agent.config.models import AgentConfig, LocalRuntimeConfig
+from kvpilot.agent.config import AgentConfig, LocalRuntimeConfig
 from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.remediation.prefix_cache import HttpPrefixCacheReset
 from kvpilot.agent.remediation.preflight import MemoryPreflight

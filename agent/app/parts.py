@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from kvpilot.agent.config.models import (
+from kvpilot.agent.config import (
     AgentConfig,
     AlertmanagerNotifierConfig,
     AttachRuntimeConfig,

@@ -11,7 +11,7 @@ import typer
 from pydantic import BaseModel
 
 from kvpilot.agent.cli.config_load import load_or_exit
-from kvpilot.agent.config.models import (
+from kvpilot.agent.config import (
     AgentConfig,
     AttachRuntimeConfig,
     LocalRuntimeConfig,

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 import typer
 
-from kvpilot.agent.config.models import AgentConfig, ConfigError, load_config, validate_config
+from kvpilot.agent.config import AgentConfig, ConfigError, load_config, validate_config
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.migrations import SchemaTooNewError
 from kvpilot.agent.tuning.promoted import yaml_hash

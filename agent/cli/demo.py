@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from kvpilot.agent.app.compose import run_sidecar
 from kvpilot.agent.cli.live_view import LiveView
-from kvpilot.agent.config.models import validate_config
+from kvpilot.agent.config import validate_config
 from kvpilot.agent.tick.sidecar import Sidecar
 from kvpilot.agent.tick.ticker import TickState
 from kvpilot.rig.server import ServerSpec, VllmServer, free_port

@@ -196,7 +196,7 @@ def _run_sidecar(path: Path | None, data: dict[str, object] | None = None) -> No
 
     from kvpilot.agent.app.compose import run_sidecar
     from kvpilot.agent.cli.config_load import load_or_exit, validate_or_exit
-    from kvpilot.agent.config.models import secret_values
+    from kvpilot.agent.config import secret_values
 
     configure_logging(json_logs=True)
     with tempfile.TemporaryDirectory(prefix="kvpilot-state-") as scratch:

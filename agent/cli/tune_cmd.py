@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.live import Live
 
 from kvpilot.agent.cli.config_load import load_or_exit, open_state_or_exit
-from kvpilot.agent.config.models import AgentConfig
+from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore

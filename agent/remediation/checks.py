@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from kvpilot.agent.config.models import PreflightConfig
+from kvpilot.agent.config import PreflightConfig
 from kvpilot.agent.model import Instance
 from kvpilot.agent.remediation.audit import AuditTrail
 from kvpilot.agent.remediation.decision import Decision

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from kvpilot.agent.config.models import RemediationConfig
+from kvpilot.agent.config import RemediationConfig
 from kvpilot.agent.model import Instance
 from kvpilot.agent.remediation.audit import AuditTrail
 from kvpilot.agent.remediation.breaker_book import BreakerBook

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import assert_never
 
 from kvpilot.agent.alerts import AlertTransition, new_incident_id
-from kvpilot.agent.config.models import RemediationConfig
+from kvpilot.agent.config import RemediationConfig
 from kvpilot.agent.model import AlertEvent, Condition
 from kvpilot.agent.remediation.audit import AuditTrail
 from kvpilot.agent.remediation.breaker_book import BreakerBook

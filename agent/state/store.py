@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import Any, Literal, get_args
 
 from kvpilot.agent.alerts import AlertRow, Silence
-from kvpilot.agent.config.models import RetentionConfig
+from kvpilot.agent.config import RetentionConfig
 from kvpilot.agent.model import Labels
 from kvpilot.agent.remediation.decision import Decision, read_decision
 from kvpilot.agent.state.db import DEFAULT_BUSY_TIMEOUT_S, Database

@@ -28,7 +28,7 @@ import httpx
 
 from kvpilot.agent.alerts import AlertTracker, AlertTransition
 from kvpilot.agent.app.exposition import ServerView, SidecarCounters
-from kvpilot.agent.config.models import AgentConfig, NotifierConfig
+from kvpilot.agent.config import AgentConfig, NotifierConfig
 from kvpilot.agent.model import AlertEvent, Condition, Instance, Labels
 from kvpilot.agent.notify import DeliveryWorker, Notifier
 from kvpilot.agent.remediation import Remediator

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvpilot.agent.config.models import AgentConfig
+from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
 from kvpilot.agent.state.db import Database

@@ -16,7 +16,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
-from kvpilot.agent.config.models import AgentConfig, InstanceConfig, LocalRuntimeConfig
+from kvpilot.agent.config import AgentConfig, InstanceConfig, LocalRuntimeConfig
 from kvpilot.agent.state.store import StateStore
 
 PROMOTED_FACT = "tuning.promoted"  # {"argv": [...], "yaml_sha256": ..., "reason": ...}

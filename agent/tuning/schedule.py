@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 
-from kvpilot.agent.config.models import AgentConfig
+from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.remediation import Remediator, Trigger
 from kvpilot.agent.remediation.ladder import Plan
 from kvpilot.agent.runtimes.base import RuntimeFailure

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpilot.agent.config.models import AgentConfig, InstanceConfig, LocalRuntimeConfig
+from kvpilot.agent.config import AgentConfig, InstanceConfig, LocalRuntimeConfig
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes.local import LocalInstanceSpec
 from kvpilot.agent.state.db import Database

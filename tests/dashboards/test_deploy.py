@@ -12,7 +12,7 @@ import pytest
 import yaml
 from prometheus_server import PROMTOOL
 
-from kvpilot.agent.config.models import load_config
+from kvpilot.agent.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "deploy" / "base"

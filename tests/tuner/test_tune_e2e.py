@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvpilot.agent.config.models import load_config
+from kvpilot.agent.config import load_config
 from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
 from kvpilot.agent.runtimes.processes import find_vllm_mains
 from kvpilot.agent.state.db import Database

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kvpilot.agent.app.compose import promoted_argv
 from kvpilot.agent.app.parts import build_runtime
-from kvpilot.agent.config.models import load_config
+from kvpilot.agent.config import load_config
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.tuning.promoted import PROMOTED_FACT, yaml_hash
 from kvpilot.rig.server import free_port

@@ -12,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from kvpilot.agent.cli.main import app
-from kvpilot.agent.config.models import ConfigError, load_config
+from kvpilot.agent.config import ConfigError, load_config
 from kvpilot.rig.server import free_port
 from tests.agent.sidecar_harness import agent_config, server_spec
 

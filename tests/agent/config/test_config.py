@@ -14,14 +14,17 @@ import yaml
 from typer.testing import CliRunner
 
 from kvpilot.agent.cli import config_cmd as config_cli
-from kvpilot.agent.config import models as config_module
-from kvpilot.agent.config.models import (
+from kvpilot.agent.config import (
     AgentConfig,
     ConfigError,
     InstanceConfig,
     LocalRuntimeConfig,
     ProcessRuntimeConfig,
+    agent,
     load_config,
+    notifiers,
+    remediation,
+    runtime,
 )
 from kvpilot.agent.rules.config import RulesConfig
 from kvpilot.collectors.vllm_argv import launch_form
@@ -84,9 +87,10 @@ def test_every_field_is_described() -> None:
             if not field.description:
                 missing.append(f"{model.__name__}.{name}")
 
-    for value in vars(config_module).values():
-        if isinstance(value, type) and issubclass(value, pydantic.BaseModel):
-            visit(value)
+    for module in (agent, notifiers, remediation, runtime):
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, pydantic.BaseModel):
+                visit(value)
     assert missing == []
 
 
@@ -358,7 +362,7 @@ def test_config_check_applies_environment(tmp_path: Path) -> None:
 
 def test_light_step_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = write(tmp_path, minimal(remediation={"light_step_reset_prefix_cache": True}))
-    with caplog.at_level(logging.WARNING, logger="kvpilot.agent.config.models"):
+    with caplog.at_level(logging.WARNING, logger="kvpilot.agent.config"):
         load_config(path)
     assert any("unauthenticated" in r.getMessage() for r in caplog.records)
     result = run_cli("config", "check", str(path), "--no-env")

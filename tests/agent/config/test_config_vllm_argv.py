@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from kvpilot.agent.cli.main import app
-from kvpilot.agent.config.models import InstanceConfig
+from kvpilot.agent.config import InstanceConfig
 from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
 from kvpilot.collectors.vllm_argv import parse_server_argv
 from kvpilot.tuner.fingerprint import fingerprint

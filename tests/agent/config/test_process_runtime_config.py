@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from kvpilot.agent.app.parts import build_runtime
-from kvpilot.agent.config.models import ConfigError, ProcessRuntimeConfig, load_config
+from kvpilot.agent.config import ConfigError, ProcessRuntimeConfig, load_config
 
 
 def _load(tmp_path: Path, **runtime: Any) -> ProcessRuntimeConfig:

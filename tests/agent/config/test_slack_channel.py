@@ -12,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from kvpilot.agent.cli.main import app
-from kvpilot.agent.config.models import ConfigError, SlackNotifierConfig, load_config
+from kvpilot.agent.config import ConfigError, SlackNotifierConfig, load_config
 
 REPO = Path(__file__).resolve().parents[3]
 HOOK = "https://hooks.slack.com/services/T0/B0/secret-path-9d1f"

@@ -17,7 +17,7 @@ import yaml
 
 from kvpilot.agent.app.parts import build_notifiers
 from kvpilot.agent.cli.config_cmd import summary
-from kvpilot.agent.config.models import AgentConfig, ConfigError, load_config
+from kvpilot.agent.config import AgentConfig, ConfigError, load_config
 from kvpilot.agent.notify import DeliveryError, Notifier
 from tests.agent.notify.notify_helpers import make_event
 from tests.agent.notify.notify_receiver import Receiver

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvpilot.agent.alerts import AlertTracker, AlertTransition
-from kvpilot.agent.config.models import RemediationConfig
+from kvpilot.agent.config import RemediationConfig
 from kvpilot.agent.model import Condition, Instance, labels_of
 from kvpilot.agent.remediation import (
     LightStepResult,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvpilot.agent.config.models import CircuitBreakerConfig
+from kvpilot.agent.config import CircuitBreakerConfig
 from kvpilot.agent.remediation import CircuitBreaker, Cooldown, RestartBudget, WatchWindows
 
 

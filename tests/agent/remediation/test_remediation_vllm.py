@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvpilot.agent.config.models import RemediationConfig
+from kvpilot.agent.config import RemediationConfig
 from kvpilot.agent.remediation import (
     MemoryPreflight,
     Remediator,

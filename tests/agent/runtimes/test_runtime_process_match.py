@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from kvpilot.agent.app.parts import build_runtime
-from kvpilot.agent.config.models import AgentConfig
+from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.runtimes import Runtime, RuntimeFailure
 from kvpilot.agent.runtimes import process as process_module
 from kvpilot.collectors.procfs import ProcRef, is_alive, list_processes, read_proc

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvpilot.agent.alerts import AlertRow, Silence
-from kvpilot.agent.config.models import RetentionConfig
+from kvpilot.agent.config import RetentionConfig
 from kvpilot.agent.model import AlertEvent, labels_of
 from kvpilot.agent.state import StateStore
 from tests.agent.notify.notify_helpers import make_event

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from kvpilot.agent.config.models import validate_config
+from kvpilot.agent.config import validate_config
 from kvpilot.agent.model import AlertEvent
 from kvpilot.agent.remediation.events import CIRCUIT_OPEN_ALERT, circuit_open_event, resolved
 from kvpilot.agent.remediation.remediator import RemediationStatus

@@ -18,7 +18,7 @@ import pytest
 
 from kvpilot.agent.app.exposition import build_registry, sidecar_families, tuning_families
 from kvpilot.agent.app.http import build_app
-from kvpilot.agent.config.models import AgentConfig
+from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.model import Instance
 from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.runtimes.base import InstanceStatus

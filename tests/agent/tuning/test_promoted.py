@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from kvpilot.agent.app.compose import promoted_argv
-from kvpilot.agent.config.models import AgentConfig, load_config
+from kvpilot.agent.config import AgentConfig, load_config
 from kvpilot.agent.runtimes.local import LocalRuntime
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.tuning.factory import local_adapter, stable_runtime

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpilot.agent.config.models import load_config
+from kvpilot.agent.config import load_config
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.tuning.study import GpuMemory, StudyError, build_study, read_gpu
 from kvpilot.rig.server import free_port

@@ -1,0 +1,157 @@
+"""The whole configuration (`kvpilot run --config FILE`) and its top-level sections."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    Field,
+    SecretStr,
+    model_validator,
+)
+
+from kvpilot.agent.config.base import (
+    Model,
+    Port,
+    require_unique,
+)
+from kvpilot.agent.config.errors import ConfigError
+from kvpilot.agent.config.notifiers import NotifierConfig
+from kvpilot.agent.config.remediation import RemediationConfig
+from kvpilot.agent.config.runtime import LocalRuntimeConfig, RuntimeConfig
+from kvpilot.agent.config.tuning import TuningConfig
+from kvpilot.agent.rules.config import RulesConfig
+
+log = logging.getLogger(__name__)
+
+
+class ListenConfig(Model):
+    """Where the agent serves /metrics, health and its HTTP API."""
+
+    host: str = Field("127.0.0.1", description="Address to bind; loopback unless you mean it.")
+    port: Port = Field(9400, description="TCP port for /metrics, /healthz and /api/v1.")
+
+
+class ApiConfig(Model):
+    """The control API's token: POST endpoints are refused while neither is set."""
+
+    token: SecretStr | None = Field(
+        None, description="Bearer token required by the POST endpoints (never logged)."
+    )
+    token_file: Path | None = Field(
+        None, description="A file holding the token (e.g. a mounted Kubernetes Secret)."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ApiConfig:
+        if self.token is not None and self.token_file is not None:
+            raise ValueError("set token or token_file, not both")
+        return self
+
+    def control_token(self) -> SecretStr | None:
+        """The token, read from `token_file` when that is how it is given."""
+        if self.token_file is None:
+            return self.token
+        try:
+            text = self.token_file.read_text().strip()
+        except OSError as exc:
+            raise ConfigError([f"api.token_file: cannot read {self.token_file}: {exc}"]) from exc
+        if not text:
+            raise ConfigError([f"api.token_file: {self.token_file} is empty"])
+        return SecretStr(text)
+
+
+class RetentionConfig(Model):
+    """How long rows are kept in the state database."""
+
+    outbox_days: float = Field(7.0, gt=0, description="Delivered or abandoned notifications.")
+    audit_days: float = Field(90.0, gt=0, description="Audit records.")
+    remediations_days: float = Field(90.0, gt=0, description="Finished remediations.")
+    silences_days: float = Field(30.0, gt=0, description="Silences after they end.")
+
+
+class AgentConfig(Model):
+    """kvpilot's configuration (`kvpilot run --config FILE`)."""
+
+    listen: ListenConfig = Field(default_factory=ListenConfig, description="HTTP listener.")
+    api: ApiConfig = Field(default_factory=ApiConfig, description="Control API security.")
+    interval_s: float = Field(1.0, gt=0, description="Seconds between collection ticks.")
+    state_dir: Path = Field(
+        Path("kvpilot-state"), description="Holds kvpilot.db and the servers' logs."
+    )
+    runtime: RuntimeConfig = Field(description="Where vLLM lives.")
+    rules: RulesConfig = Field(default_factory=RulesConfig, description="Alerting rules.")
+    notifiers: tuple[NotifierConfig, ...] = Field(
+        (), description="Where alerts are sent; every one receives every alert."
+    )
+    remediation: RemediationConfig = Field(
+        default_factory=RemediationConfig, description="Remediation guards."
+    )
+    retention: RetentionConfig = Field(
+        default_factory=RetentionConfig, description="State retention."
+    )
+    tuning: TuningConfig = Field(
+        default_factory=TuningConfig, description="Tuning runs and their schedule."
+    )
+
+    @model_validator(mode="after")
+    def _distinct_notifiers(self) -> AgentConfig:
+        require_unique("notifier name", [n.name for n in self.notifiers])
+        return self
+
+    @model_validator(mode="after")
+    def _schedule_needs_the_local_runtime(self) -> AgentConfig:
+        if self.tuning.schedule is not None and not isinstance(self.runtime, LocalRuntimeConfig):
+            raise ValueError(
+                "tuning.schedule needs the local runtime (kvpilot starts the canary itself)"
+            )
+        return self
+
+
+def config_warnings(config: AgentConfig) -> tuple[str, ...]:
+    """Settings that are valid but deserve a word to the operator."""
+    notes = []
+    if config.remediation.light_step_reset_prefix_cache:
+        notes.append(
+            "remediation.light_step_reset_prefix_cache needs VLLM_SERVER_DEV_MODE=1 on the "
+            "server, which exposes unauthenticated admin endpoints: keep its port private"
+        )
+    if isinstance(config.runtime, LocalRuntimeConfig):
+        for instance in config.runtime.instances:
+            if "--api-key" in instance.argv or any(
+                a.startswith("--api-key=") for a in instance.argv
+            ):
+                notes.append(
+                    f"runtime.instances[{instance.name}]: --api-key in argv is visible to "
+                    "every user of the machine; set runtime.api_key instead"
+                )
+    if config.listen.host not in {"127.0.0.1", "::1", "localhost"}:
+        notes.append(f"listen.host {config.listen.host!r} exposes the API beyond loopback")
+    return tuple(notes)
+
+
+def secret_values(config: AgentConfig) -> tuple[str, ...]:
+    """Every secret in the configuration, so that logging can mask them wherever they appear."""
+    found: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, SecretStr):
+            found.append(value.get_secret_value())
+        elif isinstance(value, BaseModel):
+            for name in type(value).model_fields:
+                walk(getattr(value, name))
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                walk(item)
+
+    walk(config)
+    token = config.api.control_token()
+    if token is not None:
+        found.append(token.get_secret_value())
+    return tuple(s for s in found if s)

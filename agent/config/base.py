@@ -1,0 +1,38 @@
+"""What every section of the configuration shares: strict frozen models, ports, names."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+)
+
+NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+
+# Addresses that mean "every interface": a server may listen there, the agent never dials them.
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})  # noqa: S104 (recognised, not bound)
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+def require_unique(what: str, values: list[Any]) -> None:
+    seen: set[Any] = set()
+    for value in values:
+        if value in seen:
+            raise ValueError(f"{what} {value!r} appears twice")
+        seen.add(value)
+
+
+def check_http_url(url: str) -> str:
+    if not re.match(r"^https?://[^/\s]+", url):
+        raise ValueError("must be an http:// or https:// URL")
+    return url

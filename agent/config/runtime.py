@@ -1,0 +1,239 @@
+"""The `runtime:` section: where vLLM lives (local, process, attach)."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+
+from kvpilot.agent.config.base import (
+    NAME,
+    WILDCARD_HOSTS,
+    Model,
+    Port,
+    check_http_url,
+    require_unique,
+)
+from kvpilot.collectors.vllm_argv import (
+    CLI_MODULE,
+    NotAVllmServer,
+    ServerArgs,
+    is_vllm_server,
+    parse_server_argv,
+)
+
+
+class InstanceConfig(Model):
+    """One vLLM server that the `local` runtime starts and supervises."""
+
+    name: str = Field(pattern=NAME, description="Unique instance name, used in labels.")
+    role: Literal["stable", "canary"] = Field(
+        "stable", description="Canary instances are never remediated (the tuner's judge acts)."
+    )
+    argv: tuple[str, ...] = Field(
+        min_length=2,
+        description="The server's command as a list of arguments, never through a shell: "
+        "`[vllm, serve, MODEL, ...]` or `[python, -m, vllm.entrypoints.openai.api_server, ...]`.",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Extra environment variables for the server."
+    )
+    kvpool_port: Port | None = Field(
+        None, description="Port for the kvpool plugin (KVPILOT_KVPOOL_PORT); unset: plugin idle."
+    )
+    log_dir: Path | None = Field(
+        None, description="Where the server's output goes; default: STATE_DIR/logs."
+    )
+    cpus: tuple[Annotated[int, Field(ge=0)], ...] = Field(
+        (), description="Pin the server and its processes to these CPU numbers; empty: any."
+    )
+
+    @field_validator("argv", mode="before")
+    @classmethod
+    def _argv_is_a_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError(
+                "argv must be a list of arguments, not a string "
+                "(commands never pass through a shell)"
+            )
+        return value
+
+    @field_validator("argv")
+    @classmethod
+    def _argv_starts_vllm(cls, argv: tuple[str, ...]) -> tuple[str, ...]:
+        if not is_vllm_server(argv):
+            raise ValueError(
+                "argv must start a vLLM server: [vllm, serve, MODEL, ...], "
+                f"[python, -m, {CLI_MODULE}, serve, MODEL, ...] or "
+                "[python, -m, vllm.entrypoints.openai.api_server, --model, MODEL, ...]"
+            )
+        try:
+            parse_server_argv(argv)
+        except NotAVllmServer as exc:  # e.g. a --port no server can listen on
+            raise ValueError(str(exc)) from None
+        return argv
+
+    @property
+    def server_args(self) -> ServerArgs:
+        """What the argv says about the server, read as the runtime reads it."""
+        return parse_server_argv(self.argv)
+
+    @property
+    def host(self) -> str:
+        """The address the agent reaches the server on (loopback for a wildcard bind)."""
+        return self.server_args.probe_host.removeprefix("[").removesuffix("]")
+
+    @property
+    def port(self) -> int:
+        """The server's `--port` (vLLM's default, 8000, when absent)."""
+        return self.server_args.port
+
+    @property
+    def url(self) -> str:
+        return self.server_args.url
+
+
+class _RuntimeBase(Model):
+    api_key: SecretStr | None = Field(
+        None, description="The vLLM server's --api-key, sent on probes (never logged)."
+    )
+    drain_timeout_s: float = Field(
+        30.0, gt=0, description="After SIGTERM, how long vLLM may drain before SIGKILL."
+    )
+    ready_timeout_s: float = Field(
+        240.0, gt=0, description="How long a (re)started server may take to become healthy."
+    )
+
+
+class LocalRuntimeConfig(_RuntimeBase):
+    """kvpilot starts, supervises and restarts the vLLM servers itself."""
+
+    kind: Literal["local"] = Field(description="The embedded runtime.")
+    instances: tuple[InstanceConfig, ...] = Field(min_length=1, description="The servers to start.")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> LocalRuntimeConfig:
+        require_unique("instance name", [i.name for i in self.instances])
+        require_unique("server address", [f"{i.host}:{i.port}" for i in self.instances])
+        kvpool = [i.kvpool_port for i in self.instances if i.kvpool_port is not None]
+        require_unique("kvpool_port", kvpool)
+        clash = set(kvpool) & {i.port for i in self.instances}
+        if clash:
+            raise ValueError(f"kvpool_port {min(clash)} is also a server's --port")
+        return self
+
+
+class ProcessRuntimeConfig(_RuntimeBase):
+    """Attach to a vLLM server that something else supervises (kubelet, systemd).
+
+    The server is the one process (the root of its tree) whose command line is a vLLM launch
+    form with `--port` equal to `port` and, when set, listening where `host` says and matching
+    `cmdline_regex`. When none or several match, nothing is signalled.
+    """
+
+    kind: Literal["process"] = Field(description="Find the server by its command line.")
+    name: str = Field("vllm", pattern=NAME, description="Instance name, used in labels.")
+    cmdline_regex: str | None = Field(
+        None,
+        description="A regular expression searched (not anchored) in the process's arguments "
+        "joined by single spaces; only a process it is found in is the server. Unset: any vLLM "
+        "server in either launch form (with the port, and host if set).",
+    )
+    host: str | None = Field(
+        None,
+        description="Where the agent reaches the server. Set: only a server listening there "
+        "matches: its --host equals this (as text, case and IPv6 brackets aside; names are not "
+        "resolved), or is absent, 0.0.0.0 or :: (every address, vLLM's default). Unset: any "
+        "--host, reached where it listens (loopback for every address).",
+    )
+    port: Port = Field(description="The server's --port (8000 when absent); tells servers apart.")
+    kvpool_port: Port | None = Field(None, description="The kvpool plugin's port, if enabled.")
+
+    @field_validator("cmdline_regex")
+    @classmethod
+    def _compiles(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from exc
+        return pattern
+
+    @field_validator("host")
+    @classmethod
+    def _an_address(cls, host: str | None) -> str | None:
+        if host is None:
+            return None
+        bare = host.removeprefix("[").removesuffix("]")
+        if bare in WILDCARD_HOSTS:
+            raise ValueError(
+                "host is where the agent reaches the server, not a wildcard (a server listening "
+                "on every address matches any host; leave host unset to match any --host)"
+            )
+        if not (_is_ipv6(bare) if ":" in bare else re.fullmatch(r"[A-Za-z0-9_.-]+", bare)):
+            raise ValueError("must be a host name or an IP address (no scheme, port or path)")
+        return bare
+
+    @property
+    def url(self) -> str:
+        host = self.host or "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}"
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
+
+
+class AttachedServerConfig(Model):
+    """One server the `attach` runtime watches by its URL."""
+
+    name: str = Field(pattern=NAME, description="Unique server name, used in labels.")
+    url: str = Field(description="The server's base URL, e.g. http://127.0.0.1:8000.")
+    kvpool_url: str | None = Field(None, description="The kvpool plugin's URL, if enabled.")
+    role: Literal["stable", "canary"] = Field("stable", description="Labels only.")
+    pids: tuple[Annotated[int, Field(gt=0)], ...] = Field(
+        (), description="The server's PIDs, to tell its GPU memory apart in NVML."
+    )
+    served_model_config: Path | None = Field(
+        None,
+        description="The served model's config.json: the planner's prediction is compared "
+        "with the server's KV blocks.",
+    )
+
+    @field_validator("url", "kvpool_url")
+    @classmethod
+    def _http(cls, url: str | None) -> str | None:
+        return None if url is None else check_http_url(url).rstrip("/")
+
+
+class AttachRuntimeConfig(_RuntimeBase):
+    """Watch servers by URL: collect, alert and notify; never signal or restart them."""
+
+    kind: Literal["attach"] = Field(description="Servers known only by their URLs.")
+    servers: tuple[AttachedServerConfig, ...] = Field(
+        min_length=1, description="The servers to watch."
+    )
+
+    @model_validator(mode="after")
+    def _distinct(self) -> AttachRuntimeConfig:
+        require_unique("server name", [s.name for s in self.servers])
+        require_unique("server url", [s.url for s in self.servers])
+        return self
+
+
+RuntimeConfig = Annotated[
+    LocalRuntimeConfig | ProcessRuntimeConfig | AttachRuntimeConfig, Field(discriminator="kind")
+]
