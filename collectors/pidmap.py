@@ -12,10 +12,11 @@ inside a container shows no host PIDs at all; then nothing maps and the reason s
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from kvpilot.collectors.procfs import read_pid_namespace, read_status_text
 
 log = logging.getLogger(__name__)
 
@@ -150,19 +151,12 @@ class ProcView:
 
     def _read_status(self, pid: int | str) -> ProcStatus | None:
         if pid not in self._status:
-            try:
-                text = (self._root / str(pid) / "status").read_text()
-            except OSError:
-                self._status[pid] = None
-            else:
-                self._status[pid] = parse_status(text)
+            text = read_status_text(pid, self._root)
+            self._status[pid] = None if text is None else parse_status(text)
         return self._status[pid]
 
     def _read_namespace(self, pid: int | str) -> str | None:
         if pid not in self._namespace:
-            try:
-                self._namespace[pid] = os.readlink(self._root / str(pid) / "ns" / "pid")
-            except OSError:
-                # Reading another user's namespace link needs ptrace rights: unknown, not ours.
-                self._namespace[pid] = None
+            # Another user's namespace link needs ptrace rights: unknown, not ours.
+            self._namespace[pid] = read_pid_namespace(pid, self._root)
         return self._namespace[pid]

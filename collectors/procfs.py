@@ -6,7 +6,7 @@ The one module that reads /proc; it only reads. Signalling lives in `agent/runti
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,3 +140,73 @@ def live_group_members(pgid: int, proc_root: Path = PROC) -> list[int]:
     return sorted(
         info.pid for info in list_processes(proc_root).values() if info.pgid == pgid and info.alive
     )
+
+
+def read_mem_available_bytes(proc_root: Path = PROC) -> int | None:
+    """`MemAvailable` from /proc/meminfo, or None when it cannot be read."""
+    try:
+        for line in (proc_root / "meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # the kernel writes kB (KiB)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ResidentMemory:
+    """The server's processes' resident memory; `missing_pids` could not be read."""
+
+    anon_bytes: int
+    rss_bytes: int
+    pids_read: int
+    missing_pids: tuple[int, ...]
+
+
+def read_resident_memory(pids: Iterable[int], proc_root: Path = PROC) -> ResidentMemory:
+    """Sum of VmRSS and RssAnon over `pids` from /proc/PID/status."""
+    anon = rss = read = 0
+    missing = []
+    for pid in sorted(pids):
+        fields = _status_fields(proc_root / str(pid) / "status")
+        if fields is None or "VmRSS" not in fields:
+            missing.append(pid)
+            continue
+        read += 1
+        rss += fields["VmRSS"]
+        anon += fields.get("RssAnon", fields["VmRSS"])
+    return ResidentMemory(anon, rss, read, tuple(missing))
+
+
+def _status_fields(path: Path) -> dict[str, int] | None:
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    out = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
+            out[name] = int(parts[0]) * 1024
+    return out
+
+
+# -- the checks --------------------------------------------------------------------------
+
+
+def read_status_text(pid: int | str, proc_root: Path = PROC) -> str | None:
+    """`/proc/PID/status` as text (`pid` may be "self"), or None when it cannot be read."""
+    try:
+        return (proc_root / str(pid) / "status").read_text()
+    except OSError:
+        return None
+
+
+def read_pid_namespace(pid: int | str, proc_root: Path = PROC) -> str | None:
+    """The PID namespace a process lives in (`pid:[4026531836]`), or None when unreadable
+    (another user's link needs ptrace rights)."""
+    try:
+        return os.readlink(proc_root / str(pid) / "ns" / "pid")
+    except OSError:
+        return None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -23,8 +23,14 @@ from typing import Literal
 from kvpilot.agent.model import Instance, Labels
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import NvmlSnapshot
+from kvpilot.collectors.procfs import (
+    PROC,
+    ResidentMemory,
+    read_mem_available_bytes,
+    read_resident_memory,
+)
+from kvpilot.collectors.vllm_argv import flag_value
 
-PROC = Path("/proc")
 # CPU servers: weights, activations and the runtime beside the KV pool.
 CPU_RUNTIME_MARGIN_BYTES = 1024**3
 _HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
@@ -58,19 +64,6 @@ def parse_human_int(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def argv_value(argv: Sequence[str] | None, flag: str) -> str | None:
-    """The value of `--flag X` or `--flag=X` (the last one wins, as argparse does)."""
-    if not argv:
-        return None
-    found = None
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            found = argv[i + 1]
-        elif arg.startswith(flag + "="):
-            found = arg.split("=", 1)[1]
-    return found
-
-
 def _label(cache_config: Labels | None, name: str) -> str | None:
     value = dict(cache_config or ()).get(name)
     return None if value in (None, "", "None") else value
@@ -80,7 +73,7 @@ def kv_budget_bytes(cache_config: Labels | None, argv: Sequence[str] | None) -> 
     """The KV pool's size: the served config's label first, else the argv's flag."""
     for text in (
         _label(cache_config, "kv_cache_memory_bytes"),
-        argv_value(argv, "--kv-cache-memory-bytes"),
+        flag_value(argv, "--kv-cache-memory-bytes") if argv else None,
     ):
         if text is not None and (value := parse_human_int(text)) is not None:
             return value
@@ -90,7 +83,7 @@ def kv_budget_bytes(cache_config: Labels | None, argv: Sequence[str] | None) -> 
 def gpu_memory_utilization(cache_config: Labels | None, argv: Sequence[str] | None) -> float | None:
     for text in (
         _label(cache_config, "gpu_memory_utilization"),
-        argv_value(argv, "--gpu-memory-utilization"),
+        flag_value(argv, "--gpu-memory-utilization") if argv else None,
     ):
         if text is None:
             continue
@@ -99,59 +92,6 @@ def gpu_memory_utilization(cache_config: Labels | None, argv: Sequence[str] | No
         except ValueError:
             continue
     return None
-
-
-def read_mem_available_bytes(proc_root: Path = PROC) -> int | None:
-    """`MemAvailable` from /proc/meminfo, or None when it cannot be read."""
-    try:
-        for line in (proc_root / "meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024  # the kernel writes kB (KiB)
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class ResidentMemory:
-    """The server's processes' resident memory; `missing_pids` could not be read."""
-
-    anon_bytes: int
-    rss_bytes: int
-    pids_read: int
-    missing_pids: tuple[int, ...]
-
-
-def read_resident_memory(pids: Iterable[int], proc_root: Path = PROC) -> ResidentMemory:
-    """Sum of VmRSS and RssAnon over `pids` from /proc/PID/status."""
-    anon = rss = read = 0
-    missing = []
-    for pid in sorted(pids):
-        fields = _status_fields(proc_root / str(pid) / "status")
-        if fields is None or "VmRSS" not in fields:
-            missing.append(pid)
-            continue
-        read += 1
-        rss += fields["VmRSS"]
-        anon += fields.get("RssAnon", fields["VmRSS"])
-    return ResidentMemory(anon, rss, read, tuple(missing))
-
-
-def _status_fields(path: Path) -> dict[str, int] | None:
-    try:
-        text = path.read_text()
-    except OSError:
-        return None
-    out = {}
-    for line in text.splitlines():
-        name, _, rest = line.partition(":")
-        parts = rest.split()
-        if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
-            out[name] = int(parts[0]) * 1024
-    return out
-
-
-# -- the checks --------------------------------------------------------------------------
 
 
 def check_gpu(

@@ -9,15 +9,14 @@ from pathlib import Path
 from kvpilot.agent.model import labels_of
 from kvpilot.agent.remediation import MemoryPreflight
 from kvpilot.agent.remediation.preflight import (
-    argv_value,
     check_gpu,
     kv_budget_bytes,
     parse_human_int,
-    read_mem_available_bytes,
-    read_resident_memory,
 )
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import GpuProcess, GpuSample, NvmlSnapshot
+from kvpilot.collectors.procfs import read_mem_available_bytes, read_resident_memory
+from kvpilot.collectors.vllm_argv import flag_value
 
 from .remediation_helpers import make_instance
 
@@ -78,7 +77,7 @@ def test_parse_human_int_matches_vllm() -> None:
 
 def test_kv_budget_from_label_then_argv() -> None:
     argv = ("vllm", "serve", "m", "--kv-cache-memory-bytes=2G")
-    assert argv_value(argv, "--kv-cache-memory-bytes") == "2G"
+    assert flag_value(argv, "--kv-cache-memory-bytes") == "2G"
     assert kv_budget_bytes(labels_of({"kv_cache_memory_bytes": "1000"}), argv) == 1000
     assert kv_budget_bytes(labels_of({"kv_cache_memory_bytes": "None"}), argv) == 2 * GIB
     assert kv_budget_bytes((), ("vllm", "serve", "m")) is None

@@ -15,8 +15,8 @@ from kvpilot.agent.remediation import (
     MemoryPreflight,
     Remediator,
 )
-from kvpilot.agent.remediation.preflight import read_resident_memory
 from kvpilot.agent.runtimes import LocalInstanceSpec, LocalRuntime
+from kvpilot.collectors.procfs import read_resident_memory
 from kvpilot.rig.server import ServerSpec, build_argv, build_env, free_port
 from tests.fakes.remediation_journal import MemoryJournal
 
