@@ -113,7 +113,7 @@ class ScheduledTuning:
         if self._remediating():
             return self._note("skipped", "a remediation is in progress")
         self._audit("started", "scheduled tuning run")
-        self._task = asyncio.create_task(self._run_once())
+        self._task = asyncio.create_task(self._run_once(), name="scheduled-tuning")
         self.runs_total += 1
         try:
             stopped = await self._task
