@@ -1,0 +1,1 @@
+"""Fault tests: bad input, faults and abuse, each with a defined outcome."""
