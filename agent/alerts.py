@@ -21,6 +21,7 @@ back on the first update after `from_rows`. Not thread-safe: the tick owns it.
 
 from __future__ import annotations
 
+import copy
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -217,6 +218,14 @@ class AlertTracker:
             a.resolved_at_s = mono(a.resolved_at_wall_s)
             a.last_seen_s = mono(a.last_seen_wall_s)
         self._needs_restore = False
+
+    def checkpoint(self) -> object:
+        """The whole state, for `rollback` when what one `update` decided was not persisted."""
+        return copy.deepcopy((self._alerts, self._silences, self._needs_restore))
+
+    def rollback(self, checkpoint: object) -> None:
+        """Back to `checkpoint`: whatever was marked sent since is decided and sent again."""
+        self._alerts, self._silences, self._needs_restore = checkpoint  # type: ignore[misc]
 
     # -- silences ----------------------------------------------------------------------
 

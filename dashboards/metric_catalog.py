@@ -139,6 +139,13 @@ SPECS: tuple[MetricSpec, ...] = (
         "Background tasks (delivery, remediation, start-up) that ended with an error; "
         "each is logged with its traceback.",
     ),
+    MetricSpec(
+        "kvpilot_state_write_errors_total",
+        "counter",
+        ("reason",),
+        "Writes to the state database that failed (disk_full, read_only, io_error, busy, "
+        "corrupt, ...); what a failed tick decided is retried on the next one.",
+    ),
     # vLLM /metrics, per engine.
     MetricSpec("kvpilot_vllm_info", "info", (*SERVER, "version"), "The vLLM server's version."),
     MetricSpec("kvpilot_kv_usage_ratio", "gauge", ENGINE, "KV-cache usage, 0..1 (vLLM's figure)."),

@@ -22,7 +22,7 @@ from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.remediation.prefix_cache import HttpPrefixCacheReset
 from kvpilot.agent.remediation.preflight import MemoryPreflight
 from kvpilot.agent.runtimes import LocalRuntime, Runtime, RuntimeFailure
-from kvpilot.agent.state import StateStore
+from kvpilot.agent.state import StateError, StateStore, open_exclusive
 from kvpilot.agent.tick.sidecar import Sidecar
 from kvpilot.agent.tuning.promoted import (
     PROMOTED_FACT,
@@ -55,11 +55,10 @@ async def run_sidecar(
     """The sidecar to a signal. `config_sha256` (the YAML's hash) lets promoted flags hold
     while the file is unchanged; without it the configured flags run. `on_tick` sees the
     sidecar after each tick (the demo's live view)."""
-    config.state_dir.mkdir(parents=True, exist_ok=True)
     api_key = config.runtime.api_key.get_secret_value() if config.runtime.api_key else None
     timeout = httpx.Timeout(5.0, connect=2.0)
     async with httpx.AsyncClient(timeout=timeout) as client:
-        with StateStore.open(config.state_dir) as store:
+        with _own_state_or_exit(config) as store:
             runtime = build_runtime(config, promoted_argv(config, store, config_sha256))
             late = _Late()
             section = config.remediation
@@ -150,6 +149,16 @@ async def run_sidecar(
                     await starting
                 await sidecar.aclose()
                 await runtime.aclose(drain_timeout_s=config.runtime.drain_timeout_s)
+
+
+def _own_state_or_exit(config: AgentConfig) -> StateStore:
+    """The state directory for this agent alone (held until the store closes), its database
+    checked; or one plain message naming the problem and the remedy, and exit 1, before
+    anything listens or starts."""
+    try:
+        return open_exclusive(config.state_dir)
+    except StateError as exc:
+        raise SystemExit(f"kvpilot: {exc}") from None
 
 
 def promoted_argv(

@@ -90,6 +90,7 @@ class SidecarCounters:
     remediation_in_progress: bool
     tick_overruns_total: int = 0
     task_failures_total: tuple[tuple[str, int], ...] = ()  # (task, failures)
+    state_write_errors_total: tuple[tuple[str, int], ...] = ()  # (reason, failed writes)
 
 
 class AgentCollector(Collector):
@@ -265,6 +266,8 @@ def sidecar_families(counters: Callable[[], SidecarCounters]) -> Callable[[_Fami
         out.add("kvpilot_tick_overruns_total", (), c.tick_overruns_total)
         for task, count in c.task_failures_total:
             out.add("kvpilot_background_task_failures_total", (task,), count)
+        for reason, count in c.state_write_errors_total:
+            out.add("kvpilot_state_write_errors_total", (reason,), count)
 
     return add
 

@@ -17,6 +17,7 @@ from kvpilot.agent.app.logs import configure_logging
 from kvpilot.agent.cli import config_cmd as config_cli
 from kvpilot.agent.cli import dashboards_cmd as dashboards_cli
 from kvpilot.agent.cli import plan_cmd as plan_cli
+from kvpilot.agent.cli import state_cmd as state_cli
 from kvpilot.agent.cli import tune_cmd as tune_cli
 from kvpilot.agent.tick.snapshot import read_nvml
 from kvpilot.agent.tick.wiring import CollectSettings, build_ticker
@@ -33,6 +34,7 @@ plan_cli.register(app)
 config_cli.register(app)
 dashboards_cli.register(app)
 tune_cli.register(app)
+state_cli.register(app)
 
 VllmUrl = Annotated[
     str, typer.Option("--vllm-url", envvar="KVPILOT_VLLM_URL", help="vLLM server's base URL.")

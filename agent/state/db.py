@@ -20,6 +20,7 @@ from kvpilot.agent.state.migrations import migrate
 
 DB_FILENAME = "kvpilot.db"
 DEFAULT_BUSY_TIMEOUT_S = 5.0
+_NO_PAGE_CAP = 4294967294  # SQLite's own largest max_page_count
 
 
 class Database:
@@ -63,11 +64,10 @@ class Database:
         self._depth = 1
         try:
             yield self._conn
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        else:
             self._conn.execute("COMMIT")
+        except BaseException:
+            rollback(self._conn)
+            raise
         finally:
             self._depth = 0
 
@@ -77,9 +77,37 @@ class Database:
         cursor.row_factory = sqlite3.Row
         return cursor.fetchall()
 
+    def check_writable(self) -> None:
+        """Raises sqlite3.OperationalError ("attempt to write a readonly database") unless this
+        connection may write: SQLite opens a file it cannot write read-only without a word."""
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+            self._conn.execute(f"PRAGMA user_version = {version}")  # a write that changes nothing
+        finally:
+            rollback(self._conn)
+
+    def cap_pages(self, pages: int | None) -> int:
+        """Caps the file at `pages` pages (SQLite's `max_page_count`, never below the current
+        size; None lifts the cap) and returns the cap. Writes past it fail with "database or
+        disk is full", exactly as on a full disk: the fault tests fill a disk this way."""
+        value = _NO_PAGE_CAP if pages is None else pages
+        return int(self._conn.execute(f"PRAGMA max_page_count = {int(value)}").fetchone()[0])
+
+    def page_count(self) -> int:
+        return int(self._conn.execute("PRAGMA page_count").fetchone()[0])
+
     def integrity_check(self) -> str:
         """SQLite's own verdict on the file: 'ok' or the first problem found."""
         return str(self._conn.execute("PRAGMA integrity_check").fetchone()[0])
 
     def close(self) -> None:
         self._conn.close()
+
+
+def rollback(conn: sqlite3.Connection) -> None:
+    """Ends the open transaction, if any. After "database or disk is full" (and some I/O
+    errors) SQLite has already rolled it back: a second ROLLBACK would raise "no transaction
+    is active" and hide the error that says what happened."""
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")

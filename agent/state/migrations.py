@@ -164,7 +164,8 @@ def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration] = MIGRATIO
             conn.execute(f"PRAGMA user_version = {version + 1}")
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:  # a full disk has rolled it back already
+                conn.execute("ROLLBACK")
             raise
     return schema_version(conn)
 

@@ -22,6 +22,7 @@ from kvpilot.agent.config import RetentionConfig
 from kvpilot.agent.model import Labels
 from kvpilot.agent.remediation.decision import Decision, read_decision
 from kvpilot.agent.state.db import DEFAULT_BUSY_TIMEOUT_S, Database
+from kvpilot.agent.state.lock import StateLock
 from kvpilot.agent.state.outbox import SqliteOutbox
 
 RemediationState = Literal[
@@ -82,8 +83,9 @@ class RetentionReport:
 class StateStore:
     """Typed access to the state database (`StateStore.open(state_dir)`)."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, lock: StateLock | None = None) -> None:
         self._db = db
+        self._lock = lock  # the agent's hold on the directory, released by `close()`
         self.outbox = SqliteOutbox(db)
 
     @classmethod
@@ -109,7 +111,11 @@ class StateStore:
         return self._db.integrity_check()
 
     def close(self) -> None:
-        self._db.close()
+        try:
+            self._db.close()
+        finally:
+            if self._lock is not None:
+                self._lock.release()
 
     def __enter__(self) -> StateStore:
         return self

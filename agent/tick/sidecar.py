@@ -7,6 +7,8 @@ One tick, in order (each step sees the same snapshot):
 2. the rules turn each server's snapshot into conditions (`RuleEngine`);
 3. the alert tracker advances the lifecycle; transitions and alert rows are written to the
    state store, notifications into the outbox, in one transaction, before anything acts;
+   when it cannot commit (a full disk) the tracker goes back to where it was, nothing acts,
+   and the next tick decides again: what memory holds as sent is what the disk holds;
 4. remediation observes the transitions (restarts run as background tasks); the pages and
    advice it raises become alerts of the tracker on the next tick, so silences apply to
    them and the API lists them like any rule's;
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -37,6 +40,7 @@ from kvpilot.agent.rules.engine import RuleEngine
 from kvpilot.agent.runtimes import Runtime
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.trials import SqliteTrialStore
+from kvpilot.agent.state.write_failures import WriteFailures
 from kvpilot.agent.tasks import GuardedTasks
 from kvpilot.agent.tick.calibration import model_config_of
 from kvpilot.agent.tick.overruns import TickOverruns
@@ -103,6 +107,8 @@ class Sidecar:
         self._latest_nvml: NvmlSnapshot | SourceError | None = None
         self._last_retention_s: float | None = None
         self._last_repeat_wall_s: dict[tuple[str, str], float] = {}
+        self._unsaved_events: list[AlertEvent] = []  # pages of a tick whose commit failed
+        self.write_failures = WriteFailures()
         self._notifications: Counter[tuple[str, str]] = Counter()
         self._remediations: Counter[tuple[str, str]] = Counter()
         self.ticks_total = 0
@@ -142,15 +148,17 @@ class Sidecar:
         per_server = await asyncio.gather(*(self._server(i, nvml) for i in instances))
         conditions = [c for server in per_server for c in server]
         now_s, now_wall_s = self._clock(), self._wall_clock()
+        events = [*self._unsaved_events, *self.remediator.take_events()]
+        before = self.tracker.checkpoint()
         transitions = self.tracker.update(
-            [*conditions, *self._pages.conditions(self.remediator.take_events())],
-            now_s,
-            now_wall_s,
+            [*conditions, *self._pages.conditions(events)], now_s, now_wall_s
         )
-        with self.store.transaction():
-            for transition in transitions:
-                self._record(transition, now_wall_s)
-            self.store.save_alerts(self.tracker.to_rows())
+        if self._commit(transitions, now_s, now_wall_s):
+            self._unsaved_events = []
+        else:  # memory follows the disk: the next tick decides, and notifies, again
+            self.tracker.rollback(before)
+            self._unsaved_events = events
+            transitions = []
         rule_transitions = [t for t in transitions if not self._pages.owns(t.rule)]
         for task in self.remediator.observe(rule_transitions, conditions, now_s=now_s):
             self.tasks.watch(task)
@@ -211,9 +219,30 @@ class Sidecar:
 
     # -- alerts into the outbox --------------------------------------------------------
 
-    def _record(self, transition: AlertTransition, now_wall_s: float) -> None:
+    def _commit(self, transitions: list[AlertTransition], now_s: float, now_wall_s: float) -> bool:
+        """Transitions, outbox rows and alert states in one transaction. Memory takes its
+        share (repeat marks, log lines) only once it committed: False when it did not (a full
+        disk, a read-only file), said by `write_failures` and retried by the next tick."""
+        sent: dict[tuple[str, str], float] = {}
+        try:
+            with self.store.transaction():
+                for transition in transitions:
+                    self._record(transition, now_wall_s, sent)
+                self.store.save_alerts(self.tracker.to_rows())
+        except sqlite3.Error as exc:
+            self.write_failures.failed(exc, "the alert changes of a tick", now_s)
+            return False
+        self.write_failures.succeeded(now_s)
+        self._last_repeat_wall_s.update(sent)
+        for transition in transitions:
+            _log_transition(transition)
+        return True
+
+    def _record(
+        self, transition: AlertTransition, now_wall_s: float, sent: dict[tuple[str, str], float]
+    ) -> None:
         labels = dict(transition.labels)
-        if transition.to_state in ("firing", "resolved") and not transition.repeat:
+        if _audited(transition):
             self.store.record_audit(
                 wall_s=now_wall_s,
                 actor="rule",
@@ -224,20 +253,24 @@ class Sidecar:
                 incident_id=transition.incident_id,
                 details={"fingerprint": transition.fingerprint, "labels": labels},
             )
-            ids = {"incident_id": transition.incident_id, "fingerprint": transition.fingerprint}
-            log.info(
-                "alert %s %s on %s",
-                labels.get("alertname"), transition.to_state, labels.get("instance"), extra=ids,
-            )  # fmt: skip
         if transition.event is not None and not transition.silenced:
-            self._enqueue_all(transition.event, now_wall_s, repeat=transition.repeat)
+            self._enqueue_all(transition.event, now_wall_s, sent, repeat=transition.repeat)
 
-    def _enqueue_all(self, event: AlertEvent, now_wall_s: float, *, repeat: bool) -> None:
+    def _enqueue_all(
+        self,
+        event: AlertEvent,
+        now_wall_s: float,
+        sent: dict[tuple[str, str], float],
+        *,
+        repeat: bool,
+    ) -> None:
+        """Outbox rows for the notifiers that want `event`; `sent` collects the repeat marks
+        that hold once the transaction commits."""
         for name, cfg in self._notifier_configs.items():
             if not self._wants(cfg, event, now_wall_s, repeat=repeat):
                 continue
             self.store.outbox.enqueue(name, event, now_wall_s)
-            self._last_repeat_wall_s[(name, event.fingerprint)] = now_wall_s
+            sent[(name, event.fingerprint)] = now_wall_s
 
     def _wants(
         self, cfg: NotifierConfig, event: AlertEvent, now_wall_s: float, *, repeat: bool
@@ -276,7 +309,11 @@ class Sidecar:
         ):
             return
         self._last_retention_s = now_s
-        report = self.store.apply_retention(self.config.retention, now_wall_s)
+        try:
+            report = self.store.apply_retention(self.config.retention, now_wall_s)
+        except sqlite3.Error as exc:  # tried again in an hour
+            self.write_failures.failed(exc, "the retention pass", now_s)
+            return
         log.info("retention applied: %s", report)
 
     async def aclose(self) -> None:
@@ -328,6 +365,7 @@ class Sidecar:
             remediation_in_progress=self.remediator.in_progress(),
             tick_overruns_total=self.overruns.total,
             task_failures_total=tuple(sorted(self.tasks.failures.items())),
+            state_write_errors_total=self.write_failures.totals(),
         )
 
     def tuning_families(self) -> tuple[tuning_metrics.Family, ...]:
@@ -354,3 +392,19 @@ class Sidecar:
         ticker = self._tickers.get(name)
         latest = ticker.state.latest if ticker else None
         return latest.vllm if latest and isinstance(latest.vllm, VllmScrape) else None
+
+
+def _audited(transition: AlertTransition) -> bool:
+    """A firing or resolved alert (not a repeat) goes into the audit log and the agent's log."""
+    return transition.to_state in ("firing", "resolved") and not transition.repeat
+
+
+def _log_transition(transition: AlertTransition) -> None:
+    if not _audited(transition):
+        return
+    labels = dict(transition.labels)
+    ids = {"incident_id": transition.incident_id, "fingerprint": transition.fingerprint}
+    log.info(
+        "alert %s %s on %s",
+        labels.get("alertname"), transition.to_state, labels.get("instance"), extra=ids,
+    )  # fmt: skip
