@@ -119,6 +119,13 @@ class NvmlCollector:
         ]
         self._errors: Counter[str] = Counter()
 
+    def resting(self) -> SourceError | None:
+        """While NVML is unavailable and no retry is due, the error `collect` would return;
+        None when `collect` would call NVML. Lets a caller skip the worker thread."""
+        if self._unavailable is not None and self._clock() < self._retry_at_s:
+            return self._unavailable
+        return None
+
     def collect(self) -> NvmlSnapshot | SourceError:
         """One snapshot of every GPU; while NVML is unavailable, the same cheap error."""
         now_s = self._clock()

@@ -45,7 +45,11 @@ class NvmlReading:
 async def read_nvml(
     collector: NvmlCollector, clock: Callable[[], float] = time.monotonic
 ) -> NvmlReading:
-    """Reads NVML once, off the event loop (its calls block, briefly)."""
+    """Reads NVML once, off the event loop (its calls block, briefly); while NVML is known
+    to be unavailable, the cached error without a trip to a worker thread."""
+    resting = collector.resting()
+    if resting is not None:
+        return NvmlReading(resting, 0.0, dict(collector.errors_by_reason()))
     start = clock()
     value = await asyncio.to_thread(collector.collect)
     return NvmlReading(value, clock() - start, dict(collector.errors_by_reason()))
