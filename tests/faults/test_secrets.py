@@ -32,6 +32,7 @@ import httpx
 import pytest
 import yaml
 
+from kvpilot.collectors.procfs import list_processes
 from kvpilot.rig.server import free_port
 from tests.http_helpers import ServedInThread
 
@@ -226,7 +227,9 @@ def run_agent(folder: Path, env: dict[str, str] | None = None) -> LiveRun:
                 except subprocess.TimeoutExpired:
                     os.killpg(process.pid, signal.SIGKILL)
                     process.wait(timeout=10)
-            for pid in set(servers):  # the stand-in leads its own process group
+            # The stand-in leads its own process group; found by its path if never listed.
+            mine = {i.pid for i in list_processes().values() if str(stub) in i.argv[:2]}
+            for pid in set(servers) | mine:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
     return LiveRun(folder, path, config, metrics, status, alerts, log_path.read_text())
