@@ -38,7 +38,6 @@ _PYTHON = re.compile(r"python[0-9.]*")
 # Python options that consume the next argument (python -X dev -m ...).
 _PYTHON_OPTS_WITH_VALUE = frozenset({"-X", "-W", "-Q"})
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})  # noqa: S104 - matched, never bound
-_SECRET_FLAGS = frozenset({"--api-key"})
 
 FlagValue = str | int | float | bool
 
@@ -144,7 +143,7 @@ def _canonical(flag: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class _Span:
+class FlagSpan:
     """One option in the arguments: its name, where it starts, one past its last value."""
 
     name: str
@@ -153,7 +152,7 @@ class _Span:
     values: tuple[str, ...]
 
 
-def _spans(args: Sequence[str]) -> Iterator[_Span]:
+def _spans(args: Sequence[str]) -> Iterator[FlagSpan]:
     i = 0
     while i < len(args):
         name = flag_name(args[i])
@@ -161,13 +160,13 @@ def _spans(args: Sequence[str]) -> Iterator[_Span]:
             i += 1  # a positional argument
             continue
         if "=" in args[i]:
-            yield _Span(name, i, i + 1, (args[i].split("=", 1)[1],))
+            yield FlagSpan(name, i, i + 1, (args[i].split("=", 1)[1],))
             i += 1
             continue
         j = i + 1
         while j < len(args) and not is_option(args[j]):
             j += 1
-        yield _Span(name, i, j, tuple(args[i + 1 : j]))
+        yield FlagSpan(name, i, j, tuple(args[i + 1 : j]))
         i = j
 
 
@@ -175,6 +174,16 @@ def _args_start(argv: Sequence[str]) -> int:
     """Where the flags begin: after the launch prefix of a server argv, else at once."""
     found = _launch(argv)
     return 0 if found is None else found[1]
+
+
+def flag_spans(argv: Sequence[str]) -> list[FlagSpan]:
+    """Each flag after the launch prefix (at once for bare flags): its name, its values, and
+    where it starts and ends, as positions in `argv` itself."""
+    start = _args_start(argv)
+    return [
+        FlagSpan(span.name, start + span.start, start + span.end, span.values)
+        for span in _spans(argv[start:])
+    ]
 
 
 def flag_values(argv: Sequence[str], flag: str) -> tuple[str, ...] | None:
@@ -254,21 +263,6 @@ def set_flag(argv: Sequence[str], flag: str, value: FlagValue) -> tuple[str, ...
     return (*without_flags(argv, valued=[flag]), *flag_argv(flag, value))
 
 
-def redacted(argv: Sequence[str]) -> list[str]:
-    """The argv with the values of `--api-key` replaced, for logs."""
-    out = list(argv)
-    start = _args_start(argv)
-    for span in _spans(argv[start:]):
-        if span.name not in _SECRET_FLAGS:
-            continue
-        at = start + span.start
-        if "=" in out[at]:
-            out[at] = out[at].split("=", 1)[0] + "=***"
-        for i in range(at + 1, start + span.end):
-            out[i] = "***"
-    return out
-
-
 # --- what the agent reads from a server's command line ----------------------------------
 
 
@@ -311,10 +305,14 @@ def parse_server_argv(argv: Sequence[str]) -> ServerArgs:
     port no server can listen on."""
     found = _launch(argv)
     if found is None:
+        # The secrets module reads flags through this one: imported here, not at the top.
+        from kvpilot.collectors.secrets import mask_argv
+
         raise NotAVllmServer(
             "not a vLLM server command line: expected `vllm serve MODEL ...`, "
             f"`python -m {CLI_MODULE} serve MODEL ...` or "
-            f"`python -m vllm.entrypoints.openai.api_server --model MODEL ...`, got {list(argv)!r}"
+            "`python -m vllm.entrypoints.openai.api_server --model MODEL ...`, "
+            f"got {mask_argv(argv)!r}"
         )
     form, start = found
     model = flag_value(argv, MODEL_FLAG)

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from kvpilot.collectors.secrets import mask_text
 from kvpilot.dashboards.metric_catalog import MetricSpec, specs
 from kvpilot.tuner.constraints import Value
 from kvpilot.tuner.judge import Judgement
@@ -38,7 +39,7 @@ class FlagSource(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class LiveFlags:
-    """The flags one stable server runs with now."""
+    """The flags one stable server runs with now (shown with their secrets masked)."""
 
     server: str
     flags: str
@@ -106,7 +107,7 @@ def tuning_families(
         verdict = verdict_label(trial.judgement)
         state = trial.state.value
         add(TRIAL_INFO, (trial.trial_id, state, verdict, flags_text(trial.values),
-                         trial.reason or ""), 1.0)  # fmt: skip
+                         mask_text(trial.reason or "")), 1.0)  # fmt: skip
         result = trial.result
         if not trial.state.terminal or result is None:
             continue
@@ -128,7 +129,7 @@ def tuning_families(
     for state in TERMINAL_STATES:
         add(TRIALS_TOTAL, (state.value,), float(sum(t.state is state for t in trials)))
     for live in live_flags:
-        add(LIVE_FLAGS_INFO, (live.server, live.flags, live.source.value), 1.0)
+        add(LIVE_FLAGS_INFO, (live.server, mask_text(live.flags), live.source.value), 1.0)
     return tuple(Family(spec, tuple(samples[spec.name])) for spec in SPECS)
 
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from rich.table import Table
 from rich.text import Text
 
+from kvpilot.collectors.secrets import mask_text
 from kvpilot.tuner.trials import Trial, TrialState
 
 _STATE_STYLE = {
@@ -44,7 +45,7 @@ def trials_table(trials: Sequence[Trial], *, best_trial_id: str | None = None) -
             "-" if goodput is None else f"{goodput:.1f}",
             "-" if memory is None else format_bytes(memory),
             "-" if trial.judgement is None else trial.judgement.classification.value,
-            trial.reason or "",
+            mask_text(trial.reason or ""),
         )
     if best_trial_id is not None:
         table.caption = "* best feasible trial"

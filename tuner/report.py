@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvpilot.collectors.secrets import mask_text
 from kvpilot.tuner.judge import Judgement
 from kvpilot.tuner.render import format_bytes
 from kvpilot.tuner.space import SearchSpace
@@ -316,4 +317,5 @@ def _numeric(value: object) -> bool:
 
 
 def _e(text: str) -> str:
-    return html.escape(text, quote=True)
+    """Text for the page: secrets masked (a trial stored before they were), then escaped."""
+    return html.escape(mask_text(text), quote=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from kvpilot.collectors.secrets import mask_argv
 from kvpilot.tuner.judge import JudgeConfig, Judgement, judge
 from kvpilot.tuner.objective import Slo, TrialResult, better, evaluate
 from kvpilot.tuner.ports import (
@@ -428,10 +429,9 @@ async def recover(
     if open_records:
         await runtime.stop_canary()
     for record in open_records:
-        restore = (
-            record.phase in _STABLE_TOUCHED[record.strategy]
-            and tuple(runtime.stable_argv()) != record.stable_argv
-        )
+        # The journal keeps argv masked: the flags are compared as stored.
+        touched = record.phase in _STABLE_TOUCHED[record.strategy]
+        restore = touched and mask_argv(runtime.stable_argv()) != mask_argv(record.stable_argv)
         if restore:
             await runtime.set_stable(
                 record.stable_argv,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+from kvpilot.collectors.secrets import mask
 from kvpilot.tuner.constraints import Value
 from kvpilot.tuner.judge import Classification, Judgement, MetricVerdict, Verdict
 from kvpilot.tuner.objective import Outcome, TrialResult, WindowMetrics
@@ -149,10 +150,12 @@ def next_number(store: TrialStore, fingerprint: str) -> int:
 
 
 def trial_to_dict(trial: Trial) -> dict[str, Any]:
-    """A JSON-ready dict of the trial (enums as their values)."""
+    """A JSON-ready dict of the trial (enums as their values), its text masked for storage
+    (`collectors.secrets.mask`: a reason or a start-up log line may quote a secret)."""
     data = dataclasses.asdict(trial)
     data["values"] = [list(pair) for pair in trial.values]
-    return data
+    masked: dict[str, Any] = mask(data)
+    return masked
 
 
 def trial_from_dict(data: Mapping[str, Any]) -> Trial:

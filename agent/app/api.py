@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from kvpilot.agent.config import AgentConfig, LocalRuntimeConfig
 from kvpilot.agent.tick.sidecar import Sidecar
+from kvpilot.collectors.secrets import mask_argv, mask_url
 
 log = logging.getLogger(__name__)
 
@@ -115,13 +116,13 @@ def api_routes(sidecar: Sidecar, token: SecretStr | None) -> list[Route]:
                 {
                     "name": instance.name,
                     "role": instance.role,
-                    "url": instance.url,
-                    "kvpool_url": instance.kvpool_url,
+                    "url": mask_url(instance.url),
+                    "kvpool_url": instance.kvpool_url and mask_url(instance.kvpool_url),
                     "pids": sorted(instance.pids),
                     "main_pid": instance.main_pid,
                     "state": state.state,
                     "since_wall_s": state.since_wall_s,
-                    "live_flags": list(instance.argv or ()),
+                    "live_flags": mask_argv(instance.argv or ()),
                     "live_flags_source": (
                         "promoted by the tuner"
                         if instance.name in configured

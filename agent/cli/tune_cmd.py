@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.live import Live
 
 from kvpilot.agent.cli.config_load import load_or_exit, open_state_or_exit
-from kvpilot.agent.config import AgentConfig
+from kvpilot.agent.config import AgentConfig, secret_values
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
@@ -24,6 +24,7 @@ from kvpilot.agent.tuning.factory import local_adapter, stable_runtime
 from kvpilot.agent.tuning.local import recover_at_startup
 from kvpilot.agent.tuning.promoted import tuned_instance
 from kvpilot.agent.tuning.study import Study, StudyError, build_study, make_session, read_gpu
+from kvpilot.collectors.secrets import mask_argv, mask_text
 from kvpilot.tuner.render import trials_table
 from kvpilot.tuner.report import write_report
 from kvpilot.tuner.rollout import Strategy
@@ -128,6 +129,7 @@ def _cpu_list(text: str) -> tuple[int, ...]:
 async def _run(
     cfg: AgentConfig, config_sha256: str, study: Study, db: Database, console: Console
 ) -> None:
+    secrets = secret_values(cfg)
     runtime, flags = stable_runtime(cfg, db, config_sha256)
     adapter = local_adapter(cfg, runtime, db, config_sha256=config_sha256, tuning=study.tuning)
     for done in await recover_at_startup(db, adapter):
@@ -153,9 +155,10 @@ async def _run(
         console.line()  # Live leaves its last line open where output is not a terminal
     for outcome in summary.outcomes:
         t = outcome.trial
-        console.print(f"trial {t.number}: {outcome.record.phase.value}: {outcome.record.reason}")
+        reason = mask_text(str(outcome.record.reason), secrets)
+        console.print(f"trial {t.number}: {outcome.record.phase.value}: {reason}")
     console.print(f"{summary.stopped_reason}; best goodput {summary.best_goodput_tokens_per_s}")
-    console.print(f"stable flags now: {' '.join(adapter.stable_argv())}")
+    console.print(f"stable flags now: {' '.join(mask_argv(adapter.stable_argv(), secrets))}")
 
 
 @tune_app.command("report")

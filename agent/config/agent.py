@@ -19,11 +19,12 @@ from kvpilot.agent.config.base import (
     require_unique,
 )
 from kvpilot.agent.config.errors import ConfigError
-from kvpilot.agent.config.notifiers import NotifierConfig
+from kvpilot.agent.config.notifiers import NotifierConfig, SlackNotifierConfig
 from kvpilot.agent.config.remediation import RemediationConfig
 from kvpilot.agent.config.runtime import LocalRuntimeConfig, RuntimeConfig
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.rules.config import RulesConfig
+from kvpilot.collectors.secrets import argv_secrets, env_secrets, url_secrets
 
 log = logging.getLogger(__name__)
 
@@ -134,15 +135,25 @@ def config_warnings(config: AgentConfig) -> tuple[str, ...]:
 
 
 def secret_values(config: AgentConfig) -> tuple[str, ...]:
-    """Every secret in the configuration, so that logging can mask them wherever they appear."""
+    """Every secret in the configuration, so that logging can mask them wherever they appear:
+    the SecretStr fields, the secret parts of every URL (a Slack webhook's path included),
+    the values of secret flags in argv and of secret-named variables in env."""
     found: list[str] = []
 
-    def walk(value: Any) -> None:
+    def walk(value: Any, field: str = "", slack: bool = False) -> None:
         if isinstance(value, SecretStr):
             found.append(value.get_secret_value())
+            if field.endswith("url"):
+                found.extend(url_secrets(value.get_secret_value(), path_is_secret=slack))
+        elif isinstance(value, str) and field.endswith("url"):
+            found.extend(url_secrets(value, path_is_secret=slack))
+        elif field == "argv" and isinstance(value, tuple):
+            found.extend(argv_secrets(value))
+        elif field == "env" and isinstance(value, dict):
+            found.extend(env_secrets(value))
         elif isinstance(value, BaseModel):
             for name in type(value).model_fields:
-                walk(getattr(value, name))
+                walk(getattr(value, name), name, isinstance(value, SlackNotifierConfig))
         elif isinstance(value, dict):
             for item in value.values():
                 walk(item)
@@ -154,4 +165,4 @@ def secret_values(config: AgentConfig) -> tuple[str, ...]:
     token = config.api.control_token()
     if token is not None:
         found.append(token.get_secret_value())
-    return tuple(s for s in found if s)
+    return tuple(dict.fromkeys(s for s in found if s))

@@ -94,6 +94,13 @@ class AlertmanagerNotifier:
             ours["Authorization"] = f"Basic {token}"
         return with_headers(self._headers, ours)
 
+    def _secrets(self) -> list[str]:
+        """What a receiver's answer must not repeat: the credentials and header values."""
+        values = [*self._headers.values(), self._password, self._bearer_token]
+        found = [v.get_secret_value() for v in values if v is not None]
+        authorization = self.headers_for_push().get("Authorization", "")
+        return [*found, authorization.partition(" ")[2]]  # the encoded basic credentials
+
     async def send(self, events: Sequence[AlertEvent]) -> None:
         if not events:
             return
@@ -109,4 +116,5 @@ class AlertmanagerNotifier:
             headers=self.headers_for_push(),
             timeout_s=self._timeout_s,
             dedup_key=only,
+            secrets=self._secrets(),
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit
@@ -12,6 +12,7 @@ import httpx
 from pydantic import SecretStr
 
 from kvpilot.agent.model import AlertEvent
+from kvpilot.collectors.secrets import mask_text, url_secrets
 
 # Alertmanager writes a firing alert's unknown end as Go's zero time.
 ZERO_TIME = "0001-01-01T00:00:00Z"
@@ -102,12 +103,16 @@ async def post(
     timeout_s: float | None = None,
     dedup_key: str | None = None,
     delivered: frozenset[str] = frozenset(),
+    secrets: Iterable[str] = (),
 ) -> httpx.Response:
-    """POST and classify the outcome; messages never carry the URL (it may hold a token).
+    """POST and classify the outcome; messages never carry the URL (it may hold a token),
+    and what the receiver or the transport says is masked: the URL's secret parts, the
+    notifier's own `secrets` (credentials, header values) and whatever reads as a secret.
 
     `timeout_s` bounds the whole request (connect, send, answer) in place of the client's own
     timeouts; None keeps the client's.
     """
+    known = (*secrets, *url_secrets(url))
     try:
         if timeout_s is None:
             response = await client.post(url, content=content, headers=dict(headers))
@@ -127,7 +132,7 @@ async def post(
         ) from exc
     except httpx.TransportError as exc:
         raise DeliveryError(
-            f"{name}: {type(exc).__name__}: {exc}",
+            f"{name}: {type(exc).__name__}: {mask_text(str(exc), known)}",
             True,
             delivered=delivered,
             dedup_key=dedup_key,
@@ -135,7 +140,7 @@ async def post(
     status = response.status_code
     if 200 <= status < 300:
         return response
-    excerpt = response.text[:200].strip()
+    excerpt = mask_text(response.text[:200].strip(), known)
     retryable = status >= 500 or status in RETRYABLE_STATUSES
     raise DeliveryError(
         f"{name}: HTTP {status}" + (f": {excerpt}" if excerpt else ""),

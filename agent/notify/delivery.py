@@ -19,6 +19,7 @@ from typing import Literal, Protocol
 
 from kvpilot.agent.model import AlertEvent
 from kvpilot.agent.notify.base import DeliveryError, Notifier
+from kvpilot.collectors.secrets import mask_text
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +217,8 @@ class DeliveryWorker:
             counts[(name, "given_up")] += len(items)
             errors.append((name, error))
             log.warning(
-                "delivery: giving up", extra={"notifier": name, "items": len(items), "error": error}
+                "delivery: giving up",
+                extra={"notifier": name, "items": len(items), "error": mask_text(error)},
             )
             return
         state = self._states[name]
@@ -250,7 +252,7 @@ class DeliveryWorker:
                     extra={
                         "notifier": name,
                         "items": len(queue),
-                        "error": err.message,
+                        "error": mask_text(err.message),
                         "retry_in_s": round(delay, 3),
                     },
                 )
@@ -264,7 +266,7 @@ class DeliveryWorker:
             queue = [i for i in queue if i.dedup_key != culprit]
             log.warning(
                 "delivery: rejected, giving up",
-                extra={"notifier": name, "dedup_key": culprit, "error": err.message},
+                extra={"notifier": name, "dedup_key": culprit, "error": mask_text(err.message)},
             )
             self._outbox.mark_failed([i.id for i in rejected], err.message, now, give_up=True)
             counts[(name, "given_up")] += len(rejected)
@@ -311,7 +313,7 @@ class DeliveryWorker:
             reason = f"gave up after {self._max_age_s:.0f} s: {error}"
             log.warning(
                 "delivery: expired, giving up",
-                extra={"notifier": name, "items": len(expired), "error": error},
+                extra={"notifier": name, "items": len(expired), "error": mask_text(error)},
             )
             self._outbox.mark_failed([i.id for i in expired], reason, now, give_up=True)
             counts[(name, "given_up")] += len(expired)

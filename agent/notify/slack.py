@@ -11,6 +11,7 @@ from pydantic import SecretStr
 
 from kvpilot.agent.model import AlertEvent
 from kvpilot.agent.notify.base import post, redacted_url
+from kvpilot.collectors.secrets import url_secrets
 
 
 def _duration(seconds: float) -> str:
@@ -98,5 +99,6 @@ class SlackNotifier:
                 timeout_s=self._timeout_s,
                 dedup_key=event.dedup_key,
                 delivered=frozenset(delivered),
+                secrets=url_secrets(self._url.get_secret_value(), path_is_secret=True),
             )
             delivered.add(event.dedup_key)

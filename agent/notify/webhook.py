@@ -108,6 +108,11 @@ class WebhookNotifier:
             ours[SIGNATURE_HEADER] = sign(self._secret, timestamp, body)
         return with_headers(self._headers, ours)
 
+    def _secrets(self) -> list[str]:
+        """What a receiver's answer must not repeat: the header values and the signing key."""
+        values = [*self._headers.values(), *([self._secret] if self._secret else [])]
+        return [v.get_secret_value() for v in values]
+
     async def send(self, events: Sequence[AlertEvent]) -> None:
         delivered: set[str] = set()
         for event in events:
@@ -121,5 +126,6 @@ class WebhookNotifier:
                 timeout_s=self._timeout_s,
                 dedup_key=event.dedup_key,
                 delivered=frozenset(delivered),
+                secrets=self._secrets(),
             )
             delivered.add(event.dedup_key)

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvpilot.collectors.secrets import mask_argv
 from kvpilot.collectors.vllm_argv import launch_split
 
 ROLE_LABEL = "kvpilot.dev/role"  # as in deploy/base/deployment.yaml
@@ -79,7 +80,7 @@ def split_argv(argv: Sequence[str], current_command: Sequence[str] | None) -> Co
         return ContainerCommand(tuple(argv[:cut]), tuple(argv[cut:]))
     if argv[0].startswith("-"):
         return ContainerCommand(None, tuple(argv))
-    raise ValueError(f"not a vLLM command line nor flags: {argv[:3]!r}")
+    raise ValueError(f"not a vLLM command line nor flags: {mask_argv(argv)[:3]!r}")
 
 
 def _with_command(container: Obj, command: ContainerCommand) -> None:

@@ -4,9 +4,9 @@ The stable instance is a Deployment whose pod also runs this sidecar; the canary
 `<name>-kvpilot-canary`, built from the stable pod template with the candidate's args.
 Promotion patches the stable container's args (a rolling update), unless the Deployment
 belongs to GitOps or the target says so: then the patch is written to the state directory
-for a person or a pull request to apply (recommend-only). A plain restart of the stable
-instance signals vLLM through the shared PID namespace (the `process` runtime) or, where
-configured, patches the `restartedAt` annotation as `kubectl rollout restart` does.
+for a person or a pull request to apply (recommend-only), its secrets masked. A plain
+restart of the stable instance signals vLLM through the shared PID namespace (the `process`
+runtime) or, where configured, patches `restartedAt` as `kubectl rollout restart` does.
 The client is synchronous; every call runs in a worker thread.
 """
 
@@ -40,6 +40,7 @@ from kvpilot.agent.runtimes.k8s_values import (
     Recommendation,
 )
 from kvpilot.agent.runtimes.probe import wait_ready
+from kvpilot.collectors.secrets import MASK, mask, mask_argv
 
 DEPLOYMENTS = "deployments.apps"
 PODS = "pods"
@@ -216,7 +217,7 @@ class KubernetesRuntime:
         try:
             return objects.split_argv(argv, container.get("command"))
         except ValueError as exc:
-            raise RuntimeFailure(f"cannot run {list(argv)[:4]!r} in the pod: {exc}") from exc
+            raise RuntimeFailure(f"cannot run {mask_argv(argv)[:4]} in the pod: {exc}") from exc
 
     async def start_canary(self, argv: Sequence[str] | None, *, ready_timeout_s: float) -> Instance:
         """Create the canary Deployment with `argv` (the stable's when None), wait until ready."""
@@ -315,7 +316,10 @@ class KubernetesRuntime:
 
     def _recommend(self, stable: dict[str, Any], patch: dict[str, Any], why: str) -> Recommendation:
         meta = stable["metadata"]
-        text = json.dumps(patch, indent=2, sort_keys=True)
+        masked = mask(patch)  # the file may end in a repository; the applied patch keeps them
+        if masked != patch:
+            why += f"; secret values are masked as {MASK} in the patch: put them back first"
+        text = json.dumps(masked, indent=2, sort_keys=True)
         path = None
         if self.target.state_dir is not None:
             folder = self.target.state_dir / "k8s-recommendations"

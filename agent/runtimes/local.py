@@ -38,7 +38,8 @@ from kvpilot.collectors.procfs import (
     live_group_members,
     start_wall_s,
 )
-from kvpilot.collectors.vllm_argv import ServerArgs, parse_server_argv, redacted
+from kvpilot.collectors.secrets import mask_argv
+from kvpilot.collectors.vllm_argv import ServerArgs, parse_server_argv
 
 LOG_TAIL_CHARS = 4000
 
@@ -229,7 +230,7 @@ class LocalRuntime:
         stamp = datetime.fromtimestamp(self._wall_clock(), UTC).isoformat(timespec="seconds")
         header = (
             f"\n===== kvpilot: start #{slot.starts_total} of {spec.name} at {stamp}: "
-            f"{shlex.join(redacted(spec.argv))} =====\n"
+            f"{shlex.join(mask_argv(spec.argv))} =====\n"
         )
         with slot.log_path.open("ab") as log:
             log.write(header.encode())

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from kvpilot.agent.model import AlertEvent
 from kvpilot.agent.notify.delivery import OutboxItem
 from kvpilot.agent.state.db import Database
+from kvpilot.collectors.secrets import mask_text
 
 _COLUMNS = (
     "id, notifier, dedup_key, event_json, attempts, next_attempt_wall_s, created_wall_s, last_error"
@@ -117,8 +118,9 @@ class SqliteOutbox:
                 "UPDATE outbox SET attempts = attempts + 1, last_error = ?, "  # noqa: S608 (? only)
                 "next_attempt_wall_s = ?, state = ? "
                 f"WHERE state = 'pending' AND id IN ({_placeholders(item_ids)})",
-                (error, next_attempt_wall_s, "given_up" if give_up else "pending", *item_ids),
-            )
+                (mask_text(error), next_attempt_wall_s, "given_up" if give_up else "pending",
+                 *item_ids),
+            )  # fmt: skip
 
     def backlog(self) -> int:
         return int(self._db.read("SELECT count(*) FROM outbox WHERE state = 'pending'")[0][0])

@@ -24,6 +24,7 @@ from kvpilot.agent.remediation.decision import Decision, read_decision
 from kvpilot.agent.state.db import DEFAULT_BUSY_TIMEOUT_S, Database
 from kvpilot.agent.state.lock import StateLock
 from kvpilot.agent.state.outbox import SqliteOutbox
+from kvpilot.collectors.secrets import mask, mask_text
 
 RemediationState = Literal[
     "planned", "draining", "restarting", "verifying", "succeeded", "failed", "vetoed", "skipped"
@@ -228,7 +229,7 @@ class StateStore:
                     instance,
                     action,
                     state,
-                    reason,
+                    mask_text(reason),
                     started_wall_s,
                     finished,
                     old_pid,
@@ -253,7 +254,7 @@ class StateStore:
                 "UPDATE remediations SET state = ?, reason = coalesce(?, reason), "
                 "finished_wall_s = coalesce(?, finished_wall_s), "
                 "new_pid = coalesce(?, new_pid) WHERE id = ?",
-                (state, reason, finished, new_pid, remediation_id),
+                (state, reason and mask_text(reason), finished, new_pid, remediation_id),
             )
             if cursor.rowcount != 1:
                 raise KeyError(f"no remediation with id {remediation_id}")
@@ -317,12 +318,12 @@ class StateStore:
                     wall_s,
                     actor,
                     action,
-                    target,
+                    mask_text(target),
                     decision,
-                    reason,
+                    mask_text(reason),
                     incident_id,
                     remediation_id,
-                    json.dumps(dict(details or {}), sort_keys=True, default=str),
+                    json.dumps(mask(_plain(dict(details or {}))), sort_keys=True),
                 ),
             )
             return int(cursor.lastrowid or 0)
@@ -358,7 +359,9 @@ class StateStore:
         return json.loads(rows[0][0]) if rows else None
 
     def set_fact(self, key: str, value: Any, now_wall_s: float) -> None:
-        text = json.dumps(value, sort_keys=True)
+        """Stores `value` masked (`collectors.secrets.mask`): an argv's secrets are `***` in
+        the file; whoever runs it takes them back from the argv it came from."""
+        text = json.dumps(mask(value), sort_keys=True)
         with self._db.transaction() as conn:
             conn.execute(
                 "INSERT INTO kv (key, value_json, updated_wall_s) VALUES (?, ?, ?) "
@@ -403,6 +406,11 @@ def _check_state(state: str) -> None:
 
 def _remediation(row: sqlite3.Row) -> RemediationRecord:
     return RemediationRecord(**dict(row))
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready data for the audit details: what json cannot write becomes its text."""
+    return json.loads(json.dumps(value, default=str))
 
 
 def _labels_json(labels: Labels) -> str:

@@ -12,6 +12,7 @@ import sqlite3
 from typing import Any
 
 from kvpilot.agent.state.db import Database
+from kvpilot.collectors.secrets import mask
 from kvpilot.tuner.rollout import Phase, RolloutRecord, Strategy
 from kvpilot.tuner.trials import Trial, trial_from_dict, trial_to_dict
 
@@ -100,11 +101,13 @@ class SqliteRolloutJournal:
 
 
 def record_to_dict(record: RolloutRecord) -> dict[str, Any]:
-    """A JSON-ready dict of a rollout record."""
+    """A JSON-ready dict of a rollout record, masked for storage: the argv's secrets are
+    `***` in the file, and the tuner's runtime takes them back from the running argv
+    (`collectors.secrets.restore_secrets`) before it starts a server with one."""
     data = dataclasses.asdict(record)
     data["stable_argv"] = list(record.stable_argv)
     data["candidate_argv"] = list(record.candidate_argv)
-    return data
+    return mask(data)
 
 
 def record_from_dict(data: dict[str, Any]) -> RolloutRecord:

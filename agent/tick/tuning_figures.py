@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvpilot.agent.model import Instance
+from kvpilot.collectors.secrets import mask_argv
 from kvpilot.dashboards import tuning_metrics
 from kvpilot.tuner.trials import Trial, TrialStore
 
@@ -38,10 +39,13 @@ NOTHING_YET = TuningFigures(None, None, (), ())
 def live_flags(
     instances: Sequence[Instance], source_of: Callable[[Instance], tuning_metrics.FlagSource]
 ) -> tuple[tuning_metrics.LiveFlags, ...]:
-    """Each stable instance's flags, and whether they are the configured or promoted ones."""
+    """Each stable instance's flags (secrets masked), and whether they are the configured or
+    promoted ones."""
     return tuple(
         tuning_metrics.LiveFlags(
-            server=instance.name, flags=" ".join(instance.argv or ()), source=source_of(instance)
+            server=instance.name,
+            flags=" ".join(mask_argv(instance.argv or ())),
+            source=source_of(instance),
         )
         for instance in instances
         if instance.role == "stable"

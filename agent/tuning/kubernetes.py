@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from kvpilot.agent.runtimes.base import NotReady, RuntimeFailure
 from kvpilot.agent.runtimes.k8s_lease import LeaseRecord
 from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime, PromotionNotApplied
+from kvpilot.collectors.secrets import SecretLost, has_masked, restore_secrets
 from kvpilot.tuner.ports import CandidateStartFailed, RestartRefused
 
 
@@ -42,7 +43,17 @@ class KubernetesTunerAdapter:
     def stable_url(self) -> str:
         return next(i.url for i in self._runtime.instances() if i.role == "stable")
 
+    def _with_secrets(self, argv: Sequence[str]) -> tuple[str, ...]:
+        """An argv read back from the journal holds its secrets masked: the stable's own."""
+        if not has_masked(argv):
+            return tuple(argv)
+        try:
+            return restore_secrets(argv, self.stable_argv())
+        except SecretLost as exc:
+            raise RuntimeFailure(str(exc)) from exc
+
     async def start_canary(self, argv: Sequence[str], *, ready_timeout_s: float) -> str:
+        argv = self._with_secrets(argv)
         try:
             instance = await self._runtime.start_canary(argv, ready_timeout_s=ready_timeout_s)
         except NotReady as exc:
@@ -57,6 +68,7 @@ class KubernetesTunerAdapter:
         self, argv: Sequence[str], *, reason: str, ready_timeout_s: float, restore: bool = False
     ) -> None:
         """Promote `argv` into the stable Deployment (rolling), or write the patch."""
+        argv = self._with_secrets(argv)
         try:
             await self._runtime.restart(
                 self._runtime.target.stable_name, drain_timeout_s=self._drain_s,

@@ -27,6 +27,7 @@ from kvpilot.agent.state.store import StateStore
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.promoted import PROMOTED_FACT
 from kvpilot.collectors.procfs import list_processes, live_group_members, read_environ
+from kvpilot.collectors.secrets import SecretLost, has_masked, restore_secrets
 from kvpilot.collectors.vllm_argv import set_flag
 from kvpilot.tuner.ports import CandidateStartFailed, RestartRefused
 from kvpilot.tuner.rollout import Recovered, recover
@@ -92,7 +93,22 @@ class LocalTunerAdapter:
     def canary_url(self) -> str:
         return f"http://127.0.0.1:{self._canary_port}"
 
+    def _with_secrets(self, argv: Sequence[str]) -> tuple[str, ...]:
+        """An argv read back from the journal holds its secrets masked: they come from the
+        stable's argv (else the configured one), which the tuner never changes."""
+        if not has_masked(argv):
+            return tuple(argv)
+        sources = [self._configured]
+        with contextlib.suppress(RuntimeFailure):
+            sources.insert(0, self.stable_argv())
+        for source in sources:
+            with contextlib.suppress(SecretLost):
+                return restore_secrets(argv, source)
+        raise RuntimeFailure("a stored argv's masked secret is in neither the running argv "
+                             "nor the configured one")  # fmt: skip
+
     async def start_canary(self, argv: Sequence[str], *, ready_timeout_s: float) -> str:
+        argv = self._with_secrets(argv)
         await self._stop_left_canary()
         # Recorded before it starts: a kvpilot that dies while it starts leaves it findable.
         canary_id = uuid.uuid4().hex
@@ -138,6 +154,7 @@ class LocalTunerAdapter:
         """Restart the stable instance with `argv`: through `restart_stable` (the agent's
         remediator, with its guards) when given, else straight through the runtime (an
         operator's `kvpilot tune`). A refusal changes nothing and is not recorded."""
+        argv = self._with_secrets(argv)
         try:
             if self._restart_stable is not None:
                 await self._restart_stable(tuple(argv), reason, restore)
@@ -155,6 +172,7 @@ class LocalTunerAdapter:
             self._record(tuple(argv), reason)
 
     def _record(self, argv: tuple[str, ...], reason: str) -> None:
+        """The promotion, for the next start; the store keeps the argv masked."""
         if argv == self._configured:
             self._store.delete_fact(PROMOTED_FACT)
         else:

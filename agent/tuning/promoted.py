@@ -18,8 +18,10 @@ from typing import Any, Literal
 
 from kvpilot.agent.config import AgentConfig, InstanceConfig, LocalRuntimeConfig
 from kvpilot.agent.state.store import StateStore
+from kvpilot.collectors.secrets import SecretLost, restore_secrets
 
-PROMOTED_FACT = "tuning.promoted"  # {"argv": [...], "yaml_sha256": ..., "reason": ...}
+# {"argv": [...], "yaml_sha256": ..., "reason": ...}; the argv's secrets stored masked.
+PROMOTED_FACT = "tuning.promoted"
 # The hash of the YAML the running agent decided its flags under: {"yaml_sha256": ...}.
 RUNNING_CONFIG_FACT = "agent.config"
 
@@ -68,7 +70,12 @@ def live_argv(
     """The flags to run: the promoted ones while the YAML (`config_sha256`) is the one they
     were promoted under, else the configured ones."""
     if promoted and config_sha256 is not None and promoted.get("yaml_sha256") == config_sha256:
-        return LiveArgv(tuple(promoted["argv"]), Why.PROMOTED, promoted.get("reason"))
+        try:
+            # Stored masked: the secrets come back from the YAML they were promoted under.
+            argv = restore_secrets(promoted["argv"], configured)
+        except SecretLost:
+            return LiveArgv(tuple(configured), Why.CONFIGURED)
+        return LiveArgv(argv, Why.PROMOTED, promoted.get("reason"))
     if promoted and config_sha256 is not None:
         return LiveArgv(tuple(configured), Why.YAML_CHANGED)
     return LiveArgv(tuple(configured), Why.CONFIGURED)

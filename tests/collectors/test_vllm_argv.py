@@ -15,7 +15,6 @@ from kvpilot.collectors.vllm_argv import (
     launch_form,
     launch_split,
     parse_server_argv,
-    redacted,
     set_flag,
     without_flags,
 )
@@ -107,13 +106,6 @@ def test_a_bad_port_is_named() -> None:
         parse_server_argv(["vllm", "serve", "m", "--port", "http"])
     with pytest.raises(NotAVllmServer, match="--port must be a TCP port"):
         parse_server_argv(["vllm", "serve", "m", "--port=70000"])
-
-
-def test_redacted_hides_every_api_key_value() -> None:
-    assert redacted(MODULE_FORM).count("***") == 2
-    assert "k1" not in redacted(MODULE_FORM) and "k2" not in redacted(MODULE_FORM)
-    assert redacted(SERVE_FORM)[4] == "--api-key=***"
-    assert redacted(["vllm", "serve", "m"]) == ["vllm", "serve", "m"]
 
 
 @pytest.mark.parametrize(
@@ -221,9 +213,3 @@ def test_without_flags_takes_a_flags_values_with_it() -> None:
     assert without_flags(argv, ["--api-key", "--kv-cache-memory-bytes"]) == (
         "python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m", "--port", "1",
     )  # fmt: skip
-
-
-def test_redacted_hides_api_keys_in_every_spelling() -> None:
-    argv = ["vllm", "serve", "m", "--api_key", "k1", "--api-key=k2", "--port", "1"]
-    assert redacted(argv) == ["vllm", "serve", "m", "--api_key", "***", "--api-key=***",
-                              "--port", "1"]  # fmt: skip

@@ -197,3 +197,23 @@ def test_an_invalid_patch_is_rejected_after_merging(fake, standin, tmp_path) -> 
         runtime._patch("vllm", bad)
     args = fake.deployment(NAMESPACE, "vllm")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert isinstance(args, list)
+
+
+def test_secrets_are_masked_in_the_recommendation_and_kept_in_the_applied_patch(
+    fake, standin, tmp_path
+) -> None:
+    argv = [*candidate(standin.port), "--api-key=sk-k8s-key-1"]
+    fake.add_deployment(base_deployment(standin.port))
+    recommend = make_runtime(fake, standin.port, tmp_path, promote="recommend")
+
+    with pytest.raises(PromotionNotApplied, match="masked") as caught:
+        asyncio.run(recommend.restart("vllm", drain_timeout_s=5, ready_timeout_s=10, argv=argv))
+
+    written = caught.value.recommendation.path.read_text()
+    assert "sk-k8s-key-1" not in written and "--api-key=***" in written
+    assert "sk-k8s-key-1" not in caught.value.recommendation.patch
+    # Applied through the API, the server keeps its key.
+    apply = make_runtime(fake, standin.port, tmp_path, promote="apply")
+    asyncio.run(apply.promote(argv, ready_timeout_s=10))
+    args = fake.deployment(NAMESPACE, "vllm")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args == argv

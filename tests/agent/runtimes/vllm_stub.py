@@ -4,7 +4,8 @@ Run a copy of this file named `vllm`: `python DIR/vllm serve MODEL [--host H] [-
 is the `vllm serve` launch form as /proc shows it. It answers /health, /v1/models and
 /v1/completions on --port at --host (loopback when --host is absent or a wildcard); when that
 address is taken (a second server claiming it) it only waits. Once set up it creates the file
-named by STUB_READY_FILE. SIGTERM ends it; SIGUSR1 makes it exec a process that no longer looks
+named by STUB_READY_FILE. With STUB_METRICS_FILE it serves that recorded payload on /metrics
+(and vLLM 0.32.0 on /version). SIGTERM ends it; SIGUSR1 makes it exec a process that no longer looks
 like vLLM (same PID, same start time).
 """
 
@@ -41,7 +42,17 @@ def handler_for(model: str) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def do_GET(self) -> None:
-            if self.path == "/health":
+            metrics = os.environ.get("STUB_METRICS_FILE")
+            if self.path == "/metrics" and metrics:
+                data = Path(metrics).read_bytes()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            elif self.path == "/version" and metrics:
+                self._send(200, {"version": "0.32.0"})
+            elif self.path == "/health":
                 self._send(200, {})
             elif self.path == "/v1/models":
                 self._send(200, {"data": [{"id": model}]})

@@ -106,3 +106,40 @@ def test_a_server_kvpilot_does_not_start_runs_its_own_flags(tmp_path: Path) -> N
         store.set_fact("tuning.promoted", FACT, 0.0)
         assert promoted_argv(config, store, "sha-1") == {}
         assert running_flags_source(config, store, "vllm", PROMOTED) == "configured"
+
+
+KEYED = ("vllm", "serve", "/m", "--api-key", "sk-promoted-1", "--max-num-seqs", "4")
+KEYED_PROMOTED = (*KEYED[:-1], "16")
+
+
+def test_a_promotion_is_stored_masked_and_runs_with_the_configured_key(tmp_path: Path) -> None:
+    instances = [{"name": "a", "argv": list(KEYED)}]
+    data = {"state_dir": str(tmp_path / "state"),
+            "runtime": {"kind": "local", "instances": instances}}  # fmt: skip
+    path = tmp_path / "kvpilot.yaml"
+    path.write_text(yaml.safe_dump(data))
+    config = load_config(path)
+    restarted: list[tuple[str, ...]] = []
+
+    async def restart(argv: tuple[str, ...], reason: str, restore: bool) -> None:
+        restarted.append(argv)
+
+    with StateStore.open(config.state_dir) as store:
+        runtime = LocalRuntime([], config.state_dir / "logs")
+        adapter = local_adapter(
+            config, runtime, store.db, config_sha256=yaml_hash(path), restart_stable=restart
+        )
+        asyncio.run(adapter.set_stable(KEYED_PROMOTED, reason="trial 3", ready_timeout_s=1.0))
+        stored = store.get_fact("tuning.promoted")["argv"]
+        assert "sk-promoted-1" not in stored and stored[4] == "***"
+        # What runs next has the key the YAML gives it.
+        assert promoted_argv(config, store, yaml_hash(path)) == {"a": KEYED_PROMOTED}
+        # An argv read back from the journal (masked) is restarted with the real key.
+        masked = (*KEYED_PROMOTED[:4], "***", *KEYED_PROMOTED[5:])
+        asyncio.run(adapter.set_stable(masked, reason="recovery", ready_timeout_s=1.0))
+        assert restarted == [KEYED_PROMOTED, KEYED_PROMOTED]
+
+
+def test_a_masked_promotion_without_its_key_in_the_yaml_runs_the_configuration() -> None:
+    fact = {"argv": ["vllm", "serve", "/m", "--api-key", "***"], "yaml_sha256": "sha-1"}
+    assert live_argv(CONFIGURED, fact, "sha-1") == LiveArgv(CONFIGURED, Why.CONFIGURED)
