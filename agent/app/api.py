@@ -15,15 +15,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from starlette.requests import Request
-from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from kvpilot.agent.app.json_render import JsonResponse
 from kvpilot.agent.config import AgentConfig, LocalRuntimeConfig
 from kvpilot.agent.tick.sidecar import Sidecar
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Request], Awaitable[JSONResponse]]
+Handler = Callable[[Request], Awaitable[JsonResponse]]
 
 
 class SilenceRequest(BaseModel):
@@ -84,9 +84,9 @@ def api_routes(sidecar: Sidecar, token: SecretStr | None) -> list[Route]:
     background: set[asyncio.Task[Any]] = set()
 
     def protected(handler: Handler) -> Handler:
-        async def guarded(request: Request) -> JSONResponse:
+        async def guarded(request: Request) -> JsonResponse:
             if token is None:
-                return JSONResponse(
+                return JsonResponse(
                     {"error": "the control API is disabled: configure api.token"}, 403
                 )
             given = request.headers.get("authorization", "")
@@ -94,18 +94,18 @@ def api_routes(sidecar: Sidecar, token: SecretStr | None) -> list[Route]:
             if not hmac.compare_digest(given.encode(), expected.encode()):
                 log.warning("control API: refused %s %s (bad or missing token)",
                             request.method, request.url.path)  # fmt: skip
-                return JSONResponse({"error": "missing or wrong bearer token"}, 401)
+                return JsonResponse({"error": "missing or wrong bearer token"}, 401)
             try:
                 return await handler(request)
             except ValidationError as exc:
                 problems = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
-                return JSONResponse({"error": "invalid request", "problems": problems}, 422)
+                return JsonResponse({"error": "invalid request", "problems": problems}, 422)
             except ValueError as exc:
-                return JSONResponse({"error": str(exc)}, 422)
+                return JsonResponse({"error": str(exc)}, 422)
 
         return guarded
 
-    async def status(_: Request) -> JSONResponse:
+    async def status(_: Request) -> JsonResponse:
         runtime = sidecar.runtime
         configured = _configured_argv(sidecar.config)
         targets = []
@@ -139,12 +139,12 @@ def api_routes(sidecar: Sidecar, token: SecretStr | None) -> list[Route]:
             "last_actions": _plain(sidecar.store.remediations(limit=10)),
             "outbox_backlog": sidecar.store.outbox.backlog(),
         }
-        return JSONResponse(body)
+        return JsonResponse(body)
 
-    async def alerts(_: Request) -> JSONResponse:
-        return JSONResponse({"alerts": _plain(sidecar.tracker.alerts())})
+    async def alerts(_: Request) -> JsonResponse:
+        return JsonResponse({"alerts": _plain(sidecar.tracker.alerts())})
 
-    async def silence(request: Request) -> JSONResponse:
+    async def silence(request: Request) -> JsonResponse:
         body = SilenceRequest.model_validate(await request.json())
         now = sidecar.now_wall_s()
         made = sidecar.tracker.silence(body.matchers, now + body.duration_s, comment=body.comment)
@@ -156,13 +156,13 @@ def api_routes(sidecar: Sidecar, token: SecretStr | None) -> list[Route]:
                 details={"silence_id": made.silence_id, "until_wall_s": made.until_wall_s,
                          "requested_by": body.requested_by},
             )  # fmt: skip
-        return JSONResponse({"silence": _plain(made)}, 201)
+        return JsonResponse({"silence": _plain(made)}, 201)
 
-    async def trigger(request: Request) -> JSONResponse:
+    async def trigger(request: Request) -> JsonResponse:
         body = TriggerRequest.model_validate(await request.json())
         names = {i.name for i in sidecar.runtime.instances()}
         if body.instance not in names:
-            return JSONResponse({"error": f"unknown instance {body.instance!r}"}, 404)
+            return JsonResponse({"error": f"unknown instance {body.instance!r}"}, 404)
         task = asyncio.get_running_loop().create_task(
             sidecar.remediator.trigger(
                 body.instance, requested_by=body.requested_by, force=body.force, reason=body.reason
@@ -170,22 +170,22 @@ def api_routes(sidecar: Sidecar, token: SecretStr | None) -> list[Route]:
         )
         background.add(task)
         task.add_done_callback(background.discard)
-        return JSONResponse({"accepted": True, "instance": body.instance}, 202)
+        return JsonResponse({"accepted": True, "instance": body.instance}, 202)
 
-    async def veto(request: Request) -> JSONResponse:
+    async def veto(request: Request) -> JsonResponse:
         body = VetoRequest.model_validate(await request.json())
         sidecar.remediator.veto(
             requested_by=body.requested_by, reason=body.reason,
             instance=body.instance, incident_id=body.incident_id,
         )  # fmt: skip
-        return JSONResponse({"vetoed": body.instance or body.incident_id}, 201)
+        return JsonResponse({"vetoed": body.instance or body.incident_id}, 201)
 
-    async def reset_breaker(request: Request) -> JSONResponse:
+    async def reset_breaker(request: Request) -> JsonResponse:
         instance = request.path_params["instance"]
         changed = sidecar.remediator.reset_breaker(
             instance, requested_by="api", reason="reset through the API"
         )
-        return JSONResponse({"instance": instance, "was_open": changed})
+        return JsonResponse({"instance": instance, "was_open": changed})
 
     return [
         Route("/api/v1/status", status),
