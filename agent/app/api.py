@@ -1,7 +1,10 @@
 """The JSON API beside /metrics: read-only status and alerts, token-protected control.
 
 Control endpoints (POST) need `Authorization: Bearer <api.token>`; without a configured
-token they are disabled (403), never open.
+token they are disabled (403), never open. The token is checked before the body is read;
+then the body is read within `BodyLimits` (413 when too large, 400 when not JSON or nested
+too deep), validated (422), and its instance looked up (404), all before anything is
+changed or recorded.
 """
 
 from __future__ import annotations
@@ -11,42 +14,64 @@ import dataclasses
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 from starlette.requests import Request
-from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from kvpilot.agent.app.json_render import JsonResponse, error_response
+from kvpilot.agent.app.request_body import BodyLimits, RequestRejected, read_json
 from kvpilot.agent.config import AgentConfig, LocalRuntimeConfig
 from kvpilot.agent.tick.sidecar import Sidecar
 from kvpilot.collectors.secrets import mask_argv, mask_url
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Request], Awaitable[JSONResponse]]
+Handler = Callable[[Request], Awaitable[JsonResponse]]
+
+MAX_MATCHERS = 32
+MAX_PROBLEMS = 10
+DEFAULT_LIMITS = BodyLimits()
+# Prometheus's label-name syntax, as alert labels use it.
+LabelName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$", max_length=128)]
+LabelValue = Annotated[str, StringConstraints(max_length=256)]
+InstanceName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+IncidentId = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+# Strict: a number where a string belongs (or "yes" for a boolean) is refused, not converted.
+_STRICT = ConfigDict(extra="forbid", strict=True)
 
 
 class SilenceRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    matchers: dict[str, str] = Field(min_length=1, description="Labels an alert must carry.")
+    model_config = _STRICT
+    matchers: dict[LabelName, LabelValue] = Field(
+        min_length=1, max_length=MAX_MATCHERS, description="Labels an alert must carry."
+    )
     duration_s: float = Field(gt=0, le=30 * 86400, description="How long the silence lasts.")
     comment: str = Field("", max_length=500)
     requested_by: str = Field("api", max_length=100)
 
 
 class TriggerRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    instance: str
+    model_config = _STRICT
+    instance: InstanceName
     force: bool = False
     reason: str = Field("", max_length=500)
     requested_by: str = Field("api", max_length=100)
 
 
 class VetoRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    instance: str | None = None
-    incident_id: str | None = None
+    model_config = _STRICT
+    instance: InstanceName | None = None
+    incident_id: IncidentId | None = None
     reason: str = Field(min_length=1, max_length=500)
     requested_by: str = Field("api", max_length=100)
 
@@ -81,32 +106,52 @@ def _configured_argv(config: AgentConfig) -> dict[str, tuple[str, ...]]:
     return {i.name: tuple(i.argv) for i in config.runtime.instances}
 
 
-def api_routes(sidecar: Sidecar, token: SecretStr | None) -> list[Route]:
+def _problems(exc: ValidationError) -> list[str]:
+    """What was wrong, briefly: a few lines, each cut short (a field name can be long)."""
+    lines = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+    shown = [line if len(line) <= 200 else line[:199] + "…" for line in lines[:MAX_PROBLEMS]]
+    if len(lines) > MAX_PROBLEMS:
+        shown.append(f"... and {len(lines) - MAX_PROBLEMS} more")
+    return shown
+
+
+def api_routes(
+    sidecar: Sidecar, token: SecretStr | None, limits: BodyLimits = DEFAULT_LIMITS
+) -> list[Route]:
     background: set[asyncio.Task[Any]] = set()
 
     def protected(handler: Handler) -> Handler:
-        async def guarded(request: Request) -> JSONResponse:
+        async def guarded(request: Request) -> JsonResponse:
+            # Before anything else, the body included: an unauthenticated caller gets nothing
+            # parsed. The body may be left unread, so the connection closes after the answer.
             if token is None:
-                return JSONResponse(
-                    {"error": "the control API is disabled: configure api.token"}, 403
+                return error_response(
+                    403, "the control API is disabled: configure api.token", close=True
                 )
             given = request.headers.get("authorization", "")
             expected = f"Bearer {token.get_secret_value()}"
             if not hmac.compare_digest(given.encode(), expected.encode()):
                 log.warning("control API: refused %s %s (bad or missing token)",
                             request.method, request.url.path)  # fmt: skip
-                return JSONResponse({"error": "missing or wrong bearer token"}, 401)
+                return error_response(401, "missing or wrong bearer token", close=True)
             try:
                 return await handler(request)
+            except RequestRejected as exc:
+                return error_response(exc.status_code, exc.message, close=exc.status_code == 413)
             except ValidationError as exc:
-                problems = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
-                return JSONResponse({"error": "invalid request", "problems": problems}, 422)
+                return error_response(422, "invalid request", problems=_problems(exc))
             except ValueError as exc:
-                return JSONResponse({"error": str(exc)}, 422)
+                return error_response(422, str(exc))
 
         return guarded
 
-    async def status(_: Request) -> JSONResponse:
+    def known_instances() -> set[str]:
+        return {i.name for i in sidecar.runtime.instances()}
+
+    def unknown(instance: str) -> JsonResponse:
+        return error_response(404, f"unknown instance {instance[:128]!r}")
+
+    async def status(_: Request) -> JsonResponse:
         runtime = sidecar.runtime
         configured = _configured_argv(sidecar.config)
         targets = []
@@ -140,13 +185,13 @@ def api_routes(sidecar: Sidecar, token: SecretStr | None) -> list[Route]:
             "last_actions": _plain(sidecar.store.remediations(limit=10)),
             "outbox_backlog": sidecar.store.outbox.backlog(),
         }
-        return JSONResponse(body)
+        return JsonResponse(body)
 
-    async def alerts(_: Request) -> JSONResponse:
-        return JSONResponse({"alerts": _plain(sidecar.tracker.alerts())})
+    async def alerts(_: Request) -> JsonResponse:
+        return JsonResponse({"alerts": _plain(sidecar.tracker.alerts())})
 
-    async def silence(request: Request) -> JSONResponse:
-        body = SilenceRequest.model_validate(await request.json())
+    async def silence(request: Request) -> JsonResponse:
+        body = SilenceRequest.model_validate(await read_json(request, limits))
         now = sidecar.now_wall_s()
         made = sidecar.tracker.silence(body.matchers, now + body.duration_s, comment=body.comment)
         with sidecar.store.transaction():
@@ -157,13 +202,12 @@ def api_routes(sidecar: Sidecar, token: SecretStr | None) -> list[Route]:
                 details={"silence_id": made.silence_id, "until_wall_s": made.until_wall_s,
                          "requested_by": body.requested_by},
             )  # fmt: skip
-        return JSONResponse({"silence": _plain(made)}, 201)
+        return JsonResponse({"silence": _plain(made)}, 201)
 
-    async def trigger(request: Request) -> JSONResponse:
-        body = TriggerRequest.model_validate(await request.json())
-        names = {i.name for i in sidecar.runtime.instances()}
-        if body.instance not in names:
-            return JSONResponse({"error": f"unknown instance {body.instance!r}"}, 404)
+    async def trigger(request: Request) -> JsonResponse:
+        body = TriggerRequest.model_validate(await read_json(request, limits))
+        if body.instance not in known_instances():
+            return unknown(body.instance)
         task = asyncio.get_running_loop().create_task(
             sidecar.remediator.trigger(
                 body.instance, requested_by=body.requested_by, force=body.force, reason=body.reason
@@ -171,22 +215,28 @@ def api_routes(sidecar: Sidecar, token: SecretStr | None) -> list[Route]:
         )
         background.add(task)
         task.add_done_callback(background.discard)
-        return JSONResponse({"accepted": True, "instance": body.instance}, 202)
+        return JsonResponse({"accepted": True, "instance": body.instance}, 202)
 
-    async def veto(request: Request) -> JSONResponse:
-        body = VetoRequest.model_validate(await request.json())
+    async def veto(request: Request) -> JsonResponse:
+        body = VetoRequest.model_validate(await read_json(request, limits))
+        if body.instance is not None and body.instance not in known_instances():
+            return unknown(body.instance)
         sidecar.remediator.veto(
             requested_by=body.requested_by, reason=body.reason,
             instance=body.instance, incident_id=body.incident_id,
         )  # fmt: skip
-        return JSONResponse({"vetoed": body.instance or body.incident_id}, 201)
+        return JsonResponse({"vetoed": body.instance or body.incident_id}, 201)
 
-    async def reset_breaker(request: Request) -> JSONResponse:
+    async def reset_breaker(request: Request) -> JsonResponse:
         instance = request.path_params["instance"]
+        # An instance gone from the runtime may still hold an open breaker (and its page).
+        breakers = {b.instance for b in sidecar.remediator.status().breakers}
+        if instance not in known_instances() | breakers:
+            return unknown(instance)
         changed = sidecar.remediator.reset_breaker(
             instance, requested_by="api", reason="reset through the API"
         )
-        return JSONResponse({"instance": instance, "was_open": changed})
+        return JsonResponse({"instance": instance, "was_open": changed})
 
     return [
         Route("/api/v1/status", status),
