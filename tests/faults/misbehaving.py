@@ -38,6 +38,16 @@ def answer(body: bytes, content_type: str = "text/plain; version=0.0.4") -> Writ
     return write
 
 
+def late(delay_s: float, body: bytes) -> Writer:
+    """A plain 200 with `body`, after `delay_s` of silence."""
+
+    def write(handler: BaseHTTPRequestHandler, server: Misbehaving) -> None:
+        if not server.closing.wait(delay_s):
+            answer(body)(handler, server)
+
+    return write
+
+
 def answers(bodies: Sequence[bytes]) -> Writer:
     """The n-th request gets the n-th body (the last one from then on)."""
     lock = threading.Lock()
