@@ -167,6 +167,9 @@ def _engine(figures: _Figures, engine: str, model_name: str, taken_at_s: float) 
     def number(field: str, name: str) -> float | None:
         return checks.counter(field, figures.get(checks, field, name, key))
 
+    def ratio(field: str, name: str) -> float | None:
+        return checks.ratio(field, figures.get(checks, field, name, key))
+
     blocks = _Blocks(
         total=count("blocks_total", "kvpool_blocks_usable"),
         free=count("blocks_free", "kvpool_blocks_free"),
@@ -175,7 +178,6 @@ def _engine(figures: _Figures, engine: str, model_name: str, taken_at_s: float) 
         longest=count("longest_free_run_blocks", "kvpool_longest_free_run_blocks"),
     )
     blocks, fragmentation = blocks.checked(checks)
-    ratio = "kvpool_internal_fragmentation_ratio"
     return KvBlockSample(
         engine=engine,
         model_name=model_name,
@@ -189,8 +191,8 @@ def _engine(figures: _Figures, engine: str, model_name: str, taken_at_s: float) 
         internal_fragmentation_slots=count(
             "internal_fragmentation_slots", "kvpool_internal_fragmentation_slots"
         ),
-        internal_fragmentation_ratio=checks.ratio(
-            "internal_fragmentation_ratio", figures.get(checks, ratio, ratio, key)
+        internal_fragmentation_ratio=ratio(
+            "internal_fragmentation_ratio", "kvpool_internal_fragmentation_ratio"
         ),
         requests_running=count("requests_running", "kvpool_requests_running"),
         block_size_tokens=count("block_size_tokens", "kvpool_block_size_tokens", least=1),
