@@ -7,7 +7,9 @@ from typing import Literal, get_args
 
 ErrorKind = Literal[
     "refused",  # nothing listens at the address (or the connection could not be made)
-    "timeout",  # the connection or the response took longer than the source's limit
+    "timeout",  # the whole response (connect, headers, body) took longer than the deadline
+    "too_large",  # the body grew past the size limit; the read stopped there
+    "too_many_samples",  # the exposition holds more samples than the sample limit
     "http_status",  # the server answered with a status other than 200
     "not_metrics",  # the body is not an exposition at all (an HTML error page, an empty body)
     "parse_error",  # the body looks like an exposition but does not parse

@@ -10,8 +10,9 @@ the input.
 
 Tolerated: OpenMetrics ``# EOF``, ``_created`` samples present or absent, timestamps after
 values, exemplars (``# {...} v``) after values, escaped label values, ``NaN``, ``+Inf``,
-``-Inf``, CRLF line ends, a trailing comma in a label block. ``MetricsParseError`` is the
-only exception this module raises.
+``-Inf``, CRLF line ends, a trailing comma in a label block. ``MetricsParseError`` (and its
+``SampleLimitError``, for a body with more samples than the caller allows) is the only
+exception this module raises.
 """
 
 from __future__ import annotations
@@ -37,6 +38,15 @@ class MetricsParseError(ValueError):
         super().__init__(f"{where}{reason}{tail}")
 
 
+class SampleLimitError(MetricsParseError):
+    """The exposition holds more sample lines than the caller's limit (Prometheus's
+    ``sample_limit``): the whole body is refused, as Prometheus refuses the scrape."""
+
+    def __init__(self, limit: int, *, line_no: int) -> None:
+        self.limit = limit
+        super().__init__(f"more than {limit} samples", line_no=line_no)
+
+
 @dataclass(frozen=True, slots=True)
 class MetricSample:
     """One sample line: metric name, labels sorted by name, value."""
@@ -60,10 +70,13 @@ class _LabelError(Exception):
     """A label block that does not parse (wrapped with its line number by the caller)."""
 
 
-def parse_samples(text: str, *, prefixes: tuple[str, ...] | None = None) -> list[MetricSample]:
+def parse_samples(
+    text: str, *, prefixes: tuple[str, ...] | None = None, sample_limit: int | None = None
+) -> list[MetricSample]:
     """All samples in ``text`` (only those whose name starts with one of ``prefixes``, if given)."""
     return [
-        MetricSample(name, labels, value) for name, labels, value in scan(text, prefixes=prefixes)
+        MetricSample(name, labels, value)
+        for name, labels, value in scan(text, prefixes=prefixes, sample_limit=sample_limit)
     ]
 
 
@@ -74,16 +87,18 @@ def clear_caches() -> None:
 
 
 def scan(
-    text: str, *, prefixes: tuple[str, ...] | None = None
+    text: str, *, prefixes: tuple[str, ...] | None = None, sample_limit: int | None = None
 ) -> Iterator[tuple[str, Labels, float]]:
     """Yield ``(name, labels, value)`` per sample line: ``parse_samples`` without the objects.
 
     Lines skipped by ``prefixes`` get only a cheap check of their first character, except a
     last line without a trailing newline, which is parsed in full: that is where a truncated
-    body shows.
+    body shows. Every sample line counts against ``sample_limit``, skipped ones included;
+    past it ``SampleLimitError`` is raised.
     """
     lines = text.split("\n")
     last = len(lines) - 1 if text and not text.endswith("\n") else -1
+    budget = len(lines) if sample_limit is None else sample_limit
     for i, line in enumerate(lines):
         if not line:
             continue
@@ -97,6 +112,9 @@ def scan(
             if line.startswith("# EOF"):
                 return
             continue
+        budget -= 1
+        if budget < 0:
+            raise SampleLimitError(sample_limit or 0, line_no=i + 1)
         if prefixes is not None and i != last and not line.startswith(prefixes):
             if first not in _NAME_START:
                 raise MetricsParseError("not a sample line", line_no=i + 1, line=line)

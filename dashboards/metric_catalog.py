@@ -84,8 +84,10 @@ SPECS: tuple[MetricSpec, ...] = (
         "kvpilot_collector_errors_total",
         "counter",
         (*SERVER, "source", "reason"),
-        "Failed reads by source and reason (refused, timeout, http_status, not_metrics, "
-        "parse_error, stats_disabled, unavailable, error) and NVML call errors.",
+        "Failed reads by source and reason (refused, timeout, too_large, too_many_samples, "
+        "http_status, not_metrics, parse_error, stats_disabled, unavailable, error), NVML "
+        "call errors, and values refused at the edge, each made unknown (non_finite, "
+        "out_of_range, negative, not_integer, duplicate_series, contradictory).",
     ),
     MetricSpec("kvpilot_ticks_total", "counter", (), "Collection ticks the agent has completed."),
     # The sidecar loop.

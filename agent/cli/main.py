@@ -21,6 +21,12 @@ from kvpilot.agent.cli import state_cmd as state_cli
 from kvpilot.agent.cli import tune_cmd as tune_cli
 from kvpilot.agent.tick.snapshot import read_nvml
 from kvpilot.agent.tick.wiring import CollectSettings, build_ticker
+from kvpilot.collectors.limits import (
+    DEFAULT_BODY_SIZE_LIMIT_BYTES,
+    DEFAULT_SAMPLE_LIMIT,
+    DEFAULT_TIMEOUT_S,
+    ScrapeLimits,
+)
 from kvpilot.collectors.nvml import NvmlCollector
 
 app = typer.Typer(
@@ -86,7 +92,20 @@ def collect(
         list[int] | None,
         typer.Option("--server-pid", help="PIDs of the vLLM server (tells them apart in NVML)."),
     ] = None,
-    timeout: Annotated[float, typer.Option(help="Per-request timeout, seconds.")] = 2.0,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.001, help="Deadline for each source's whole response (headers and body), seconds."
+        ),
+    ] = DEFAULT_TIMEOUT_S,
+    body_size_limit: Annotated[
+        int,
+        typer.Option(min=1, help="Largest body read from a source, bytes; past it: too_large."),
+    ] = DEFAULT_BODY_SIZE_LIMIT_BYTES,
+    sample_limit: Annotated[
+        int,
+        typer.Option(min=1, help="Most samples in one exposition; past it: too_many_samples."),
+    ] = DEFAULT_SAMPLE_LIMIT,
     model_config: ModelConfig = None,
 ) -> None:
     """Read vLLM's /metrics, the kvpool plugin and NVML, and show what they say."""
@@ -95,7 +114,9 @@ def collect(
         vllm_url=vllm_url,
         kvpool_url=kvpool_url,
         api_key=api_key,
-        timeout_s=timeout,
+        limits=ScrapeLimits(
+            timeout_s=timeout, body_size_limit_bytes=body_size_limit, sample_limit=sample_limit
+        ),
         # The second scrape lands a little after `span`: keep both in the window.
         rate_span_s=2 * span if span else 60.0,
         quantile_span_s=2 * span if span else 60.0,

@@ -74,6 +74,37 @@ class RetentionConfig(Model):
     silences_days: float = Field(30.0, gt=0, description="Silences after they end.")
 
 
+class ScrapeConfig(Model):
+    """Limits on every read of a server's sources (vLLM /metrics, the kvpool plugin), as
+    Prometheus's scrape limits: a source past one is an error of that kind for the tick
+    (`timeout`, `too_large`, `too_many_samples`, counted in kvpilot_collector_errors_total);
+    the other sources, servers and rules carry on."""
+
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="Deadline for a source's whole response (connection, headers and body). "
+        "Default: the tick interval, at least 2 s and at most 5 s.",
+    )
+    body_size_limit_bytes: int = Field(
+        16 * 1024 * 1024,
+        gt=0,
+        description="Largest body read; the read stops past it (a vLLM /metrics body is about "
+        "60 KiB per engine).",
+    )
+    sample_limit: int = Field(
+        100_000,
+        gt=0,
+        description="Most sample lines in one exposition (about 600 per vLLM engine).",
+    )
+
+    def deadline_s(self, interval_s: float) -> float:
+        """The deadline in force: `timeout_s`, or the interval kept within 2..5 s."""
+        if self.timeout_s is not None:
+            return self.timeout_s
+        return min(max(interval_s, 2.0), 5.0)
+
+
 class AgentConfig(Model):
     """kvpilot's configuration (`kvpilot run --config FILE`)."""
 
@@ -96,6 +127,9 @@ class AgentConfig(Model):
     )
     tuning: TuningConfig = Field(
         default_factory=TuningConfig, description="Tuning runs and their schedule."
+    )
+    scrape: ScrapeConfig = Field(
+        default_factory=ScrapeConfig, description="Limits on every read of a source."
     )
 
     @model_validator(mode="after")

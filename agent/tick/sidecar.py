@@ -52,7 +52,7 @@ from kvpilot.agent.tick.tuning_figures import (
     TuningFiguresCache,
     live_flags,
 )
-from kvpilot.agent.tick.wiring import CollectSettings, build_ticker
+from kvpilot.agent.tick.wiring import CollectSettings, build_ticker, scrape_limits
 from kvpilot.agent.tuning.promoted import running_flags_source
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import NvmlSnapshot
@@ -211,6 +211,7 @@ class Sidecar:
                 vllm_url=instance.url,
                 kvpool_url=instance.kvpool_url,
                 api_key=api_key.get_secret_value() if api_key else None,
+                limits=scrape_limits(self.config),
                 model_config=instance.model_config or model_config_of(instance.argv),
             )
             ticker = build_ticker(settings, self._client)

@@ -1,14 +1,21 @@
-"""One collection tick: take a snapshot, feed the window, derive the figures, count errors."""
+"""One collection tick: take a snapshot, feed the window, derive the figures, count errors.
+
+Errors are counted by source and reason: a source that gave no sample by its kind
+(`timeout`, `too_large`, ...), and each value the edge checks refused by its reason
+(`out_of_range`, `duplicate_series`, ...), so a refused value is never silent.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kvpilot.agent.tick.calibration import EngineCalibration, PlannerCheck
 from kvpilot.agent.tick.derive import EngineFigures, derive_figures
 from kvpilot.agent.tick.snapshot import SOURCES, NvmlReading, Snapshot, SnapshotTaker
+from kvpilot.collectors.checks import Refused
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.kvpool.client import KvBlockSample, KvPoolScrape
 from kvpilot.collectors.vllm_metrics import EngineSample, VllmScrape
@@ -53,6 +60,7 @@ class Ticker:
         self.kvpool_window: RollingWindow[KvBlockSample] = RollingWindow(retention_s=retention_s)
         self.state = TickState()
         self._failing: set[str] = set()
+        self._refusing: set[tuple[str, str, str]] = set()  # (source, field, reason)
 
     async def tick(self, nvml: NvmlReading) -> Snapshot:
         snapshot = await self._taker.take(nvml)
@@ -68,6 +76,7 @@ class Ticker:
             quantile_span_s=self.quantile_span_s,
         )
         self._count_errors(snapshot, nvml)
+        self._count_refused(snapshot)
         state = self.state
         state.latest, state.figures = snapshot, figures
         if self._planner is not None and isinstance(snapshot.vllm, VllmScrape):
@@ -93,3 +102,32 @@ class Ticker:
         # tallied them.
         for reason, count in nvml.call_errors.items():
             errors[("nvml_call", reason)] = count
+
+    def _count_refused(self, snapshot: Snapshot) -> None:
+        """Each value refused at the edge, by source and reason; one log line when a field
+        starts being refused, one when it stops."""
+        errors = self.state.errors_total
+        now: dict[tuple[str, str, str], str] = {}
+        for source in ("vllm", "kvpool"):
+            for item in _refusals(getattr(snapshot, source)):
+                errors[(source, item.reason)] += 1
+                now.setdefault((source, item.field, item.reason), item.detail)
+        for (source, name, reason), detail in now.items():
+            if (source, name, reason) not in self._refusing:
+                log.warning("source %s: %s refused (%s): %s", source, name, reason, detail)
+        for source, name, reason in self._refusing - now.keys():
+            log.info("source %s: %s no longer refused (%s)", source, name, reason)
+        self._refusing = set(now)
+
+
+def _refusals(scrape: object) -> Iterator[Refused]:
+    """Every refusal a scrape carries: its own and its engines' and devices'."""
+    if isinstance(scrape, VllmScrape):
+        for engine in scrape.engines:
+            yield from engine.refused
+    elif isinstance(scrape, KvPoolScrape):
+        yield from scrape.refused
+        for sample in scrape.engines:
+            yield from sample.refused
+        for device in scrape.allocators:
+            yield from device.refused

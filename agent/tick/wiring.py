@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.tick.calibration import PlannerCheck
 from kvpilot.agent.tick.snapshot import SnapshotTaker
 from kvpilot.agent.tick.ticker import Ticker
 from kvpilot.collectors.kvpool.client import KvPoolSource
+from kvpilot.collectors.limits import ScrapeLimits
 from kvpilot.collectors.vllm_metrics import VllmMetricsSource
 
 
@@ -19,11 +21,22 @@ class CollectSettings:
     vllm_url: str
     kvpool_url: str | None = None
     api_key: str | None = None
-    timeout_s: float = 2.0
+    # Every source's deadline for a whole response, body-size cap and sample limit.
+    limits: ScrapeLimits = field(default_factory=ScrapeLimits)
     rate_span_s: float = 60.0
     quantile_span_s: float = 60.0
     # The served model's config.json: the planner's prediction is compared with the server.
     model_config: Path | None = None
+
+
+def scrape_limits(config: AgentConfig) -> ScrapeLimits:
+    """The limits the `scrape:` section sets, its deadline resolved against the interval."""
+    section = config.scrape
+    return ScrapeLimits(
+        timeout_s=section.deadline_s(config.interval_s),
+        body_size_limit_bytes=section.body_size_limit_bytes,
+        sample_limit=section.sample_limit,
+    )
 
 
 def build_ticker(
@@ -33,10 +46,10 @@ def build_ticker(
     """Sources and windows for one vLLM target; the caller owns (and closes) the client and
     reads NVML once per tick for every target (`read_nvml`)."""
     vllm = VllmMetricsSource(
-        settings.vllm_url, client=client, timeout_s=settings.timeout_s, api_key=settings.api_key
+        settings.vllm_url, client=client, limits=settings.limits, api_key=settings.api_key
     )
     kvpool = (
-        KvPoolSource(settings.kvpool_url, client=client, timeout_s=settings.timeout_s)
+        KvPoolSource(settings.kvpool_url, client=client, limits=settings.limits)
         if settings.kvpool_url
         else None
     )

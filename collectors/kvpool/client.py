@@ -1,4 +1,10 @@
-"""Agent side: read one kvpool plugin port back into frozen samples; never raises."""
+"""Agent side: read one kvpool plugin port back into frozen, checked samples; never raises.
+
+Every figure is checked at the edge (``collectors.checks``): counts that are not whole
+non-negative numbers, ratios outside 0..1, series exported twice with different values, and
+block counts that cannot all be true (a longest free run above the free blocks, more free
+blocks than the pool holds) become None with the reason, so no rule acts on them.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,17 @@ from dataclasses import dataclass
 
 import httpx
 
+from kvpilot.collectors.checks import Checks, Refused
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.fragmentation import Fragmentation, kv_blocks_fragmentation
-from kvpilot.collectors.promtext import MetricSample, MetricsParseError, parse_samples
+from kvpilot.collectors.limits import ScrapeLimits, fetch_text
+from kvpilot.collectors.promtext import (
+    Labels,
+    MetricSample,
+    MetricsParseError,
+    SampleLimitError,
+    parse_samples,
+)
 
 PREFIX = "kvpool_"
 
@@ -37,6 +51,7 @@ class KvBlockSample:
     last_preemption_wall_s: float | None
     scheduler_steps_total: int | None
     snapshot_age_s: float | None
+    refused: tuple[Refused, ...] = ()  # values the edge checks turned into None, and why
 
     @property
     def key(self) -> tuple[str, str]:
@@ -58,6 +73,7 @@ class AllocatorSample:
     largest_free_block_bytes: int | None
     segments: int | None
     fragmentation_ratio: float | None
+    refused: tuple[Refused, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,106 +85,215 @@ class KvPoolScrape:
     engines: tuple[KvBlockSample, ...]
     allocators: tuple[AllocatorSample, ...]
     plugin_errors: tuple[tuple[str, int], ...] = ()
+    refused: tuple[Refused, ...] = ()  # outside any engine or device (plugin error counts)
 
 
-def _labels(sample: MetricSample) -> dict[str, str]:
-    return dict(sample.labels)
+Key = tuple[tuple[str, str], ...]
 
 
-def _as_int(value: float | None) -> int | None:
-    return int(value) if value is not None else None
+class _Figures:
+    """The parsed samples by name and series key, with the series exported twice differently."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, dict[Key, float]] = {}
+        self.conflicts: set[tuple[str, Key]] = set()
+
+    def get(self, checks: Checks, field: str, name: str, key: Key) -> float | None:
+        """One figure; None (refused) when its series came twice with different values."""
+        if (name, key) in self.conflicts:
+            checks.refuse(field, "duplicate_series", f"{name} is exported twice, differently")
+            return None
+        return self.by_name.get(name, {}).get(key)
 
 
 def samples_to_scrape(
     samples: list[MetricSample], *, taken_at_s: float, wall_time_s: float
 ) -> KvPoolScrape:
-    """Group parsed `kvpool_*` samples into per-engine and per-device values."""
+    """Group parsed `kvpool_*` samples into per-engine and per-device values, each checked."""
     engine_keys: dict[tuple[str, str], None] = {}
     device_keys: dict[tuple[str, str], None] = {}
     errors: list[tuple[str, int]] = []
-    by_name: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    scrape_checks = Checks()
+    figures = _Figures()
+    seen: dict[tuple[str, Labels], float] = {}
     for sample in samples:
-        labels = _labels(sample)
+        series = (sample.name, sample.labels)
+        earlier = seen.get(series)
+        if earlier is None:
+            seen[series] = sample.value
+        labels = dict(sample.labels)
         if sample.name == "kvpool_plugin_errors_total":
-            errors.append((labels.get("part", ""), int(sample.value)))
+            part = labels.get("part", "")
+            count = scrape_checks.count(f"plugin_errors_total[{part}]", sample.value)
+            if count is not None and earlier is None:
+                errors.append((part, count))
             continue
         if "engine" in labels:
             engine_keys[(labels["engine"], labels.get("model_name", ""))] = None
-            key = (("engine", labels["engine"]), ("model_name", labels.get("model_name", "")))
+            key: Key = (("engine", labels["engine"]), ("model_name", labels.get("model_name", "")))
         elif "device" in labels:
             device_keys[(labels["device"], labels.get("rank", ""))] = None
             key = (("device", labels["device"]), ("rank", labels.get("rank", "")))
         else:
             continue
-        by_name.setdefault(sample.name, {})[key] = sample.value
-
-    def get(name: str, key: tuple[tuple[str, str], ...]) -> float | None:
-        return by_name.get(name, {}).get(key)
-
-    engines = []
-    for engine, model_name in engine_keys:
-        key = (("engine", engine), ("model_name", model_name))
-        total = _as_int(get("kvpool_blocks_usable", key))
-        free = _as_int(get("kvpool_blocks_free", key))
-        longest = _as_int(get("kvpool_longest_free_run_blocks", key))
-        fragmentation = (
-            kv_blocks_fragmentation(free, longest, total)
-            if total is not None and free is not None and longest is not None
-            else None
-        )
-        engines.append(
-            KvBlockSample(
-                engine=engine,
-                model_name=model_name,
-                taken_at_s=taken_at_s,
-                blocks_total=total,
-                blocks_free=free,
-                blocks_free_cached=_as_int(get("kvpool_blocks_free_cached", key)),
-                blocks_empty=_as_int(get("kvpool_blocks_empty", key)),
-                longest_free_run_blocks=longest,
-                fragmentation=fragmentation,
-                internal_fragmentation_slots=_as_int(
-                    get("kvpool_internal_fragmentation_slots", key)
-                ),
-                internal_fragmentation_ratio=get("kvpool_internal_fragmentation_ratio", key),
-                requests_running=_as_int(get("kvpool_requests_running", key)),
-                block_size_tokens=_as_int(get("kvpool_block_size_tokens", key)),
-                preemptions_total=_as_int(get("kvpool_preemptions_total", key)),
-                last_preemption_wall_s=get("kvpool_last_preemption_timestamp_seconds", key),
-                scheduler_steps_total=_as_int(get("kvpool_scheduler_steps_total", key)),
-                snapshot_age_s=get("kvpool_snapshot_age_seconds", key),
-            )
-        )
-    allocators = []
-    for device, rank in device_keys:
-        key = (("device", device), ("rank", rank))
-        allocators.append(
-            AllocatorSample(
-                device=device,
-                rank=rank,
-                reserved_bytes=_as_int(get("kvpool_allocator_reserved_bytes", key)),
-                allocated_bytes=_as_int(get("kvpool_allocator_allocated_bytes", key)),
-                active_bytes=_as_int(get("kvpool_allocator_active_bytes", key)),
-                inactive_split_bytes=_as_int(get("kvpool_allocator_inactive_split_bytes", key)),
-                free_in_reserved_bytes=_as_int(get("kvpool_allocator_free_in_reserved_bytes", key)),
-                largest_free_block_bytes=_as_int(
-                    get("kvpool_allocator_largest_free_block_bytes", key)
-                ),
-                segments=_as_int(get("kvpool_allocator_segments", key)),
-                fragmentation_ratio=get("kvpool_fragmentation_ratio", key),
-            )
-        )
+        if earlier is not None:  # the same series again: nothing new, unless it disagrees
+            if not (
+                earlier == sample.value or (earlier != earlier and sample.value != sample.value)
+            ):
+                figures.conflicts.add((sample.name, key))
+            continue
+        figures.by_name.setdefault(sample.name, {})[key] = sample.value
+    engines = [
+        _engine(figures, engine, model_name, taken_at_s) for engine, model_name in engine_keys
+    ]
+    allocators = [_allocator(figures, device, rank) for device, rank in device_keys]
     return KvPoolScrape(
         taken_at_s=taken_at_s,
         wall_time_s=wall_time_s,
         engines=tuple(engines),
         allocators=tuple(allocators),
         plugin_errors=tuple(sorted(errors)),
+        refused=scrape_checks.done(),
+    )
+
+
+def _engine(figures: _Figures, engine: str, model_name: str, taken_at_s: float) -> KvBlockSample:
+    key = (("engine", engine), ("model_name", model_name))
+    checks = Checks()
+
+    def count(field: str, name: str, least: int = 0) -> int | None:
+        return checks.count(field, figures.get(checks, field, name, key), least=least)
+
+    def number(field: str, name: str) -> float | None:
+        return checks.counter(field, figures.get(checks, field, name, key))
+
+    def ratio(field: str, name: str) -> float | None:
+        return checks.ratio(field, figures.get(checks, field, name, key))
+
+    blocks = _Blocks(
+        total=count("blocks_total", "kvpool_blocks_usable"),
+        free=count("blocks_free", "kvpool_blocks_free"),
+        cached=count("blocks_free_cached", "kvpool_blocks_free_cached"),
+        empty=count("blocks_empty", "kvpool_blocks_empty"),
+        longest=count("longest_free_run_blocks", "kvpool_longest_free_run_blocks"),
+    )
+    blocks, fragmentation = blocks.checked(checks)
+    return KvBlockSample(
+        engine=engine,
+        model_name=model_name,
+        taken_at_s=taken_at_s,
+        blocks_total=blocks.total,
+        blocks_free=blocks.free,
+        blocks_free_cached=blocks.cached,
+        blocks_empty=blocks.empty,
+        longest_free_run_blocks=blocks.longest,
+        fragmentation=fragmentation,
+        internal_fragmentation_slots=count(
+            "internal_fragmentation_slots", "kvpool_internal_fragmentation_slots"
+        ),
+        internal_fragmentation_ratio=ratio(
+            "internal_fragmentation_ratio", "kvpool_internal_fragmentation_ratio"
+        ),
+        requests_running=count("requests_running", "kvpool_requests_running"),
+        block_size_tokens=count("block_size_tokens", "kvpool_block_size_tokens", least=1),
+        preemptions_total=count("preemptions_total", "kvpool_preemptions_total"),
+        last_preemption_wall_s=number(
+            "last_preemption_wall_s", "kvpool_last_preemption_timestamp_seconds"
+        ),
+        scheduler_steps_total=count("scheduler_steps_total", "kvpool_scheduler_steps_total"),
+        snapshot_age_s=number("snapshot_age_s", "kvpool_snapshot_age_seconds"),
+        refused=checks.done(),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Blocks:
+    """One engine's block counts, each already checked on its own."""
+
+    total: int | None
+    free: int | None
+    cached: int | None
+    empty: int | None
+    longest: int | None
+
+    def contradiction(self) -> str | None:
+        """Why these counts cannot all be true, if they cannot (the plugin counts them in one
+        pass: free = cached + empty, longest run <= free <= total, a free block is a run)."""
+        total, free, cached, empty, longest = (
+            self.total, self.free, self.cached, self.empty, self.longest
+        )  # fmt: skip
+        if total is not None and free is not None and free > total:
+            return f"{free} free blocks of {total}"
+        if free is not None and longest is not None and longest > free:
+            return f"a longest free run of {longest} blocks with {free} free"
+        if free and longest == 0:
+            return f"no free run with {free} blocks free"
+        if free is not None and cached is not None and empty is not None and cached + empty != free:
+            return f"{cached} cached + {empty} empty blocks with {free} free"
+        return None
+
+    def checked(self, checks: Checks) -> tuple[_Blocks, Fragmentation | None]:
+        """The counts and the rate from them; when they contradict, no count is kept and the
+        rate is unknown with the reason (the figures read stay in it, for the message)."""
+        total, free, longest = self.total, self.free, self.longest
+        why = self.contradiction()
+        if why is None:
+            if total is None or free is None or longest is None:
+                return self, None
+            return self, kv_blocks_fragmentation(free, longest, total)
+        checks.refuse("blocks", "contradictory", why)
+        unknown = _Blocks(None, None, None, None, None)
+        if total is None or free is None or longest is None:
+            return unknown, None
+        reason = f"the plugin's block counts contradict each other: {why}"
+        return unknown, Fragmentation(free, longest, total, None, reason)
+
+
+def _allocator(figures: _Figures, device: str, rank: str) -> AllocatorSample:
+    key = (("device", device), ("rank", rank))
+    checks = Checks()
+
+    def count(field: str, name: str) -> int | None:
+        return checks.count(field, figures.get(checks, field, name, key))
+
+    reserved = count("reserved_bytes", "kvpool_allocator_reserved_bytes")
+    allocated = count("allocated_bytes", "kvpool_allocator_allocated_bytes")
+    active = count("active_bytes", "kvpool_allocator_active_bytes")
+    free = count("free_in_reserved_bytes", "kvpool_allocator_free_in_reserved_bytes")
+    largest = count("largest_free_block_bytes", "kvpool_allocator_largest_free_block_bytes")
+    ratio = checks.ratio(
+        "fragmentation_ratio",
+        figures.get(checks, "fragmentation_ratio", "kvpool_fragmentation_ratio", key),
+    )
+    # Pairs read from one call each (memory_stats, or one memory_snapshot): never apart.
+    why = None
+    if reserved is not None and allocated is not None and allocated > reserved:
+        why = f"{allocated} bytes allocated of {reserved} reserved"
+    elif reserved is not None and active is not None and active > reserved:
+        why = f"{active} bytes active of {reserved} reserved"
+    elif free is not None and largest is not None and largest > free:
+        why = f"a largest free block of {largest} bytes with {free} free"
+    if why is not None:
+        checks.refuse("allocator", "contradictory", why)
+        reserved = allocated = active = free = largest = None
+        ratio = None
+    return AllocatorSample(
+        device=device,
+        rank=rank,
+        reserved_bytes=reserved,
+        allocated_bytes=allocated,
+        active_bytes=active,
+        inactive_split_bytes=count("inactive_split_bytes", "kvpool_allocator_inactive_split_bytes"),
+        free_in_reserved_bytes=free,
+        largest_free_block_bytes=largest,
+        segments=count("segments", "kvpool_allocator_segments"),
+        fragmentation_ratio=ratio,
+        refused=checks.done(),
     )
 
 
 class KvPoolSource:
-    """Scrapes one plugin port (`url`, e.g. http://127.0.0.1:9400/metrics)."""
+    """Scrapes one plugin port (`url`, e.g. http://127.0.0.1:9400/metrics) within its limits."""
 
     def __init__(
         self,
@@ -177,7 +302,7 @@ class KvPoolSource:
         client: httpx.AsyncClient,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
-        timeout_s: float = 2.0,
+        limits: ScrapeLimits | None = None,
         name: str = "kvpool",
     ) -> None:
         self.url = url
@@ -185,28 +310,27 @@ class KvPoolSource:
         self._client = client
         self._clock = clock
         self._wall_clock = wall_clock
-        self._timeout_s = timeout_s
+        self._limits = limits or ScrapeLimits()
 
     async def scrape(self) -> KvPoolScrape | SourceError:
-        """One GET; any failure comes back as a SourceError value."""
+        """One GET within the deadline and the size cap; any failure is a SourceError value."""
         taken_at_s, wall_time_s = self._clock(), self._wall_clock()
+        got = await fetch_text(self._client, self.url, source=self.name, limits=self._limits)
+        if isinstance(got, SourceError):
+            return got
+        if got.status_code != 200:
+            return SourceError(self.name, "http_status", f"{self.url}: {got.status_code}")
         try:
-            response = await self._client.get(self.url, timeout=self._timeout_s)
-        except httpx.ConnectError as exc:
-            return SourceError(self.name, "refused", f"{self.url}: {exc}")
-        except httpx.TimeoutException as exc:
-            return SourceError(self.name, "timeout", f"{self.url}: {exc!r}")
-        except Exception as exc:  # the agent's loop must survive any transport error
-            return SourceError(self.name, "error", f"{self.url}: {exc!r}")
-        if response.status_code != 200:
-            return SourceError(self.name, "http_status", f"{self.url}: {response.status_code}")
-        try:
-            samples = parse_samples(response.text, prefixes=(PREFIX,))
+            samples = parse_samples(
+                got.text, prefixes=(PREFIX,), sample_limit=self._limits.sample_limit
+            )
+        except SampleLimitError as exc:
+            return SourceError(self.name, "too_many_samples", f"{self.url}: {exc}")
         except MetricsParseError as exc:
             return SourceError(self.name, "parse_error", f"{self.url}: {exc}")
         if not samples:
             return SourceError(self.name, "not_metrics", f"{self.url}: no kvpool_ samples")
         try:
             return samples_to_scrape(samples, taken_at_s=taken_at_s, wall_time_s=wall_time_s)
-        except Exception as exc:
+        except Exception as exc:  # a reading bug must not take the tick down; reported
             return SourceError(self.name, "error", f"{self.url}: {exc!r}")

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from kvpilot.collectors.kvpool.client import KvPoolScrape, KvPoolSource
+from kvpilot.collectors.limits import ScrapeLimits
 from kvpilot.collectors.promtext import parse_samples
 from kvpilot.rig.server import VllmServer
 from kvpilot.tuner.loadgen import LengthDist, Workload, run_load
@@ -44,7 +45,8 @@ async def vllm_figures(client: httpx.AsyncClient, server: VllmServer) -> dict[st
 
 
 async def kvpool_scrape(client: httpx.AsyncClient, server: VllmServer) -> KvPoolScrape:
-    got = await KvPoolSource(kvpool_url(server), client=client, timeout_s=10.0).scrape()
+    source = KvPoolSource(kvpool_url(server), client=client, limits=ScrapeLimits(timeout_s=10.0))
+    got = await source.scrape()
     assert isinstance(got, KvPoolScrape), got
     assert len(got.engines) == 1
     return got

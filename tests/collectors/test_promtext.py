@@ -11,7 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvpilot.collectors.promtext import MetricSample, MetricsParseError, parse_samples
+from kvpilot.collectors.promtext import (
+    MetricSample,
+    MetricsParseError,
+    SampleLimitError,
+    parse_samples,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
 VALID = sorted(
@@ -140,7 +145,7 @@ def test_empty_and_comment_only_text_has_no_samples() -> None:
     assert parse_samples("# HELP x y\n# TYPE x gauge\n") == []
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400, deadline=None, derandomize=True, database=None)
 @given(st.text())
 def test_arbitrary_text_raises_only_parse_errors(text: str) -> None:
     try:
@@ -153,7 +158,7 @@ def test_arbitrary_text_raises_only_parse_errors(text: str) -> None:
 _ALPHABET = st.sampled_from([*'ab_:{}"=, \t\n\r#\\0123456789.eE+-InfNaEOFle', "# EOF\n"])
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=600, deadline=None, derandomize=True, database=None)
 @given(st.lists(_ALPHABET, max_size=80).map("".join))
 def test_exposition_like_text_raises_only_parse_errors(text: str) -> None:
     try:
@@ -162,3 +167,14 @@ def test_exposition_like_text_raises_only_parse_errors(text: str) -> None:
             assert list(sample.labels) == sorted(sample.labels)
     except MetricsParseError:
         pass
+
+
+def test_the_sample_limit_counts_every_sample_line_and_no_comment() -> None:
+    text = '# HELP a A.\n# TYPE a gauge\na 1\nb 2\n\nc{x="y"} 3\n'
+    assert len(parse_samples(text, sample_limit=3)) == 3
+    # Lines skipped by the prefixes count too: the limit is on the body, not on what is kept.
+    with pytest.raises(SampleLimitError) as caught:
+        parse_samples(text, prefixes=("c",), sample_limit=2)
+    assert isinstance(caught.value, MetricsParseError)
+    assert caught.value.limit == 2 and caught.value.line_no == 6
+    assert "more than 2 samples" in str(caught.value)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpilot.collectors.histogram import Histogram
-from kvpilot.collectors.promtext import MetricsParseError
+from kvpilot.collectors.promtext import MetricsParseError, SampleLimitError
 from kvpilot.collectors.vllm_metrics import EngineSample, parse_vllm_metrics
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
@@ -226,7 +227,7 @@ def test_every_truncation_of_the_real_payload_parses_or_raises_cleanly() -> None
             parse(text[:cut])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
 @given(st.text())
 def test_arbitrary_text_raises_only_parse_errors(text: str) -> None:
     with contextlib.suppress(MetricsParseError):
@@ -236,7 +237,7 @@ def test_arbitrary_text_raises_only_parse_errors(text: str) -> None:
 _REAL_LINES = load("v0_32_under_load.prom").splitlines(keepends=True)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
 @given(st.lists(st.sampled_from(_REAL_LINES), max_size=60), st.text(max_size=20))
 def test_shuffled_real_lines_with_noise_raise_only_parse_errors(
     lines: list[str], noise: str
@@ -246,3 +247,105 @@ def test_shuffled_real_lines_with_noise_raise_only_parse_errors(
             assert e.engine == "0"
     except MetricsParseError:
         pass
+
+
+# -- values checked at the edge -------------------------------------------------------
+
+ENGINE0 = '{engine="0",model_name="rig/models/tiny-llama"}'
+
+
+def with_series(name: str, *values: str) -> str:
+    """The under-load payload with engine 0's series `name` given `values` (two: a duplicate)."""
+    out = []
+    for line in load("v0_32_under_load.prom").splitlines():
+        if line.startswith(name + ENGINE0 + " "):
+            out.extend(f"{name}{ENGINE0} {v}" for v in values)
+        else:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def refused(engine: EngineSample) -> set[tuple[str, str]]:
+    return {(r.field, r.reason) for r in engine.refused}
+
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("v0*.prom")), ids=lambda p: p.name)
+def test_real_payloads_refuse_nothing(path: Path) -> None:
+    for engine in parse(path.read_text()):
+        assert engine.refused == ()
+
+
+@pytest.mark.parametrize(
+    ("name", "values", "field", "reason"),
+    [
+        ("vllm:kv_cache_usage_perc", ("+Inf",), "kv_usage_ratio", "non_finite"),
+        ("vllm:kv_cache_usage_perc", ("NaN",), "kv_usage_ratio", "non_finite"),
+        ("vllm:kv_cache_usage_perc", ("1.5",), "kv_usage_ratio", "out_of_range"),
+        ("vllm:kv_cache_usage_perc", ("-0.5",), "kv_usage_ratio", "out_of_range"),
+        ("vllm:kv_cache_usage_perc", ("0.2", "0.9"), "kv_usage_ratio", "duplicate_series"),
+        ("vllm:num_requests_running", ("-3",), "requests_running", "negative"),
+        ("vllm:num_requests_waiting", ("2.5",), "requests_waiting", "not_integer"),
+        ("vllm:num_preemptions_total", ("-35",), "preemptions_total", "negative"),
+        ("vllm:generation_tokens_total", ("-Inf",), "generation_tokens_total", "non_finite"),
+    ],
+)
+def test_impossible_values_are_none_with_their_reason(
+    name: str, values: tuple[str, ...], field: str, reason: str
+) -> None:
+    (engine,) = parse(with_series(name, *values))
+    assert getattr(engine, field) is None
+    assert refused(engine) == {(field, reason)}
+    assert engine.requests_running == 33 or field == "requests_running"  # the rest is kept
+
+
+def test_an_impossible_usage_gives_no_free_blocks() -> None:
+    (engine,) = parse(with_series("vllm:kv_cache_usage_perc", "1.5"))
+    assert engine.blocks_total is not None and engine.blocks_free is None
+
+
+def test_a_series_repeated_with_the_same_value_is_one_series() -> None:
+    (engine,) = parse(with_series("vllm:kv_cache_usage_perc", "0.5", "0.5"))
+    assert engine.kv_usage_ratio == 0.5 and engine.refused == ()
+    bucket = "vllm:time_to_first_token_seconds_bucket"
+    text = load("v0_32_under_load.prom")
+    line = next(ln for ln in text.splitlines() if ln.startswith(bucket))
+    (engine,) = parse(text.replace(line, f"{line}\n{line}"))
+    assert engine.ttft == parse(text)[0].ttft  # the bucket is not counted twice
+
+
+def test_a_histogram_with_a_conflicting_bucket_is_none() -> None:
+    text = load("v0_32_under_load.prom")
+    line = next(
+        ln for ln in text.splitlines() if ln.startswith("vllm:time_to_first_token_seconds_bucket")
+    )
+    head, value = line.rsplit(" ", 1)
+    (engine,) = parse(text.replace(line, f"{line}\n{head} {float(value) + 1}"))
+    assert engine.ttft is None and refused(engine) == {("ttft", "duplicate_series")}
+    assert engine.e2e_latency is not None
+
+
+def test_a_histogram_whose_buckets_go_down_is_none() -> None:
+    text = load("v0_32_under_load.prom")
+    name = "vllm:e2e_request_latency_seconds_bucket"
+    lines = [ln for ln in text.splitlines() if ln.startswith(name)]
+    head = lines[-2].rsplit(" ", 1)[0]  # the bucket below +Inf, above every other
+    (engine,) = parse(text.replace(lines[-2], f"{head} 1e9"))
+    assert engine.e2e_latency is None and refused(engine) == {("e2e_latency", "contradictory")}
+
+
+@pytest.mark.parametrize(("label", "value"), [("num_gpu_blocks", "-5"), ("block_size", "0")])
+def test_impossible_cache_config_labels_are_refused(label: str, value: str) -> None:
+    text = load("v0_32_under_load.prom")
+    text = re.sub(rf'{label}="\d+"', f'{label}="{value}"', text)
+    (engine,) = parse(text)
+    assert (label, "out_of_range") in refused(engine)
+    field = "block_size" if label == "block_size" else "num_gpu_blocks"
+    assert getattr(engine, field) is None
+
+
+def test_the_sample_limit_applies_to_the_whole_body() -> None:
+    text = load("v0_32_under_load.prom")
+    samples = sum(1 for ln in text.splitlines() if ln and not ln.startswith("#"))
+    assert parse_vllm_metrics(text, taken_at_s=0, wall_time_s=0, sample_limit=samples)
+    with pytest.raises(SampleLimitError):
+        parse_vllm_metrics(text, taken_at_s=0, wall_time_s=0, sample_limit=samples - 1)

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from kvpilot.collectors.errors import ERROR_KINDS, SourceError
+from kvpilot.collectors.limits import ScrapeLimits
 from kvpilot.collectors.vllm_metrics import VllmMetricsSource, VllmScrape
 from kvpilot.collectors.window import RollingWindow
 
@@ -176,7 +177,7 @@ def test_server_that_never_answers_times_out() -> None:
         s.listen(8)
         port = s.getsockname()[1]
         started = time.monotonic()
-        result = scrape(f"http://127.0.0.1:{port}", timeout_s=0.3)
+        result = scrape(f"http://127.0.0.1:{port}", limits=ScrapeLimits(timeout_s=0.3))
         elapsed = time.monotonic() - started
     assert isinstance(result, SourceError)
     assert result.kind == "timeout"
@@ -227,7 +228,10 @@ def test_real_vllm_scrape_and_rates(vllm_server) -> None:  # type: ignore[no-unt
         ticks = iter([10.0, 20.0])
         async with httpx.AsyncClient() as client:
             source = VllmMetricsSource(
-                vllm_server.url, client=client, timeout_s=10.0, clock=lambda: next(ticks)
+                vllm_server.url,
+                client=client,
+                limits=ScrapeLimits(timeout_s=10.0),
+                clock=lambda: next(ticks),
             )
             before = await source.scrape()
             workload = Workload(
