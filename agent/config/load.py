@@ -1,8 +1,11 @@
 """Loading: the YAML file (or data built from options), then `KVPILOT_*` environment
 overrides, validated. Relative paths are relative to the agent's working directory.
 
-Input is read within the bounds of `bounded_yaml`; whatever is wrong with it comes out as a
-ConfigError, never as another exception.
+Each layer goes over the one below it field by field: the YAML over the product's defaults
+(the models keep a default section's other fields, see `agent/rules/config.py`), the
+environment over the YAML (a mapping given in a variable merges into the YAML's mapping).
+Lists are replaced whole. Input is read within the bounds of `bounded_yaml`; whatever is
+wrong with it comes out as a ConfigError, never as another exception.
 """
 
 from __future__ import annotations
@@ -124,6 +127,13 @@ def _deep_copy(value: Any) -> Any:
     return value
 
 
+def _merged(below: Any, over: Any) -> Any:
+    """`over` on `below`: mappings field by field, anything else (lists too) replaced whole."""
+    if not isinstance(below, dict) or not isinstance(over, dict):
+        return over
+    return {**below, **{k: _merged(below.get(k), v) for k, v in over.items()}}
+
+
 def _index(part: str, items: list[Any], here: str) -> int:
     if not (part.isascii() and part.isdigit()) or int(part) >= len(items):
         raise ValueError(f"{here}: no list item {part} to override")
@@ -143,6 +153,7 @@ def _set_path(data: dict[str, Any], parts: list[str], value: Any) -> None:
         node = child
     last = parts[-1]
     if isinstance(node, list):
-        node[_index(last, node, ".".join(parts))] = value
+        at = _index(last, node, ".".join(parts))
+        node[at] = _merged(node[at], value)
     else:
-        node[last] = value
+        node[last] = _merged(node.get(last), value)
