@@ -218,6 +218,20 @@ def test_a_huge_number_is_named_not_printed(tmp_path: Path) -> None:
     assert "  interval_s: " in done.stderr and "(got an integer of 20000 bits)" in done.stderr
 
 
+@pytest.mark.parametrize("command", ["config check", "run"])
+def test_a_token_file_that_is_not_utf8_is_a_clear_error(tmp_path: Path, command: str) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_bytes(b"s3cret\xff\n")
+    content = base_config(tmp_path) + f"api: {{token_file: {token_file}}}\n"
+    path = _write(tmp_path, content.encode())
+    done = kvpilot([a.format(F=path, T=tmp_path) for a in COMMANDS[command]], tmp_path)
+    assert done.returncode == EXIT_INVALID, done.output()
+    assert "Traceback" not in done.stdout + done.stderr, done.output()
+    assert done.stderr.startswith(f"kvpilot: {path}: invalid configuration\n"), done.output()
+    assert f"  api.token_file: {token_file}: not UTF-8 text at byte offset 6\n" in done.stderr
+    assert "s3cret" not in done.stdout + done.stderr
+
+
 def _rules_line(done: Finished) -> str:
     assert done.returncode == 0, done.output()
     lines = [line for line in done.stdout.splitlines() if line.startswith("rules enabled")]
