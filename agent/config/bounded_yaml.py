@@ -42,7 +42,7 @@ class _BoundedLoader(yaml.SafeLoader):
 
     def __init__(self, text: str) -> None:
         super().__init__(text)
-        self._open = 0  # collections open around the node being composed, itself included
+        self._open = 0  # the node being composed and the collections around it
         self._values = 0  # values so far, each alias counted as what it expands to
         self._measured: dict[int, tuple[int, int]] = {}  # id(node): (expanded size, height)
 
