@@ -32,6 +32,15 @@ def exit_invalid(path: Path | str, problems: Iterable[str]) -> NoReturn:
     raise typer.Exit(INVALID_CONFIG_EXIT)
 
 
+def _read_token(config: AgentConfig) -> None:
+    """Reads `api.token_file` now, so that a bad one is a configuration error at start-up."""
+    try:
+        config.api.control_token()
+    except UnicodeDecodeError as exc:  # the file is input too: no traceback for its bytes
+        where = f"api.token_file: {config.api.token_file}"
+        raise ConfigError([f"{where}: not UTF-8 text at byte offset {exc.start}"]) from None
+
+
 def load_or_exit(
     path: Path, *, use_env: bool = True, warn: bool = True, read_token: bool = False
 ) -> tuple[AgentConfig, str]:
@@ -42,7 +51,7 @@ def load_or_exit(
     try:
         config = load_config(path, os.environ if use_env else None, warn=warn)
         if read_token:
-            config.api.control_token()
+            _read_token(config)
         return config, yaml_hash(path)
     except ConfigError as exc:
         exit_invalid(path, exc.problems)
@@ -54,7 +63,7 @@ def validate_or_exit(data: dict[str, Any]) -> AgentConfig:
     """Settings built from command-line options, with the same overrides and errors."""
     try:
         config = validate_config(data, os.environ)
-        config.api.control_token()
+        _read_token(config)
         return config
     except ConfigError as exc:
         exit_invalid("the command line", exc.problems)

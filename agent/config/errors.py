@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
 
-import yaml
 from pydantic import BaseModel, SecretStr, ValidationError
+
+from kvpilot.agent.config.bounded_yaml import YamlInputError, load_yaml
 
 _SCALARS = (str, int, float, bool, type(None))
 _MAX_SHOWN_CHARS = 60
@@ -111,6 +112,15 @@ def suggest(word: str, candidates: Iterable[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+def _shown(value: Any) -> str:
+    if isinstance(value, int) and value.bit_length() > _MAX_SHOWN_CHARS * 4:
+        return f"an integer of {value.bit_length()} bits"  # str() refuses the longest ones
+    shown = repr(value) if isinstance(value, str) else str(value)
+    if len(shown) > _MAX_SHOWN_CHARS:
+        shown = shown[: _MAX_SHOWN_CHARS - 3] + "..."
+    return shown
+
+
 def format_validation_error(
     exc: ValidationError,
     root: type[BaseModel],
@@ -142,10 +152,7 @@ def format_validation_error(
                 and isinstance(value, _SCALARS)
                 and not _is_secret(walked.annotation)
             ):
-                shown = repr(value) if isinstance(value, str) else str(value)
-                if len(shown) > _MAX_SHOWN_CHARS:
-                    shown = shown[: _MAX_SHOWN_CHARS - 3] + "..."
-                problem += f" (got {shown})"
+                problem += f" (got {_shown(value)})"
         origin = (sources or {}).get(walked.path)
         if origin is not None:
             problem += f" [from {origin}]"
@@ -154,14 +161,15 @@ def format_validation_error(
 
 
 def env_value(root: type[BaseModel], parts: Sequence[str], raw: str, data: Any) -> Any:
-    """An environment value typed as YAML, except text fields keep the raw string."""
-    loc: list[str | int] = [int(p) if p.isdigit() else p for p in parts]
+    """An environment value typed as YAML (within the loader's bounds), except text fields keep
+    the raw string."""
+    loc: list[str | int] = [int(p) if p.isascii() and p.isdigit() else p for p in parts]
     if _is_text(walk(root, loc, data).annotation):
         return raw
     try:
-        return yaml.safe_load(raw) if raw.strip() else raw
-    except yaml.YAMLError as exc:
-        raise ValueError(f"not a YAML value: {exc}") from exc
+        return load_yaml(raw) if raw.strip() else raw
+    except YamlInputError as exc:
+        raise ValueError(str(exc)) from None
 
 
 __all__ = ["ConfigError", "Walked", "env_value", "format_validation_error", "suggest", "walk"]

@@ -1,5 +1,12 @@
 """Loading: the YAML file (or data built from options), then `KVPILOT_*` environment
-overrides, validated. Relative paths are relative to the agent's working directory."""
+overrides, validated. Relative paths are relative to the agent's working directory.
+
+Each layer goes over the one below it field by field: the YAML over the product's defaults
+(the models keep a default section's other fields, see `agent/rules/config.py`), the
+environment over the YAML (a mapping given in a variable merges into the YAML's mapping).
+Lists are replaced whole. Input is read within the bounds of `bounded_yaml`; whatever is
+wrong with it comes out as a ConfigError, never as another exception.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +15,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import (
     ValidationError,
 )
 
 from kvpilot.agent.config.agent import AgentConfig, config_warnings
+from kvpilot.agent.config.bounded_yaml import (
+    MAX_DEPTH,
+    YamlInputError,
+    check_shape,
+    read_yaml_file,
+)
 from kvpilot.agent.config.errors import ConfigError, env_value, format_validation_error, suggest
 
 log = logging.getLogger(__name__)
@@ -35,8 +47,10 @@ def validate_config(
     """Settings given as data (a parsed YAML, or built from command-line options), then
     `KVPILOT_*` overrides from `environ`, validated."""
     sources: dict[tuple[str, ...], str] = {}
+    _check_shape(data)
     if environ is not None:
         data, sources = apply_env_overrides(data, environ)
+        _check_shape(data)
     try:
         config = AgentConfig.model_validate(data)
     except ValidationError as exc:
@@ -47,17 +61,20 @@ def validate_config(
     return config
 
 
+def _check_shape(data: Any) -> None:
+    try:
+        check_shape(data)
+    except YamlInputError as exc:
+        raise ConfigError([str(exc)]) from None
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        data = read_yaml_file(path)
     except OSError as exc:
-        raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError([f"{path}: not UTF-8 text: {exc.reason} at byte {exc.start}"]) from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError([f"{path}: not valid YAML: {exc}"]) from exc
+        raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    except YamlInputError as exc:
+        raise ConfigError([f"{path}: {exc}"]) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -84,6 +101,9 @@ def apply_env_overrides(
         if any(not p for p in parts):
             problems.append(f"{name}: empty name segment")
             continue
+        if len(parts) >= MAX_DEPTH:
+            problems.append(f"{name}: nested deeper than {MAX_DEPTH} levels")
+            continue
         if parts[0] not in top:
             if len(parts) > 1:
                 problems.append(f"{name}: {parts[0]}: unknown field{suggest(parts[0], top)}")
@@ -107,14 +127,25 @@ def _deep_copy(value: Any) -> Any:
     return value
 
 
+def _merged(below: Any, over: Any) -> Any:
+    """`over` on `below`: mappings field by field, anything else (lists too) replaced whole."""
+    if not isinstance(below, dict) or not isinstance(over, dict):
+        return over
+    return {**below, **{k: _merged(below.get(k), v) for k, v in over.items()}}
+
+
+def _index(part: str, items: list[Any], here: str) -> int:
+    if not (part.isascii() and part.isdigit()) or int(part) >= len(items):
+        raise ValueError(f"{here}: no list item {part} to override")
+    return int(part)
+
+
 def _set_path(data: dict[str, Any], parts: list[str], value: Any) -> None:
     node: Any = data
     for depth, part in enumerate(parts[:-1]):
         here = ".".join(parts[: depth + 1])
         if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                raise ValueError(f"{here}: no list item {part} to override")
-            node = node[int(part)]
+            node = node[_index(part, node, here)]
             continue
         child = node.setdefault(part, {})
         if not isinstance(child, dict | list):
@@ -122,8 +153,7 @@ def _set_path(data: dict[str, Any], parts: list[str], value: Any) -> None:
         node = child
     last = parts[-1]
     if isinstance(node, list):
-        if not last.isdigit() or int(last) >= len(node):
-            raise ValueError(f"{'.'.join(parts)}: no list item {last} to override")
-        node[int(last)] = value
+        at = _index(last, node, ".".join(parts))
+        node[at] = _merged(node[at], value)
     else:
-        node[last] = value
+        node[last] = _merged(node.get(last), value)

@@ -9,12 +9,16 @@ the field names. The `action` of a rule is one of the actions that rule supports
 * `ladder` (preemption spike only): alert; promote a validated better configuration if the
   tuner holds one; restart with the same flags only for the capacity-leak signature (KV
   usage high while few requests run); otherwise recommend a tuning run.
+
+A rule given in part keeps the rest of its default: the user's fields are validated over the
+default rule's (`fragmentation.allocator` with only a threshold still restarts).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -27,10 +31,30 @@ _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 MIB = 1024 * 1024
 
 
-class _RuleBase(BaseModel):
-    """What every rule has: on/off, a `for` duration, extra labels and a severity."""
+class _Section(BaseModel):
+    """Strict and frozen; a section given as a mapping goes over its field's default."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _over_defaults(cls, data: Any) -> Any:
+        # A default can be more than its class's defaults (the allocator's `restart`): fields
+        # the user leaves out come from that default, not from the class.
+        if not isinstance(data, Mapping):
+            return data
+        merged = dict(data)
+        for name, field in cls.model_fields.items():
+            given = data.get(name)
+            if isinstance(given, Mapping):
+                default = field.get_default(call_default_factory=True)
+                if isinstance(default, BaseModel):
+                    merged[name] = {**default.model_dump(), **given}
+        return merged
+
+
+class _RuleBase(_Section):
+    """What every rule has: on/off, a `for` duration, extra labels and a severity."""
 
     enabled: bool = Field(True, description="Evaluate this rule.")
     for_s: float = Field(
@@ -78,10 +102,8 @@ class FragmentationSourceRule(_RuleBase):
     )
 
 
-class FragmentationRule(BaseModel):
+class FragmentationRule(_Section):
     """Fragmentation per source: the KV block pool and the CUDA caching allocator."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     kv_blocks: FragmentationSourceRule = Field(
         default_factory=FragmentationSourceRule,
@@ -252,10 +274,8 @@ class ServerDownRule(_RuleBase):
     )
 
 
-class RulesConfig(BaseModel):
+class RulesConfig(_Section):
     """Every rule, with the product's defaults."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     fragmentation: FragmentationRule = Field(
         default_factory=FragmentationRule,
