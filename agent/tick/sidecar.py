@@ -127,6 +127,18 @@ class Sidecar:
             generator_url=external,
         )
 
+    def use_notifiers(
+        self, configs: tuple[NotifierConfig, ...], notifiers: Mapping[str, Notifier]
+    ) -> None:
+        """A reloaded configuration's notifiers: from now on alerts go to these, and what is
+        queued for a notifier of the same name goes to its new settings."""
+        self.config = self.config.model_copy(update={"notifiers": configs})
+        self._notifier_configs = {n.name: n for n in configs}
+        self.tracker.repeat_interval_s = min(
+            (n.repeat_interval_s for n in configs), default=4 * 3600.0
+        )
+        self.delivery.use_notifiers(notifiers)
+
     def reconcile(self) -> None:
         """What a previous run left unfinished: remediations failed, the budget restored."""
         for item in self.remediator.reconcile():
