@@ -220,6 +220,11 @@ class AlertTracker:
 
     # -- silences ----------------------------------------------------------------------
 
+    def use_for_s(self, rules_for_s: Mapping[str, float]) -> None:
+        """New `for` durations by rule (a reloaded configuration); pending alerts keep their
+        start and fire once the new duration has passed."""
+        self._for_s = dict(rules_for_s)
+
     def silence(
         self, matchers: Mapping[str, str], until_wall_s: float, *, comment: str = ""
     ) -> Silence:

@@ -2,8 +2,9 @@
 
 The file is read and validated first: an invalid one is refused with its problems, and the
 running configuration stays. The notifiers change in place (the outbox keeps what is queued;
-queued and new notifications go to the new ones). Every other section applies when kvpilot
-restarts, and the reload says which of them changed. Each reload is audited.
+queued and new notifications go to the new ones), and so do the rules (from the next tick).
+Every other section applies when kvpilot restarts, and the reload says which of them
+changed. Each reload is audited.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from kvpilot.agent.tick.sidecar import Sidecar
 
 log = logging.getLogger(__name__)
 
-LIVE_SECTIONS = frozenset({"notifiers"})  # applied by a reload; the others at the next start
+LIVE_SECTIONS = frozenset({"notifiers", "rules"})  # applied by a reload; others at the next start
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +77,9 @@ class Reloader:
         later = tuple(name for name in changed if name not in LIVE_SECTIONS)
         if "notifiers" in applied:
             self._sidecar.use_notifiers(new.notifiers, self._build_notifiers(new.notifiers))
-            self._running = old.model_copy(update={"notifiers": new.notifiers})
+        if "rules" in applied:
+            self._sidecar.use_rules(new.rules)
+        self._running = old.model_copy(update={name: getattr(new, name) for name in applied})
         names = ", ".join(n.name for n in self._running.notifiers) or "none"
         if not changed:
             reason = "the configuration is unchanged"

@@ -33,6 +33,7 @@ from kvpilot.agent.model import AlertEvent, Condition, Instance, Labels
 from kvpilot.agent.notify import DeliveryWorker, Notifier
 from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.remediation.remediator import Outcome
+from kvpilot.agent.rules.config import RulesConfig
 from kvpilot.agent.rules.engine import RuleEngine
 from kvpilot.agent.runtimes import Runtime
 from kvpilot.agent.state import StateStore
@@ -138,6 +139,15 @@ class Sidecar:
             (n.repeat_interval_s for n in configs), default=4 * 3600.0
         )
         self.delivery.use_notifiers(notifiers)
+
+    def use_rules(self, rules: RulesConfig) -> None:
+        """A reloaded configuration's rules, from the next tick. Their history (stall and
+        growth windows) starts again; an alert of a rule turned off resolves as it goes."""
+        self.config = self.config.model_copy(update={"rules": rules})
+        engine = RuleEngine.from_config(rules)
+        engine.errors_total = self.rules.errors_total  # counters go on counting
+        self.rules = engine
+        self.tracker.use_for_s(rules.for_s_by_rule())
 
     def reconcile(self) -> None:
         """What a previous run left unfinished: remediations failed, the budget restored."""

@@ -84,19 +84,19 @@ def test_sighup_is_survived_when_there_is_nothing_to_reload() -> None:
         assert agent.wait(30) == 0
 
 
-def test_sighup_reloads_the_notifiers_and_refuses_an_invalid_file(tmp_path: Path) -> None:
+def test_sighup_reloads_notifiers_and_rules_and_refuses_an_invalid_file(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.prom"
     metrics.write_text(IDLE)
     instance = standin_instance(tmp_path, "tiny", free_port(), metrics=metrics)
-    rules = {"kv_saturation": {"for_s": 0}}
     with Hook() as old, Hook() as new:
-        config = base_config(tmp_path, [instance], rules=rules)
+        config = base_config(tmp_path, [instance], rules={"kv_saturation": {"enabled": False}})
         config["notifiers"] = [_hook("oncall", old.url)]
         path = write_config(tmp_path / "kvpilot.yaml", config)
         try:
             with Agent("run", "--config", str(path)) as agent:
                 agent.wait_message("instance tiny started")
                 config["notifiers"] = [_hook("oncall", new.url)]
+                config["rules"] = {"kv_saturation": {"enabled": True, "for_s": 0}}
                 write_config(path, config)
                 agent.signal(signal.SIGHUP)
                 agent.wait_message("configuration reloaded")
@@ -106,7 +106,7 @@ def test_sighup_reloads_the_notifiers_and_refuses_an_invalid_file(tmp_path: Path
                 refused = agent.wait_message("reload refused")
                 assert "timeout_s" in refused, refused  # the reason, named
 
-                metrics.write_text(SATURATED)
+                metrics.write_text(SATURATED)  # the reloaded rule fires, to the reloaded hook
                 wait_until(lambda: "KvCacheSaturated" in new.alertnames, 20, "the alert at new")
                 assert old.alertnames == []
                 agent.signal(signal.SIGTERM)

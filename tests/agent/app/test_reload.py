@@ -1,5 +1,5 @@
-"""`POST /-/reload` on a real agent: token first, the notifiers applied, the sections that
-need a restart named, an invalid file refused with its problems, each reload audited."""
+"""`POST /-/reload` on a real agent: token first, notifiers and rules applied, the sections
+that need a restart named, an invalid file refused with its problems, each reload audited."""
 
 from __future__ import annotations
 
@@ -35,11 +35,13 @@ def test_reload_over_http(tmp_path: Path) -> None:
         assert same.json() == {"applied": [], "needs_restart": []}
 
         config["notifiers"] = [_hook("http://127.0.0.1:9/two")]
+        config["rules"] = {"server_down": {"for_s": 30}}
         config["interval_s"] = 0.7
         write_config(path, config)
         changed = httpx.post(url, headers=auth, timeout=10)
         assert changed.status_code == 200
-        assert changed.json() == {"applied": ["notifiers"], "needs_restart": ["interval_s"]}
+        assert sorted(changed.json()["applied"]) == ["notifiers", "rules"]
+        assert changed.json()["needs_restart"] == ["interval_s"]
 
         path.write_text("notifiers: [{kind: webhook, url: 7, surprise: 1}]\n")
         refused = httpx.post(url, headers=auth, timeout=10)
