@@ -47,10 +47,9 @@ class ListenError(Exception):
 
 
 _BIND_ERRORS = {
-    errno.EADDRINUSE: "address already in use: another process listens there; set listen.port "
-    "(or KVPILOT_LISTEN__PORT) to a free port, or stop the other process",
-    errno.EADDRNOTAVAIL: "not an address of this machine; set listen.host",
-    errno.EACCES: "permission denied (ports below 1024 need privileges); set listen.port",
+    errno.EADDRINUSE: "address already in use (another process listens there)",
+    errno.EADDRNOTAVAIL: "not an address of this machine",
+    errno.EACCES: "permission denied (ports below 1024 need privileges)",
 }
 
 

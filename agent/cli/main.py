@@ -219,7 +219,12 @@ def _run_sidecar(path: Path | None, data: dict[str, object] | None = None) -> No
         try:
             asyncio.run(run_sidecar(config, config_sha256=sha256, reload_config=reload_config))
         except ListenError as exc:
-            print(f"kvpilot: {exc}", file=sys.stderr)
+            where = (
+                f"listen.host and listen.port in {path} (or KVPILOT_LISTEN__PORT)"
+                if path is not None
+                else "--listen HOST:PORT"
+            )
+            print(f"kvpilot: {exc}; choose another with {where}", file=sys.stderr)
             raise typer.Exit(1) from None
         except StartFailed as exc:
             print(exc.explain(), file=sys.stderr)
@@ -256,11 +261,16 @@ def demo(
     ] = False,
 ) -> None:
     """Start a local CPU vLLM with the kvpool plugin, load it, and watch it live."""
+    from kvpilot.agent.app.lifecycle import ListenError
     from kvpilot.agent.cli.demo import DemoSettings, run_demo
 
     configure_logging(json_logs=False, level=logging.INFO)
     settings = DemoSettings(duration_s=duration, listen_port=listen_port, live_view=not no_view)
-    asyncio.run(run_demo(settings))
+    try:
+        asyncio.run(run_demo(settings))
+    except ListenError as exc:
+        print(f"kvpilot: {exc}; choose another port with --listen-port", file=sys.stderr)
+        raise typer.Exit(1) from None
 
 
 @app.command("metrics-table")

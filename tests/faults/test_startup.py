@@ -48,6 +48,7 @@ def test_a_taken_listen_port_is_one_clear_line_and_nothing_starts(tmp_path: Path
     assert not any("listening" in line for line in lines), lines
     assert len(lines) == 1, lines
     assert f"127.0.0.1:{port}" in lines[0] and "address already in use" in lines[0], lines
+    assert "choose another with listen.host and listen.port in" in lines[0], lines
     assert not (tmp_path / "tiny.starts").exists()  # no server was started
 
 

@@ -38,13 +38,14 @@ def test_a_taken_port_raises_before_anything_runs(caplog: pytest.LogCaptureFixtu
         settings = LoopSettings(listen_port=port, interval_s=0.1)
         with caplog.at_level(logging.INFO), pytest.raises(ListenError) as info:
             asyncio.run(serve_and_tick(tick, Starlette(), settings))
-    assert str(info.value).startswith(f"cannot listen on 127.0.0.1:{port}: address already in use")
-    assert "KVPILOT_LISTEN__PORT" in str(info.value)
+    assert str(info.value) == (
+        f"cannot listen on 127.0.0.1:{port}: address already in use (another process listens there)"
+    )
     assert ticks == [] and caplog.records == []  # nothing ran, nothing claimed to listen
 
 
 def test_an_address_that_is_not_this_machines_is_said_plainly() -> None:
-    with pytest.raises(ListenError, match=r"not an address of this machine; set listen\.host"):
+    with pytest.raises(ListenError, match="not an address of this machine"):
         bind_listener("192.0.2.1", 0)  # TEST-NET-1: never a local address
 
 
