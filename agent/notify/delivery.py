@@ -263,6 +263,8 @@ class DeliveryWorker:
         except Exception as exc:  # the outbox failed while recording: the items stay pending
             self._outbox_failed(name, exc)
             return None
+        if not self._has_room(key):
+            return None  # the notifier has its lanes out: a later pass starts this one
         task = asyncio.get_running_loop().create_task(
             self._lane(key, notifier, items), name=f"delivery {name}"
         )

@@ -448,6 +448,29 @@ def test_lanes_per_notifier_are_bounded_and_rows_they_hold_crowd_out_nothing(
     assert outbox.backlog() == 0
 
 
+def test_one_pass_starts_no_more_lanes_than_the_bound(receiver: Receiver) -> None:
+    clock, outbox = FakeClock(), MemoryOutbox()
+    receiver.hang()
+    for i in range(5):
+        outbox.enqueue("hook", make_event(instance=f"vllm-{i}"), clock())
+
+    async def body(client: httpx.AsyncClient) -> None:
+        notifiers = {"hook": WebhookNotifier("hook", receiver.url, client, timeout_s=20)}
+        worker = worker_for(outbox, notifiers, clock, lanes_per_notifier=2, pass_wait_s=0.05)
+        tally = Tally(worker)
+        for _ in range(3):
+            await tally.deliver()
+        await eventually(lambda: len(receiver.arrived()) == 2, "two requests")
+        assert worker.lanes_running() == 2 and len(receiver.arrived()) == 2
+        receiver.release()
+        for _ in range(3):  # two lanes at a time, oldest alerts first
+            await tally.settle()
+        assert tally.counts == {("hook", "delivered"): 5}
+
+    with_client(body)
+    assert outbox.backlog() == 0
+
+
 def test_aclose_cancels_lanes_that_do_not_finish_and_keeps_their_items(
     receiver: Receiver,
 ) -> None:
