@@ -24,6 +24,7 @@ import httpx
 from tests.fakes.standin_vllm_module import install
 
 KVPILOT = [sys.executable, "-m", "kvpilot.agent"]
+STOP_S = 20.0  # for an agent a test leaves running: its drain of the stand-ins, and more
 REPO = Path(__file__).resolve().parents[2]
 TINY_MODEL = REPO / "rig" / "models" / "tiny-llama"
 
@@ -53,9 +54,10 @@ def standin_instance(
     }
     if metrics is not None:
         env["STANDIN_METRICS"] = str(metrics)
+    # --download-dir puts the test's folder in the command line: processes_with(tmp) finds it.
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(TINY_MODEL), "--served-model-name", f"standin-{tmp.name}",
-            "--port", str(port)]  # fmt: skip
+            "--download-dir", str(tmp / "downloads"), "--port", str(port)]  # fmt: skip
     return {"name": name, "argv": argv, "env": env}
 
 
@@ -132,8 +134,14 @@ class Agent:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Still running: SIGTERM (it stops the servers it started), then SIGKILL."""
         process = self.process
-        if process is not None and process.poll() is None:
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=STOP_S)
+        except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
 

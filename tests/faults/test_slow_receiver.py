@@ -8,6 +8,7 @@ three alerts fire at once. The webhook receiver answers alert A's notifications 
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
@@ -88,5 +89,8 @@ def test_a_slow_alert_does_not_hold_up_the_others(tmp_path: Path) -> None:
                     assert late_s < SLOW_S / 2, f"{name} waited {late_s:.1f} s behind a"
                 wait_until(lambda: "a" in receiver.accepted, SLOW_S + 10, "a, in the end")
                 agent.check_alive("while delivering")
+                agent.signal(signal.SIGTERM)
+                assert agent.wait(30) == 0
+        assert processes_with(str(tmp_path)) == []  # the servers it started, stopped
     finally:
         kill_all(processes_with(str(tmp_path)))
