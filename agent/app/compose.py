@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,13 +16,15 @@ import httpx
 from kvpilot.agent.app.api import api_routes
 from kvpilot.agent.app.exposition import build_registry, sidecar_families, tuning_families
 from kvpilot.agent.app.http import build_app
-from kvpilot.agent.app.lifecycle import LoopSettings, serve_and_tick
+from kvpilot.agent.app.lifecycle import LoopSettings, bind_listener, serve_and_tick
 from kvpilot.agent.app.parts import build_notifiers, build_runtime
+from kvpilot.agent.app.reload import Reloader, reload_routes
 from kvpilot.agent.config import AgentConfig, LocalRuntimeConfig
 from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.remediation.prefix_cache import HttpPrefixCacheReset
 from kvpilot.agent.remediation.preflight import MemoryPreflight
 from kvpilot.agent.runtimes import LocalRuntime, Runtime, RuntimeFailure
+from kvpilot.agent.runtimes.probe import StartFailed
 from kvpilot.agent.state import StateError, StateStore, open_exclusive
 from kvpilot.agent.tick.sidecar import Sidecar
 from kvpilot.agent.tuning.promoted import (
@@ -51,10 +54,36 @@ async def run_sidecar(
     stop: asyncio.Event | None = None,
     config_sha256: str | None = None,
     on_tick: Callable[[Sidecar], None] | None = None,
+    reload_config: Callable[[], AgentConfig] | None = None,
 ) -> None:
     """The sidecar to a signal. `config_sha256` (the YAML's hash) lets promoted flags hold
     while the file is unchanged; without it the configured flags run. `on_tick` sees the
-    sidecar after each tick (the demo's live view)."""
+    sidecar after each tick (the demo's live view). `reload_config` reads the configuration
+    again, for SIGHUP and `POST /-/reload` (without it a reload is refused).
+
+    Raises ListenError before anything starts when the listen address cannot be bound, and
+    StartFailed, after a clean shutdown, when a local server exits before it was first ready.
+    """
+    sock = bind_listener(config.listen.host, config.listen.port)
+    failed: list[StartFailed] = []
+    try:
+        await _run(config, sock, stop or asyncio.Event(), failed, config_sha256, on_tick,
+                   reload_config)  # fmt: skip
+    finally:
+        sock.close()
+    if failed:
+        raise failed[0]
+
+
+async def _run(
+    config: AgentConfig,
+    sock: socket.socket,
+    stop: asyncio.Event,
+    failed: list[StartFailed],
+    config_sha256: str | None,
+    on_tick: Callable[[Sidecar], None] | None,
+    reload_config: Callable[[], AgentConfig] | None,
+) -> None:
     api_key = config.runtime.api_key.get_secret_value() if config.runtime.api_key else None
     timeout = httpx.Timeout(5.0, connect=2.0)
     async with httpx.AsyncClient(timeout=timeout) as client:
@@ -106,7 +135,9 @@ async def run_sidecar(
                     )
                 except StudyError as exc:  # collecting and alerting go on without it
                     log.error("scheduled tuning is off: %s", exc)
-            starting = sidecar.tasks.spawn(_start_local(config, runtime, tuning), "start-servers")
+            starting = sidecar.tasks.spawn(
+                _start_local(config, runtime, tuning, stop, failed), "start-servers"
+            )
             own = sidecar_families(sidecar.counters)
 
             def extra(out: Any) -> None:
@@ -114,12 +145,22 @@ async def run_sidecar(
                 tuning_families(sidecar.tuning_families())(out)
 
             registry = build_registry(sidecar.servers, extra)
+            token = config.api.control_token()
+            reloader = None
+            if reload_config is not None:
+                reloader = Reloader(
+                    reload_config, config, sidecar,
+                    lambda cfgs: build_notifiers(cfgs, client, external_url),
+                )  # fmt: skip
             app = build_app(
                 sidecar,
                 registry,
                 clock=sidecar.clock,
                 stale_after_s=max(10.0, 5 * config.interval_s),
-                extra_routes=api_routes(sidecar, config.api.control_token()),
+                extra_routes=[
+                    *api_routes(sidecar, token),
+                    *(reload_routes(reloader, token) if reloader else ()),
+                ],
             )
             loop = LoopSettings(
                 listen_host=config.listen.host,
@@ -140,6 +181,8 @@ async def run_sidecar(
                     stop=stop,
                     add_jobs=tuning.add_to if tuning else None,
                     overruns=sidecar.overruns,
+                    sock=sock,
+                    reload=reloader.reload if reloader else None,  # it logs its outcome
                 )
             finally:
                 if tuning is not None:
@@ -147,7 +190,8 @@ async def run_sidecar(
                 starting.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await starting
-                await sidecar.aclose()
+                await sidecar.aclose()  # running remediations record themselves interrupted
+                await sidecar.delivery.aclose()
                 await runtime.aclose(drain_timeout_s=config.runtime.drain_timeout_s)
 
 
@@ -182,10 +226,15 @@ def _all_pids(runtime: Runtime) -> frozenset[int]:
 
 
 async def _start_local(
-    config: AgentConfig, runtime: Runtime, tuning: ScheduledTuning | None
+    config: AgentConfig,
+    runtime: Runtime,
+    tuning: ScheduledTuning | None,
+    stop: asyncio.Event,
+    failed: list[StartFailed],
 ) -> None:
     """The local runtime's servers start beside the loop, so /healthz answers meanwhile;
-    then a tuning trial an earlier kvpilot left open is recovered."""
+    then a tuning trial an earlier kvpilot left open is recovered. A server that exits
+    before it was first ready (a wrong argv, no vLLM in its Python) stops the agent."""
     if not isinstance(config.runtime, LocalRuntimeConfig):
         return
 
@@ -193,8 +242,12 @@ async def _start_local(
         try:
             await runtime.start(name, ready_timeout_s=config.runtime.ready_timeout_s)
             log.info("instance %s started", name)
+        except StartFailed as exc:
+            log.error("instance %s failed to start, stopping kvpilot: %s", name, exc.headline)
+            failed.append(exc)
+            stop.set()
         except RuntimeFailure as exc:
-            # The server-down rule sees it exited; remediation decides under its guards.
+            # Still starting, or gone later: the rules see it; remediation decides.
             log.error("instance %s failed to start: %s", name, exc)
 
     await asyncio.gather(*(start(i.name) for i in config.runtime.instances))

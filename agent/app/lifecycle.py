@@ -1,15 +1,19 @@
 """The agent process: ticks on a schedule, serves /metrics and /healthz, stops on a signal.
 
-Shutdown is a path: the signal handler only sets an event; the scheduler stops taking new
-ticks, the running tick gets a bounded time to finish, then the HTTP server closes.
+The listen address is bound before anything starts, so a taken port is one clear error and
+nothing claims to be listening. Shutdown is a path: SIGTERM and SIGINT only set an event; the
+scheduler stops taking new ticks, the running tick gets a bounded time to finish, then the
+HTTP server closes. SIGHUP reloads the configuration where the caller can (else it says so).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -35,6 +39,41 @@ class _SkippedRunFilter(logging.Filter):
 _SKIPPED_RUNS = _SkippedRunFilter()
 
 
+NO_RELOAD = "reload is not supported; restart kvpilot to apply a new configuration"
+
+
+class ListenError(Exception):
+    """The listen address cannot be bound (taken, not this machine's, not allowed)."""
+
+
+_BIND_ERRORS = {
+    errno.EADDRINUSE: "address already in use (another process listens there)",
+    errno.EADDRNOTAVAIL: "not an address of this machine",
+    errno.EACCES: "permission denied (ports below 1024 need privileges)",
+}
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port, or ListenError with what to change."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ListenError(
+            f"cannot listen on {host}:{port}: unknown host ({exc.strerror})"
+        ) from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        why = _BIND_ERRORS.get(exc.errno or 0, exc.strerror or str(exc))
+        raise ListenError(f"cannot listen on {host}:{port}: {why}") from None
+    return sock
+
+
 @dataclass(frozen=True, slots=True)
 class LoopSettings:
     listen_host: str = "127.0.0.1"
@@ -44,7 +83,7 @@ class LoopSettings:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the agent owns SIGTERM and SIGINT."""
+    """uvicorn without its own signal handling: the agent owns SIGTERM, SIGINT and SIGHUP."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -67,15 +106,23 @@ async def serve_and_tick(
     stop: asyncio.Event | None = None,
     add_jobs: Callable[[AsyncIOScheduler], None] | None = None,
     overruns: TickOverruns | None = None,
+    sock: socket.socket | None = None,
+    reload: Callable[[], Awaitable[object]] | None = None,
 ) -> None:
     """Run `tick` every interval and serve `app` until `stop` is set or SIGTERM/SIGINT.
 
-    `add_jobs` may put more jobs on the same scheduler (the scheduled tuning run)."""
+    `sock` is the bound listen socket (bound here when not given: ListenError before anything
+    starts). `add_jobs` may put more jobs on the same scheduler (the scheduled tuning run).
+    `reload` runs on SIGHUP; without it SIGHUP is logged and otherwise ignored."""
+    sock = sock or bind_listener(settings.listen_host, settings.listen_port)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, _on_signal, stop, sig)
+    reloads = _Reloads(reload)
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGHUP, reloads.on_sighup)
     server = _Server(
         uvicorn.Config(
             app,
@@ -113,17 +160,19 @@ async def serve_and_tick(
     )  # fmt: skip
     if add_jobs is not None:
         add_jobs(scheduler)
-    serving = asyncio.create_task(server.serve())
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
     scheduler.start()
     log.info(
         "kvpilot agent listening on http://%s:%d, ticking every %.1f s",
-        settings.listen_host, settings.listen_port, settings.interval_s,
+        settings.listen_host, sock.getsockname()[1], settings.interval_s,
     )  # fmt: skip
     try:
         stopped = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait({stopped, serving}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
         if serving in done and not stop.is_set():
-            serving.result()  # the HTTP server failed (port in use, ...): raise it
+            serving.result()  # the HTTP server failed: raise it
+            raise RuntimeError("the HTTP server stopped on its own")
     finally:
         log.info("stopping: no new ticks")
         scheduler.shutdown(wait=False)
@@ -135,15 +184,48 @@ async def serve_and_tick(
             for task in pending:
                 log.warning("stopping: tick did not finish in time, cancelling it")
                 task.cancel()
+        await reloads.aclose()
         server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(serving, timeout=settings.shutdown_grace_s)
+        sock.close()
         log.info("stopped")
 
 
 def _on_signal(stop: asyncio.Event, sig: signal.Signals) -> None:
     log.info("received %s, shutting down", sig.name)
     stop.set()
+
+
+class _Reloads:
+    """SIGHUP: one reload at a time, each in its own task; a failed reload is logged."""
+
+    def __init__(self, reload: Callable[[], Awaitable[object]] | None) -> None:
+        self._reload = reload
+        self._task: asyncio.Task[None] | None = None
+
+    def on_sighup(self) -> None:
+        if self._reload is None:
+            log.warning("received SIGHUP: %s", NO_RELOAD)
+            return
+        if self._task is not None and not self._task.done():
+            log.warning("received SIGHUP: a reload is still running; this one is skipped")
+            return
+        log.info("received SIGHUP: reloading the configuration")
+        self._task = asyncio.get_running_loop().create_task(self._run(self._reload))
+
+    @staticmethod
+    async def _run(reload: Callable[[], Awaitable[object]]) -> None:
+        try:
+            await reload()
+        except Exception:  # a reload that fails keeps the running configuration
+            log.exception("reload failed; still running the configuration loaded before")
+
+    async def aclose(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
 
 
 def _now():

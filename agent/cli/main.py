@@ -6,8 +6,9 @@ import asyncio
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import httpx
 import typer
@@ -28,6 +29,9 @@ from kvpilot.collectors.limits import (
     ScrapeLimits,
 )
 from kvpilot.collectors.nvml import NvmlCollector
+
+if TYPE_CHECKING:
+    from kvpilot.agent.config import AgentConfig
 
 app = typer.Typer(
     help="Memory observability and auto-tuning for vLLM.",
@@ -214,22 +218,59 @@ def run(
 
 def _run_sidecar(path: Path | None, data: dict[str, object] | None = None) -> None:
     """One path for both forms of `kvpilot run`. Without a file nothing is kept after the
-    agent stops unless KVPILOT_STATE_DIR names a state directory."""
+    agent stops unless KVPILOT_STATE_DIR names a state directory. A listen address that is
+    taken, or a server that exits before it was first ready, ends it with a plain message
+    and exit code 1, never a traceback."""
     import tempfile
 
     from kvpilot.agent.app.compose import run_sidecar
+    from kvpilot.agent.app.lifecycle import ListenError
     from kvpilot.agent.cli.config_load import load_or_exit, validate_or_exit
     from kvpilot.agent.config import secret_values
+    from kvpilot.agent.runtimes.probe import StartFailed
 
     configure_logging(json_logs=True)
     with tempfile.TemporaryDirectory(prefix="kvpilot-state-") as scratch:
+        reload_config = None
         if path is not None:
             config, sha256 = load_or_exit(path, read_token=True)
+            reload_config = _reloader(path, secret_values(config))
         else:
             config = validate_or_exit({"state_dir": scratch, **(data or {})})
             sha256 = None
         configure_logging(json_logs=True, secrets=secret_values(config))
-        asyncio.run(run_sidecar(config, config_sha256=sha256))
+        try:
+            asyncio.run(run_sidecar(config, config_sha256=sha256, reload_config=reload_config))
+        except ListenError as exc:
+            where = (
+                f"listen.host and listen.port in {path} (or KVPILOT_LISTEN__PORT)"
+                if path is not None
+                else "--listen HOST:PORT"
+            )
+            print(f"kvpilot: {exc}; choose another with {where}", file=sys.stderr)
+            raise typer.Exit(1) from None
+        except StartFailed as exc:
+            print(exc.explain(), file=sys.stderr)
+            raise typer.Exit(1) from None
+
+
+def _reloader(path: Path, secrets: tuple[str, ...]) -> Callable[[], AgentConfig]:
+    """Reads `path` again as `run --config` did (environment overrides, the token file), for
+    a reload; raises ConfigError. The new configuration's secrets are masked in logs too."""
+    import os
+
+    from kvpilot.agent.config import load_config, secret_values
+
+    masked = set(secrets)
+
+    def load() -> AgentConfig:
+        config = load_config(path, os.environ)
+        config.api.control_token()
+        masked.update(secret_values(config))
+        configure_logging(json_logs=True, secrets=sorted(masked))
+        return config
+
+    return load
 
 
 @app.command()
@@ -243,11 +284,16 @@ def demo(
     ] = False,
 ) -> None:
     """Start a local CPU vLLM with the kvpool plugin, load it, and watch it live."""
+    from kvpilot.agent.app.lifecycle import ListenError
     from kvpilot.agent.cli.demo import DemoSettings, run_demo
 
     configure_logging(json_logs=False, level=logging.INFO)
     settings = DemoSettings(duration_s=duration, listen_port=listen_port, live_view=not no_view)
-    asyncio.run(run_demo(settings))
+    try:
+        asyncio.run(run_demo(settings))
+    except ListenError as exc:
+        print(f"kvpilot: {exc}; choose another port with --listen-port", file=sys.stderr)
+        raise typer.Exit(1) from None
 
 
 @app.command("metrics-table")

@@ -8,6 +8,8 @@ recovered (its canary stopped, the stable flags kept or restored, the trial abor
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -18,6 +20,8 @@ from rich.live import Live
 from kvpilot.agent.cli.config_load import load_or_exit, open_state_or_exit
 from kvpilot.agent.config import AgentConfig, secret_values
 from kvpilot.agent.config.tuning import TuningConfig
+from kvpilot.agent.runtimes import LocalRuntime, RuntimeFailure
+from kvpilot.agent.runtimes.probe import StartFailed
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.factory import local_adapter, stable_runtime
@@ -33,6 +37,8 @@ from kvpilot.tuner.suggest import BayesianSuggester
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="The agent's YAML file.")]
 tune_app = typer.Typer(help="Tune vLLM's memory knobs with canary rollouts.")
+
+STOP_DRAIN_S = 10.0  # a server that never became ready has no requests to drain
 
 # Each option overrides one field of the YAML's `tuning:` section (whose defaults it shows).
 _DEFAULTS = TuningConfig()
@@ -108,8 +114,29 @@ def tune(
                 console.print(f"{i}. {plan.candidate.describe()}  [dim]{plan.why}[/dim]")
             return
         asyncio.run(_run(cfg, config_sha256, study, db, console))
+    except StartFailed as exc:  # the log's end and a sentence, never a traceback
+        print(exc.explain(), file=sys.stderr)
+        raise typer.Exit(1) from None
     finally:
         db.close()
+
+
+async def _start_stable(runtime: LocalRuntime, study: Study) -> None:
+    """The stable instance, ready; StartFailed (with what its log said) when it is not."""
+    name = study.stable.name
+    try:
+        await runtime.start(name, ready_timeout_s=study.ready_timeout_s)
+    except StartFailed:
+        raise
+    except RuntimeFailure as exc:  # not ready in time, or its leftovers would not stop
+        with contextlib.suppress(RuntimeFailure):  # no server left half-started
+            await runtime.stop(name, drain_timeout_s=STOP_DRAIN_S)
+        first = str(exc).splitlines()[0]
+        raise StartFailed(
+            f"the stable instance {name!r} did not start: {first}",
+            getattr(exc, "log_tail", None),
+            log_path=runtime.log_path(name),
+        ) from None
 
 
 def _given(**values: object) -> dict[str, object]:
@@ -136,7 +163,7 @@ async def _run(
         console.print(f"recovered trial {done.trial_id} (was {done.phase.value})")
     if runtime.status(study.stable.name).state != "running":
         console.print(f"starting the stable instance ({flags.describe()})")
-        await runtime.start(study.stable.name, ready_timeout_s=study.ready_timeout_s)
+        await _start_stable(runtime, study)
     line = {"text": "starting"}
     with Live(console=console, refresh_per_second=4) as live:
 

@@ -2,9 +2,13 @@
 
 The outbox is persistent (the agent's SQLite store), so what was enqueued before a crash
 is sent after the restart. A receiver may therefore see an event more than once, always
-with the same dedup key. Ordering per notifier: once a notifier fails, the worker holds
-every item for it until its backoff expires and then sends them oldest first, so a
-resolved event never overtakes the firing one it follows.
+with the same dedup key.
+
+Order matters per alert, not across alerts: the worker sends each (notifier, alert
+fingerprint) as its own lane, oldest first. Once a lane fails, the worker holds that lane's
+items until its backoff expires, so a resolved event never overtakes the firing one it
+follows. Lanes run concurrently (a bounded number per notifier) and a pass does not wait for
+a slow one, so one slow or failing receiver, or alert, never holds up another.
 """
 
 from __future__ import annotations
@@ -24,7 +28,11 @@ from kvpilot.collectors.secrets import mask_text
 log = logging.getLogger(__name__)
 
 Outcome = Literal["delivered", "retry", "deferred", "given_up"]
+LaneKey = tuple[str, str]  # (notifier, alert fingerprint)
 DEFAULT_MAX_AGE_S = 24 * 3600.0
+DEFAULT_LANES_PER_NOTIFIER = 8
+DEFAULT_PASS_WAIT_S = 1.0
+_MAX_READ_FACTOR = 16  # how far past batch_limit a pass reads when lanes hold the oldest rows
 _MAX_EXPONENT = 64  # beyond this the delay is max_s anyway; avoids float overflow
 
 
@@ -108,13 +116,13 @@ class DeliveryCount:
 
 @dataclass(frozen=True, slots=True)
 class DeliveryReport:
-    """One pass: counts per notifier and outcome, errors seen, the backlog afterwards."""
+    """Outcomes since the last report (lanes that finished after their pass are in a later
+    one): counts per notifier and outcome, errors seen, the backlog afterwards."""
 
     counts: tuple[DeliveryCount, ...]
     errors: tuple[tuple[str, str], ...]  # (notifier, message)
     backlog_items: int | None
     backlog_reason: str | None = None
-    busy: bool = False  # another pass was still running; this one did nothing
 
     def count(self, notifier: str, outcome: Outcome) -> int:
         return sum(
@@ -123,14 +131,21 @@ class DeliveryReport:
 
 
 @dataclass(slots=True)
-class _NotifierState:
+class _LaneState:
+    """A lane's failures in a row and how long its items are held."""
+
     failures: int = 0
     blocked_until_wall_s: float = float("-inf")
     last_error: str | None = None
 
 
 class DeliveryWorker:
-    """Sends due outbox items, one notifier's failure never holding up another's items."""
+    """Sends due outbox items, one lane per (notifier, alert), in order within each lane.
+
+    A pass starts a lane for each alert with due items (unless that lane still runs), at most
+    `lanes_per_notifier` at once per notifier, and waits up to `pass_wait_s` for them; a
+    lane still running then goes on in the background and its outcomes are in a later report.
+    """
 
     def __init__(
         self,
@@ -143,7 +158,11 @@ class DeliveryWorker:
         max_age_s: float = DEFAULT_MAX_AGE_S,
         send_timeout_s: float = 30.0,
         batch_limit: int = 100,
+        lanes_per_notifier: int = DEFAULT_LANES_PER_NOTIFIER,
+        pass_wait_s: float = DEFAULT_PASS_WAIT_S,
     ) -> None:
+        if lanes_per_notifier < 1 or batch_limit < 1:
+            raise ValueError("lanes_per_notifier and batch_limit must be at least 1")
         self._outbox = outbox
         self._notifiers = dict(notifiers)
         self._clock = clock
@@ -152,111 +171,136 @@ class DeliveryWorker:
         self._max_age_s = max_age_s
         self._send_timeout_s = send_timeout_s
         self._batch_limit = batch_limit
-        self._states = {name: _NotifierState() for name in self._notifiers}
-        self._lock = asyncio.Lock()
+        self._lanes_per_notifier = lanes_per_notifier
+        self._pass_wait_s = pass_wait_s
+        self._states: dict[LaneKey, _LaneState] = {}
+        self._running: dict[LaneKey, tuple[asyncio.Task[None], int]] = {}  # task, items
+        self._counts: Counter[tuple[str, Outcome]] = Counter()
+        self._errors: list[tuple[str, str]] = []
+
+    def use_notifiers(self, notifiers: Mapping[str, Notifier]) -> None:
+        """New notifiers (a reload): the next lanes use them; running lanes finish as they are."""
+        self._notifiers = dict(notifiers)
+        for key in [k for k in self._states if k[0] not in self._notifiers]:
+            del self._states[key]
+
+    def lanes_running(self) -> int:
+        return len(self._running)
 
     async def deliver_due(self) -> DeliveryReport:
         """One pass over the due items; never raises."""
-        if self._lock.locked():
-            return DeliveryReport((), (), None, "a pass is still running", busy=True)
-        async with self._lock:
-            counts: Counter[tuple[str, Outcome]] = Counter()
-            errors: list[tuple[str, str]] = []
-            now = self._clock()
-            try:
-                items = self._outbox.due(now, self._batch_limit)
-            except Exception as exc:
-                log.exception("outbox: reading due items failed")
-                return DeliveryReport((), (("outbox", repr(exc)),), None, repr(exc))
-            groups: dict[str, list[OutboxItem]] = {}
-            for item in items:
-                groups.setdefault(item.notifier, []).append(item)
-            await asyncio.gather(
-                *(
-                    self._deliver_group(name, group, now, counts, errors)
-                    for name, group in groups.items()
-                )
-            )
-            try:
-                backlog, reason = self._outbox.backlog(), None
-            except Exception as exc:
-                log.exception("outbox: counting the backlog failed")
-                backlog, reason = None, repr(exc)
-            report_counts = tuple(
-                DeliveryCount(name, outcome, n) for (name, outcome), n in sorted(counts.items())
-            )
-            return DeliveryReport(report_counts, tuple(errors), backlog, reason)
-
-    async def _deliver_group(
-        self,
-        name: str,
-        items: list[OutboxItem],
-        now: float,
-        counts: Counter[tuple[str, Outcome]],
-        errors: list[tuple[str, str]],
-    ) -> None:
+        now = self._clock()
         try:
-            await self._deliver_group_unguarded(name, items, now, counts, errors)
+            lanes = self._startable_lanes(now)
         except Exception as exc:
-            # The outbox failed while recording: items stay pending and are sent again.
-            log.exception("delivery: recording outcomes failed", extra={"notifier": name})
-            errors.append((name, f"outbox: {exc!r}"))
+            log.exception("outbox: reading due items failed")
+            self._errors.append(("outbox", repr(exc)))
+            return self._report(None, repr(exc))
+        started = [task for key, items in lanes.items() if (task := self._start(key, items, now))]
+        if started:
+            await asyncio.wait(started, timeout=self._pass_wait_s)
+        try:
+            backlog, reason = self._outbox.backlog(), None
+        except Exception as exc:
+            log.exception("outbox: counting the backlog failed")
+            backlog, reason = None, repr(exc)
+        return self._report(backlog, reason)
 
-    async def _deliver_group_unguarded(
-        self,
-        name: str,
-        items: list[OutboxItem],
-        now: float,
-        counts: Counter[tuple[str, Outcome]],
-        errors: list[tuple[str, str]],
-    ) -> None:
-        notifier = self._notifiers.get(name)
-        if notifier is None:
-            error = f"notifier {name!r} is not configured"
-            self._outbox.mark_failed([i.id for i in items], error, now, give_up=True)
-            counts[(name, "given_up")] += len(items)
-            errors.append((name, error))
+    async def aclose(self, grace_s: float = 5.0) -> None:
+        """Give running lanes `grace_s` to finish, then cancel them (their items stay queued)."""
+        tasks = [task for task, _ in self._running.values()]
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=grace_s)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
             log.warning(
-                "delivery: giving up",
-                extra={"notifier": name, "items": len(items), "error": mask_text(error)},
+                "delivery: %d lanes still sending at shutdown; sent again on the next start",
+                len(pending),
             )
-            return
-        state = self._states[name]
-        if now < state.blocked_until_wall_s:
-            # Held back so that they go after the older items that failed, in order.
-            error = f"deferred behind earlier failures: {state.last_error}"
-            self._fail(name, items, error, state.blocked_until_wall_s, now, counts, "deferred")
-            return
+
+    # -- lanes -------------------------------------------------------------------------
+
+    def _startable_lanes(self, now: float) -> dict[LaneKey, list[OutboxItem]]:
+        """The due items by lane, oldest first, without lanes that still run; reads past the
+        rows that running lanes hold, so that they never crowd the others out."""
+        limit = self._batch_limit + sum(n for _, n in self._running.values())
+        while True:
+            items = self._outbox.due(now, limit)
+            lanes: dict[LaneKey, list[OutboxItem]] = {}
+            for item in items:
+                lanes.setdefault((item.notifier, item.event.fingerprint), []).append(item)
+            free = {k: v for k, v in lanes.items() if k not in self._running and self._has_room(k)}
+            if (
+                len(items) < limit
+                or sum(map(len, free.values())) >= self._batch_limit
+                or limit >= self._batch_limit * _MAX_READ_FACTOR
+            ):
+                return free
+            limit *= 2
+
+    def _has_room(self, key: LaneKey) -> bool:
+        running = sum(1 for name, _ in self._running if name == key[0])
+        return running < self._lanes_per_notifier
+
+    def _start(
+        self, key: LaneKey, items: list[OutboxItem], now: float
+    ) -> asyncio.Task[None] | None:
+        """A lane's task, or None when it was settled at once (held back, unknown notifier)."""
+        name = key[0]
+        try:
+            notifier = self._notifiers.get(name)
+            if notifier is None:
+                self._give_up_unknown(name, items, now)
+                return None
+            state = self._states.get(key)
+            if state is not None and now < state.blocked_until_wall_s:
+                # Held back so that they go after the older items that failed, in order.
+                error = f"deferred behind earlier failures: {state.last_error}"
+                self._fail(key, items, error, state.blocked_until_wall_s, now, "deferred")
+                return None
+        except Exception as exc:  # the outbox failed while recording: the items stay pending
+            self._outbox_failed(name, exc)
+            return None
+        if not self._has_room(key):
+            return None  # the notifier has its lanes out: a later pass starts this one
+        task = asyncio.get_running_loop().create_task(
+            self._lane(key, notifier, items), name=f"delivery {name}"
+        )
+        self._running[key] = (task, len(items))
+
+        def done(_: asyncio.Task[None]) -> None:
+            self._running.pop(key, None)
+
+        task.add_done_callback(done)
+        return task
+
+    async def _lane(self, key: LaneKey, notifier: Notifier, items: list[OutboxItem]) -> None:
+        try:
+            await self._send_lane(key, notifier, items)
+        except Exception as exc:  # the outbox failed while recording: the items stay pending
+            self._outbox_failed(key[0], exc)
+
+    async def _send_lane(self, key: LaneKey, notifier: Notifier, items: list[OutboxItem]) -> None:
+        name = key[0]
         queue = list(items)
         one_by_one = False
         while queue:
             batch = queue[:1] if one_by_one else queue
             err = await self._send(notifier, batch)
+            now = self._clock()
             if err is None:
-                self._delivered(name, batch, now, counts)
+                self._delivered(name, batch, now)
                 queue = queue[len(batch) :]
                 continue
             arrived = [i for i in batch if i.dedup_key in err.delivered]
-            self._delivered(name, arrived, now, counts)
+            self._delivered(name, arrived, now)
             queue = [i for i in queue if i.dedup_key not in err.delivered]
-            errors.append((name, err.message))
+            self._errors.append((name, err.message))
             if err.retryable:
-                state.last_error = err.message
-                delay = self._backoff.delay_s(state.failures, self._random())
-                if err.retry_after_s is not None:
-                    delay = max(delay, err.retry_after_s)
-                state.failures += 1
-                state.blocked_until_wall_s = now + delay
-                log.warning(
-                    "delivery: failed, will retry",
-                    extra={
-                        "notifier": name,
-                        "items": len(queue),
-                        "error": mask_text(err.message),
-                        "retry_in_s": round(delay, 3),
-                    },
-                )
-                self._fail(name, queue, err.message, now + delay, now, counts, "retry")
+                self._retry_later(key, queue, err, now)
                 return
             culprit = err.dedup_key or (batch[0].dedup_key if len(batch) == 1 else None)
             if culprit is None:
@@ -269,9 +313,31 @@ class DeliveryWorker:
                 extra={"notifier": name, "dedup_key": culprit, "error": mask_text(err.message)},
             )
             self._outbox.mark_failed([i.id for i in rejected], err.message, now, give_up=True)
-            counts[(name, "given_up")] += len(rejected)
-        state.failures = 0
-        state.last_error = None
+            self._counts[(name, "given_up")] += len(rejected)
+        self._states.pop(key, None)  # through: the lane forgets its failures
+
+    def _retry_later(
+        self, key: LaneKey, queue: list[OutboxItem], err: DeliveryError, now: float
+    ) -> None:
+        state = self._states.setdefault(key, _LaneState())
+        state.last_error = err.message
+        delay = self._backoff.delay_s(state.failures, self._random())
+        if err.retry_after_s is not None:
+            delay = max(delay, err.retry_after_s)
+        state.failures += 1
+        state.blocked_until_wall_s = now + delay
+        log.warning(
+            "delivery: failed, will retry",
+            extra={
+                "notifier": key[0],
+                "fingerprint": key[1],
+                "items": len(queue),
+                "error": mask_text(err.message),
+                "retry_in_s": round(delay, 3),
+            },
+        )
+        if not self._fail(key, queue, err.message, now + delay, now, "retry"):
+            self._states.pop(key, None)  # nothing left to hold back
 
     async def _send(self, notifier: Notifier, items: Sequence[OutboxItem]) -> DeliveryError | None:
         try:
@@ -287,28 +353,44 @@ class DeliveryWorker:
             return DeliveryError(f"{notifier.name}: unexpected {type(exc).__name__}: {exc}", True)
         return None
 
-    def _delivered(
-        self, name: str, items: Sequence[OutboxItem], now: float, counts: Counter
-    ) -> None:
+    # -- outcomes ----------------------------------------------------------------------
+
+    def _give_up_unknown(self, name: str, items: Sequence[OutboxItem], now: float) -> None:
+        error = f"notifier {name!r} is not configured"
+        self._outbox.mark_failed([i.id for i in items], error, now, give_up=True)
+        self._counts[(name, "given_up")] += len(items)
+        self._errors.append((name, error))
+        log.warning(
+            "delivery: giving up",
+            extra={"notifier": name, "items": len(items), "error": mask_text(error)},
+        )
+
+    def _outbox_failed(self, name: str, exc: Exception) -> None:
+        log.exception("delivery: recording outcomes failed", extra={"notifier": name})
+        self._errors.append((name, f"outbox: {exc!r}"))
+
+    def _delivered(self, name: str, items: Sequence[OutboxItem], now: float) -> None:
         if items:
             self._outbox.mark_delivered([i.id for i in items], now)
-            counts[(name, "delivered")] += len(items)
+            self._counts[(name, "delivered")] += len(items)
 
     def _fail(
         self,
-        name: str,
+        key: LaneKey,
         items: Sequence[OutboxItem],
         error: str,
         next_attempt_wall_s: float,
         now: float,
-        counts: Counter,
         outcome: Outcome,
-    ) -> None:
+    ) -> int:
+        """Items to try again at `next_attempt_wall_s`, or given up once too old; returns how
+        many stay pending."""
+        name = key[0]
         expired = [i for i in items if now - i.created_wall_s >= self._max_age_s]
         retried = [i for i in items if now - i.created_wall_s < self._max_age_s]
         if retried:
             self._outbox.mark_failed([i.id for i in retried], error, next_attempt_wall_s)
-            counts[(name, outcome)] += len(retried)
+            self._counts[(name, outcome)] += len(retried)
         if expired:
             reason = f"gave up after {self._max_age_s:.0f} s: {error}"
             log.warning(
@@ -316,4 +398,13 @@ class DeliveryWorker:
                 extra={"notifier": name, "items": len(expired), "error": mask_text(error)},
             )
             self._outbox.mark_failed([i.id for i in expired], reason, now, give_up=True)
-            counts[(name, "given_up")] += len(expired)
+            self._counts[(name, "given_up")] += len(expired)
+        return len(retried)
+
+    def _report(self, backlog: int | None, reason: str | None) -> DeliveryReport:
+        """The outcomes gathered since the last report; they are reported once."""
+        counts = tuple(DeliveryCount(n, o, c) for (n, o), c in sorted(self._counts.items()))
+        errors = tuple(self._errors)
+        self._counts.clear()
+        self._errors.clear()
+        return DeliveryReport(counts, errors, backlog, reason)

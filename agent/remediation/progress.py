@@ -2,8 +2,9 @@
 
 A record is written before the step it announces is taken, so a crash leaves a record of how
 far the remediation got. One remediation at a time per instance (an asyncio lock); each runs
-as a background task the remediator keeps until it ends. However a remediation ends (its
-steps, a cancellation at shutdown, a bug) its record is finished and audited.
+as a task the remediator keeps until it ends, whoever started it (the tick, the API), so that
+shutdown interrupts every one. However a remediation ends (its steps, a cancellation at
+shutdown, a bug) its record is finished and audited.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class InProgress:
         self._active: dict[int, ActiveRemediation] = {}
         self._old_pids: dict[int, int | None] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._tasks: set[asyncio.Task[Outcome]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     def any(self) -> bool:
         return bool(self._active)
@@ -149,14 +150,19 @@ class InProgress:
     # -- running -----------------------------------------------------------------------
 
     async def run_to_end(self, run: Run, steps: Callable[[Run], Awaitable[Outcome]]) -> Outcome:
-        """The steps under the instance's lock; never raises for their failures."""
+        """The steps under the instance's lock; never raises for their failures. The running
+        task is kept while they run, so `cancel_all` reaches it however it was started."""
         rid, trigger = run.remediation_id, run.trigger
+        task = asyncio.current_task()
+        kept = task is not None and task not in self._tasks
+        if kept:
+            self._tasks.add(task)  # type: ignore[arg-type]  # not None when kept
         try:
             async with self._locks.setdefault(trigger.instance, asyncio.Lock()):
                 return await steps(run)
         except asyncio.CancelledError:
             reason = f"{self._prefix(rid)}kvpilot shutting down during {self._state(rid)}"
-            self.end(run, Decision.FAILED, reason)
+            self.end(run, Decision.FAILED, reason, audited_as=Decision.INTERRUPTED)
             raise
         except Exception as exc:  # a bug must not leave the record open or kill the tick
             log.exception("remediation %s of %s failed unexpectedly", rid, trigger.instance)
@@ -167,6 +173,8 @@ class InProgress:
             return self.end(run, Decision.FAILED, reason)
         finally:
             self._active.pop(rid, None)
+            if kept:
+                self._tasks.discard(task)
 
     def submit(self, remediation: Coroutine[Any, Any, Outcome]) -> asyncio.Task[Outcome]:
         """Run in the background; the task is kept until it ends."""
@@ -176,15 +184,18 @@ class InProgress:
         return task
 
     async def wait_idle(self) -> None:
-        """Until every background remediation has ended."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        """Until every remediation has ended (but the caller's own, if it runs one)."""
+        while others := self._others():
+            await asyncio.gather(*others, return_exceptions=True)
 
     async def cancel_all(self) -> None:
         """Cancel the running remediations (each records itself as interrupted)."""
-        for task in list(self._tasks):
+        for task in self._others():
             task.cancel()
         await self.wait_idle()
+
+    def _others(self) -> list[asyncio.Task[Any]]:
+        return [task for task in self._tasks if task is not asyncio.current_task()]
 
     def _state(self, rid: int) -> RemediationState:
         """How far a remediation got, as its active view says ("planned" without one)."""

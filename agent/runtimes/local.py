@@ -8,7 +8,6 @@ Each instance runs in its own process group (its own session), with its output a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shlex
 import signal
@@ -28,8 +27,9 @@ from kvpilot.agent.runtimes.base import (
     UnknownInstance,
 )
 from kvpilot.agent.runtimes.drain import drain_then_kill
-from kvpilot.agent.runtimes.probe import wait_ready
-from kvpilot.agent.runtimes.processes import find_vllm_mains
+from kvpilot.agent.runtimes.launch_hint import no_vllm_hint, not_found_hint
+from kvpilot.agent.runtimes.probe import START_MARKER, StartFailed, wait_ready
+from kvpilot.agent.runtimes.processes import find_vllm_mains, kill_group, send_signal
 from kvpilot.collectors.kvpool.ports import PORT_ENV as KVPOOL_PORT_ENV
 from kvpilot.collectors.procfs import (
     ProcRef,
@@ -229,29 +229,40 @@ class LocalRuntime:
         slot.starts_total += 1
         stamp = datetime.fromtimestamp(self._wall_clock(), UTC).isoformat(timespec="seconds")
         header = (
-            f"\n===== kvpilot: start #{slot.starts_total} of {spec.name} at {stamp}: "
+            f"\n{START_MARKER}{slot.starts_total} of {spec.name} at {stamp}: "
             f"{shlex.join(mask_argv(spec.argv))} =====\n"
         )
+        env = self._env(spec)
         with slot.log_path.open("ab") as log:
             log.write(header.encode())
             log.flush()
-            slot.process = subprocess.Popen(  # an argv list, never a shell
-                list(spec.argv),
-                shell=False,
-                env=self._env(spec),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                close_fds=True,
-                start_new_session=True,  # its own group: a stop reaches engine and workers
-            )
+            try:
+                slot.process = subprocess.Popen(  # an argv list, never a shell
+                    list(spec.argv),
+                    shell=False,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    close_fds=True,
+                    start_new_session=True,  # its own group: a stop reaches engine and workers
+                )
+            except OSError as exc:  # the program is missing or not executable
+                slot.process = None
+                why = f"{spec.argv[0]}: {exc.strerror or exc}"
+                log.write(f"kvpilot: cannot execute {why}\n".encode())
+                raise StartFailed(
+                    f"the vLLM server {spec.name!r} could not be started ({why})",
+                    hint=not_found_hint(spec.argv[0], env.get("PATH")),
+                    log_path=slot.log_path,
+                ) from None
         if spec.cpus:
             # Set on the freshly exec'd interpreter, before it starts any thread or engine
             # process, so everything it spawns inherits it (no preexec_fn: unsafe in threads).
             try:
                 os.sched_setaffinity(slot.process.pid, spec.cpus)
             except OSError as exc:
-                os.killpg(slot.process.pid, signal.SIGKILL)
+                slot.process.kill()  # our child, not yet reaped: its PID is still its own
                 slot.process.wait()
                 why = f"cannot pin {spec.name!r} to CPUs {list(spec.cpus)}: {exc}"
                 raise RuntimeFailure(why) from exc
@@ -267,14 +278,24 @@ class LocalRuntime:
             code = self._poll(slot) if slot.process is process else process.poll()
             return None if code is None else f"exit code {code}"
 
-        await wait_ready(
-            slot.args.url,
-            api_key=self._api_key(slot),
-            timeout_s=ready_timeout_s,
-            exited=exited,
-            log_tail=lambda: self.log_tail(slot.spec.name),
-            clock=self._clock,
-        )
+        try:
+            await wait_ready(
+                slot.args.url,
+                api_key=self._api_key(slot),
+                timeout_s=ready_timeout_s,
+                exited=exited,
+                log_tail=lambda: self.log_tail(slot.spec.name),
+                clock=self._clock,
+            )
+        except StartFailed as exc:
+            why = exited() or "exited"
+            argv, path = slot.spec.argv, self._env(slot.spec).get("PATH")
+            raise StartFailed(
+                f"the vLLM server {slot.spec.name!r} exited before it was ready ({why})",
+                exc.log_tail,
+                hint=no_vllm_hint(argv, path, exc.log_tail),
+                log_path=slot.log_path,
+            ) from None
         return self._instance(slot)
 
     async def _stop(self, slot: _Slot, drain_timeout_s: float) -> StopResult:
@@ -292,17 +313,15 @@ class LocalRuntime:
             return not is_alive(adopted)  # type: ignore[arg-type]  # set when process is None
 
         def terminate() -> None:
-            if main_exited():
-                return
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pgid, signal.SIGTERM)  # the API server drains, then stops
+            # The API server drains, then stops. Our child cannot be mistaken for another
+            # process until it is reaped (Popen checks); an adopted one is signalled by identity.
+            if process is not None:
+                process.send_signal(signal.SIGTERM)
+            elif adopted is not None:
+                send_signal(adopted, signal.SIGTERM)
 
         def kill() -> list[int]:
-            members = live_group_members(pgid)
-            if members:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pgid, signal.SIGKILL)
-            return members
+            return kill_group(pgid)
 
         slot.stopped_by_runtime = True
         outcome = await drain_then_kill(

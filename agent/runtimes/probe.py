@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -15,10 +16,56 @@ PROBE_PROMPT_TOKEN_IDS = (1, 2, 3, 4)  # token ids: works with --skip-tokenizer-
 PROBE_MAX_TOKENS = 2
 POLL_S = 0.5
 REQUEST_TIMEOUT_S = 30.0
+START_MARKER = "===== kvpilot: start #"  # the header the local runtime writes at each start
 
 
 class ProbeRejected(NotReady):
     """The server refused the probe in a way waiting will not fix (e.g. a wrong API key)."""
+
+
+class StartFailed(NotReady):
+    """The server's process ended, or never ran, before it was ready: waiting cannot help.
+
+    `summary` is one plain sentence, `log_tail` what the server printed (its log's end),
+    `hint` what to change when kvpilot can tell.
+    """
+
+    def __init__(
+        self,
+        summary: str,
+        log_tail: str | None = None,
+        *,
+        hint: str | None = None,
+        log_path: Path | None = None,
+    ) -> None:
+        self.headline = summary if hint is None else f"{summary}; {hint}"
+        super().__init__(self.headline, log_tail)
+        self.summary = summary
+        self.hint = hint
+        self.log_path = log_path
+
+    def explain(self, max_lines: int = 25) -> str:
+        """For a person at a terminal: the log's last lines of this start, then what happened."""
+        lines = []
+        tail = this_start(self.log_tail)
+        if tail:
+            where = f" of {self.log_path}" if self.log_path else ""
+            lines.append(f"--- the last lines{where} ---")
+            lines += tail.splitlines()[-max_lines:]
+            lines.append("---")
+        lines.append(f"kvpilot: {self.summary}.")
+        if self.hint:
+            lines.append(f"kvpilot: {self.hint}.")
+        return "\n".join(lines)
+
+
+def this_start(log_tail: str | None) -> str:
+    """The part of a log tail after the runtime's last start header (its own output only)."""
+    text = log_tail or ""
+    marker = text.rfind(START_MARKER)
+    if marker >= 0:
+        text = text[text.find("\n", marker) + 1 :] if "\n" in text[marker:] else ""
+    return text.strip("\n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +135,7 @@ async def wait_ready(
         while True:
             gone = exited()
             if gone is not None:
-                raise NotReady(f"vLLM at {url} exited before it was ready: {gone}", log_tail())
+                raise StartFailed(f"vLLM at {url} exited before it was ready ({gone})", log_tail())
             try:
                 health = await client.get(f"{url}/health")
                 if health.status_code == 200:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from kvpilot.collectors.procfs import PROC, ProcInfo, ProcRef, is_alive
+from kvpilot.collectors.procfs import PROC, ProcInfo, ProcRef, is_alive, list_processes
 from kvpilot.collectors.vllm_argv import NotAVllmServer, launch_split, parse_server_argv
 
 
@@ -35,15 +36,46 @@ def _port_of(info: ProcInfo) -> int | None:
         return None  # an unparsable --port matches no port
 
 
+def send_signal(ref: ProcRef, sig: signal.Signals, proc_root: Path = PROC) -> bool:
+    """Send `sig` to the process `ref` names if it is still that process; returns whether sent.
+
+    The signal goes through a pidfd opened before the check, so the process checked is the one
+    signalled: a successor that took its PID gets nothing (ESRCH), never the signal.
+    """
+    try:
+        pidfd: int | None = os.pidfd_open(ref.pid)
+    except ProcessLookupError:
+        return False
+    except OSError as exc:
+        if exc.errno != errno.ENOSYS:
+            raise
+        pidfd = None  # kernels before 5.3: the check alone, a narrower race
+    try:
+        if not is_alive(ref, proc_root):
+            return False
+        if pidfd is None:
+            os.kill(ref.pid, sig)
+        else:
+            signal.pidfd_send_signal(pidfd, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
 def signal_refs(refs: Iterable[ProcRef], sig: signal.Signals, proc_root: Path = PROC) -> list[int]:
     """Send `sig` to each process still alive as itself; returns the PIDs signalled."""
-    sent = []
-    for ref in refs:
-        if not is_alive(ref, proc_root):
-            continue
-        try:
-            os.kill(ref.pid, sig)
-        except ProcessLookupError:
-            continue
-        sent.append(ref.pid)
-    return sent
+    return [ref.pid for ref in refs if send_signal(ref, sig, proc_root)]
+
+
+def group_refs(pgid: int, proc_root: Path = PROC) -> list[ProcRef]:
+    """The live members of process group `pgid`, as identities."""
+    procs = list_processes(proc_root).values()
+    return sorted((i.ref for i in procs if i.pgid == pgid and i.alive), key=lambda r: r.pid)
+
+
+def kill_group(pgid: int, proc_root: Path = PROC) -> list[int]:
+    """SIGKILL each live member of group `pgid`, one by one through its pidfd; returns PIDs."""
+    return signal_refs(group_refs(pgid, proc_root), signal.SIGKILL, proc_root)

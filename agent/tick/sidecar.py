@@ -36,6 +36,7 @@ from kvpilot.agent.model import AlertEvent, Condition, Instance, Labels
 from kvpilot.agent.notify import DeliveryWorker, Notifier
 from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.remediation.remediator import Outcome
+from kvpilot.agent.rules.config import RulesConfig
 from kvpilot.agent.rules.engine import RuleEngine
 from kvpilot.agent.runtimes import Runtime
 from kvpilot.agent.state import StateStore
@@ -132,6 +133,27 @@ class Sidecar:
             repeat_interval_s=repeat_s,
             generator_url=external,
         )
+
+    def use_notifiers(
+        self, configs: tuple[NotifierConfig, ...], notifiers: Mapping[str, Notifier]
+    ) -> None:
+        """A reloaded configuration's notifiers: from now on alerts go to these, and what is
+        queued for a notifier of the same name goes to its new settings."""
+        self.config = self.config.model_copy(update={"notifiers": configs})
+        self._notifier_configs = {n.name: n for n in configs}
+        self.tracker.repeat_interval_s = min(
+            (n.repeat_interval_s for n in configs), default=4 * 3600.0
+        )
+        self.delivery.use_notifiers(notifiers)
+
+    def use_rules(self, rules: RulesConfig) -> None:
+        """A reloaded configuration's rules, from the next tick. Their history (stall and
+        growth windows) starts again; an alert of a rule turned off resolves as it goes."""
+        self.config = self.config.model_copy(update={"rules": rules})
+        engine = RuleEngine.from_config(rules)
+        engine.errors_total = self.rules.errors_total  # counters go on counting
+        self.rules = engine
+        self.tracker.use_for_s(rules.for_s_by_rule())
 
     def reconcile(self) -> None:
         """What a previous run left unfinished: remediations failed, the budget restored."""

@@ -42,7 +42,8 @@ class _QuietServer(ThreadingHTTPServer):
 
 
 class Receiver:
-    """Answers 200 unless told otherwise (`answer`), hangs on `hang()`, is down after `stop()`.
+    """Answers 200 unless told otherwise (`answer`), hangs on `hang()` (or only for one alert,
+    `hang_alert`), is down after `stop()`.
 
     With a `secret`, it checks every request's HMAC signature with `verify_signature` and
     answers 401 to a bad one, as a real receiver would.
@@ -58,6 +59,8 @@ class Receiver:
         self._default: tuple[int, dict[str, str]] = (200, {})
         self._release = threading.Event()
         self._release.set()
+        self._held_alerts: set[str] = set()  # fingerprints whose requests are held
+        self._arrived: list[str] = []  # dedup keys as requests came in, before any hold
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -95,8 +98,27 @@ class Receiver:
         """Hold every request until `release()` (or `stop()`), to make clients time out."""
         self._release.clear()
 
+    def hang_alert(self, fingerprint: str) -> None:
+        """Hold the requests about one alert until `release()`; answer the others."""
+        with self._lock:
+            self._held_alerts.add(fingerprint)
+        self._release.clear()
+
     def release(self) -> None:
+        with self._lock:
+            self._held_alerts.clear()
         self._release.set()
+
+    def arrived(self) -> list[str]:
+        """The dedup keys of every request as it came in, answered or still held."""
+        with self._lock:
+            return list(self._arrived)
+
+    def _held(self, dedup_key: str) -> bool:
+        with self._lock:
+            if not self._held_alerts:
+                return True  # hang(): every request
+            return dedup_key.split(":", 1)[0] in self._held_alerts
 
     def received(self) -> list[Received]:
         with self._lock:
@@ -121,7 +143,11 @@ class Receiver:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                receiver._release.wait(timeout=30)
+                key = headers.get("x-kvpilot-dedup-key", "")
+                with receiver._lock:
+                    receiver._arrived.append(key)
+                if receiver._held(key):
+                    receiver._release.wait(timeout=30)
                 status, extra = receiver._next_answer()
                 signature_ok = None
                 if receiver.secret is not None:

@@ -91,7 +91,7 @@ def test_worker_delivers_through_alertmanager(alertmanager: AlertmanagerServer) 
     async def main():
         async with httpx.AsyncClient(timeout=5.0) as client:
             notifier = AlertmanagerNotifier("am", alertmanager.url, client)
-            worker = DeliveryWorker(outbox, {"am": notifier}, clock=time.time)
+            worker = DeliveryWorker(outbox, {"am": notifier}, clock=time.time, pass_wait_s=10.0)
             return await worker.deliver_due()
 
     report = asyncio.run(main())

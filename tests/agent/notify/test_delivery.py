@@ -1,9 +1,13 @@
-"""At-least-once delivery from the outbox, against real receivers, on a hand-driven clock."""
+"""At-least-once delivery from the outbox, against real receivers, on a hand-driven clock.
+
+The worker waits for a pass's lanes here (`pass_wait_s`) unless a test says otherwise, so that
+each pass's report holds its outcomes.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
 
 import httpx
@@ -37,11 +41,37 @@ def with_client(body: Callable[[httpx.AsyncClient], Awaitable[None]]) -> None:
 def worker_for(
     outbox, notifiers: dict[str, Notifier], clock: FakeClock, **kwargs
 ) -> DeliveryWorker:
+    kwargs.setdefault("pass_wait_s", 30.0)
     return DeliveryWorker(outbox, notifiers, clock=clock, random=lambda: DRAW, **kwargs)
 
 
 def keys_arrived(receiver: Receiver) -> list[str]:
     return [r.headers["x-kvpilot-dedup-key"] for r in receiver.accepted()]
+
+
+async def eventually(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    """Until `check()` holds, letting the worker's lanes run meanwhile."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, f"not within {timeout_s} s: {what}"
+        await asyncio.sleep(0.01)
+
+
+class Tally:
+    """Every report's counts added up: a lane's outcomes are in whichever report follows it."""
+
+    def __init__(self, worker: DeliveryWorker) -> None:
+        self.worker = worker
+        self.counts: Counter[tuple[str, str]] = Counter()
+
+    async def deliver(self) -> None:
+        for count in (await self.worker.deliver_due()).counts:
+            self.counts[(count.notifier, count.outcome)] += count.items_total
+
+    async def settle(self) -> None:
+        """Wait for the running lanes, then collect their outcomes."""
+        await self.worker.aclose(grace_s=10.0)
+        await self.deliver()
 
 
 def test_delivers_due_items_and_empties_the_backlog(receiver: Receiver) -> None:
@@ -59,7 +89,7 @@ def test_delivers_due_items_and_empties_the_backlog(receiver: Receiver) -> None:
         assert again.counts == ()
 
     with_client(body)
-    assert keys_arrived(receiver) == [e.dedup_key for e in events]
+    assert sorted(keys_arrived(receiver)) == sorted(e.dedup_key for e in events)  # any order
 
 
 def test_receiver_down_then_back_gets_everything_in_order(receiver: Receiver) -> None:
@@ -74,30 +104,30 @@ def test_receiver_down_then_back_gets_everything_in_order(receiver: Receiver) ->
 
     async def body(client: httpx.AsyncClient) -> None:
         worker = worker_for(outbox, {"hook": WebhookNotifier("hook", receiver.url, client)}, clock)
-        for step in range(10):
+        for step in range(20):
             if step == 1:
                 outbox.enqueue("hook", resolved, clock())
                 outbox.enqueue("hook", other, clock())
             if step == 3:
                 receiver.start()
                 receiver.answer(503, times=2)
-            before = len(receiver.received())
+            firing_due = any(i.dedup_key == firing.dedup_key for i in outbox.due(clock()))
             report = await worker.deliver_due()
-            if report.count("hook", "retry") or report.count("hook", "delivered"):
+            if firing_due:
                 attempts_seen.append(clock() - START_WALL_S)
-            if report.count("hook", "delivered"):
-                break
             assert report.count("hook", "given_up") == 0
-            if step >= 3:
-                assert len(receiver.received()) == before + 1  # a 503 stops the batch
+            if not outbox.backlog():
+                break
             clock.now_wall_s = min(i.next_attempt_wall_s for i in outbox.pending())
-        assert outbox.backlog() == 0
 
     with_client(body)
-    assert keys_arrived(receiver) == [firing.dedup_key, resolved.dedup_key, other.dedup_key]
-    # Refused 3 times, 503 twice, then accepted: after 1, 2, 4, 8, 16 s of backoff (less jitter).
+    arrived = keys_arrived(receiver)
+    assert sorted(arrived) == sorted([firing.dedup_key, resolved.dedup_key, other.dedup_key])
+    assert arrived.index(firing.dedup_key) < arrived.index(resolved.dedup_key)
+    # The firing alert's lane retries on its own backoff: 1, 2, 4, ... s less jitter.
+    assert len(attempts_seen) >= 4  # refused three times, then 503 or accepted
     expected, at = [0.0], 0.0
-    for base in (1, 2, 4, 8, 16):
+    for base in (1, 2, 4, 8, 16)[: len(attempts_seen) - 1]:
         at += base * JITTER
         expected.append(at)
     assert attempts_seen == pytest.approx(expected)
@@ -159,9 +189,10 @@ def test_retry_after_is_honoured(receiver: Receiver) -> None:
 
 
 def test_a_rejected_notification_is_given_up_once(receiver: Receiver) -> None:
+    """Its alert's later event still goes."""
     clock, outbox = FakeClock(), MemoryOutbox()
     receiver.answer(400, times=1)
-    rejected, fine = make_event(instance="vllm-0"), make_event(instance="vllm-1")
+    rejected, fine = make_event(), make_event(status="resolved")
     outbox.enqueue("hook", rejected, clock())
     outbox.enqueue("hook", fine, clock())
 
@@ -206,7 +237,7 @@ def test_gives_up_after_max_age(receiver: Receiver) -> None:
 def test_one_notifier_down_does_not_hold_up_another(receiver: Receiver) -> None:
     clock, outbox = FakeClock(), MemoryOutbox()
     down = Receiver().start()
-    down.hang()  # times out: the slow kind of down
+    down.hang()  # answers only when released: the slow kind of down
     for i in range(5):
         outbox.enqueue("down", make_event(instance=f"vllm-{i}"), clock())
     slack_event = make_event(instance="vllm-9")
@@ -214,22 +245,23 @@ def test_one_notifier_down_does_not_hold_up_another(receiver: Receiver) -> None:
 
     async def body(client: httpx.AsyncClient) -> None:
         notifiers: dict[str, Notifier] = {
-            "down": WebhookNotifier("down", down.url, client),
+            "down": WebhookNotifier("down", down.url, client, timeout_s=20),
             "slack": SlackNotifier("slack", SecretStr(receiver.url + "/s"), client),
         }
-        worker = worker_for(outbox, notifiers, clock, batch_limit=3)
-        first = await worker.deliver_due()  # only the 3 oldest, all for "down"
-        assert first.count("down", "retry") == 3
-        second = await worker.deliver_due()  # same instant: "down" is held, slack goes
-        assert second.count("slack", "delivered") == 1
-        assert second.count("down", "deferred") == 2
+        tally = Tally(worker_for(outbox, notifiers, clock, batch_limit=3, pass_wait_s=0.05))
+        await tally.deliver()  # the 3 oldest, all for "down": they hang
+        await tally.deliver()  # the rest: slack goes beside them
+        await eventually(lambda: len(receiver.accepted()) == 1, "slack's notification")
+        assert len(down.arrived()) <= 5 and not down.received()  # still hanging
+        down.release()
+        await tally.settle()
+        assert tally.counts == {("down", "delivered"): 5, ("slack", "delivered"): 1}
 
     try:
         with_client(body)
     finally:
         down.stop()
-    assert len(receiver.accepted()) == 1
-    assert [i.notifier for i in outbox.pending()] == ["down"] * 5
+    assert outbox.backlog() == 0
 
 
 def test_duplicates_carry_the_same_dedup_key(receiver: Receiver) -> None:
@@ -308,22 +340,158 @@ def test_never_raises() -> None:
     with_client(body)
 
 
-def test_a_pass_in_progress_is_not_doubled(receiver: Receiver) -> None:
+def test_a_lane_in_progress_is_not_doubled(receiver: Receiver) -> None:
     clock, outbox = FakeClock(), MemoryOutbox()
     outbox.enqueue("hook", make_event(), clock())
     receiver.hang()
 
     async def body(client: httpx.AsyncClient) -> None:
-        worker = worker_for(outbox, {"hook": WebhookNotifier("hook", receiver.url, client)}, clock)
-        first = asyncio.create_task(worker.deliver_due())
-        await asyncio.sleep(0)  # let the first pass start its request
+        notifiers = {"hook": WebhookNotifier("hook", receiver.url, client)}
+        worker = worker_for(outbox, notifiers, clock, pass_wait_s=0.1)
+        first = await worker.deliver_due()  # its lane waits for the receiver
         second = await worker.deliver_due()
-        assert second.busy and second.counts == ()
+        assert first.counts == () and second.counts == ()
         receiver.release()
-        assert (await first).count("hook", "delivered") == 1
+        await worker.aclose(grace_s=10.0)
+        assert (await worker.deliver_due()).count("hook", "delivered") == 1  # reported later
 
     with_client(body)
     assert len(receiver.received()) == 1
+
+
+def test_a_slow_alert_holds_up_no_other_alert(receiver: Receiver) -> None:
+    clock, outbox = FakeClock(), MemoryOutbox()
+    slow, fast = make_event(instance="vllm-0"), make_event(instance="vllm-1")
+    later = make_event(instance="vllm-2")
+    receiver.hang_alert(slow.fingerprint)
+    for event in (slow, fast):
+        outbox.enqueue("hook", event, clock())
+
+    async def body(client: httpx.AsyncClient) -> None:
+        notifiers = {"hook": WebhookNotifier("hook", receiver.url, client, timeout_s=20)}
+        tally = Tally(worker_for(outbox, notifiers, clock, pass_wait_s=0.05))
+        await tally.deliver()
+        await eventually(lambda: fast.dedup_key in keys_arrived(receiver), "fast, beside slow")
+        outbox.enqueue("hook", later, clock())
+        for _ in range(3):
+            await tally.deliver()
+        await eventually(lambda: later.dedup_key in keys_arrived(receiver), "later, too")
+        assert receiver.arrived().count(slow.dedup_key) == 1  # never sent twice meanwhile
+        receiver.release()
+        await tally.settle()
+        assert tally.counts == {("hook", "delivered"): 3}
+
+    with_client(body)
+    assert outbox.backlog() == 0
+    assert keys_arrived(receiver)[-1] == slow.dedup_key
+
+
+def test_an_alerts_resolved_waits_behind_its_slow_firing(receiver: Receiver) -> None:
+    clock, outbox = FakeClock(), MemoryOutbox()
+    firing, resolved = make_event(), make_event(status="resolved")
+    receiver.hang_alert(firing.fingerprint)
+    outbox.enqueue("hook", firing, clock())
+
+    async def body(client: httpx.AsyncClient) -> None:
+        notifiers = {"hook": WebhookNotifier("hook", receiver.url, client, timeout_s=20)}
+        tally = Tally(worker_for(outbox, notifiers, clock, pass_wait_s=0.05))
+        await tally.deliver()
+        await eventually(lambda: receiver.arrived() == [firing.dedup_key], "the firing one")
+        outbox.enqueue("hook", resolved, clock())
+        for _ in range(3):
+            await tally.deliver()
+        assert receiver.arrived() == [firing.dedup_key]  # the resolved one waits its turn
+        receiver.release()
+        await tally.settle()  # firing through; its lane done
+        await tally.settle()  # now resolved
+        assert tally.counts == {("hook", "delivered"): 2}
+
+    with_client(body)
+    assert keys_arrived(receiver) == [firing.dedup_key, resolved.dedup_key]
+
+
+def test_lanes_per_notifier_are_bounded_and_rows_they_hold_crowd_out_nothing(
+    receiver: Receiver,
+) -> None:
+    clock, outbox = FakeClock(), MemoryOutbox()
+    down = Receiver().start()
+    down.hang()
+    for i in range(4):
+        outbox.enqueue("down", make_event(instance=f"vllm-{i}"), clock())
+    outbox.enqueue("hook", make_event(instance="vllm-9"), clock())
+
+    async def body(client: httpx.AsyncClient) -> None:
+        notifiers = {
+            "down": WebhookNotifier("down", down.url, client, timeout_s=20),
+            "hook": WebhookNotifier("hook", receiver.url, client),
+        }
+        worker = worker_for(
+            outbox, notifiers, clock, batch_limit=2, lanes_per_notifier=2, pass_wait_s=0.05
+        )
+        tally = Tally(worker)
+        await tally.deliver()  # the two oldest rows: two lanes of "down", hanging
+        await tally.deliver()  # reads past them and the two with no room: "hook" goes
+        await eventually(lambda: len(receiver.accepted()) == 1, "hook's notification")
+        for _ in range(3):
+            await tally.deliver()
+        await eventually(lambda: len(down.arrived()) == 2, "two requests to down")
+        assert worker.lanes_running() == 2 and len(down.arrived()) == 2  # never more
+        down.release()
+        await tally.settle()
+        await tally.settle()  # the two that had no room
+        assert tally.counts == {("down", "delivered"): 4, ("hook", "delivered"): 1}
+
+    try:
+        with_client(body)
+    finally:
+        down.stop()
+    assert outbox.backlog() == 0
+
+
+def test_one_pass_starts_no_more_lanes_than_the_bound(receiver: Receiver) -> None:
+    clock, outbox = FakeClock(), MemoryOutbox()
+    receiver.hang()
+    for i in range(5):
+        outbox.enqueue("hook", make_event(instance=f"vllm-{i}"), clock())
+
+    async def body(client: httpx.AsyncClient) -> None:
+        notifiers = {"hook": WebhookNotifier("hook", receiver.url, client, timeout_s=20)}
+        worker = worker_for(outbox, notifiers, clock, lanes_per_notifier=2, pass_wait_s=0.05)
+        tally = Tally(worker)
+        for _ in range(3):
+            await tally.deliver()
+        await eventually(lambda: len(receiver.arrived()) == 2, "two requests")
+        assert worker.lanes_running() == 2 and len(receiver.arrived()) == 2
+        receiver.release()
+        for _ in range(3):  # two lanes at a time, oldest alerts first
+            await tally.settle()
+        assert tally.counts == {("hook", "delivered"): 5}
+
+    with_client(body)
+    assert outbox.backlog() == 0
+
+
+def test_aclose_cancels_lanes_that_do_not_finish_and_keeps_their_items(
+    receiver: Receiver,
+) -> None:
+    clock, outbox = FakeClock(), MemoryOutbox()
+    event = make_event()
+    outbox.enqueue("hook", event, clock())
+    receiver.hang()
+
+    async def body(client: httpx.AsyncClient) -> None:
+        notifiers = {"hook": WebhookNotifier("hook", receiver.url, client, timeout_s=20)}
+        worker = worker_for(outbox, notifiers, clock, pass_wait_s=0.1)
+        await worker.deliver_due()
+        await worker.aclose(grace_s=0.1)
+        assert worker.lanes_running() == 0
+
+    try:
+        with_client(body)
+    finally:
+        receiver.release()
+    (item,) = outbox.pending()
+    assert item.event == event and item.attempts == 0  # sent again on the next start
 
 
 def test_items_enqueued_during_backoff_wait_behind_older_ones(receiver: Receiver) -> None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from kvpilot.agent.runtimes.base import NotReady
-from kvpilot.agent.runtimes.probe import ProbeRejected, ProbeResult, wait_ready
+from kvpilot.agent.runtimes.probe import ProbeRejected, ProbeResult, StartFailed, wait_ready
 
 URL = "http://vllm.test:8000"
 
@@ -71,10 +72,32 @@ def test_an_answer_without_tokens_is_not_ready() -> None:
 
 
 def test_an_exited_server_fails_fast_with_its_log() -> None:
-    with pytest.raises(NotReady, match="exited before it was ready: exit code 1") as info:
+    with pytest.raises(StartFailed, match=r"exited before it was ready \(exit code 1\)") as info:
         _wait(FakeVllm(), exited=lambda: "exit code 1", log_tail=lambda: "CUDA OOM")
+    assert isinstance(info.value, NotReady)  # what callers of a runtime already catch
     assert info.value.log_tail == "CUDA OOM"
     assert "CUDA OOM" in str(info.value)
+    assert info.value.explain().splitlines() == [
+        "--- the last lines ---",
+        "CUDA OOM",
+        "---",
+        "kvpilot: vLLM at http://vllm.test:8000 exited before it was ready (exit code 1).",
+    ]
+
+
+def test_the_explanation_keeps_only_the_last_starts_output() -> None:
+    tail = (
+        "first run's output\n\n===== kvpilot: start #2 of tiny at T: python -m vllm =====\n"
+        "second run's error\n"
+    )
+    failed = StartFailed("it exited", tail, hint="do this", log_path=Path("/logs/tiny.log"))
+    assert failed.explain().splitlines() == [
+        "--- the last lines of /logs/tiny.log ---",
+        "second run's error",
+        "---",
+        "kvpilot: it exited.",
+        "kvpilot: do this.",
+    ]
 
 
 def test_the_deadline_names_the_last_problem() -> None:

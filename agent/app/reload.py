@@ -1,0 +1,136 @@
+"""Reloading the configuration on SIGHUP or `POST /-/reload`, as Prometheus and Alertmanager do.
+
+The file is read and validated first: an invalid one is refused with its problems, and the
+running configuration stays. The notifiers change in place (the outbox keeps what is queued;
+queued and new notifications go to the new ones), and so do the rules (from the next tick).
+Every other section applies when kvpilot restarts, and the reload says which of them
+changed. Each reload is audited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from pydantic import SecretStr
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from kvpilot.agent.config import AgentConfig, ConfigError, NotifierConfig
+from kvpilot.agent.notify import Notifier
+from kvpilot.agent.tick.sidecar import Sidecar
+
+log = logging.getLogger(__name__)
+
+LIVE_SECTIONS = frozenset({"notifiers", "rules"})  # applied by a reload; others at the next start
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadResult:
+    """What one reload did: the sections applied, those left for a restart, or the problems."""
+
+    applied: tuple[str, ...] = ()
+    needs_restart: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+
+    @property
+    def refused(self) -> bool:
+        return bool(self.problems)
+
+
+class Reloader:
+    """Reads the configuration again and applies what can change while kvpilot runs."""
+
+    def __init__(
+        self,
+        load: Callable[[], AgentConfig],
+        running: AgentConfig,
+        sidecar: Sidecar,
+        build_notifiers: Callable[[tuple[NotifierConfig, ...]], Mapping[str, Notifier]],
+    ) -> None:
+        self._load = load
+        self._running = running
+        self._sidecar = sidecar
+        self._build_notifiers = build_notifiers
+        self._lock = asyncio.Lock()
+
+    async def reload(self) -> ReloadResult:
+        async with self._lock:
+            try:
+                new = self._load()
+            except ConfigError as exc:
+                return self._refused(tuple(exc.problems))
+            except OSError as exc:
+                return self._refused((f"cannot read: {exc.strerror or exc}",))
+            return self._apply(new)
+
+    def _apply(self, new: AgentConfig) -> ReloadResult:
+        old = self._running
+        changed = [
+            name for name in type(old).model_fields if getattr(old, name) != getattr(new, name)
+        ]
+        applied = tuple(name for name in changed if name in LIVE_SECTIONS)
+        later = tuple(name for name in changed if name not in LIVE_SECTIONS)
+        if "notifiers" in applied:
+            self._sidecar.use_notifiers(new.notifiers, self._build_notifiers(new.notifiers))
+        if "rules" in applied:
+            self._sidecar.use_rules(new.rules)
+        self._running = old.model_copy(update={name: getattr(new, name) for name in applied})
+        names = ", ".join(n.name for n in self._running.notifiers) or "none"
+        if not changed:
+            reason = "the configuration is unchanged"
+        else:
+            reason = f"applied: {', '.join(applied) or 'nothing'} (notifiers now: {names})"
+            if later:
+                reason += (
+                    f"; {', '.join(later)} changed too: these apply when kvpilot restarts "
+                    "(it runs on their earlier values until then)"
+                )
+        level = logging.WARNING if later else logging.INFO
+        log.log(level, "configuration reloaded: %s", reason)
+        self._audit("applied", reason)
+        return ReloadResult(applied, later)
+
+    def _refused(self, problems: tuple[str, ...]) -> ReloadResult:
+        reason = "; ".join(problems) or "invalid configuration"
+        log.error(
+            "reload refused, the new configuration is invalid: %s; kvpilot keeps running on "
+            "the configuration it had",
+            reason,
+        )
+        self._audit("refused", reason)
+        return ReloadResult(problems=problems)
+
+    def _audit(self, decision: str, reason: str) -> None:
+        try:
+            self._sidecar.store.record_audit(
+                wall_s=self._sidecar.now_wall_s(), actor="agent", action="reload",
+                target="configuration", decision=decision, reason=reason,
+            )  # fmt: skip
+        except Exception:  # the reload itself stands; the audit trail says what it could
+            log.exception("reload: recording the audit record failed")
+
+
+def reload_routes(reloader: Reloader, token: SecretStr | None) -> list[Route]:
+    """`POST /-/reload`, behind the control API's bearer token like every POST."""
+
+    async def reload(request: Request) -> JSONResponse:
+        if token is None:
+            return JSONResponse({"error": "the control API is disabled: configure api.token"}, 403)
+        given = request.headers.get("authorization", "")
+        expected = f"Bearer {token.get_secret_value()}"
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            log.warning("control API: refused POST /-/reload (bad or missing token)")
+            return JSONResponse({"error": "missing or wrong bearer token"}, 401)
+        result = await reloader.reload()
+        if result.refused:
+            body = {"error": "invalid configuration", "problems": list(result.problems)}
+            return JSONResponse(body, 400)
+        body = {"applied": list(result.applied), "needs_restart": list(result.needs_restart)}
+        return JSONResponse(body)
+
+    return [Route("/-/reload", reload, methods=["POST"])]
