@@ -61,6 +61,15 @@ class _Alert:
     reason: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """The tracker's state at one moment (see `AlertTracker.checkpoint`)."""
+
+    alerts: Mapping[str, _Alert]
+    silences: Mapping[str, Silence]
+    needs_restore: bool
+
+
 class AlertTracker:
     """Alert states keyed by fingerprint; `update` once per tick with all its conditions."""
 
@@ -152,13 +161,17 @@ class AlertTracker:
             a.last_seen_s = mono(a.last_seen_wall_s)
         self._needs_restore = False
 
-    def checkpoint(self) -> object:
-        """The whole state, for `rollback` when what one `update` decided was not persisted."""
-        return copy.deepcopy((self._alerts, self._silences, self._needs_restore))
+    def checkpoint(self) -> Checkpoint:
+        """The whole state, for `rollback` when what one `update` decided was not persisted.
+        A copy of each alert record is enough: their fields are immutable values."""
+        alerts = {fp: copy.copy(alert) for fp, alert in self._alerts.items()}
+        return Checkpoint(alerts, dict(self._silences), self._needs_restore)
 
-    def rollback(self, checkpoint: object) -> None:
+    def rollback(self, checkpoint: Checkpoint) -> None:
         """Back to `checkpoint`: whatever was marked sent since is decided and sent again."""
-        self._alerts, self._silences, self._needs_restore = checkpoint  # type: ignore[misc]
+        self._alerts = dict(checkpoint.alerts)
+        self._silences = dict(checkpoint.silences)
+        self._needs_restore = checkpoint.needs_restore
 
     # -- silences ----------------------------------------------------------------------
 
