@@ -20,7 +20,8 @@ each state:
 The agent watches them through the `attach` runtime (its servers are known by URL), with a
 webhook notifier pointed at a receiver in the same helper that fails every third request.
 It measures, after a warm-up: RSS growth (VmRSS of the agent, sampled every 5 s; goal under
-5 MiB), ticks that overran their interval (`kvpilot_tick_overruns_total`; goal none), the
+5 MiB), ticks that overran their interval (`kvpilot_tick_overruns_total`; the scrape
+deadline is 0.8 s, so a tick within its deadline never overruns; goal none), the
 ticks completed against the span (none lost), exceptions in the agent's log (lines with a
 traceback; goal none), and the state directory's size (bounded by retention: it may grow
 with the audit trail of alerts, never with the scrapes).
@@ -202,6 +203,9 @@ def run(minutes: float, servers: int, rotate_s: float, warmup_s: float) -> int:
         config = {
             "listen": {"host": "127.0.0.1", "port": listen},
             "interval_s": 1.0,
+            # The scrape deadline stays under the interval, so a tick that waits on a
+            # dripping server still ends before the next one is due.
+            "scrape": {"timeout_s": 0.8},
             "state_dir": str(folder / "state"),
             "runtime": {
                 "kind": "attach",
