@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -28,3 +30,12 @@ def test_tuner_replay_runs_on_the_measured_grid() -> None:
     out = _run("tuner_efficiency.py", "--quick")
     for method in ("bayesian", "random", "grid"):
         assert f"{method}:" in out
+
+
+@pytest.mark.slow
+def test_soak_runs_against_every_kind_of_flapping_server() -> None:
+    # 90 s: the agent must survive every mode and report each goal; the figures are for
+    # the 30-minute run, not asserted here (the machine is shared).
+    out = _run("soak.py", "--quick")
+    assert "modes ok, restart, garbage, drip, huge, refused, nan" in out
+    assert out.count("goal ") == 4
