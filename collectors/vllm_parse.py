@@ -11,7 +11,7 @@ and are listed in the sample's ``refused``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypedDict
 
 from kvpilot.collectors.checks import Checks, Refused, same_reading
@@ -110,6 +110,22 @@ class EngineSample:
     def key(self) -> EngineKey:
         """The engine's identity across scrapes."""
         return (self.model_name, self.engine)
+
+
+def kept_for_counters(sample: EngineSample) -> EngineSample:
+    """What an old sample keeps once only its counters and gauges are read: its latency
+    histograms and cache-config labels (the bulk of its memory) are dropped."""
+    return replace(
+        sample,
+        cache_config=(),
+        ttft=None,
+        inter_token_latency=None,
+        e2e_latency=None,
+        queue_time=None,
+        prefill_time=None,
+        decode_time=None,
+        iteration_tokens=None,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ server counted between two scrapes, which is what rules about preemptions need.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import pairwise
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -52,11 +52,24 @@ class Scrape(Protocol[SampleT_co]):
 class RollingWindow(Generic[SampleT]):
     """Samples per key over the last ``retention_s`` seconds; not thread-safe (one tick owns it)."""
 
-    def __init__(self, retention_s: float) -> None:
+    def __init__(
+        self,
+        retention_s: float,
+        *,
+        thin_after_s: float | None = None,
+        thin: Callable[[SampleT], SampleT] | None = None,
+    ) -> None:
+        """`thin`, applied to samples older than `thin_after_s`, drops what only recent
+        spans read (latency histograms), so a long retention for counters stays small."""
         if retention_s <= 0:
             raise ValueError("retention_s must be positive")
+        if (thin is None) != (thin_after_s is None):
+            raise ValueError("thin and thin_after_s go together")
         self.retention_s = retention_s
+        self._thin_after_s = thin_after_s
+        self._thin = thin
         self._series: dict[Key, deque[SampleT]] = {}
+        self._thinned: dict[Key, int] = {}  # how many of a series' oldest samples are thin
         self._last_at_s: float | None = None
 
     def add(self, scrape: Scrape[SampleT]) -> None:
@@ -74,11 +87,25 @@ class RollingWindow(Generic[SampleT]):
             if series is None:
                 series = self._series[key] = deque()
             series.append(sample)
+            thinned = self._thinned.get(key, 0)
             while series[0].taken_at_s < horizon:
                 series.popleft()
+                thinned = max(0, thinned - 1)
+            self._thinned[key] = self._thin_old(series, thinned, now)
         if len(seen) != len(self._series):
             for key in [k for k in self._series if k not in seen]:
                 del self._series[key]
+                self._thinned.pop(key, None)
+
+    def _thin_old(self, series: deque[SampleT], thinned: int, now: float) -> int:
+        """Thins the samples that just became older than `thin_after_s`; returns the count."""
+        if self._thin is None or self._thin_after_s is None:
+            return thinned
+        edge = now - self._thin_after_s
+        while thinned < len(series) and series[thinned].taken_at_s < edge:
+            series[thinned] = self._thin(series[thinned])
+            thinned += 1
+        return thinned
 
     def keys(self) -> list[Key]:
         """The engines the latest scrape reported."""

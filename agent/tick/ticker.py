@@ -19,6 +19,7 @@ from kvpilot.collectors.checks import Refused
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.kvpool.client import KvBlockSample, KvPoolScrape
 from kvpilot.collectors.vllm_metrics import EngineSample, VllmScrape
+from kvpilot.collectors.vllm_parse import kept_for_counters
 from kvpilot.collectors.window import RollingWindow
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,13 @@ class Ticker:
         self._planner = planner
         self.rate_span_s = rate_span_s
         self.quantile_span_s = quantile_span_s
-        self.vllm_window: RollingWindow[EngineSample] = RollingWindow(retention_s=retention_s)
+        # Latency histograms are read over the rate and quantile spans only; older samples
+        # keep their counters (the preemption baseline, the stall rule look back further).
+        self.vllm_window: RollingWindow[EngineSample] = RollingWindow(
+            retention_s=retention_s,
+            thin_after_s=2 * max(rate_span_s, quantile_span_s),
+            thin=kept_for_counters,
+        )
         self.kvpool_window: RollingWindow[KvBlockSample] = RollingWindow(retention_s=retention_s)
         self.state = TickState()
         self._failing: set[str] = set()

@@ -10,6 +10,7 @@ import pytest
 
 from kvpilot.collectors.histogram import Histogram, quantile
 from kvpilot.collectors.vllm_metrics import EngineSample, VllmScrape, parse_vllm_metrics
+from kvpilot.collectors.vllm_parse import kept_for_counters
 from kvpilot.collectors.window import RollingWindow, quantiles_since_start
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
@@ -175,3 +176,20 @@ def test_window_does_not_alter_samples() -> None:
     assert w.latest(KEY) is s0
     with pytest.raises(dataclasses.FrozenInstanceError):
         s0.preemptions_total = 2.0  # type: ignore[misc]
+
+
+def test_samples_older_than_the_thin_edge_lose_what_only_recent_spans_read() -> None:
+    window: RollingWindow[EngineSample] = RollingWindow(
+        retention_s=600.0, thin_after_s=120.0, thin=kept_for_counters
+    )
+    hist = Histogram(buckets=((0.1, 1.0), (math.inf, 2.0)), sum=0.3, count=2.0)
+    for t in range(0, 400, 10):
+        sample = EngineSample("m", "0", float(t), float(t), preemptions_total=float(t), ttft=hist)
+        window.add(VllmScrape(float(t), float(t), (sample,), None))
+    series = window.samples(("m", "0"))
+    old = [s for s in series if s.taken_at_s < 390 - 120]
+    recent = [s for s in series if s.taken_at_s >= 390 - 120]
+    assert old and all(s.ttft is None for s in old)
+    assert recent and all(s.ttft is hist for s in recent)
+    # Counters survive thinning: the long span still has its rate.
+    assert window.rate(("m", "0"), "preemptions_total", 390.0) == 1.0
