@@ -11,7 +11,9 @@ per server, one port with the recorded `tests/fixtures/vllm/v0_32_under_load.pro
 `/metrics` (gzipped when the client accepts it, as vLLM's prometheus_client does), `/health`
 and `/version`, and one port with a kvpool payload made by the plugin's own exposition code
 (`collectors/kvpool/server.py`) from that recording's figures plus the allocator fixtures,
-on any path, as the plugin's server does. Connections are kept alive.
+on any path, as the plugin's server does. Connections are kept alive. Every server
+serves the same bytes: N replicas of one model (in one process, the parser's caches of
+line heads serve them all; servers of different models would not share them).
 
 The baseline is REV (default 2494667) checked out in a temporary `git worktree`. It
 watched one server per `kvpilot run --vllm-url URL --kvpool-url URL` process, so N servers
@@ -38,6 +40,7 @@ import contextlib
 import gzip
 import json
 import os
+import random
 import select
 import signal
 import socket
@@ -214,7 +217,8 @@ def _tail(log: Path, lines: int = 8) -> str:
         text = log.read_text(errors="replace").strip().splitlines()
     except OSError:
         return "(no log)"
-    return "\n".join(f"    {line}" for line in text[-lines:]) or "    (empty log)"
+    cut = [line if len(line) <= 300 else line[:300] + "..." for line in text[-lines:]]
+    return "\n".join(f"    {line}" for line in cut) or "    (empty log)"
 
 
 def _git(*args: str) -> str:
@@ -306,9 +310,18 @@ def rss_bytes(pids: list[int]) -> int:
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free loopback port for an agent, below the kernel's ephemeral range: the outgoing
+    connections of the agents already running can never take it before the agent binds."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 10000), low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise BenchError(f"no free port found below {low}")
 
 
 # The agents.
