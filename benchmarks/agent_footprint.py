@@ -309,12 +309,19 @@ def rss_bytes(pids: list[int]) -> int:
     return total
 
 
+_GIVEN_PORTS: set[int] = set()
+
+
 def _free_port() -> int:
-    """A free loopback port for an agent, below the kernel's ephemeral range: the outgoing
-    connections of the agents already running can never take it before the agent binds."""
+    """A free loopback port for an agent, below the kernel's ephemeral range (the outgoing
+    connections of the agents already running can never take it before the agent binds),
+    and never one given before in this run (the agents of one run bind them all at once)."""
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     for _ in range(200):
         port = random.randrange(max(1024, low - 10000), low)
+        if port in _GIVEN_PORTS:
+            continue
+        _GIVEN_PORTS.add(port)
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
