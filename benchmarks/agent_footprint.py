@@ -31,6 +31,10 @@ summed VmRSS. Every agent's `kvpilot_ticks_total` must have advanced by about th
 every server's vllm and kvpool sources must be up at the end: otherwise the run is an
 error, not a figure. Fairness: one run at a time; each round runs baseline then candidate,
 the next candidate then baseline (A B, B A, ...), and the figures are means over rounds.
+
+The agent keeps 600 s of scrapes per server: after the default warm-up the windows are
+part-filled, and both RSS and the rules' walks over them still grow. `--warmup 610`
+measures the steady state.
 """
 
 from __future__ import annotations
