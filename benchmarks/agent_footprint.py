@@ -13,7 +13,9 @@ and `/version`, and one port with a kvpool payload made by the plugin's own expo
 (`collectors/kvpool/server.py`) from that recording's figures plus the allocator fixtures,
 on any path, as the plugin's server does. Connections are kept alive. Every server
 serves the same bytes: N replicas of one model (in one process, the parser's caches of
-line heads serve them all; servers of different models would not share them).
+line heads serve them all; servers of different models would not share them). The moment
+is frozen: counters never advance, so rates are zero and the stall rule sees a stalled,
+loaded engine (its worst case: it walks the whole window every tick).
 
 The baseline is REV (default 2494667) checked out in a temporary `git worktree`. It
 watched one server per `kvpilot run --vllm-url URL --kvpool-url URL` process, so N servers
