@@ -13,7 +13,9 @@ and `/version`, and one port with a kvpool payload made by the plugin's own expo
 (`collectors/kvpool/server.py`) from that recording's figures plus the allocator fixtures,
 on any path, as the plugin's server does. Connections are kept alive. Every server
 serves the same bytes: N replicas of one model (in one process, the parser's caches of
-line heads serve them all; servers of different models would not share them).
+line heads serve them all; servers of different models would not share them). The moment
+is frozen: counters never advance, so rates are zero and the stall rule sees a stalled,
+loaded engine (its worst case: it walks the whole window every tick).
 
 The baseline is REV (default 2494667) checked out in a temporary `git worktree`. It
 watched one server per `kvpilot run --vllm-url URL --kvpool-url URL` process, so N servers
@@ -31,6 +33,10 @@ summed VmRSS. Every agent's `kvpilot_ticks_total` must have advanced by about th
 every server's vllm and kvpool sources must be up at the end: otherwise the run is an
 error, not a figure. Fairness: one run at a time; each round runs baseline then candidate,
 the next candidate then baseline (A B, B A, ...), and the figures are means over rounds.
+
+The agent keeps 600 s of scrapes per server: after the default warm-up the windows are
+part-filled, and both RSS and the rules' walks over them still grow. `--warmup 610`
+measures the steady state.
 """
 
 from __future__ import annotations

@@ -39,3 +39,16 @@ def test_soak_runs_against_every_kind_of_flapping_server() -> None:
     out = _run("soak.py", "--quick")
     assert "modes ok, restart, garbage, drip, huge, refused, nan" in out
     assert out.count("goal ") == 4
+
+
+@pytest.mark.slow
+def test_agent_footprint_runs_the_baseline_and_the_candidate() -> None:
+    # HEAD as the baseline: every checkout holds it, a shallow one perhaps not the default.
+    out = _run("agent_footprint.py", "--quick", "--baseline", "HEAD")
+    # A run whose agent did not tick exits 1 (checked in `_run`); these lines say both ran.
+    for servers in (1, 2):
+        for kind in ("baseline", "candidate"):
+            assert f"{servers} server(s), round 1, {kind}: " in out
+        assert f"\n{servers} server(s)\n" in out
+    assert out.count("ratio candidate / baseline") == 2
+    assert "goal 1 server(s), CPU under 0.25 % of a core at 1 Hz: " in out
