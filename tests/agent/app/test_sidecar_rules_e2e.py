@@ -8,13 +8,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import signal
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from kvpilot.rig.server import free_port
+from kvpilot.rig.server import TINY_MODEL_DIR, free_port
 from kvpilot.tuner.loadgen import LengthDist, Workload, run_load
 from tests.agent.notify.notify_receiver import Receiver
 from tests.agent.sidecar_harness import (
@@ -132,8 +135,12 @@ def test_fragmentation_on_real_kv_blocks_restarts_and_resolves(tmp_path: Path) -
 def test_a_server_that_cannot_start_opens_the_circuit_and_pages_once(tmp_path: Path) -> None:
     receiver = Receiver().start()
     marker = f"broken-{free_port()}"
-    # One block of KV cache cannot hold one request of max_model_len: vLLM refuses to start.
-    spec = server_spec(kv_cache_memory_bytes=32 * 1024, served_model_name=marker)
+    # The server starts once from its own copy of the model folder; then the folder loses
+    # its config.json and the server is killed, so every start after that fails. (A server
+    # that never became ready ends `kvpilot run` instead: tested in tests/faults.)
+    model = tmp_path / "model"
+    shutil.copytree(TINY_MODEL_DIR, model)
+    spec = server_spec(model_dir=model, served_model_name=marker)
     port = free_port()
     config = agent_config(
         tmp_path,
@@ -152,6 +159,11 @@ def test_a_server_that_cannot_start_opens_the_circuit_and_pages_once(tmp_path: P
     )
     agent = AgentProcess(config, port, tmp_path / "agent.log").start()
     try:
+        wait_for("the server ready", lambda: agent.collector_up("vllm") or None, 300)
+        (model / "config.json").unlink()
+        main_pid = agent.main_pid()
+        assert main_pid is not None
+        os.kill(main_pid, signal.SIGKILL)
         wait_for("VllmServerDown firing", lambda: _alerts(agent, "VllmServerDown", "firing"), 300)
         page = wait_for(
             "the circuit-open page",
