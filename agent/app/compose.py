@@ -86,10 +86,7 @@ async def _run(
 ) -> None:
     api_key = config.runtime.api_key.get_secret_value() if config.runtime.api_key else None
     timeout = httpx.Timeout(5.0, connect=2.0)
-    # Every watched server (and its kvpool) keeps its connection between ticks: httpx's
-    # default keeps 20, and a reconnect per scrape costs more than the scrape.
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=timeout) as client:
         with _own_state_or_exit(config) as store:
             runtime = build_runtime(config, promoted_argv(config, store, config_sha256))
             late = _Late()

@@ -90,6 +90,8 @@ class Sidecar:
         self.runtime = runtime
         self.remediator = remediator
         self._client = client
+        self._server_clients: dict[str, httpx.AsyncClient] = {}
+        self._tls = httpx.create_ssl_context()  # loaded once, shared by the servers' clients
         self._nvml = nvml
         self._clock = clock
         self._wall_clock = wall_clock
@@ -224,6 +226,9 @@ class Sidecar:
             del self._tickers[name]
             self._roles.pop(name, None)
             self._pids.pop(name, None)
+            client = self._server_clients.pop(name, None)
+            if client is not None:
+                self.tasks.spawn(client.aclose(), f"close-client-{name}")
 
     def _ticker(self, instance: Instance) -> Ticker:
         ticker = self._tickers.get(instance.name)
@@ -236,7 +241,11 @@ class Sidecar:
                 limits=scrape_limits(self.config),
                 model_config=instance.model_config or model_config_of(instance.argv),
             )
-            ticker = build_ticker(settings, self._client)
+            # A client per server: one pool's connection scan grows with every server
+            # watched, and that cost is paid on every request of every server.
+            client = httpx.AsyncClient(timeout=self._client.timeout, verify=self._tls)
+            self._server_clients[instance.name] = client
+            ticker = build_ticker(settings, client)
             self._tickers[instance.name] = ticker
         return ticker
 
@@ -347,6 +356,9 @@ class Sidecar:
                 await asyncio.wait_for(self._delivering, timeout=10.0)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.delivery.deliver_due(), timeout=10.0)
+        for client in self._server_clients.values():
+            await client.aclose()
+        self._server_clients.clear()
 
     # -- views -------------------------------------------------------------------------
 
