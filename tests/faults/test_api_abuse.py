@@ -23,6 +23,9 @@ from kvpilot.rig.server import free_port
 from tests.agent.sidecar_harness import AgentProcess
 from tests.http_helpers import ServedInThread
 
+# Each test starts the agent as a process: the inner loop (-m "not slow") skips them.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 PAYLOAD = (ROOT / "tests" / "fixtures" / "vllm" / "v0_32_under_load.prom").read_bytes()
 TOKEN = "abuse-test-control-token-7f3c"

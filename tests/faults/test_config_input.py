@@ -47,6 +47,9 @@ ADDRESS_SPACE_CAP_BYTES = 2 * 2**30
 # process that is a few MiB, from the test runner it could be hundreds.
 LAUNCHER = """
 import json, os, resource, sys
+
+# Each test starts the agent as a process: the inner loop (-m "not slow") skips them.
+pytestmark = pytest.mark.slow
 cap, report, *argv = sys.argv[1:]
 pid = os.fork()
 if pid == 0:

@@ -35,6 +35,9 @@ from tests.agent.state.loopback import (
     firing_notifications,
 )
 
+# Each test starts the agent as a process: the inner loop (-m "not slow") skips them.
+pytestmark = pytest.mark.slow
+
 T = TypeVar("T")
 WRITE_LOG = "kvpilot.agent.state.write_failures"
 

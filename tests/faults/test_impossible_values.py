@@ -20,6 +20,9 @@ import yaml
 from tests.faults.agent_process import kvpilot, ticks, value
 from tests.faults.misbehaving import Misbehaving, answer, answers, free_port
 
+# Each test starts the agent as a process: the inner loop (-m "not slow") skips them.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 PAYLOAD = (ROOT / "tests" / "fixtures" / "vllm" / "v0_32_under_load.prom").read_text()
 LABELS = '{engine="0",model_name="rig/models/tiny-llama"}'

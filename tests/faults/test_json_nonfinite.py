@@ -23,6 +23,9 @@ from kvpilot.rig.server import free_port
 from tests.agent.sidecar_harness import AgentProcess, wait_for
 from tests.http_helpers import ServedInThread
 
+# Each test starts the agent as a process: the inner loop (-m "not slow") skips them.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = (ROOT / "tests" / "fixtures" / "vllm" / "v0_32_under_load.prom").read_text()
 _USAGE = re.compile(r"^(vllm:kv_cache_usage_perc\{[^}]*\}) \S+$", re.MULTILINE)

@@ -19,6 +19,9 @@ import yaml
 from tests.faults.agent_process import kvpilot, stop, ticks, value
 from tests.faults.misbehaving import Misbehaving, answer, drip, endless, free_port
 
+# Each test starts the agent as a process: the inner loop (-m "not slow") skips them.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PAYLOAD = (ROOT / "tests" / "fixtures" / "vllm" / "v0_32_under_load.prom").read_bytes()
 VERSION = answer(b'{"version": "0.32.0"}', "application/json")

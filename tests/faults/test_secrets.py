@@ -36,6 +36,9 @@ from kvpilot.collectors.procfs import list_processes
 from kvpilot.rig.server import free_port
 from tests.http_helpers import ServedInThread
 
+# Each test starts the agent as a process: the inner loop (-m "not slow") skips them.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 STUB = ROOT / "tests" / "agent" / "runtimes" / "vllm_stub.py"
 PAYLOAD = ROOT / "tests" / "fixtures" / "vllm" / "v0_32_under_load.prom"

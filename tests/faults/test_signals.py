@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.faults.running_agent import (
     Agent,
@@ -27,6 +28,9 @@ from tests.faults.running_agent import (
     write_config,
 )
 from tests.http_helpers import ServedInThread
+
+# Each test starts the agent as a process: the inner loop (-m "not slow") skips them.
+pytestmark = pytest.mark.slow
 
 TOKEN = "signals-test-token"
 SATURATED = """\

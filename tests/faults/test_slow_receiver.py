@@ -14,6 +14,8 @@ import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
+import pytest
+
 from tests.faults.running_agent import (
     Agent,
     base_config,
@@ -25,6 +27,9 @@ from tests.faults.running_agent import (
     write_config,
 )
 from tests.http_helpers import ServedInThread
+
+# Each test starts the agent as a process: the inner loop (-m "not slow") skips them.
+pytestmark = pytest.mark.slow
 
 SLOW_S = 8.0
 SATURATED = """\

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.faults.running_agent import (
     Agent,
     base_config,
@@ -18,6 +20,9 @@ from tests.faults.running_agent import (
     standin_instance,
     write_config,
 )
+
+# Each test starts the agent as a process: the inner loop (-m "not slow") skips them.
+pytestmark = pytest.mark.slow
 
 EXIT_S = 30.0
 

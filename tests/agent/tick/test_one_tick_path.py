@@ -21,6 +21,9 @@ import yaml
 from kvpilot.rig.server import free_port
 from tests.http_helpers import ServedInThread
 
+# Each test starts the agent as a process: the inner loop (-m "not slow") skips them.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[3]
 PAYLOAD = (ROOT / "tests" / "fixtures" / "vllm" / "v0_32_under_load.prom").read_bytes()
 FAKE_SITE = ROOT / "tests" / "fakes" / "nvml_site"
