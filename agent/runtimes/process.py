@@ -23,8 +23,6 @@ waits for it to be healthy and answer a probe.
 
 from __future__ import annotations
 
-import errno
-import os
 import re
 import signal
 import time
@@ -45,7 +43,7 @@ from kvpilot.agent.runtimes.base import (
 )
 from kvpilot.agent.runtimes.drain import drain_then_kill, wait_for
 from kvpilot.agent.runtimes.probe import wait_ready
-from kvpilot.agent.runtimes.processes import find_vllm_mains
+from kvpilot.agent.runtimes.processes import find_vllm_mains, send_signal
 from kvpilot.collectors.kvpool.ports import PORT_ENV as KVPOOL_PORT_ENV
 from kvpilot.collectors.procfs import (
     PROC,
@@ -239,29 +237,7 @@ class ProcessRuntime:
 
     def _send(self, ref: ProcRef, sig: signal.Signals, target: ProcessTarget | None) -> bool:
         """Send `sig` if `_is_still(ref, target)` holds right now; returns whether it was sent."""
-        try:
-            pidfd: int | None = os.pidfd_open(ref.pid)
-        except ProcessLookupError:
-            return False
-        except OSError as exc:
-            if exc.errno != errno.ENOSYS:
-                raise
-            pidfd = None  # kernels before 5.3: the check alone, a narrower race
-        try:
-            # The descriptor holds on to the process there now: the one checked is the one
-            # signalled, and a successor that took its PID gets ESRCH, not the signal.
-            if not self._is_still(ref, target):
-                return False
-            if pidfd is None:
-                os.kill(ref.pid, sig)
-            else:
-                signal.pidfd_send_signal(pidfd, sig)
-            return True
-        except ProcessLookupError:
-            return False
-        finally:
-            if pidfd is not None:
-                os.close(pidfd)
+        return send_signal(ref, sig, self._proc_root, still=lambda r: self._is_still(r, target))
 
     def _changed(self, target: ProcessTarget, pid: int) -> IdentityChanged:
         return IdentityChanged(

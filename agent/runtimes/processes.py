@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from kvpilot.collectors.procfs import PROC, ProcInfo, ProcRef, is_alive, list_processes
@@ -36,8 +36,15 @@ def _port_of(info: ProcInfo) -> int | None:
         return None  # an unparsable --port matches no port
 
 
-def send_signal(ref: ProcRef, sig: signal.Signals, proc_root: Path = PROC) -> bool:
-    """Send `sig` to the process `ref` names if it is still that process; returns whether sent.
+def send_signal(
+    ref: ProcRef,
+    sig: signal.Signals,
+    proc_root: Path = PROC,
+    *,
+    still: Callable[[ProcRef], bool] | None = None,
+) -> bool:
+    """Send `sig` to the process `ref` names if it is still that process (and `still(ref)`
+    holds, when given: e.g. it still runs the server it was found as); returns whether sent.
 
     The signal goes through a pidfd opened before the check, so the process checked is the one
     signalled: a successor that took its PID gets nothing (ESRCH), never the signal.
@@ -51,7 +58,7 @@ def send_signal(ref: ProcRef, sig: signal.Signals, proc_root: Path = PROC) -> bo
             raise
         pidfd = None  # kernels before 5.3: the check alone, a narrower race
     try:
-        if not is_alive(ref, proc_root):
+        if not (still(ref) if still is not None else is_alive(ref, proc_root)):
             return False
         if pidfd is None:
             os.kill(ref.pid, sig)
