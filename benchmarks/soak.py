@@ -119,7 +119,10 @@ async def _serve_port(port: int, offset: int, rotate_s: float, started: float) -
             server.close()  # connections in flight finish; new ones are refused
             server = None
         elif not refused and server is None:
-            server = await asyncio.start_server(handle, "127.0.0.1", port, reuse_address=True)
+            try:
+                server = await asyncio.start_server(handle, "127.0.0.1", port, reuse_address=True)
+            except OSError:  # taken meanwhile by someone's outgoing connection: try next turn
+                server = None
         await asyncio.sleep(until_next_mode())
 
 
@@ -162,9 +165,17 @@ async def _serve(ports: list[int], receiver_port: int, rotate_s: float) -> None:
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free port below the kernel's range for outgoing connections, so that no client
+    takes it while its stand-in refuses connections."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.Random().sample(range(max(1024, low - 20_000), low), 2_000):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def _rss_bytes(pid: int) -> int:
@@ -297,7 +308,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--servers", type=int, default=len(MODES))
     parser.add_argument("--rotate-s", type=float, default=20.0)
-    parser.add_argument("--warmup-s", type=float, default=60.0)
+    # The windows keep 600 s of samples: growth is measured once they are full.
+    parser.add_argument("--warmup-s", type=float, default=620.0)
     parser.add_argument("--quick", action="store_true", help="90 s, rotating every 5 s")
     args = parser.parse_args()
     if args.quick:
