@@ -115,6 +115,11 @@ class Remediator:
         """Whether any remediation is planned or running (the tuner waits while one is)."""
         return self._progress.any()
 
+    def cooling_down(self, instance: str) -> str | None:
+        """Why `instance` is within its cooldown after its last action, or None."""
+        decision = self.cooldown.check(instance, self._clock())
+        return None if decision.allowed else decision.reason
+
     def status(self) -> RemediationStatus:
         names = {i.name for i in self._runtime.instances()} | self._notices.paged_instances()
         return remediation_status(

@@ -1,13 +1,14 @@
 """Tuning on a schedule inside `kvpilot run`, its restarts through the remediator.
 
 A firing of `tuning.schedule` runs one tuning session beside the collection loop. It is
-skipped, with an audit record, while a remediation is planned or running or while the last
-run is still going; a session also stops between trials when a remediation starts. Every
-restart of the stable instance (a promotion, a sequential switch, a rollback) goes through
-the remediator: audited, dry-run honoured, and for new flags the cooldown, the budget and
-the circuit breaker too. Restoring the flags that served before the trial is forced, since
-it ends the risk rather than adding one. Under `remediation.dry_run` a firing only plans.
-"""
+skipped, with an audit record, while a remediation is planned or running, within the
+remediation cooldown of the last restart of the stable instance (a run there would measure a
+server still warming up, and could not promote anyway) or while the last run is still going; a
+session also stops between trials when a remediation starts. Every restart of the stable
+instance (a promotion, a sequential switch, a rollback) goes through the remediator: audited,
+dry-run honoured, and for new flags the cooldown, the budget and the circuit breaker too.
+Restoring the flags that served before the trial is forced, since it ends the risk rather than
+adding one. Under `remediation.dry_run` a firing only plans."""
 
 from __future__ import annotations
 
@@ -76,12 +77,14 @@ class ScheduledTuning:
         remediation_in_progress: Callable[[], bool],
         audit: Audit,
         recover: Callable[[], Awaitable[object]] | None = None,
+        cooling_down: Callable[[], str | None] = lambda: None,
     ) -> None:
         self._trigger = CronTrigger.from_crontab(schedule, timezone=UTC)
         self._run_once = run_once
         self._recover = recover or _nothing
         self._started = False
         self._remediating = remediation_in_progress
+        self._cooling_down = cooling_down
         self._audit = audit
         self._task: asyncio.Task[str] | None = None
         self.runs_total = 0
@@ -112,6 +115,8 @@ class ScheduledTuning:
             return self._note("skipped", "the previous tuning run is still going")
         if self._remediating():
             return self._note("skipped", "a remediation is in progress")
+        if (cooling := self._cooling_down()) is not None:
+            return self._note("skipped", f"the stable instance was restarted recently: {cooling}")
         self._audit("started", "scheduled tuning run")
         self._task = asyncio.create_task(self._run_once(), name="scheduled-tuning")
         self.runs_total += 1
@@ -189,5 +194,5 @@ def scheduled_tuning(
 
     return ScheduledTuning(
         tuning.schedule, run_once, remediation_in_progress=remediator.in_progress, audit=audit,
-        recover=recover,
+        recover=recover, cooling_down=lambda: remediator.cooling_down(name),
     )  # fmt: skip

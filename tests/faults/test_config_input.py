@@ -22,6 +22,9 @@ from pathlib import Path
 
 import pytest
 
+# Each test starts the agent as a process: the inner loop (-m "not slow") skips them.
+pytestmark = pytest.mark.slow
+
 # Each command that reads the agent's configuration, as it is called with `--config F`.
 COMMANDS = {
     "run": ["run", "--config", "{F}"],
@@ -48,8 +51,6 @@ ADDRESS_SPACE_CAP_BYTES = 2 * 2**30
 LAUNCHER = """
 import json, os, resource, sys
 
-# Each test starts the agent as a process: the inner loop (-m "not slow") skips them.
-pytestmark = pytest.mark.slow
 cap, report, *argv = sys.argv[1:]
 pid = os.fork()
 if pid == 0:

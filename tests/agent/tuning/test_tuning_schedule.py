@@ -23,6 +23,7 @@ class Scheduled:
 
     def __init__(self, result: object = "ran 3 trials") -> None:
         self.remediating = False
+        self.cooling: str | None = None
         self.audits: list[tuple[str, str]] = []
         self.release = asyncio.Event()
         self.runs = 0
@@ -30,6 +31,7 @@ class Scheduled:
         self.tuning = ScheduledTuning(
             "0 3 * * *", self._run, remediation_in_progress=lambda: self.remediating,
             audit=lambda decision, reason: self.audits.append((decision, reason)),
+            cooling_down=lambda: self.cooling,
         )  # fmt: skip
 
     async def started(self) -> Scheduled:
@@ -68,6 +70,21 @@ def test_a_firing_runs_and_audits_its_start_and_end() -> None:
         s.release.set()
         assert await s.tuning.fire() == "finished: ran 3 trials"
         assert s.audits == [("started", "scheduled tuning run"), ("finished", "ran 3 trials")]
+
+    asyncio.run(main())
+
+
+def test_no_run_starts_within_the_cooldown_of_a_restart_of_the_stable_instance() -> None:
+    async def main() -> None:
+        s = await Scheduled().started()
+        s.cooling = "cooldown: last action 40 s ago, next allowed in 260 s"
+        said = await s.tuning.fire()
+        assert said == ("skipped: the stable instance was restarted recently: cooldown: last "
+                        "action 40 s ago, next allowed in 260 s")  # fmt: skip
+        assert s.runs == 0
+        s.cooling = None
+        s.release.set()
+        assert await s.tuning.fire() == "finished: ran 3 trials"
 
     asyncio.run(main())
 
@@ -136,7 +153,11 @@ def test_a_promotion_is_a_guarded_audited_restart_with_the_new_flags() -> None:
     async def main() -> None:
         h = Harness(remediation_config(cooldown_s=300.0, preflight={"enabled": False}))
         restart = remediated_restarter(h.remediator, "vllm-0")
+        assert h.remediator.cooling_down("vllm-0") is None
         await restart(NEW_FLAGS, "promoted by trial 4", False)
+        # The next scheduled firing waits out the cooldown (see ScheduledTuning.fire).
+        assert "next allowed in" in (h.remediator.cooling_down("vllm-0") or "")
+        assert h.remediator.cooling_down("vllm-1") is None
         assert [(name, argv) for name, argv, *_ in h.runtime.restarts] == [("vllm-0", NEW_FLAGS)]
         (record,) = h.journal.remediations()
         assert (record.action, record.state, record.reason) == (
