@@ -30,7 +30,8 @@ def service(selector: dict[str, str], name: str = "vllm") -> dict:
 def route(*refs: dict) -> dict:
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "HTTPRoute",
             "metadata": {"name": "vllm", "namespace": NAMESPACE},
-            "spec": {"parentRefs": [{"name": "gateway"}], "rules": [{"backendRefs": list(refs)}]}}  # fmt: skip
+            "spec": {"parentRefs": [{"name": "gateway"}],
+                     "rules": [{"backendRefs": list(refs)}]}}  # fmt: skip
 
 
 def canary_body(port: int) -> dict:
