@@ -233,6 +233,9 @@ class NetworkObjects:
         if merged["spec"] != self._wire_pod(pod)["spec"]:
             return self._status(422, "Invalid", f'Pod "{name}" is invalid: spec: Forbidden: '
                                 "pod updates may not change fields other than ...")  # fmt: skip
+        invalid = self.validate(merged)
+        if invalid:
+            return self._status(422, "Invalid", invalid)
         wanted = entry.obj["spec"]["selector"].get("matchLabels") or {}
         if not selects(wanted, merged["metadata"].get("labels")):
             return self._status(422, "Invalid", "this fake does not orphan pods: the patch "

@@ -123,6 +123,8 @@ def test_service_share_sends_real_requests_and_pulls_them_back(fake, servers, de
     split = ServiceShare(fake.api_client(), namespace=NAMESPACE, service="vllm",
                          canary_selector=canary["spec"]["selector"]["matchLabels"])  # fmt: skip
 
+    assert asyncio.run(split.canary_labels()) == SERVING  # what build_canary was given
+
     with TrafficSplitter(fake.host, NAMESPACE, service="vllm") as splitter:
         fake.requests.clear()
         shares = asyncio.run(split.send_share(10))
