@@ -106,7 +106,9 @@ class ServiceShare:
     one controller hop, and the ReplicaSet keeps the pod because its selector still
     matches. Deleting the pods would have the ReplicaSet start replacements that rejoin
     when ready, and deleting or scaling the Deployment goes through the garbage collector
-    or the ReplicaSet controller before the pods' deletion, a hop or two more.
+    or the ReplicaSet controller before the pods' deletion, a hop or two more. A pod the
+    ReplicaSet makes later (a crash) carries the template's labels again: remove the canary
+    right after (as an abort does).
     """
 
     API_CALLS: ClassVar[frozenset[tuple[str, str]]] = frozenset(
