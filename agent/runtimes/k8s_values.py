@@ -8,7 +8,7 @@ from typing import Literal
 
 from kvpilot.agent.model import Instance
 from kvpilot.agent.runtimes import k8s_objects as objects
-from kvpilot.agent.runtimes.base import RuntimeUnsupported
+from kvpilot.agent.runtimes.base import FlagsNotApplied
 
 PromoteMode = Literal["apply", "recommend", "auto"]
 RestartMode = Literal["signal", "rollout"]
@@ -62,7 +62,7 @@ class Promotion:
     recommendation: Recommendation | None
 
 
-class PromotionNotApplied(RuntimeUnsupported):
+class PromotionNotApplied(FlagsNotApplied):
     """Recommend-only mode: the patch was written, not applied; `recommendation` says where."""
 
     def __init__(self, recommendation: Recommendation) -> None:

@@ -88,6 +88,12 @@ class KubernetesRuntime:
             wall_clock=wall_clock,
         )
 
+    @property
+    def can_change_flags(self) -> bool:
+        """A promotion patches the Deployment, unless recommend-only is configured (under
+        `auto` a GitOps owner is found at promotion time: the patch is then written)."""
+        return self.target.promote != "recommend"
+
     # -- API calls -----------------------------------------------------------------------
 
     def _json(self, model: Any) -> dict[str, Any]:
