@@ -15,6 +15,8 @@ The façade over the remediation package; each part has its module:
 The tick drives it: `observe(transitions, conditions)` settles the watches of running
 remediations, keeps the breaker's books and starts a remediation for each alert that starts
 firing. Time: the injected monotonic `clock` for guards and watches, `wall_clock` for records.
+`better_config` is the tuner's validated configuration for the ladder's promote step (none by
+default); `on_promoted` hears of each promotion the runtime applied (the agent notes it).
 """
 
 from __future__ import annotations
