@@ -102,7 +102,6 @@ class BestConfig:
         try:
             found = self._find(instance)
         except Exception as exc:  # the ladder goes on without a promotion, never stops here
-            log.exception("looking up the tuner's best configuration failed")
             found = f"the lookup failed: {type(exc).__name__}: {exc}"
         if isinstance(found, str):
             self.last_reason = found
