@@ -24,12 +24,16 @@ from kvpilot.agent.remediation.prefix_cache import LightStep
 from kvpilot.agent.remediation.progress import InProgress, Run
 from kvpilot.agent.remediation.trigger import Outcome
 from kvpilot.agent.remediation.watch import ConditionWatch, WatchWindows
+from kvpilot.agent.runtimes.base import FlagsNotApplied
 
 log = logging.getLogger(__name__)
 
 
 class RestartTarget(Protocol):
     """What the remediator needs of a runtime."""
+
+    @property
+    def can_change_flags(self) -> bool: ...
 
     def instances(self) -> tuple[Instance, ...]: ...
 
@@ -41,6 +45,10 @@ class RestartTarget(Protocol):
         ready_timeout_s: float,
         argv: Sequence[str] | None = None,
     ) -> Instance: ...
+
+
+# Told of each promotion the runtime applied: (instance, argv, reason).
+Promoted = Callable[[str, tuple[str, ...], str], None]
 
 
 def find_instance(runtime: RestartTarget, name: str) -> Instance | None:
@@ -66,6 +74,7 @@ class Executor:
         light_step: LightStep | None,
         drain_timeout_s: float,
         clock: Callable[[], float],
+        on_promoted: Promoted | None = None,
     ) -> None:
         self._config = config
         self._runtime = runtime
@@ -80,6 +89,7 @@ class Executor:
         self._light_step = light_step
         self._drain_timeout_s = drain_timeout_s
         self._clock = clock
+        self._on_promoted = on_promoted
 
     async def run(self, run: Run) -> Outcome:
         try:
@@ -149,9 +159,15 @@ class Executor:
                 ready_timeout_s=self._config.verify_timeout_s,
                 argv=plan.argv,
             )
+        except FlagsNotApplied as exc:  # recommend-only: written down for a person to apply
+            return self._progress.end(
+                run, Decision.SKIPPED, str(exc), audited_as=Decision.RECOMMENDED
+            )
         except Exception as exc:  # any runtime failure is this remediation's failure
             log.warning("restart of %s failed: %s", trigger.instance, exc)
             return self._failed(run, f"{RESTART_FAILED}{type(exc).__name__}: {exc}")
+        if plan.argv is not None and self._on_promoted is not None:
+            self._on_promoted(trigger.instance, plan.argv, plan.reason)  # these flags run now
         new_pid = new.main_pid
         self._progress.step(
             run, "verifying", f"new PID {new_pid}, healthy, probe answered; watching the condition",
