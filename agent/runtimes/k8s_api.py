@@ -12,6 +12,32 @@ T = TypeVar("T")
 INSTALL_HINT = "the Kubernetes runtime needs the official client: pip install 'kvpilot[kubernetes]'"
 
 
+# Which of kvpilot's Roles grants each (verb, resource) the runtime uses, and where the Role
+# is written: a 403 names the one to bind. The base is read-only; tuning is an overlay.
+ROLE_GRANTS: dict[tuple[str, str], tuple[str, str]] = {
+    **{(verb, resource): ("kvpilot", "deploy/base")
+       for verb in ("get", "list", "watch") for resource in ("pods", "deployments.apps")},
+    **{(verb, "deployments.apps"): ("kvpilot-tuning", "deploy/overlays/tuning")
+       for verb in ("create", "patch", "delete")},
+    **{(verb, "leases.coordination.k8s.io"): ("kvpilot-tuning", "deploy/overlays/tuning")
+       for verb in ("get", "create", "update")},
+    ("create", "events"): ("kvpilot-tuning", "deploy/overlays/tuning"),
+    **{(verb, "services"): ("kvpilot-tuning-gateway", "deploy/overlays/tuning-gateway")
+       for verb in ("get", "create", "delete")},
+    **{(verb, "httproutes.gateway.networking.k8s.io"): (
+        "kvpilot-tuning-gateway", "deploy/overlays/tuning-gateway") for verb in ("get", "patch")},
+}  # fmt: skip
+
+
+def missing_grant(verb: str, resource: str) -> str:
+    """What to do about a refused verb: the Role that grants it, or that none does."""
+    grant = ROLE_GRANTS.get((verb, resource))
+    if grant is None:
+        return f"no Role of kvpilot's grants it: add the verb '{verb}' on '{resource}' to one"
+    role, where = grant
+    return f"the Role '{role}' grants it: apply {where} (its RoleBinding binds it to kvpilot)"
+
+
 class KubernetesApiError(RuntimeFailure):
     """The API server refused or failed a request; `status` is its HTTP status (0: no answer)."""
 
@@ -58,8 +84,8 @@ def api_error(exc: Exception, *, verb: str, resource: str, what: str) -> Kuberne
     detail = _server_message(getattr(exc, "body", None)) or str(exc)
     if status == 403:
         return Forbidden(
-            f"forbidden: the service account may not '{verb}' {resource} ({what}); add the "
-            f"verb '{verb}' on '{resource}' to kvpilot's Role (server: {detail})",
+            f"forbidden: the service account may not '{verb}' {resource} ({what}); "
+            f"{missing_grant(verb, resource)} (server: {detail})",
             status,
         )
     if status == 404:
