@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 import httpx
 
@@ -75,7 +76,8 @@ def build_runtime(
             ]
         )
     if isinstance(runtime, PodRuntimeConfig):
-        return build_pod_runtime(config, runtime, os.environ)
+        # Runtime's `kind` is a Literal; KubernetesRuntime declares it as a plain string.
+        return cast(Runtime, build_pod_runtime(config, runtime, os.environ))
     assert isinstance(runtime, ProcessRuntimeConfig)
     return ProcessRuntime([_process_target(runtime)])
 
