@@ -37,7 +37,7 @@ from kvpilot.agent.runtimes import (
 )
 from kvpilot.agent.runtimes.k8s_api import make_api_client, pod_name, pod_namespace
 from kvpilot.agent.runtimes.k8s_values import KubernetesTarget
-from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
+from kvpilot.agent.runtimes.pod import PodRuntime
 
 
 def build_runtime(
@@ -100,7 +100,7 @@ def build_pod_runtime(
     environ: Mapping[str, str],
     *,
     api_client: object | None = None,
-) -> KubernetesRuntime:
+) -> PodRuntime:
     """The pod runtime: vLLM beside the sidecar restarted by signal (the process runtime),
     the Deployment changed through the API (canaries, promotions, the tuning Lease).
     RuntimeFailure when the namespace or the API server's configuration cannot be found."""
@@ -112,7 +112,7 @@ def build_pod_runtime(
         api_key=runtime.api_key.get_secret_value() if runtime.api_key else None,
         promote=k8s.promote, restart=k8s.restart, state_dir=config.state_dir, name=runtime.name,
     )  # fmt: skip
-    return KubernetesRuntime(
+    return PodRuntime(
         target,
         api_client if api_client is not None else make_api_client(k8s.api_url),
         process_runtime=ProcessRuntime([_process_target(runtime)]),

@@ -25,6 +25,7 @@ from kvpilot.agent.config import AgentConfig, PodRuntimeConfig, secret_values
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes import LocalRuntime, RuntimeFailure
 from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
+from kvpilot.agent.runtimes.pod import strict_reads
 from kvpilot.agent.runtimes.probe import StartFailed
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
@@ -106,7 +107,11 @@ def tune(
     pod = _pod_runtime_or_exit(cfg)
     try:
         tuning = TuningConfig.model_validate({**base.model_dump(), **_given(**overrides)})
-        study = build_study(cfg, tuning, read_gpu()) if pod is None else pod_study(cfg, pod, tuning)
+        if pod is None:
+            study = build_study(cfg, tuning, read_gpu())
+        else:
+            with strict_reads():  # the Deployment's flags, never the process's view of them
+                study = pod_study(cfg, pod, tuning)
     except (ValueError, StudyError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--config") from exc
     except RuntimeFailure as exc:  # the API server refused or did not answer

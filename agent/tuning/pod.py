@@ -16,6 +16,7 @@ from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes.k8s_lease import LeaseHeld
 from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
 from kvpilot.agent.runtimes.local import LocalInstanceSpec
+from kvpilot.agent.runtimes.pod import strict_reads
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.handover import (
@@ -107,7 +108,8 @@ class PodTuner:
 
     async def study(self, tuning: TuningConfig | None = None) -> Study:
         tuning = tuning or self.config.tuning
-        return await asyncio.to_thread(pod_study, self.config, self.runtime, tuning)
+        with strict_reads():  # the Deployment's flags, never the process's view of them
+            return await asyncio.to_thread(pod_study, self.config, self.runtime, tuning)
 
     @contextlib.asynccontextmanager
     async def lease(self, *, wait_s: float = 0.0) -> AsyncIterator[None]:
@@ -125,7 +127,8 @@ class PodTuner:
                 await asyncio.sleep(max(0.1, left))
         try:
             async with self.adapter.lease():  # re-takes our own Lease, renews, releases
-                yield
+                with strict_reads():
+                    yield
         except LeaseHeld as exc:  # taken between the two reads
             raise TuningBlocked(str(exc)) from exc
 

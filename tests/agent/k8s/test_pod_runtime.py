@@ -12,6 +12,7 @@ from kvpilot.agent.config import PodRuntimeConfig, validate_config
 from kvpilot.agent.runtimes import ProcessRuntime, RuntimeFailure
 from kvpilot.agent.runtimes.k8s_api import pod_name, pod_namespace
 from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
+from kvpilot.agent.runtimes.pod import PodRuntime, strict_reads
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment
 
 
@@ -73,3 +74,34 @@ def test_outside_a_cluster_without_api_url_says_what_to_set(tmp_path, monkeypatc
     config = pod_config(tmp_path, namespace=NAMESPACE)
     with pytest.raises(RuntimeFailure, match=r"set runtime\.kubernetes\.api_url"):
         build_runtime(config)
+
+
+def test_while_the_api_server_fails_the_stable_comes_from_the_pods_processes(
+    fake, tmp_path, caplog
+) -> None:
+    fake.add_deployment(base_deployment(8000))
+    runtime = build_runtime(pod_config(tmp_path, namespace=NAMESPACE, api_url=fake.host))
+    assert isinstance(runtime, PodRuntime)
+    fake.fail("GET", r"/deployments/vllm$", 500, times=2)
+
+    first, second = runtime.instances(), runtime.instances()  # the tick goes on
+
+    for found in (first, second):
+        (stable,) = found
+        assert (stable.name, stable.role, stable.url) == ("llm", "stable", "http://127.0.0.1:8000")
+        assert stable.argv is None  # no vLLM process in this test's /proc
+    assert runtime.api_failures_total == 2
+    assert sum("the API server failed" in r.message for r in caplog.records) == 1  # once
+    (stable,) = runtime.instances()  # answering again: the Deployment's view
+    assert stable.argv is not None and "--model=Qwen/Qwen2.5-1.5B-Instruct" in stable.argv
+
+
+def test_the_tuners_reads_never_fall_back(fake, tmp_path) -> None:
+    fake.add_deployment(base_deployment(8000))
+    runtime = build_runtime(pod_config(tmp_path, namespace=NAMESPACE, api_url=fake.host))
+    fake.fail("GET", r"/deployments/vllm$", 500)
+
+    with strict_reads(), pytest.raises(RuntimeFailure, match="HTTP 500"):
+        runtime.instances()
+
+    assert runtime.api_failures_total == 0
