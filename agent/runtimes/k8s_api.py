@@ -29,6 +29,8 @@ ROLE_GRANTS: dict[tuple[str, str], tuple[str, str]] = {
     **{(verb, "leases.coordination.k8s.io"): _TUNING for verb in ("get", "create", "update")},
     ("create", "events"): _TUNING,
     ("patch", "pods"): _TUNING,  # a Service share: a canary pod's label taken off
+    # kubernetes.handover: configmap (several replicas): the promotion handed over
+    **{(verb, "configmaps"): _TUNING for verb in ("get", "create", "update", "delete")},
     **{(verb, "services"): _GATEWAY for verb in ("get", "create", "delete")},
     **{(verb, "httproutes.gateway.networking.k8s.io"): _GATEWAY for verb in ("get", "patch")},
 }
