@@ -301,6 +301,6 @@ def test_a_refused_pull_back_names_the_verb_and_the_resource(fake) -> None:
     with pytest.raises(Forbidden, match="may not 'patch' pods") as caught:
         asyncio.run(split.pull_back())
 
-    assert "add the verb 'patch' on 'pods'" in str(caught.value)
+    assert "the Role 'kvpilot-tuning' grants it" in str(caught.value)
     (subset,) = fake.endpoints(NAMESPACE, "vllm")["subsets"]
     assert {a["ip"] for a in subset["addresses"]} == {STABLE_IP, CANARY_IP}  # still in
