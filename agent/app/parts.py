@@ -38,7 +38,7 @@ from kvpilot.agent.runtimes import (
 from kvpilot.agent.runtimes.k8s_api import make_api_client, pod_name, pod_namespace
 from kvpilot.agent.runtimes.k8s_handover import HandoverConfigMap
 from kvpilot.agent.runtimes.k8s_values import KubernetesTarget
-from kvpilot.agent.runtimes.pod import PodRuntime
+from kvpilot.agent.runtimes.pod import API_READ_INTERVAL_S, PodRuntime
 
 
 def build_runtime(
@@ -121,6 +121,7 @@ def build_pod_runtime(
         identity=pod_name(environ),
         lease_duration_s=k8s.lease_duration_s,
     )
+    built.api_read_interval_s = API_READ_INTERVAL_S
     if k8s.handover == "configmap":
         built.handover_map = HandoverConfigMap(
             client, namespace=target.namespace, deployment=target.deployment

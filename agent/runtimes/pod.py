@@ -7,6 +7,11 @@ then comes from the process runtime alone (the pod's own vLLM, found in /proc), 
 failure is logged once per outage. Every change (a canary, a promotion) still goes through
 the API, and fails there; so does every read the tuner makes (`strict_reads`): its
 decisions are never made on the process's view.
+
+Reading the API server on every tick (each second) would cost a fleet three reads per pod per
+second; so outside strict reads the API's view is reused for `api_read_interval_s`, with the
+stable's PIDs refreshed from the pod's processes on every tick (a restart by signal changes
+them), and dropped at once after any change this runtime makes.
 """
 
 from __future__ import annotations
@@ -14,17 +19,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 
 from kvpilot.agent.model import Instance
-from kvpilot.agent.runtimes.base import RuntimeFailure
+from kvpilot.agent.runtimes.base import RuntimeFailure, StopResult
 from kvpilot.agent.runtimes.k8s_handover import HandoverConfigMap
+from kvpilot.agent.runtimes.k8s_values import Promotion
 from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
 
 log = logging.getLogger(__name__)
 
 _STRICT: ContextVar[bool] = ContextVar("kvpilot_pod_strict_reads", default=False)
+API_READ_INTERVAL_S = 15.0
 
 
 @contextlib.contextmanager
@@ -47,8 +54,17 @@ class PodRuntime(KubernetesRuntime):
     # Set where kubernetes.handover is `configmap` (several replicas).
     handover_map: HandoverConfigMap | None = None
 
+    api_read_interval_s = 0.0  # build_pod_runtime sets API_READ_INTERVAL_S
+    api_reads_total = 0
+    _view: tuple[float, tuple[Instance, ...]] | None = None
+
     def instances(self) -> tuple[Instance, ...]:
+        if not _STRICT.get() and self._view is not None:
+            read_at_s, view = self._view
+            if self._clock() - read_at_s < self.api_read_interval_s:
+                return self._with_local_pids(view)
         try:
+            self.api_reads_total += 1
             found = super().instances()
         except RuntimeFailure as exc:
             if _STRICT.get():
@@ -65,7 +81,56 @@ class PodRuntime(KubernetesRuntime):
         if self._failing is not None:
             log.info("the API server answers again")
             self._failing = None
+        self._view = (self._clock(), found)
         return found
+
+    def _with_local_pids(self, view: tuple[Instance, ...]) -> tuple[Instance, ...]:
+        local = self._local_stable()
+        if local is None:
+            return view
+        return tuple(
+            dataclasses.replace(i, pids=local.pids, main_pid=local.main_pid)
+            if i.role == "stable" else i
+            for i in view
+        )  # fmt: skip
+
+    # Any change this runtime makes drops the reused view, so the next tick reads it anew.
+
+    async def start_canary(self, argv: Sequence[str] | None, *, ready_timeout_s: float) -> Instance:
+        self._view = None
+        try:
+            return await super().start_canary(argv, ready_timeout_s=ready_timeout_s)
+        finally:
+            self._view = None
+
+    async def stop(self, name: str, *, drain_timeout_s: float) -> StopResult:
+        self._view = None
+        try:
+            return await super().stop(name, drain_timeout_s=drain_timeout_s)
+        finally:
+            self._view = None
+
+    async def restart(
+        self,
+        name: str,
+        *,
+        drain_timeout_s: float,
+        ready_timeout_s: float,
+        argv: Sequence[str] | None = None,
+    ) -> Instance:
+        self._view = None
+        try:
+            return await super().restart(name, drain_timeout_s=drain_timeout_s,
+                                         ready_timeout_s=ready_timeout_s, argv=argv)  # fmt: skip
+        finally:
+            self._view = None
+
+    async def promote(self, argv: Sequence[str], *, ready_timeout_s: float) -> Promotion:
+        self._view = None
+        try:
+            return await super().promote(argv, ready_timeout_s=ready_timeout_s)
+        finally:
+            self._view = None
 
     def _local_stable(self) -> Instance | None:
         if self._process is None:

@@ -3,6 +3,7 @@ fake API server (a fake: no API server runs here) through `kubernetes.api_url`."
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,36 @@ def test_the_tuners_reads_never_fall_back(fake, tmp_path) -> None:
         runtime.instances()
 
     assert runtime.api_failures_total == 0
+
+
+def test_ticks_reuse_the_api_view_and_strict_reads_and_changes_do_not(fake, tmp_path) -> None:
+    """A tick each second must not read the API server each second (a fleet would flood it)."""
+    fake.add_deployment(base_deployment(8000))
+    config = pod_config(tmp_path, namespace=NAMESPACE, api_url=fake.host)
+    assert isinstance(config.runtime, PodRuntimeConfig)
+    now = [1000.0]
+    runtime = build_pod_runtime(config, config.runtime, {})
+    runtime._clock = lambda: now[0]
+
+    def gets() -> int:
+        return sum(1 for r in fake.requests if r.method == "GET")
+
+    first = runtime.instances()
+    after_first = gets()
+    for _ in range(30):  # thirty ticks within the read interval: no API read
+        now[0] += 0.4
+        assert runtime.instances() == first
+    assert gets() == after_first and runtime.api_reads_total == 1
+    with strict_reads():  # the tuner's reads always go to the API server
+        runtime.instances()
+    assert gets() > after_first
+    now[0] += runtime.api_read_interval_s  # the interval has passed: read again
+    before = gets()
+    runtime.instances()
+    assert gets() > before and runtime.api_reads_total == 3
+    # A change (here stopping a canary that is not there) drops the view.
+    stopped = asyncio.run(runtime.stop("vllm-kvpilot-canary", drain_timeout_s=0))
+    assert not stopped.was_running
+    before = gets()
+    runtime.instances()
+    assert gets() > before
