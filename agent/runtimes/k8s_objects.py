@@ -155,6 +155,9 @@ def build_canary(
         pod_spec["containers"] = [
             c for c in pod_spec["containers"] if c.get("name") != sidecar_container
         ]
+        # The sidecar's volumes go with it: its state claim (ReadWriteOnce) would keep the
+        # canary pod from being scheduled anywhere but beside the stable pod.
+        _drop_unmounted_volumes(pod_spec)
     template_meta = template.setdefault("metadata", {})
     template_meta["labels"] = {
         **_canary_labels(template_meta.get("labels")),
@@ -283,3 +286,13 @@ _FATAL_WAITING = frozenset(
     {"CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError",
      "CreateContainerError", "InvalidImageName", "RunContainerError"}
 )  # fmt: skip
+
+
+def _drop_unmounted_volumes(pod_spec: Obj) -> None:
+    containers = [*(pod_spec.get("containers") or ()), *(pod_spec.get("initContainers") or ())]
+    mounted = {m.get("name") for c in containers for m in c.get("volumeMounts") or ()}
+    volumes = [v for v in pod_spec.get("volumes") or () if v.get("name") in mounted]
+    if volumes:
+        pod_spec["volumes"] = volumes
+    else:
+        pod_spec.pop("volumes", None)

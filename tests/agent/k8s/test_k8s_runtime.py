@@ -44,7 +44,12 @@ def test_canary_created_from_the_stable_template_and_cleaned_up(fake, standin, t
     assert containers["vllm"]["args"] == argv
     stable_vllm = stable["spec"]["template"]["spec"]["containers"][0]
     assert containers["vllm"]["resources"] == stable_vllm["resources"]
-    assert spec["template"]["spec"]["volumes"] == stable["spec"]["template"]["spec"]["volumes"]
+    # vLLM's volumes come along; the sidecar's (its configuration, its state claim) do not.
+    stable_volumes = stable["spec"]["template"]["spec"]["volumes"]
+    mounted = {m["name"] for m in containers["vllm"].get("volumeMounts") or ()}
+    assert spec["template"]["spec"]["volumes"] == [v for v in stable_volumes
+                                                   if v["name"] in mounted]  # fmt: skip
+    assert {"config", "state"} & mounted == set() and len(mounted) >= 2
     owner = canary["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner["uid"]) == (
         "Deployment", "vllm", stable["metadata"]["uid"])  # fmt: skip
