@@ -29,7 +29,8 @@ from enum import StrEnum
 from typing import Any
 
 from kvpilot.collectors.secrets import mask_argv
-from kvpilot.tuner.decide import bake_degradation, promotion_decision
+from kvpilot.tuner.decide import bake_degradation as bake_degradation  # re-exported
+from kvpilot.tuner.decide import promotion_decision as promotion_decision
 from kvpilot.tuner.judge import JudgeConfig, judge
 from kvpilot.tuner.objective import Outcome, Slo, TrialResult, evaluate
 from kvpilot.tuner.ports import (
