@@ -100,6 +100,12 @@ class CanaryConfig(BaseModel):
     bake_s: float = Field(
         600, gt=0, description="How long promoted flags are watched on live traffic."
     )
+    service: str | None = Field(
+        None,
+        min_length=1,
+        description="traffic: service: the Service whose traffic the canary's pods share "
+        "(it must not select on kvpilot.dev/role); default: the Deployment's name.",
+    )
     gateway: CanaryGateway | None = Field(
         None, description="The HTTPRoute and its Services; required for traffic: gateway."
     )

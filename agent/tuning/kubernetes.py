@@ -9,12 +9,18 @@ removed; where it cannot, the canary keeps serving rather than leave its share t
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
 
+from kvpilot.agent.config.tuning import CanaryConfig
+from kvpilot.agent.runtimes import k8s_objects as objects
 from kvpilot.agent.runtimes.base import NotReady, RuntimeFailure
+from kvpilot.agent.runtimes.k8s_api import call, client_module
 from kvpilot.agent.runtimes.k8s_lease import LeaseRecord
+from kvpilot.agent.runtimes.k8s_traffic import GatewayWeights, ServiceShare, TrafficSplit
+from kvpilot.agent.runtimes.k8s_values import KubernetesTarget
 from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime, PromotionNotApplied
-from kvpilot.agent.tuning.live_observer import TrafficSplit, describe
+from kvpilot.agent.tuning.live_observer import describe
 from kvpilot.collectors.secrets import SecretLost, has_masked, restore_secrets
 from kvpilot.tuner.ports import CandidateStartFailed, RestartRefused
 
@@ -104,3 +110,39 @@ class KubernetesTunerAdapter:
 
     def remediation_in_progress(self) -> bool:
         return self._remediating()
+
+
+def traffic_split(
+    canary: CanaryConfig, api_client: Any, target: KubernetesTarget
+) -> TrafficSplit | None:
+    """The split `tuning.canary.traffic` asks for (None for replay), over the stable
+    Deployment's canary; reads the stable Deployment once (blocking: call it in a thread)."""
+    if canary.traffic == "replay":
+        return None
+    stable = call(
+        client_module().AppsV1Api(api_client).read_namespaced_deployment, target.deployment,
+        target.namespace, verb="get", resource="deployments.apps",
+        what=f"Deployment {target.namespace}/{target.deployment}",
+    )  # fmt: skip
+    selector = canary_selector(api_client.sanitize_for_serialization(stable), target)
+    if canary.traffic == "service":
+        service = canary.service or target.deployment
+        return ServiceShare(
+            api_client, namespace=target.namespace, service=service, canary_selector=selector
+        )
+    gateway = canary.gateway
+    assert gateway is not None  # the configuration requires it for traffic: gateway
+    return GatewayWeights(
+        api_client, namespace=target.namespace, route=gateway.httproute,
+        stable_service=gateway.stable_service, canary_service=gateway.canary_service,
+        canary_selector=selector,
+    )  # fmt: skip
+
+
+def canary_selector(stable: Mapping[str, Any], target: KubernetesTarget) -> dict[str, str]:
+    """The canary Deployment's pod selector, exactly as `build_canary` makes it."""
+    probe = objects.build_canary(
+        stable, container=target.container, command=objects.ContainerCommand(None, ("--",)),
+        sidecar_container=target.sidecar_container,
+    )  # fmt: skip
+    return dict(probe["spec"]["selector"]["matchLabels"])

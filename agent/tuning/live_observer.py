@@ -17,40 +17,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
 
 import httpx
 
 from kvpilot.agent.config.tuning import CanaryConfig
+from kvpilot.agent.runtimes.k8s_traffic import Shares, TrafficSplit
 from kvpilot.agent.tuning.live_intervals import PodReading, intervals, judge_samples, read_pod
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.limits import ScrapeLimits, fetch_text
 from kvpilot.collectors.promtext import MetricsParseError
 from kvpilot.tuner.objective import Measurement, Slo
 from kvpilot.tuner.ports import CanaryAborted, Observation
-
-
-class Shares(Protocol):
-    """The share of the traffic each side gets, in percent, and how it is split."""
-
-    @property
-    def stable_percent(self) -> float: ...
-
-    @property
-    def canary_percent(self) -> float: ...
-
-    @property
-    def how(self) -> str: ...
-
-
-class TrafficSplit(Protocol):
-    """Where the split between the stable and the canary pods is set (a Service, an HTTPRoute)."""
-
-    async def send_share(self, canary_percent: float) -> Shares: ...
-
-    async def pull_back(self) -> Shares: ...
-
-    async def shares(self) -> Shares: ...
 
 
 class LiveTrafficError(RuntimeError):

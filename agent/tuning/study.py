@@ -11,10 +11,11 @@ from pathlib import Path
 
 from kvpilot.agent.config import AgentConfig, InstanceConfig, LocalRuntimeConfig
 from kvpilot.agent.config.tuning import TuningConfig
+from kvpilot.agent.runtimes.k8s_traffic import TrafficSplit
 from kvpilot.agent.runtimes.local import LocalInstanceSpec
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
-from kvpilot.agent.tuning.live_observer import LiveTrafficObserver, TrafficSplit
+from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
 from kvpilot.agent.tuning.model_files import find_model_config
 from kvpilot.agent.tuning.observer import LoadObserver
 from kvpilot.agent.tuning.promoted import tuned_instance

@@ -110,3 +110,26 @@ def test_the_observer_follows_the_canary_traffic_setting(fake) -> None:
         make_observer(live_study)
     live, judged = make_observer(live_study, traffic=SplitDouble(fake))
     assert isinstance(live, LiveTrafficObserver) and judged.metrics == LIVE_METRICS
+
+
+def test_the_split_is_built_from_the_canary_settings_and_the_stable_deployment(fake) -> None:
+    from kvpilot.agent.config.tuning import CanaryConfig
+    from kvpilot.agent.runtimes.k8s_traffic import GatewayWeights, ServiceShare
+    from kvpilot.agent.runtimes.k8s_values import KubernetesTarget
+    from kvpilot.agent.tuning.kubernetes import traffic_split
+
+    fake.add_deployment(base_deployment(8000))
+    target = KubernetesTarget(namespace=NAMESPACE, deployment="vllm")
+    wanted = {"app.kubernetes.io/name": "vllm", "kvpilot.dev/role": "canary"}
+
+    assert traffic_split(CanaryConfig(), fake.api_client(), target) is None
+    service = traffic_split(CanaryConfig(traffic="service"), fake.api_client(), target)
+    assert isinstance(service, ServiceShare)
+    assert (service.service, service.canary_selector) == ("vllm", wanted)
+    gateway = traffic_split(
+        CanaryConfig.model_validate({"traffic": "gateway", "gateway": {"httproute": "llm"}}),
+        fake.api_client(), target,
+    )  # fmt: skip
+    assert isinstance(gateway, GatewayWeights)
+    assert (gateway.route, gateway.stable_service) == ("llm", "vllm")
+    assert (gateway.canary_service, gateway.canary_selector) == ("vllm-kvpilot-canary", wanted)
