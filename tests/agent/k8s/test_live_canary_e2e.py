@@ -167,6 +167,23 @@ def test_a_good_canary_is_promoted_and_a_bad_one_aborted_on_live_traffic(
         with capsys.disabled():
             print(f"\nlive canary e2e: {elapsed:.0f} s, vLLM starts {len(kubelet.started)}")
             print(f"  trial 1: {good.record.phase.value}: {good.record.reason}")
+            print(f"    shares: {good.trial.reason}")
+            judged = good.trial.judgement
+            print(f"    judge: {judged.classification.value if judged else None}: "
+                  f"{judged.reason if judged else None}")  # fmt: skip
+            if judged is not None:
+                for m in judged.metrics:
+                    print(
+                        f"      {m.name}: {m.verdict.value} canary {m.canary_median} "
+                        f"baseline {m.baseline_median} (n {m.canary_count}/{m.baseline_count})"
+                    )
+            result, base = good.trial.result, good.baseline
+            print(
+                f"    goodput canary {result.goodput_tokens_per_s if result else None} "
+                f"stable {base.goodput_tokens_per_s if base else None} "
+                f"({base.reason if base else ''}) "
+                f"bake {good.record.bake_goodput_tokens_per_s}"
+            )
             print(f"  trial 2: {bad.record.phase.value}: {bad.record.reason}")
             print(f"  splitter counts: {final}")
             print(f"  counts after each pull-back: {split.counts_after_pull_back}")
@@ -182,8 +199,8 @@ def test_a_good_canary_is_promoted_and_a_bad_one_aborted_on_live_traffic(
     # Trial 1: judged on live traffic, promoted by a patch of the stable Deployment's args.
     assert good.record.phase is Phase.PROMOTED, good.record.reason
     assert good.trial.state is TrialState.COMPLETE
-    assert "traffic stable 75 %, canary 25 % (HTTPRoute vllm: weights 75/25)" in (
-        good.record.reason or ""
+    assert (good.trial.reason or "").startswith(
+        "traffic stable 75 %, canary 25 % (HTTPRoute vllm: weights 75/25); finished requests:"
     )
     (patch,) = [w for w in fake.writes("PATCH") if w.path.endswith("/deployments/vllm")]
     (container,) = patch.body["spec"]["template"]["spec"]["containers"]
