@@ -3,13 +3,19 @@ pod of the fake API server, each on its own loopback address and core), a real l
 the weighted splitter that reads the fake's HTTPRoute (the stand-in for a Gateway), and the
 judge on each server's real /metrics.
 
-The stable pod's KV budget is poor (96 blocks for 9 requests of 17 blocks: it preempts).
-Trial 1, a roomy budget, is judged better and promoted by a patch of the stable
+The stable pod's KV budget is poor (96 blocks, while each request grows to 29: it queues and
+preempts). Trial 1, a roomy budget, is judged better and promoted by a patch of the stable
 Deployment's args; the rolling update replaces the stable pod. Trial 2, the smallest budget
-that serves one max-length request, preempts and queues on its share, breaks the TTFT SLO
-within the analysis and is aborted: the HTTPRoute weight goes back to 0 at once, and the
-splitter sends the canary nothing after that. Four vLLM starts (stable, canary, promoted
-stable, canary), never more than two at once; about four minutes on two cores.
+that serves one max-length request (33 blocks), admits two prompts that then outgrow it,
+preempts and queues on its share, breaks the TTFT SLO within the analysis and is aborted:
+the HTTPRoute weight goes back to 0 at once, and the splitter sends the canary nothing
+after that. Four vLLM starts (stable, canary, promoted stable, canary), never more than two
+at once; about four minutes on two cores.
+
+The load is closed-loop (each client sends its next request when one finishes), so its
+total rate is what the servers can do: the stable pod alone on one core after the
+promotion serves less in all than stable and canary did on two. The bake's tolerance is
+widened for that (0.5); with real, open-loop traffic the total does not depend on the split.
 """
 
 from __future__ import annotations
@@ -44,12 +50,13 @@ pytestmark = [pytest.mark.slow, needs_two_cores, quiet]
 
 BLOCK = 32 * 1024  # the tiny model's KV bytes per 32-token block
 POOR, ROOMY, TINY = 96 * BLOCK, 2048 * BLOCK, 33 * BLOCK  # TINY: one 1024-token request
-# 400-token prompts growing by 128 tokens: 17 blocks each; 12 clients, 9 on the stable side.
-PROMPT, OUTPUT, CLIENTS = 400, 128, 12
+# 400-token prompts (13 blocks) growing by 512 tokens to 29 blocks; 12 clients, 9 of them
+# on the stable side, 3 on the canary's.
+PROMPT, OUTPUT, CLIENTS = 400, 512, 12
 SLO = Slo(ttft_p95_s=1.5, inter_token_p95_s=0.5, max_preemptions_per_request=0.1)
 CANARY = CanaryConfig(
-    traffic="gateway", weight_percent=25, warmup_s=4, analysis_s=16, analysis_interval_s=2,
-    bake_s=8, gateway={"httproute": "vllm", "stable_service": "vllm"},
+    traffic="gateway", weight_percent=25, warmup_s=4, analysis_s=20, analysis_interval_s=2,
+    bake_s=12, gateway={"httproute": "vllm", "stable_service": "vllm"},
 )  # fmt: skip
 
 
@@ -130,7 +137,7 @@ def test_a_good_canary_is_promoted_and_a_bad_one_aborted_on_live_traffic(
         assert built is not None
         journal, store = InMemoryRolloutJournal(), InMemoryTrialStore()
         settings = RolloutSettings(slo=SLO, judge=JudgeConfig(metrics=LIVE_METRICS),
-                                   ready_timeout_s=240)  # fmt: skip
+                                   ready_timeout_s=240, bake_tolerance_ratio=0.5)  # fmt: skip
         clock = time.time
 
         with TrafficSplitter(fake.host, NAMESPACE, route="vllm") as splitter:
