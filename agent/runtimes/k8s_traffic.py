@@ -106,7 +106,9 @@ class ServiceShare:
     one controller hop, and the ReplicaSet keeps the pod because its selector still
     matches. Deleting the pods would have the ReplicaSet start replacements that rejoin
     when ready, and deleting or scaling the Deployment goes through the garbage collector
-    or the ReplicaSet controller before the pods' deletion, a hop or two more.
+    or the ReplicaSet controller before the pods' deletion, a hop or two more. A pod the
+    ReplicaSet makes later (a crash) carries the template's labels again: remove the canary
+    right after (as an abort does).
     """
 
     API_CALLS: ClassVar[frozenset[tuple[str, str]]] = frozenset(
@@ -121,8 +123,9 @@ class ServiceShare:
         self.canary_selector = dict(canary_selector)
         self._asked: float | None = None
 
-    async def _traffic_labels(self) -> dict[str, str]:
-        """The Service's labels that the canary's ReplicaSet does not select on."""
+    async def _selector(self) -> tuple[dict[str, str], dict[str, str]]:
+        """The Service's selector, and its labels that the canary's ReplicaSet does not
+        select on (those `pull_back` takes off), once checked."""
         service = await self._api.service(self.service)
         if service is None:
             raise RuntimeFailure(f"Service {self._api.namespace}/{self.service} not found")
@@ -146,7 +149,12 @@ class ServiceShare:
                 "without the ReplicaSet replacing the pod; give the Service and the stable pod "
                 'template a label of their own, such as kvpilot.dev/serving: "true"'
             )
-        return own
+        return dict(selector), own
+
+    async def canary_labels(self) -> dict[str, str]:
+        """What the canary's pods must carry for the Service to select them (`build_canary`'s
+        `serve_labels`): the Service's selector, once checked that it can be pulled back."""
+        return (await self._selector())[0]
 
     async def _label(self, pod: dict[str, Any], labels: Mapping[str, str | None]) -> None:
         name = pod["metadata"]["name"]
@@ -159,7 +167,7 @@ class ServiceShare:
     async def send_share(self, canary_percent: float) -> Shares:
         """Label the canary's pods so the Service selects them (built so, they already are)."""
         _percent_check(canary_percent)
-        labels = await self._traffic_labels()
+        _, labels = await self._selector()
         self._asked = canary_percent
         for pod in await self._api.pods(self.canary_selector):
             current = pod["metadata"].get("labels") or {}
@@ -169,7 +177,7 @@ class ServiceShare:
 
     async def pull_back(self) -> Shares:
         """Take the Service's own labels off the canary's pods: out of the Endpoints at once."""
-        labels = await self._traffic_labels()
+        _, labels = await self._selector()
         for pod in await self._api.pods(self.canary_selector):
             current = pod["metadata"].get("labels") or {}
             if any(k in current for k in labels):
@@ -336,6 +344,7 @@ class GatewayWeights:
             for j, ref in enumerate(refs):
                 if _is_service(ref, self.stable_service):
                     ops += _set(f"/spec/rules/{r}/backendRefs/{j}", ref, stable_w)
+                    port = ref.get("port", port)  # the canary's Service has the same ports
                 elif _is_service(ref, self.canary_service):
                     ops += _set(f"/spec/rules/{r}/backendRefs/{j}", ref, canary_w)
             if canary_w and not any(_is_service(ref, self.canary_service) for ref in refs):

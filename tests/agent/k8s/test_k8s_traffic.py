@@ -17,6 +17,7 @@ import pytest
 
 from kvpilot.agent.runtimes import k8s_traffic
 from kvpilot.agent.runtimes.base import RuntimeFailure
+from kvpilot.agent.runtimes.k8s_api import Forbidden
 from kvpilot.agent.runtimes.k8s_objects import ContainerCommand, build_canary
 from kvpilot.agent.runtimes.k8s_traffic import GatewayWeights, ServiceShare
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment
@@ -122,6 +123,8 @@ def test_service_share_sends_real_requests_and_pulls_them_back(fake, servers, de
     canary_backend = f"{CANARY_IP}:{port}"
     split = ServiceShare(fake.api_client(), namespace=NAMESPACE, service="vllm",
                          canary_selector=canary["spec"]["selector"]["matchLabels"])  # fmt: skip
+
+    assert asyncio.run(split.canary_labels()) == SERVING  # what build_canary was given
 
     with TrafficSplitter(fake.host, NAMESPACE, service="vllm") as splitter:
         fake.requests.clear()
@@ -287,3 +290,17 @@ def test_build_canary_keeps_the_service_labels_only_when_asked(fake) -> None:
     with pytest.raises(ValueError, match="cannot share"):
         build_canary(stable, container="vllm", command=command, sidecar_container=None,
                      serve_labels={"kvpilot.dev/role": "stable"})  # fmt: skip
+
+
+def test_a_refused_pull_back_names_the_verb_and_the_resource(fake) -> None:
+    canary = seed(fake, 8000, service_share=True)
+    split = ServiceShare(fake.api_client(), namespace=NAMESPACE, service="vllm",
+                         canary_selector=canary["spec"]["selector"]["matchLabels"])  # fmt: skip
+    fake.forbid("patch", "pods")
+
+    with pytest.raises(Forbidden, match="may not 'patch' pods") as caught:
+        asyncio.run(split.pull_back())
+
+    assert "add the verb 'patch' on 'pods'" in str(caught.value)
+    (subset,) = fake.endpoints(NAMESPACE, "vllm")["subsets"]
+    assert {a["ip"] for a in subset["addresses"]} == {STABLE_IP, CANARY_IP}  # still in
