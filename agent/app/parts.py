@@ -36,6 +36,7 @@ from kvpilot.agent.runtimes import (
     Runtime,
 )
 from kvpilot.agent.runtimes.k8s_api import make_api_client, pod_name, pod_namespace
+from kvpilot.agent.runtimes.k8s_handover import HandoverConfigMap
 from kvpilot.agent.runtimes.k8s_values import KubernetesTarget
 from kvpilot.agent.runtimes.pod import PodRuntime
 
@@ -112,13 +113,19 @@ def build_pod_runtime(
         api_key=runtime.api_key.get_secret_value() if runtime.api_key else None,
         promote=k8s.promote, restart=k8s.restart, state_dir=config.state_dir, name=runtime.name,
     )  # fmt: skip
-    return PodRuntime(
+    client = api_client if api_client is not None else make_api_client(k8s.api_url)
+    built = PodRuntime(
         target,
-        api_client if api_client is not None else make_api_client(k8s.api_url),
+        client,
         process_runtime=ProcessRuntime([_process_target(runtime)]),
         identity=pod_name(environ),
         lease_duration_s=k8s.lease_duration_s,
     )
+    if k8s.handover == "configmap":
+        built.handover_map = HandoverConfigMap(
+            client, namespace=target.namespace, deployment=target.deployment
+        )
+    return built
 
 
 def _log_dir(config: AgentConfig, runtime: LocalRuntimeConfig) -> Path:

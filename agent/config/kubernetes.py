@@ -48,6 +48,13 @@ class KubernetesConfig(Model):
         "http://127.0.0.1:8001). Unset: the in-cluster configuration of the pod's service "
         "account.",
     )
+    handover: Literal["state_dir", "configmap"] = Field(
+        "state_dir",
+        description="Where a promotion that replaces the promoting pod is handed to the next: "
+        "state_dir (one replica, its state on a PersistentVolumeClaim) or configmap (several "
+        "replicas: the Lease holder writes `<deployment>-kvpilot-handover`; its Role needs "
+        "configmaps get, create, update, delete).",
+    )
     lease_duration_s: int = Field(
         60, ge=5, le=3600, description="The tuning Lease's duration; renewed every third."
     )

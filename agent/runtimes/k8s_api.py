@@ -14,21 +14,26 @@ INSTALL_HINT = "the Kubernetes runtime needs the official client: pip install 'k
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
-# Which of kvpilot's Roles grants each (verb, resource) the runtime uses, and where the Role
-# is written: a 403 names the one to bind. The base is read-only; tuning is an overlay.
+# Which of kvpilot's Roles grants each (verb, resource) the agent's calls use, and where the
+# Role is written, so that a 403 names the one to apply. The Roles grant exactly these
+# (tests/dashboards/test_rbac.py): reads in the base, the tuner's writes, its Lease and its
+# Events in the tuning overlay, the Gateway API split's Services and HTTPRoutes in its own.
+_BASE = ("kvpilot", "deploy/base")
+_TUNING = ("kvpilot-tuning", "deploy/overlays/tuning")
+_GATEWAY = ("kvpilot-tuning-gateway", "deploy/overlays/tuning-gateway")
 ROLE_GRANTS: dict[tuple[str, str], tuple[str, str]] = {
-    **{(verb, resource): ("kvpilot", "deploy/base")
-       for verb in ("get", "list", "watch") for resource in ("pods", "deployments.apps")},
-    **{(verb, "deployments.apps"): ("kvpilot-tuning", "deploy/overlays/tuning")
-       for verb in ("create", "patch", "delete")},
-    **{(verb, "leases.coordination.k8s.io"): ("kvpilot-tuning", "deploy/overlays/tuning")
-       for verb in ("get", "create", "update")},
-    ("create", "events"): ("kvpilot-tuning", "deploy/overlays/tuning"),
-    **{(verb, "services"): ("kvpilot-tuning-gateway", "deploy/overlays/tuning-gateway")
-       for verb in ("get", "create", "delete")},
-    **{(verb, "httproutes.gateway.networking.k8s.io"): (
-        "kvpilot-tuning-gateway", "deploy/overlays/tuning-gateway") for verb in ("get", "patch")},
-}  # fmt: skip
+    ("get", "deployments.apps"): _BASE,
+    ("list", "pods"): _BASE,
+    ("get", "endpoints"): _BASE,  # a Service share: the canary's endpoints
+    **{(verb, "deployments.apps"): _TUNING for verb in ("create", "patch", "delete")},
+    **{(verb, "leases.coordination.k8s.io"): _TUNING for verb in ("get", "create", "update")},
+    ("create", "events"): _TUNING,
+    ("patch", "pods"): _TUNING,  # a Service share: a canary pod's label taken off
+    # kubernetes.handover: configmap (several replicas): the promotion handed over
+    **{(verb, "configmaps"): _TUNING for verb in ("get", "create", "update", "delete")},
+    **{(verb, "services"): _GATEWAY for verb in ("get", "create", "delete")},
+    **{(verb, "httproutes.gateway.networking.k8s.io"): _GATEWAY for verb in ("get", "patch")},
+}
 
 
 def missing_grant(verb: str, resource: str) -> str:

@@ -19,6 +19,7 @@ from contextvars import ContextVar
 
 from kvpilot.agent.model import Instance
 from kvpilot.agent.runtimes.base import RuntimeFailure
+from kvpilot.agent.runtimes.k8s_handover import HandoverConfigMap
 from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ class PodRuntime(KubernetesRuntime):
 
     api_failures_total = 0
     _failing: str | None = None
+    # Set where kubernetes.handover is `configmap` (several replicas).
+    handover_map: HandoverConfigMap | None = None
 
     def instances(self) -> tuple[Instance, ...]:
         try:

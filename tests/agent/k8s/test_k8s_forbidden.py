@@ -67,4 +67,4 @@ def test_the_table_names_the_three_roles_and_nothing_writes_in_the_base() -> Non
         "kvpilot-tuning-gateway": "deploy/overlays/tuning-gateway",
     }
     base_verbs = {verb for (verb, _), (role, _) in ROLE_GRANTS.items() if role == "kvpilot"}
-    assert base_verbs == {"get", "list", "watch"}
+    assert base_verbs == {"get", "list"}
