@@ -160,7 +160,12 @@ def test_a_good_canary_is_promoted_and_a_bad_one_aborted_on_live_traffic(
                     good = await trial(1, ROOMY)
                     bad = await trial(2, TINY)
                     after_abort = dict(splitter.counts)
-                    await asyncio.sleep(3)  # the load goes on: none of it may reach the canary
+                    # The load goes on (a round of new requests at least): none reaches the canary.
+                    promoted = f"{kubelet.started[2].ip}:{port}"
+                    more = after_abort.get(promoted, 0) + CLIENTS
+                    await asyncio.to_thread(
+                        splitter.wait_until, lambda s: s.count(promoted) >= more, 120
+                    )
                 finally:
                     stop.set()
                     await load
@@ -228,7 +233,8 @@ def test_a_good_canary_is_promoted_and_a_bad_one_aborted_on_live_traffic(
     at_abort = split.counts_after_pull_back[1]
     assert final.get(bad_backend, 0) == at_abort.get(bad_backend, 0)
     assert final.get(bad_backend, 0) == after_abort.get(bad_backend, 0)
-    assert final[f"{promoted_pod.ip}:{port}"] > after_abort[f"{promoted_pod.ip}:{port}"]
+    promoted = f"{promoted_pod.ip}:{port}"
+    assert final[promoted] >= after_abort[promoted] + CLIENTS
     assert fake.service(NAMESPACE, "vllm-kvpilot-canary") is None
     assert fake.httproute(NAMESPACE, "vllm")["spec"]["rules"][0]["backendRefs"] == [
         {"name": "vllm", "port": 8000, "weight": 100}
