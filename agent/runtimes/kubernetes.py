@@ -75,7 +75,7 @@ class KubernetesRuntime:
     ) -> None:
         client = client_module()
         self.target = target
-        self._api_client = api_client
+        self.api_client = api_client
         self._apps = client.AppsV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
         self._process = process_runtime  # the stable vLLM's processes, in the shared PID ns
@@ -97,7 +97,7 @@ class KubernetesRuntime:
     # -- API calls -----------------------------------------------------------------------
 
     def _json(self, model: Any) -> dict[str, Any]:
-        return self._api_client.sanitize_for_serialization(model)
+        return self.api_client.sanitize_for_serialization(model)
 
     def _get(self, name: str) -> dict[str, Any] | None:
         what = f"Deployment {self.target.namespace}/{name}"

@@ -16,6 +16,7 @@ from kvpilot.agent.config import AgentConfig, PodRuntimeConfig
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.k8s_lease import LeaseHeld
+from kvpilot.agent.runtimes.k8s_traffic import TrafficSplit
 from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
 from kvpilot.agent.runtimes.local import LocalInstanceSpec
 from kvpilot.agent.runtimes.pod import PodRuntime, strict_reads
@@ -32,9 +33,15 @@ from kvpilot.agent.tuning.handover import (
     Resumed,
     resume_handed_over,
 )
-from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter
-from kvpilot.agent.tuning.observer import LoadObserver
-from kvpilot.agent.tuning.study import Study, StudyError, build_study, make_session, read_gpu
+from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter, traffic_split
+from kvpilot.agent.tuning.study import (
+    Study,
+    StudyError,
+    build_study,
+    make_observer,
+    make_session,
+    read_gpu,
+)
 from kvpilot.tuner.rollout import Recovered, RolloutSettings, recover
 from kvpilot.tuner.session import TuningBlocked, TuningSession
 from kvpilot.tuner.trials import trial_from_dict, trial_to_dict
@@ -72,11 +79,13 @@ def pod_adapter(
     runtime: KubernetesRuntime,
     *,
     remediation_in_progress: Callable[[], bool] = _never,
+    traffic: TrafficSplit | None = None,
 ) -> KubernetesTunerAdapter:
     return KubernetesTunerAdapter(
         runtime,
         drain_timeout_s=config.runtime.drain_timeout_s,
         remediation_in_progress=remediation_in_progress,
+        traffic=traffic,
     )
 
 
@@ -108,7 +117,9 @@ class PodTuner:
     ) -> None:
         self.config = config
         self.runtime = runtime
+        self._remediating = remediation_in_progress
         self.adapter = pod_adapter(config, runtime, remediation_in_progress=remediation_in_progress)
+        self.traffic: TrafficSplit | None = None  # live traffic's split, read in `study`
         self._db = db
         self._api_key = api_key
         self._wall = wall_clock
@@ -118,7 +129,15 @@ class PodTuner:
     async def study(self, tuning: TuningConfig | None = None) -> Study:
         tuning = tuning or self.config.tuning
         with strict_reads():  # the Deployment's flags, never the process's view of them
-            return await asyncio.to_thread(pod_study, self.config, self.runtime, tuning)
+            study = await asyncio.to_thread(pod_study, self.config, self.runtime, tuning)
+            if tuning.canary.traffic != "replay" and self.traffic is None:
+                # The split of live traffic reads the stable Deployment's canary selector.
+                self.traffic = await asyncio.to_thread(
+                    traffic_split, tuning.canary, self.runtime.api_client, self.runtime.target
+                )
+                self.adapter = pod_adapter(self.config, self.runtime, traffic=self.traffic,
+                                           remediation_in_progress=self._remediating)  # fmt: skip
+        return study
 
     @contextlib.asynccontextmanager
     async def lease(self, *, wait_s: float = 0.0) -> AsyncIterator[None]:
@@ -146,7 +165,7 @@ class PodTuner:
         journal, store = SqliteRolloutJournal(self._db), SqliteTrialStore(self._db)
         found = None if self._map is None else await asyncio.to_thread(self._map.get)
         imported = None if found is None else self._import_handover(found, journal, store)
-        observer = LoadObserver(study.workload, model=study.model, api_key=self._api_key)
+        observer, _ = make_observer(study, api_key=self._api_key, traffic=self.traffic)
         resumed = await resume_handed_over(
             journal, store, self.adapter, observer, settings_of(study), wall_clock=self._wall
         )
@@ -186,7 +205,7 @@ class PodTuner:
         self.journal = journal
         runtime = HandoverRuntime(self.adapter, journal)
         return make_session(study, runtime, self._db, api_key=self._api_key, journal=journal,
-                            **kw)  # type: ignore[arg-type]  # fmt: skip
+                            traffic=self.traffic, **kw)  # type: ignore[arg-type]  # fmt: skip
 
     def hand_over(self) -> None:
         """kvpilot is stopping: a promotion under way is left for the next pod to bake, in

@@ -10,8 +10,12 @@ from pathlib import Path
 from kvpilot.agent.app.parts import build_pod_runtime
 from kvpilot.agent.config import PodRuntimeConfig, validate_config
 from kvpilot.agent.runtimes.k8s_lease import DeploymentLease, lease_name
+from kvpilot.agent.runtimes.k8s_traffic import GatewayWeights
 from kvpilot.agent.state import StateStore
+from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
+from kvpilot.agent.tuning.pod import PodTuner
 from kvpilot.agent.tuning.schedule import pod_scheduled_tuning
+from kvpilot.agent.tuning.study import make_observer
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment
 from tests.agent.remediation.remediation_helpers import Harness, remediation_config
 
@@ -69,4 +73,29 @@ def test_a_firing_while_another_pod_holds_the_lease_is_skipped(fake, tmp_path) -
 
     assert outcome.startswith("skipped: "), outcome
     assert "held by 'pod-b'" in outcome
+    store.close()
+
+
+def test_a_pod_tuner_on_live_traffic_splits_it_through_the_configured_route(fake, tmp_path) -> None:
+    fake.add_deployment(base_deployment(8000))
+    config = validate_config({
+        "state_dir": str(tmp_path / "state"),
+        "runtime": {"kind": "pod", "port": 8000, "model_config": str(TINY),
+                    "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host}},
+        "tuning": {"trials": 1, "memory_knob": "kv_cache_memory_bytes",
+                   "canary": {"traffic": "gateway", "weight_percent": 10,
+                              "gateway": {"httproute": "vllm", "stable_service": "vllm",
+                                          "canary_service": "vllm-kvpilot-canary"}}},
+    }, warn=False)  # fmt: skip
+    assert isinstance(config.runtime, PodRuntimeConfig)
+    runtime = build_pod_runtime(config, config.runtime, {"POD_NAME": "pod-a"})
+    store = StateStore.open(config.state_dir)
+    tuner = PodTuner(config, runtime, store.db)
+
+    asyncio.run(tuner.study())
+
+    assert isinstance(tuner.traffic, GatewayWeights)
+    assert tuner.adapter._traffic is tuner.traffic  # the canary's share comes back first
+    observer, _ = make_observer(asyncio.run(tuner.study()), traffic=tuner.traffic)
+    assert isinstance(observer, LiveTrafficObserver)
     store.close()
