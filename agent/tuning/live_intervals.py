@@ -148,6 +148,30 @@ def intervals(readings: Sequence[PodReading]) -> list[Interval]:
     return [interval(a, b) for a, b in pairwise(readings)]
 
 
+# Preemptions per request over fewer finished requests than this are noise, not a breach.
+MIN_FINISHED_FOR_PREEMPTION_BREACH = 10
+
+
+def preemption_breach(spans: Iterable[Interval], slo: Slo) -> str | None:
+    """Why the analysis so far breaks the SLO's preemptions per request, or None: taken over
+    every interval since it began (one interval's two requests would abort on one preemption)."""
+    finished = preempted = 0.0
+    for span in spans:
+        if span.preemptions is None:
+            continue
+        finished += span.finished
+        preempted += span.preemptions
+    if finished < MIN_FINISHED_FOR_PREEMPTION_BREACH:
+        return None
+    ratio = preempted / finished
+    if ratio <= slo.max_preemptions_per_request:
+        return None
+    return (
+        f"{preempted:g} preemptions in {finished:g} finished requests, {ratio:.2g} per request "
+        f"(allowed {slo.max_preemptions_per_request:g})"
+    )
+
+
 def judge_samples(
     spans: Iterable[Interval], readings: Sequence[PodReading], share_ratio: float, slo: Slo
 ) -> dict[str, tuple[float, ...]]:

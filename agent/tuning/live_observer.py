@@ -6,8 +6,10 @@ each pod is judged from its own /metrics (see `live_intervals` for the figures).
 the stable pod over the same analysis window, which starts once the canary is warm (as cold
 as the canary: both are measured from the same moment, on the same traffic mix; a fresh
 baseline pod would need a third server). `observe` scrapes both pods every
-`analysis_interval_s` for `analysis_s`; a canary interval that breaks the SLO sends the
-traffic back to the stable pod at once and raises `CanaryAborted`. With one URL (the bake,
+`analysis_interval_s` for `analysis_s`; a canary interval that breaks the SLO's latency or
+error limits, or preemptions per request above the SLO's over the analysis so far (once it
+holds enough finished requests to say), sends the traffic back to the stable pod at once and
+raises `CanaryAborted`. With one URL (the bake,
 after a promotion) it watches the stable pod for `bake_s`. Each observation states the share
 each side was given and the share of finished requests each side served.
 """
@@ -22,7 +24,13 @@ import httpx
 
 from kvpilot.agent.config.tuning import CanaryConfig
 from kvpilot.agent.runtimes.k8s_traffic import Shares, TrafficSplit
-from kvpilot.agent.tuning.live_intervals import PodReading, intervals, judge_samples, read_pod
+from kvpilot.agent.tuning.live_intervals import (
+    PodReading,
+    intervals,
+    judge_samples,
+    preemption_breach,
+    read_pod,
+)
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.limits import ScrapeLimits, fetch_text
 from kvpilot.collectors.promtext import MetricsParseError
@@ -99,7 +107,9 @@ class LiveTrafficObserver:
                 _append(stable, got_stable)
                 if _append(canary, got_canary) and len(canary) >= 2:
                     (last,) = intervals(canary[-2:])
-                    breach = last.slo_breach(self._slo)
+                    breach = last.slo_breach(self._slo) or preemption_breach(
+                        intervals(canary), self._slo
+                    )
                     if breach is not None:
                         back = await self._traffic.pull_back()
                         raise CanaryAborted(

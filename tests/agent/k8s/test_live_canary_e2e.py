@@ -7,7 +7,8 @@ The stable pod's KV budget is poor (96 blocks, while each request grows to 29: i
 preempts). Trial 1, a roomy budget, is judged better and promoted by a patch of the stable
 Deployment's args; the rolling update replaces the stable pod. Trial 2, the smallest budget
 that serves one max-length request (33 blocks), admits two prompts that then outgrow it,
-preempts and queues on its share, breaks the TTFT SLO within the analysis and is aborted:
+preempts and queues on its share, breaks the SLO within the analysis (TTFT, or preemptions
+per request once ten have finished) and is aborted:
 the HTTPRoute weight goes back to 0 at once, and the splitter sends the canary nothing
 after that. Four vLLM starts (stable, canary, promoted stable, canary), never more than two
 at once; about four minutes on two cores.

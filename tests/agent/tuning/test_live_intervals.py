@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from kvpilot.agent.tuning.live_intervals import interval, judge_samples, read_pod
+from kvpilot.agent.tuning.live_intervals import (
+    interval,
+    intervals,
+    judge_samples,
+    preemption_breach,
+    read_pod,
+)
 from kvpilot.tuner.objective import Slo
 from tests.agent.tuning.test_live_observer import PodScript, Step
 
@@ -49,3 +55,17 @@ def test_a_pod_that_restarted_counts_from_zero_not_below_it() -> None:
 
 def test_metrics_without_vllm_families_are_not_a_reading() -> None:
     assert read_pod("up 1\n", taken_at_s=0.0, wall_time_s=0.0) is None
+
+
+def test_preemptions_per_request_breach_over_the_analysis_not_one_interval() -> None:
+    slo = Slo(ttft_p95_s=1.0, inter_token_p95_s=0.2, max_preemptions_per_request=0.1)
+    pod = PodScript([Step(2, preemptions=1)])
+    readings = [reading(pod.render(), 2.0 * i) for i in range(7)]  # six intervals, 2 each
+
+    # 1 preemption in 2 requests is 0.5 per request, but too few requests to say so.
+    assert preemption_breach(intervals(readings[:5]), slo) is None  # 8 finished
+    said = preemption_breach(intervals(readings[:6]), slo)  # 10 finished
+    assert said == "5 preemptions in 10 finished requests, 0.5 per request (allowed 0.1)"
+    calm = PodScript([Step(10, preemptions=1)])
+    calm_readings = [reading(calm.render(), 2.0 * i) for i in range(4)]
+    assert preemption_breach(intervals(calm_readings), slo) is None  # 0.1: within the limit
