@@ -201,7 +201,9 @@ class TrafficSplitter(ServedInThread):
                     while chunk := response.read1(65536):
                         self.wfile.write(chunk)
                         self.wfile.flush()
-                except OSError as exc:
+                except (OSError, http.client.HTTPException, ValueError) as exc:
+                    # A backend gone mid-answer (its pod deleted): the client sees the
+                    # connection close, as behind a real proxy. ValueError: a chunk cut short.
                     splitter.last_error = f"{backend}: {exc!r}"
                     self.close_connection = True
                 finally:
