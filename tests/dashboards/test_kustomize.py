@@ -1,0 +1,165 @@
+"""deploy/ built with `kubectl kustomize` (base, tuning, tuning-gateway), and every object checked.
+
+Core kinds with kubernetes-validate (strict), the HTTPRoute with the Gateway API's published
+schema, the sidecar's kvpilot.yaml with `kvpilot config check`, and what each overlay is
+for: the state on a claim, the Service's selector against the canary's labels as the
+runtime builds them, the route's stable backend.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from kustomize_builds import LAYERS, build, missing_input, named, of_kind
+from typer.testing import CliRunner
+
+from kvpilot.agent.cli.main import app
+from kvpilot.agent.runtimes import k8s_objects
+
+KUBERNETES_VERSION = "1.30.0"
+CORE_KINDS = {
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "ConfigMap",
+    "Service",
+    "Deployment",
+    "PersistentVolumeClaim",
+}
+OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}  # prometheus-operator's; promtool checks
+GATEWAY_KINDS = {"HTTPRoute"}
+KINDS = {
+    "base": CORE_KINDS - {"PersistentVolumeClaim"} | OPERATOR_KINDS,
+    "tuning": CORE_KINDS | OPERATOR_KINDS,
+    "tuning-gateway": CORE_KINDS | OPERATOR_KINDS | GATEWAY_KINDS,
+}
+# The names the runtime's `tuning.canary.gateway` settings use.
+HTTPROUTE, STABLE_SERVICE, CANARY_SERVICE = "vllm", "vllm", "vllm-kvpilot-canary"
+STATE_DIR = "/var/lib/kvpilot"
+
+
+def built(layer: str) -> tuple[dict[str, Any], ...]:
+    if reason := missing_input(layer):
+        pytest.skip(reason)
+    return build(layer)
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_layer_builds_with_its_kinds_labels_and_images(layer: str) -> None:
+    docs = built(layer)
+    assert {d["kind"] for d in docs} == KINDS[layer]
+    names = [(d["kind"], d["metadata"]["name"]) for d in docs]
+    assert len(names) == len(set(names))
+    for doc in docs:
+        assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "kvpilot", doc["kind"]
+    pod = named(docs, "Deployment", "vllm")["spec"]["template"]["spec"]
+    images = {c["image"] for c in pod["containers"] + pod["initContainers"]}
+    assert images == {"vllm/vllm-openai:v0.32.0", "kvpilot:0.1.0"}
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_core_kinds_pass_kubernetes_validate_strict(layer: str) -> None:
+    checked = set()
+    for doc in built(layer):
+        if doc["kind"] in CORE_KINDS:
+            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+            checked.add(doc["kind"])
+    assert checked == KINDS[layer] & CORE_KINDS
+
+
+def test_httproute_passes_the_gateway_api_schema() -> None:
+    try:
+        schema = importlib.import_module("tests.fakes.gateway_schema")
+    except ModuleNotFoundError:
+        pytest.skip(
+            "tests/fakes/gateway_schema.py (the Gateway API's published HTTPRoute schema) "
+            "is not in this checkout"
+        )
+    route = named(built("tuning-gateway"), "HTTPRoute", HTTPROUTE)
+    assert schema.validate_httproute(route) == []
+    broken = {**route, "spec": {**route["spec"], "rules": [{"backendRefs": [{"weight": -1}]}]}}
+    assert schema.validate_httproute(broken) != []
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_config_check_accepts_the_sidecars_settings(layer: str, tmp_path: Path) -> None:
+    config_map = named(built(layer), "ConfigMap", "kvpilot-config")
+    path = tmp_path / "kvpilot.yaml"
+    path.write_text(config_map["data"]["kvpilot.yaml"])
+    result = CliRunner().invoke(app, ["config", "check", str(path), "--no-env"])
+    assert result.exit_code == 0, result.output
+
+
+def _canary_pod_labels(deployment: dict[str, Any]) -> dict[str, str]:
+    """The labels of the canary's pods, as the runtime builds the canary from this stable."""
+    stable = {**deployment, "metadata": {**deployment["metadata"], "uid": "0"}}
+    command = k8s_objects.ContainerCommand(None, ("--model=candidate",))
+    canary = k8s_objects.build_canary(
+        stable, container="vllm", command=command, sidecar_container="kvpilot"
+    )
+    return dict(canary["spec"]["template"]["metadata"]["labels"])
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+@pytest.mark.parametrize(
+    ("layer", "selects_canary"), [("base", False), ("tuning", True), ("tuning-gateway", False)]
+)
+def test_service_selects_canary_pods_only_for_the_service_share(
+    layer: str, selects_canary: bool
+) -> None:
+    """tuning: the Service splits live traffic over stable and canary pods; the base keeps
+    canaries out, and with the Gateway API the route's weights split, so `vllm` is stable."""
+    docs = built(layer)
+    deployment = named(docs, "Deployment", "vllm")
+    selector = named(docs, "Service", STABLE_SERVICE)["spec"]["selector"]
+    assert _selects(selector, deployment["spec"]["template"]["metadata"]["labels"])
+    canary = _canary_pod_labels(deployment)
+    assert canary[k8s_objects.ROLE_LABEL] == "canary"
+    assert _selects(selector, canary) is selects_canary
+
+
+@pytest.mark.parametrize("layer", ["tuning", "tuning-gateway"])
+def test_tuning_state_lives_on_a_claim_for_one_replica(layer: str) -> None:
+    docs = built(layer)
+    deployment = named(docs, "Deployment", "vllm")
+    spec = deployment["spec"]
+    # One agent per state directory and a ReadWriteOnce claim: the old pod goes first.
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    volumes = {v["name"]: v for v in spec["template"]["spec"]["volumes"]}
+    claim = volumes["state"]["persistentVolumeClaim"]["claimName"]
+    assert set(volumes["state"]) == {"name", "persistentVolumeClaim"}  # the emptyDir is gone
+    assert named(docs, "PersistentVolumeClaim", claim)["spec"]["accessModes"] == ["ReadWriteOnce"]
+    containers = {c["name"]: c for c in spec["template"]["spec"]["containers"]}
+    mounts = {m["name"]: m for m in containers["kvpilot"]["volumeMounts"]}
+    assert mounts["state"]["mountPath"] == STATE_DIR
+    # The planner reads the model's config.json from the Hugging Face cache, read-only.
+    assert mounts["cache"] == {"name": "cache", "mountPath": "/cache", "readOnly": True}
+    env = {e["name"]: e.get("value") for e in containers["kvpilot"]["env"]}
+    assert env["HF_HOME"] == "/cache/huggingface"
+
+
+def test_base_state_is_the_pods_own() -> None:
+    docs = built("base")
+    spec = named(docs, "Deployment", "vllm")["spec"]
+    volumes = {v["name"]: v for v in spec["template"]["spec"]["volumes"]}
+    assert volumes["state"] == {"name": "state", "emptyDir": {}}
+    assert "strategy" not in spec and not of_kind(docs, "PersistentVolumeClaim")
+
+
+def test_gateway_route_sends_everything_to_the_stable_service() -> None:
+    docs = built("tuning-gateway")
+    route = named(docs, "HTTPRoute", HTTPROUTE)
+    backends = [ref for rule in route["spec"]["rules"] for ref in rule["backendRefs"]]
+    service = named(docs, "Service", STABLE_SERVICE)
+    http = {p["name"]: p["port"] for p in service["spec"]["ports"]}["http"]
+    assert backends == [{"name": STABLE_SERVICE, "port": http, "weight": 100}]
+    # The canary's Service exists only while a canary runs: the runtime creates it.
+    assert CANARY_SERVICE not in {d["metadata"]["name"] for d in of_kind(docs, "Service")}

@@ -1,0 +1,182 @@
+"""Least privilege: the Roles of deploy/ grant exactly the API calls the agent can make.
+
+Every call site is read from the agent's source (k8s_api_calls), so a new call without a
+grant fails here, and so does a grant no call uses. Each call belongs to one layer:
+reads to the base Role `kvpilot`; the tuner's writes, its Lease and its Events to
+`kvpilot-tuning` (deploy/overlays/tuning); the Gateway API split's Services and HTTPRoutes
+to `kvpilot-tuning-gateway` (deploy/overlays/tuning-gateway).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import k8s_api_calls
+import pytest
+from kustomize_builds import (
+    FOLDER,
+    LAYERS,
+    ROLE,
+    ROOT,
+    SERVICE_ACCOUNT,
+    Grant,
+    build,
+    grants,
+    missing_input,
+    named,
+    of_kind,
+    role_file,
+)
+
+READ_VERBS = {"get", "list", "watch"}
+# Resources that only one layer's features use, whatever the verb.
+LAYER_OF_RESOURCE = {
+    ("", "services"): "tuning-gateway",  # the canary backend Service
+    ("gateway.networking.k8s.io", "httproutes"): "tuning-gateway",
+    ("coordination.k8s.io", "leases"): "tuning",  # one tuner per Deployment
+    ("", "events"): "tuning",  # recommend-only's patch, as an Event
+}
+
+
+def layer_of(group: str, resource: str, verb: str) -> str:
+    """The layer whose Role must grant this: by resource, else reads base, writes tuning."""
+    return LAYER_OF_RESOURCE.get((group, resource), "base" if verb in READ_VERBS else "tuning")
+
+
+def _needed() -> dict[str, dict[Grant, list[str]]]:
+    """Per layer, each grant the agent's calls need and where they are made."""
+    calls, problems = k8s_api_calls.collect()
+    assert not problems, "\n".join(problems)
+    out: dict[str, dict[Grant, list[str]]] = {layer: {} for layer in LAYERS}
+    for call in calls:
+        grant = (call.group, call.plural, call.verb)
+        out[layer_of(*grant)].setdefault(grant, []).append(call.where)
+    return out
+
+
+def test_every_api_call_is_read_and_declares_what_it_calls() -> None:
+    calls, problems = k8s_api_calls.collect()
+    assert not problems, "\n".join(problems)
+    assert not [m for c in calls if (m := k8s_api_calls.mismatch(c))]
+    # The reader sees the runtime's calls, the Lease's included.
+    methods = {c.method for c in calls}
+    assert {"read_namespaced_deployment", "create_namespaced_lease"} <= methods
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_role_grants_exactly_what_its_layer_calls(layer: str) -> None:
+    needed = _needed()[layer]
+    granted = grants(role_file(layer))
+    path = FOLDER[layer] / "role.yaml"
+    where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    missing = [f"{g} used at {', '.join(needed[g])}" for g in sorted(set(needed) - granted)]
+    unused = sorted(granted - set(needed))
+    assert not missing, f"add to {where} (Role {ROLE[layer]}): " + "; ".join(missing)
+    assert not unused, f"{where} (Role {ROLE[layer]}) grants what no call uses: {unused}"
+
+
+def test_base_role_reads_only() -> None:
+    assert {verb for _, _, verb in grants(role_file("base"))} <= READ_VERBS
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_built_layer_binds_its_roles_to_the_sidecar(layer: str) -> None:
+    """What kubectl builds: the Roles of this layer and those below, each bound, no more."""
+    if reason := missing_input(layer):
+        pytest.skip(reason)
+    docs = build(layer)
+    below = LAYERS[: LAYERS.index(layer) + 1]
+    roles = {d["metadata"]["name"] for d in of_kind(docs, "Role")}
+    assert roles == {ROLE[name] for name in below}
+    for name in below:
+        binding = named(docs, "RoleBinding", ROLE[name])
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": ROLE[name],
+        }
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT}]
+        assert grants(named(docs, "Role", ROLE[name])) == grants(role_file(name))
+    assert not of_kind(docs, "ClusterRole") and not of_kind(docs, "ClusterRoleBinding")
+
+
+# -- the reader itself ---------------------------------------------------------------------
+
+
+def _module(tmp_path: Path, source: str) -> Path:
+    path = tmp_path / "k8s_new.py"
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def test_reader_finds_a_new_call_through_constants_and_parameters(tmp_path: Path) -> None:
+    path = _module(
+        tmp_path,
+        """
+        import asyncio
+        from kvpilot.agent.runtimes.k8s_api import call
+        from kvpilot.agent.runtimes.k8s_lease import RESOURCE
+
+        SERVICES = "services"
+
+        class Traffic:
+            def _write(self, body, *, verb):
+                return call(self._core.create_namespaced_service, "ns", body,
+                            verb=verb, resource=SERVICES, what="a Service")
+
+            def make(self):
+                return self._write({}, verb="create")
+
+            async def lease(self):
+                await asyncio.to_thread(call, self._api.read_namespaced_lease, "n", "ns",
+                                        verb="get", resource=RESOURCE, what="a Lease")
+        """,
+    )
+    calls, problems = k8s_api_calls.collect([path])
+    assert problems == []
+    assert {(c.verb, c.resource, c.method) for c in calls} == {
+        ("create", "services", "create_namespaced_service"),
+        ("get", "leases.coordination.k8s.io", "read_namespaced_lease"),
+    }
+    assert layer_of("", "services", "create") == "tuning-gateway"
+
+
+def test_reader_refuses_hidden_and_dynamic_calls(tmp_path: Path) -> None:
+    path = _module(
+        tmp_path,
+        """
+        from kvpilot.agent.runtimes.k8s_api import call
+
+        def hidden(api):
+            return api.delete_namespaced_service("name", "ns")
+
+        def dynamic(api, kind):
+            return call(api.patch_namespaced_service, "n", "ns", {},
+                        verb=f"pa{kind}", resource="services", what="x")
+        """,
+    )
+    calls, problems = k8s_api_calls.collect([path])
+    assert calls == []
+    assert len(problems) == 2
+    hidden, dynamic = sorted(problems, key=lambda p: "cannot read" in p)
+    assert "k8s_new.py:5: api.delete_namespaced_service is called outside call(" in hidden
+    assert "k8s_new.py:9: cannot read \"f'pa{kind}'\" as a string" in dynamic
+
+
+def test_reader_catches_a_declared_verb_that_is_not_the_methods(tmp_path: Path) -> None:
+    path = _module(
+        tmp_path,
+        """
+        from kvpilot.agent.runtimes.k8s_api import call
+
+        def remove(api):
+            return call(api.delete_namespaced_deployment, "n", "ns",
+                        verb="get", resource="deployments.apps", what="x")
+        """,
+    )
+    (found,), problems = k8s_api_calls.collect([path])
+    assert problems == []
+    assert "delete_namespaced_deployment is 'delete', declared 'get'" in str(
+        k8s_api_calls.mismatch(found)
+    )
