@@ -9,6 +9,7 @@ runtime builds them, the route's stable backend.
 from __future__ import annotations
 
 import importlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -163,3 +164,16 @@ def test_gateway_route_sends_everything_to_the_stable_service() -> None:
     assert backends == [{"name": STABLE_SERVICE, "port": http, "weight": 100}]
     # The canary's Service exists only while a canary runs: the runtime creates it.
     assert CANARY_SERVICE not in {d["metadata"]["name"] for d in of_kind(docs, "Service")}
+
+
+@pytest.mark.parametrize("layer", ["tuning", "tuning-gateway"])
+def test_canary_pods_stay_out_of_the_vllm_scrape_job(layer: str) -> None:
+    """With the Service over canary pods too, the `vllm` job drops them by their role label,
+    as Prometheus names pod labels in service discovery."""
+    monitor = named(built(layer), "ServiceMonitor", "vllm")
+    endpoints = {e["port"]: e for e in monitor["spec"]["endpoints"]}
+    source = "__meta_kubernetes_pod_label_" + re.sub(r"\W", "_", k8s_objects.ROLE_LABEL)
+    drops = [r for r in endpoints["http"]["relabelings"] if r.get("action") == "drop"]
+    assert drops == [{"action": "drop", "regex": "canary", "sourceLabels": [source]}]
+    canary = _canary_pod_labels(named(built(layer), "Deployment", "vllm"))
+    assert re.fullmatch(drops[0]["regex"], canary[k8s_objects.ROLE_LABEL])
