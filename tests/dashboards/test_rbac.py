@@ -29,6 +29,8 @@ from kustomize_builds import (
     role_file,
 )
 
+from kvpilot.agent.runtimes import k8s_api
+
 READ_VERBS = {"get", "list", "watch"}
 # Resources that only one layer's features use, whatever the verb.
 LAYER_OF_RESOURCE = {
@@ -99,6 +101,24 @@ def test_built_layer_binds_its_roles_to_the_sidecar(layer: str) -> None:
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT}]
         assert grants(named(docs, "Role", ROLE[name])) == grants(role_file(name))
     assert not of_kind(docs, "ClusterRole") and not of_kind(docs, "ClusterRoleBinding")
+
+
+def test_a_403_names_the_role_that_grants_the_verb() -> None:
+    """The runtime's table for its 403 message agrees with the Roles, both ways."""
+    table = getattr(k8s_api, "ROLE_GRANTS", None)
+    if table is None:
+        pytest.skip("the runtime's 403 table (k8s_api.ROLE_GRANTS) is not in this checkout")
+    place = {layer: (ROLE[layer], str(FOLDER[layer].relative_to(ROOT))) for layer in LAYERS}
+    for layer, needed in _needed().items():
+        for group, resource, verb in needed:
+            name = f"{resource}.{group}" if group else resource
+            assert table.get((verb, name)) == place[layer], (verb, name)
+    for (verb, name), (role, _) in table.items():
+        (layer,) = [layer for layer in LAYERS if ROLE[layer] == role]
+        plural, _, group = name.partition(".")
+        assert (group, plural, verb) in grants(role_file(layer)), (
+            f"a 403 on '{verb}' {name} would send the user to Role {role}, which does not grant it"
+        )
 
 
 # -- the reader itself ---------------------------------------------------------------------
