@@ -7,7 +7,14 @@ fit; responses are built from the official client's models. Rollouts finish afte
 number of reads, pods turn ready after a given number of lists, and any request can be made
 to answer 403/404/409/500. Strategic-merge patches are merged the way the API server merges
 the fields the runtime touches (containers, env, ports, volumes by their keys); other lists
-are replaced. It is not a Kubernetes: no controllers beyond these, no watches, no auth.
+are replaced. Services, their Endpoints (computed from the selector over the fake's pods),
+HTTPRoutes (validated with the Gateway API's published schema) and single pods are in
+tests/fakes/k8s_network.py. Pods get `pod_ip` (one address, or a function of the pod: tests
+give pods distinct loopback addresses, 127.0.0.N, to tell servers on one port apart).
+
+It is a fake, not a Kubernetes: no scheduler, kubelet, kube-proxy or Gateway data plane
+(tests/fakes/traffic_splitter.py stands in for those), no controllers beyond the ones
+named here, no watches, no admission (CEL rules, defaults), no auth beyond `forbid`.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import json
 import re
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
@@ -26,6 +34,13 @@ from urllib.parse import parse_qs, urlparse
 import kubernetes_validate
 from kubernetes import client
 
+from tests.fakes.k8s_network import (
+    NETWORK_API_VERSIONS,
+    NETWORK_GROUPS,
+    NETWORK_KINDS,
+    NETWORK_ROUTES,
+    NetworkObjects,
+)
 from tests.http_helpers import ServedInThread, send_json
 
 SCHEMA_VERSION = kubernetes_validate.latest_version()
@@ -36,11 +51,15 @@ _ROUTES = [
         re.compile(r"^/apis/coordination.k8s.io/v1/namespaces/([^/]+)/leases(?:/([^/]+))?$"),
         "leases",
     ),
+    *NETWORK_ROUTES,
 ]
-_GROUPS = {"deployments": "apps", "pods": "", "leases": "coordination.k8s.io"}
-_MODELS = {"deployments": "V1Deployment", "pods": "V1Pod", "leases": "V1Lease"}
+_GROUPS = {"deployments": "apps", "pods": "", "leases": "coordination.k8s.io", **NETWORK_GROUPS}
+_MODELS = {"deployments": "V1Deployment", "pods": "V1Pod", "leases": "V1Lease", **NETWORK_KINDS}
 _LISTS = {"deployments": "V1DeploymentList", "pods": "V1PodList", "leases": "V1LeaseList"}
-_API_VERSIONS = {"deployments": "apps/v1", "pods": "v1", "leases": "coordination.k8s.io/v1"}
+_API_VERSIONS = {
+    "deployments": "apps/v1", "pods": "v1", "leases": "coordination.k8s.io/v1",
+    **NETWORK_API_VERSIONS,
+}  # fmt: skip
 _VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 _MERGE_KEYS = {
     "containers": "name",
@@ -106,18 +125,18 @@ class _Deployment:
     deleting_reads: int | None = None
 
 
-class FakeKubernetesApi(ServedInThread):
+class FakeKubernetesApi(NetworkObjects, ServedInThread):
     """The fake's store and behaviour; `host` is what `Configuration(host=...)` takes."""
 
     def __init__(
         self,
         *,
-        pod_ip: str = "127.0.0.1",
+        pod_ip: str | Callable[[dict[str, Any]], str] = "127.0.0.1",
         rollout_reads: int = 2,
         ready_lists: int = 1,
         delete_reads: int = 1,
     ) -> None:
-        self.pod_ip = pod_ip
+        self.pod_ip = pod_ip  # one address for every pod, or a function of the pod
         self.rollout_reads = rollout_reads  # reads of a changed Deployment before it settles
         self.ready_lists = ready_lists  # pod lists before a new pod is ready
         self.delete_reads = delete_reads  # reads a foreground deletion takes
@@ -131,7 +150,8 @@ class FakeKubernetesApi(ServedInThread):
         self._version = 0
         self._lock = threading.Lock()
         self._api = client.ApiClient()
-        super().__init__(self._handler())
+        self._init_network()
+        ServedInThread.__init__(self, self._handler())
 
     # -- lifecycle and test controls -------------------------------------------------------
 
@@ -260,10 +280,13 @@ class FakeKubernetesApi(ServedInThread):
                 state=state, last_state=last))  # fmt: skip
         ready = "False" if crash is not None else "True"
         status = client.V1PodStatus(
-            phase="Running", pod_ip=self.pod_ip, container_statuses=statuses,
+            phase="Running", pod_ip=self._pod_ip_of(pod), container_statuses=statuses,
             conditions=[client.V1PodCondition(type="Ready", status=ready)],
         )  # fmt: skip
         pod["status"] = self._api.sanitize_for_serialization(status)
+
+    def _pod_ip_of(self, pod: dict[str, Any]) -> str:
+        return self.pod_ip if isinstance(self.pod_ip, str) else self.pod_ip(pod)
 
     def _settle(self, entry: _Deployment) -> None:
         """A rollout's end: new pods for a changed template, the status caught up."""
@@ -407,7 +430,7 @@ class FakeKubernetesApi(ServedInThread):
 
     def _pods(self, verb, namespace, name, ctype, body, query):
         if verb != "list":
-            return self._status(405, "MethodNotAllowed", f"this fake only lists pods, not {verb}")
+            return self._pod_item(verb, namespace, name, ctype, body)
         wanted = dict(part.split("=", 1) for part in
                       (query.get("labelSelector", [""])[0]).split(",") if part)  # fmt: skip
         items = []
