@@ -31,8 +31,9 @@ from starlette.routing import Route
 from kvpilot.agent.app.json_render import JsonResponse, error_response
 from kvpilot.agent.app.request_body import BodyLimits, RequestRejected, read_json
 from kvpilot.agent.config import AgentConfig, LocalRuntimeConfig
+from kvpilot.agent.runtimes.k8s_values import RecommendsFlags
 from kvpilot.agent.tick.sidecar import Sidecar
-from kvpilot.collectors.secrets import mask_argv, mask_url
+from kvpilot.collectors.secrets import mask_argv, mask_text, mask_url
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,24 @@ def _configured_argv(config: AgentConfig) -> dict[str, tuple[str, ...]]:
     if not isinstance(config.runtime, LocalRuntimeConfig):
         return {}
     return {i.name: tuple(i.argv) for i in config.runtime.instances}
+
+
+def _recommendations(runtime: object) -> list[dict[str, Any]]:
+    """The latest promotions written down instead of applied (recommend-only), newest first."""
+    if not isinstance(runtime, RecommendsFlags):
+        return []
+    return [
+        {
+            "deployment": r.deployment,
+            "namespace": r.namespace,
+            "path": None if r.path is None else str(r.path),
+            "reason": mask_text(r.reason),
+            "kubectl": mask_text(r.kubectl),
+            "event": None if r.event is None else mask_text(r.event),
+            "wall_s": r.wall_s,
+        }
+        for r in reversed(runtime.recommendations())
+    ]
 
 
 def _problems(exc: ValidationError) -> list[str]:
@@ -184,6 +203,7 @@ def api_routes(
             "remediation": _plain(sidecar.remediator.status()),
             "last_actions": _plain(sidecar.store.remediations(limit=10)),
             "outbox_backlog": sidecar.store.outbox.backlog(),
+            "recommendations": _recommendations(runtime),
         }
         return JsonResponse(body)
 

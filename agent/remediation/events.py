@@ -7,10 +7,12 @@ until the agent takes them, and remembers the open ones so that they can be reso
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import shlex
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from kvpilot.agent.model import AlertEvent, Labels, fingerprint, labels_of
+from kvpilot.collectors.secrets import mask_argv
 
 CIRCUIT_OPEN_ALERT = "KvpilotRemediationCircuitOpen"
 TUNING_RECOMMENDED_ALERT = "KvpilotTuningRecommended"
@@ -48,9 +50,17 @@ def circuit_open_event(
 
 
 def tuning_recommended_event(
-    instance: str, rule: str, reason: str, source: Labels, *, incident_id: str, wall_s: float
+    instance: str,
+    rule: str,
+    reason: str,
+    source: Labels,
+    *,
+    incident_id: str,
+    wall_s: float,
+    flags: Sequence[str] | None = None,
 ) -> AlertEvent:
-    """Advice: the alert calls for different flags, not a restart with the same ones."""
+    """Advice: the alert calls for different flags, not a restart with the same ones; with
+    `flags`, the tuner's validated configuration to restart with (secrets masked)."""
     labels = labels_of(
         {
             "alertname": TUNING_RECOMMENDED_ALERT,
@@ -60,6 +70,10 @@ def tuning_recommended_event(
         }
     )
     summary = f"{rule} on {instance}: run the tuner"
+    notes = {"source_alert": dict(source).get("alertname", rule)}
+    if flags is not None:
+        summary = f"{rule} on {instance}: restart it with the tuner's validated flags"
+        notes["recommended_flags"] = shlex.join(mask_argv(flags))
     return AlertEvent(
         fingerprint=fingerprint(labels),
         incident_id=incident_id,
@@ -69,7 +83,7 @@ def tuning_recommended_event(
             {
                 "summary": summary,
                 "description": f"{summary}. {reason}",
-                "source_alert": dict(source).get("alertname", rule),
+                **notes,
             }
         ),
         starts_at_wall_s=wall_s,

@@ -24,12 +24,16 @@ from kvpilot.agent.remediation.prefix_cache import LightStep
 from kvpilot.agent.remediation.progress import InProgress, Run
 from kvpilot.agent.remediation.trigger import Outcome
 from kvpilot.agent.remediation.watch import ConditionWatch, WatchWindows
+from kvpilot.agent.runtimes.base import FlagsNotApplied
 
 log = logging.getLogger(__name__)
 
 
 class RestartTarget(Protocol):
     """What the remediator needs of a runtime."""
+
+    @property
+    def can_change_flags(self) -> bool: ...
 
     def instances(self) -> tuple[Instance, ...]: ...
 
@@ -148,6 +152,10 @@ class Executor:
                 drain_timeout_s=self._drain_timeout_s,
                 ready_timeout_s=self._config.verify_timeout_s,
                 argv=plan.argv,
+            )
+        except FlagsNotApplied as exc:  # recommend-only: written down for a person to apply
+            return self._progress.end(
+                run, Decision.SKIPPED, str(exc), audited_as=Decision.RECOMMENDED
             )
         except Exception as exc:  # any runtime failure is this remediation's failure
             log.warning("restart of %s failed: %s", trigger.instance, exc)

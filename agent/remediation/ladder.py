@@ -4,7 +4,8 @@
 * `restart`: the light step where vLLM offers one and the user enabled it (resetting the
   prefix cache), then a restart with the same flags.
 * `ladder` (the preemption spike's default): a restart with the tuner's validated better
-  flags when it holds some (a promotion); a restart with the same flags only for the
+  flags when it holds some (a promotion; where the runtime cannot change flags, a
+  recommendation naming them instead); a restart with the same flags only for the
   capacity-leak signature; otherwise a recommendation to run the tuner, and no restart.
 
 The ladder decides on the alert's typed facts (`AlertFacts`), read once from the
@@ -19,8 +20,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvpilot.agent.remediation.facts import Action, AlertFacts
+from kvpilot.collectors.secrets import mask_argv
+from kvpilot.collectors.vllm_argv import canonical_flags
 
-Step = Literal["reset_prefix_cache", "restart", "promote", "recommend_tuning"]
+Step = Literal["reset_prefix_cache", "restart", "promote", "recommend_tuning", "recommend_config"]
+# Steps that only advise: nothing is restarted.
+ADVICE_STEPS: frozenset[tuple[Step, ...]] = frozenset(
+    {("recommend_tuning",), ("recommend_config",)}
+)
 # Rules whose pressure a prefix-cache reset can relieve: it frees cached blocks now, and
 # gives the block pool back its order.
 LIGHT_STEP_RULES = frozenset({"fragmentation_kv_blocks", "kv_saturation", "preemption_spike"})
@@ -40,7 +47,7 @@ class Plan:
     action: str
     steps: tuple[Step, ...]
     reason: str
-    argv: tuple[str, ...] | None = None  # the promoted flags, for `promote`
+    argv: tuple[str, ...] | None = None  # the flags to promote, or to recommend
 
     @property
     def restarts(self) -> bool:
@@ -59,19 +66,30 @@ def plan_for(
     *,
     light_step_enabled: bool,
     better_config: BetterConfig = no_better_config,
+    can_change_flags: bool = True,
+    current_argv: Sequence[str] | None = None,
 ) -> Plan:
-    """The ladder for one firing alert of `rule` on `instance`."""
+    """The ladder for one firing alert of `rule` on `instance` (whose flags now are
+    `current_argv`, where known: the plan's reason names what a promotion changes)."""
     action = facts.action
     if action == Action.ALERT:
         return Plan(rule, action, (), f"{rule}: action is alert (notify only)")
     if action == Action.LADDER:
         argv = better_config(instance)
         if argv is not None:
+            change = describe_change(current_argv, argv)
+            if not can_change_flags:
+                return Plan(
+                    rule, action, ("recommend_config",),
+                    f"the tuner holds a validated better configuration ({change}); this "
+                    "runtime cannot change the server's flags: restart it with them",
+                    tuple(argv),
+                )  # fmt: skip
             return Plan(
                 rule,
                 action,
                 ("promote",),
-                "the tuner holds a validated better configuration: promote it",
+                f"the tuner holds a validated better configuration ({change}): promote it",
                 tuple(argv),
             )
         if facts.capacity_leak:
@@ -107,6 +125,22 @@ def plan_for(
 def manual_plan(reason: str) -> Plan:
     """An operator's restart: no light step, the same flags."""
     return Plan("manual", "restart", ("restart",), reason)
+
+
+def describe_change(current: Sequence[str] | None, new: Sequence[str]) -> str:
+    """The flags `new` sets differently from `current`, e.g. "--max-num-seqs 32 (was 64)",
+    secrets masked; all of `new` when `current` is unknown."""
+    if current is None:
+        return "flags: " + " ".join(mask_argv(new))
+    before = {name: value for name, value in canonical_flags(mask_argv(current))}
+    after = {name: value for name, value in canonical_flags(mask_argv(new))}
+    parts = [
+        f"{name} {value}".rstrip() + (f" (was {before[name] or 'set'})" if name in before else "")
+        for name, value in after.items()
+        if name and before.get(name) != value
+    ]
+    parts += [f"{name} removed" for name in before if name and name not in after]
+    return ", ".join(parts) or "the same flags"
 
 
 def _light(rule: str, enabled: bool) -> tuple[Step, ...]:

@@ -249,6 +249,7 @@ class Remediator:
         verdict = triage(
             trigger, plan, find_instance(self._runtime, trigger.instance),
             light_step_enabled=self._light_enabled, better_config=self._better_config,
+            can_change_flags=self._runtime.can_change_flags,
             incident_restarted=self._incident_restarted, veto=self._vetoes.against,
         )  # fmt: skip
         match verdict:
@@ -269,10 +270,12 @@ class Remediator:
 
     def _recommend(self, trigger: Trigger, plan: Plan) -> Outcome:
         wall_s = self._wall_clock()
-        self._audit.about(trigger, None, "recommend_tuning", Decision.RECOMMENDED, plan.reason)
+        step = plan.steps[0]
+        self._audit.about(trigger, None, step, Decision.RECOMMENDED, plan.reason)
         event = tuning_recommended_event(
             trigger.instance, trigger.rule, plan.reason, trigger.labels,
             incident_id=trigger.incident_id or self._new_id(), wall_s=wall_s,
+            flags=plan.argv if step == "recommend_config" else None,
         )  # fmt: skip
         self._notices.advise(event, trigger.fingerprint)
         return Outcome(

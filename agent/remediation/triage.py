@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kvpilot.agent.model import Instance
 from kvpilot.agent.remediation.decision import Decision
-from kvpilot.agent.remediation.ladder import BetterConfig, Plan, plan_for
+from kvpilot.agent.remediation.ladder import ADVICE_STEPS, BetterConfig, Plan, plan_for
 from kvpilot.agent.remediation.trigger import Trigger
 
 
@@ -35,7 +35,8 @@ class AlertOnly:
 
 @dataclass(frozen=True, slots=True)
 class Advice:
-    """A restart would not help: a tuning run is recommended instead."""
+    """A restart would not help, or cannot apply the flags that would: a tuning run, or the
+    tuner's validated configuration, is recommended instead."""
 
     plan: Plan
 
@@ -55,6 +56,7 @@ def triage(
     *,
     light_step_enabled: bool,
     better_config: BetterConfig,
+    can_change_flags: bool = True,
     incident_restarted: Callable[[str], bool],
     veto: Callable[[Trigger], str | None],
 ) -> Declined | AlertOnly | Advice | Proceed:
@@ -70,10 +72,12 @@ def triage(
             trigger.instance,
             light_step_enabled=light_step_enabled,
             better_config=better_config,
+            can_change_flags=can_change_flags,
+            current_argv=instance.argv,
         )
     if not plan.steps:
         return AlertOnly(plan)
-    if plan.steps == ("recommend_tuning",):
+    if plan.steps in ADVICE_STEPS:
         return Advice(plan)
     if trigger.incident_id is not None and incident_restarted(trigger.incident_id):
         reason = f"skipped: incident {trigger.incident_id} was already restarted once"

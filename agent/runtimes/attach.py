@@ -37,6 +37,7 @@ class AttachedServer:
 
 class AttachRuntime:
     kind: RuntimeKind = "attach"
+    can_change_flags = False  # it never restarts
 
     def __init__(self, servers: Sequence[AttachedServer]) -> None:
         self._servers = {server.name: server for server in servers}

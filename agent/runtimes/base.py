@@ -22,6 +22,11 @@ class RuntimeUnsupported(RuntimeFailure):
     """This runtime cannot perform the operation (e.g. `start` on an attached server)."""
 
 
+class FlagsNotApplied(RuntimeUnsupported):
+    """New flags were written down for a person to apply (recommend-only), not applied: a
+    recommendation, not a failed restart."""
+
+
 class UnknownInstance(RuntimeFailure):
     """No instance of that name is configured in this runtime."""
 
@@ -76,6 +81,13 @@ class Runtime(Protocol):
     """Where vLLM servers live. Instances are addressed by their configured name."""
 
     kind: RuntimeKind
+
+    @property
+    def can_change_flags(self) -> bool:
+        """Whether `restart(..., argv=...)` runs the server with new flags: the remediation
+        ladder promotes the tuner's validated configuration only where it can, and elsewhere
+        recommends it (the process runtime signals a server it did not start)."""
+        ...
 
     def instances(self) -> tuple[Instance, ...]:
         """Every configured instance with its current PIDs (empty while not running)."""

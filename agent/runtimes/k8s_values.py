@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
 
 from kvpilot.agent.model import Instance
 from kvpilot.agent.runtimes import k8s_objects as objects
-from kvpilot.agent.runtimes.base import RuntimeUnsupported
+from kvpilot.agent.runtimes.base import FlagsNotApplied
 
 PromoteMode = Literal["apply", "recommend", "auto"]
 RestartMode = Literal["signal", "rollout"]
@@ -51,6 +51,17 @@ class Recommendation:
     path: Path | None
     reason: str
     kubectl: str
+    wall_s: float = 0.0  # when it was written
+    event: str | None = None  # the Event that announces it, or why there is none
+
+
+@runtime_checkable
+class RecommendsFlags(Protocol):
+    """A runtime that may write a promotion down instead of applying it."""
+
+    def recommendations(self) -> tuple[Recommendation, ...]:
+        """The latest, oldest first."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +73,7 @@ class Promotion:
     recommendation: Recommendation | None
 
 
-class PromotionNotApplied(RuntimeUnsupported):
+class PromotionNotApplied(FlagsNotApplied):
     """Recommend-only mode: the patch was written, not applied; `recommendation` says where."""
 
     def __init__(self, recommendation: Recommendation) -> None:

@@ -4,7 +4,8 @@ The stable instance is a Deployment whose pod also runs this sidecar; the canary
 `<name>-kvpilot-canary`, built from the stable pod template with the candidate's args.
 Promotion patches the stable container's args (a rolling update), unless the Deployment
 belongs to GitOps or the target says so: then the patch is written to the state directory
-for a person or a pull request to apply (recommend-only), its secrets masked. A plain
+for a person or a pull request to apply (recommend-only), its secrets masked, and announced
+as an Event on the Deployment (`k8s_recommend`). A plain
 restart of the stable instance signals vLLM through the shared PID namespace (the `process`
 runtime) or, where configured, patches `restartedAt` as `kubectl rollout restart` does.
 The client is synchronous; every call runs in a worker thread.
@@ -13,14 +14,15 @@ The client is synchronous; every call runs in a worker thread.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from kvpilot.agent.model import Instance
 from kvpilot.agent.runtimes import k8s_objects as objects
+from kvpilot.agent.runtimes import k8s_recommend as recommend
 from kvpilot.agent.runtimes.base import (
     InstanceStatus,
     NotReady,
@@ -40,12 +42,13 @@ from kvpilot.agent.runtimes.k8s_values import (
     Recommendation,
 )
 from kvpilot.agent.runtimes.probe import wait_ready
-from kvpilot.collectors.secrets import MASK, mask, mask_argv
+from kvpilot.collectors.secrets import mask_argv
 
 DEPLOYMENTS = "deployments.apps"
 PODS = "pods"
 POLL_S = 1.0
 CONFLICT_RETRIES = 3
+RECOMMENDATIONS_KEPT = 5
 POD_GONE_MARGIN_S = 30.0  # beyond the drain deadline: the kubelet's SIGKILL and clean-up
 Probe = Callable[..., Awaitable[Any]]
 
@@ -54,6 +57,8 @@ class KubernetesRuntime:
     """The stable Deployment and its canary, through the official client."""
 
     kind = "kubernetes"
+    # Through the Deployment; recommend-only writes the patch and says so (PromotionNotApplied).
+    can_change_flags = True
 
     def __init__(
         self,
@@ -79,6 +84,7 @@ class KubernetesRuntime:
         self._clock = clock
         self._poll_s = poll_s
         self._canary_argv: tuple[str, ...] | None = None
+        self._recommendations: deque[Recommendation] = deque(maxlen=RECOMMENDATIONS_KEPT)
         self.lease = DeploymentLease(
             api_client,
             namespace=target.namespace,
@@ -315,22 +321,16 @@ class KubernetesRuntime:
         return True, "apply" if owner is None else f"apply is configured despite {owner}"
 
     def _recommend(self, stable: dict[str, Any], patch: dict[str, Any], why: str) -> Recommendation:
-        meta = stable["metadata"]
-        masked = mask(patch)  # the file may end in a repository; the applied patch keeps them
-        if masked != patch:
-            why += f"; secret values are masked as {MASK} in the patch: put them back first"
-        text = json.dumps(masked, indent=2, sort_keys=True)
-        path = None
-        if self.target.state_dir is not None:
-            folder = self.target.state_dir / "k8s-recommendations"
-            folder.mkdir(parents=True, exist_ok=True)
-            stamp = objects_stamp(self._wall_clock())
-            path = folder / f"{meta['name']}-{stamp}.json"
-            path.write_text(text + "\n")
-        where = str(path) if path else "PATCH.json"
-        kubectl = (f"kubectl -n {self.target.namespace} patch deployment {meta['name']} "
-                   f"--type strategic --patch-file {where}")  # fmt: skip
-        return Recommendation(meta["name"], self.target.namespace, text, path, why, kubectl)
+        done = recommend.recommend(
+            self._core, self.target, stable, patch, why,
+            wall_s=self._wall_clock(), identity=self.lease.identity,
+        )  # fmt: skip
+        self._recommendations.append(done)
+        return done
+
+    def recommendations(self) -> tuple[Recommendation, ...]:
+        """The latest recommend-only promotions, oldest first (the status API shows them)."""
+        return tuple(self._recommendations)
 
     async def promote(self, argv: Sequence[str], *, ready_timeout_s: float) -> Promotion:
         """Set the stable container's args and wait for the rollout, or only write the patch."""
@@ -341,7 +341,7 @@ class KubernetesRuntime:
             apply, why = self.promote_mode(stable)
             if not apply:
                 patch = objects.args_patch(self.target.container, command, None)
-                return Promotion(False, None, self._recommend(stable, patch, why))
+                return Promotion(False, None, await self._io(self._recommend, stable, patch, why))
             version = stable["metadata"].get("resourceVersion")
             patch = objects.args_patch(self.target.container, command, version)
             try:
@@ -444,7 +444,3 @@ class KubernetesRuntime:
 
 def objects_iso(wall_s: float) -> str:
     return datetime.fromtimestamp(wall_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def objects_stamp(wall_s: float) -> str:
-    return datetime.fromtimestamp(wall_s, UTC).strftime("%Y%m%dT%H%M%S%fZ")

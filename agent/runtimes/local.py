@@ -78,6 +78,7 @@ class LocalRuntime:
     """Starts, stops and restarts vLLM servers as child process groups of the agent."""
 
     kind: RuntimeKind = "local"
+    can_change_flags = True
 
     def __init__(
         self,

@@ -109,6 +109,7 @@ class ProcessRuntime:
     """Reports, stops and restarts vLLM servers that another supervisor owns."""
 
     kind: RuntimeKind = "process"
+    can_change_flags = False  # it signals a server it did not start
 
     def __init__(
         self,

@@ -1,4 +1,5 @@
-"""A fake of the Kubernetes API for tests: the few endpoints the Kubernetes runtime calls.
+"""A fake of the Kubernetes API for tests: the few endpoints the Kubernetes runtime calls
+(Deployments, Pods, Leases, core/v1 Events).
 
 A real HTTP server on a loopback port (in a thread) that the official client talks to.
 Objects live in memory; every created, replaced or patched object is validated against the
@@ -52,6 +53,7 @@ _ROUTES = [
         "leases",
     ),
     *NETWORK_ROUTES,
+    (re.compile(r"^/api/v1/namespaces/([^/]+)/events(?:/([^/]+))?$"), "events"),
 ]
 _GROUPS = {"deployments": "apps", "pods": "", "leases": "coordination.k8s.io", **NETWORK_GROUPS}
 _MODELS = {"deployments": "V1Deployment", "pods": "V1Pod", "leases": "V1Lease", **NETWORK_KINDS}
@@ -60,6 +62,9 @@ _API_VERSIONS = {
     "deployments": "apps/v1", "pods": "v1", "leases": "coordination.k8s.io/v1",
     **NETWORK_API_VERSIONS,
 }  # fmt: skip
+# core/v1 Events (the client's model is CoreV1Event, its kind Event).
+_GROUPS["events"], _API_VERSIONS["events"] = "", "v1"
+_MODELS["events"], _LISTS["events"], _KINDS = "CoreV1Event", "CoreV1EventList", {"events": "Event"}
 _VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 _MERGE_KEYS = {
     "containers": "name",
@@ -142,6 +147,7 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
         self.delete_reads = delete_reads  # reads a foreground deletion takes
         self.deployments: dict[tuple[str, str], _Deployment] = {}
         self.leases: dict[tuple[str, str], dict[str, Any]] = {}
+        self.events: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name)
         self.requests: list[Request] = []
         self.faults: list[Fault] = []
         self.forbidden: set[tuple[str, str]] = set()  # (verb, resource)
@@ -342,7 +348,7 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
             if isinstance(body, dict) and method in ("POST", "PUT"):
                 # The API server takes the type from the URL when the body leaves it out.
                 body.setdefault("apiVersion", _API_VERSIONS[resource])
-                body.setdefault("kind", _MODELS[resource][2:])
+                body.setdefault("kind", _KINDS.get(resource) or _MODELS[resource][2:])
             query = parse_qs(url.query)
             handler = getattr(self, f"_{resource}")
             return handler(verb, namespace, name, ctype, body, query)
@@ -477,6 +483,35 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
             return 200, self._model_json(obj, "V1Lease")
         return self._status(405, "MethodNotAllowed", verb)
 
+    def _events(self, verb, namespace, name, ctype, body, query):
+        """core/v1 Events: create (validated as the API server does), get, and list with a
+        fieldSelector on `involvedObject.*` and `reason`."""
+        if verb == "create":
+            problem = self.validate(body) or _event_problem(namespace, body)
+            if problem:
+                return self._status(422, "Invalid", problem)
+            key = (namespace, body["metadata"]["name"])
+            if key in self.events:
+                return self._status(409, "AlreadyExists", f'events "{key[1]}" already exists')
+            obj = copy.deepcopy(body)
+            obj["metadata"].update(namespace=namespace, uid=str(uuid.uuid4()),
+                                   resourceVersion=self._next_version(),
+                                   creationTimestamp=_now())  # fmt: skip
+            self.events[key] = obj
+            return 201, self._model_json(obj, "CoreV1Event")
+        if verb == "list":
+            wanted = dict(part.split("=", 1) for part in
+                          query.get("fieldSelector", [""])[0].split(",") if part)  # fmt: skip
+            items = [e for (ns, _), e in self.events.items()
+                     if ns == namespace and _event_fields_match(e, wanted)]  # fmt: skip
+            return 200, self._model_json({"items": items, "metadata": {}}, "CoreV1EventList")
+        found = self.events.get((namespace, name))
+        if verb == "get" and found is not None:
+            return 200, self._model_json(found, "CoreV1Event")
+        if verb == "get":
+            return self._status(404, "NotFound", f'events "{name}" not found')
+        return self._status(405, "MethodNotAllowed", "this fake creates, gets and lists events")
+
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self
 
@@ -497,3 +532,26 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
                 """Quiet: the test reads `fake.requests` instead."""
 
         return Handler
+
+
+def _event_problem(namespace: str, event: dict[str, Any]) -> str | None:
+    """What the API server's own Event validation refuses beyond the schema."""
+    involved = event.get("involvedObject") or {}
+    if involved.get("namespace", namespace) != namespace:
+        return "Event is invalid: involvedObject.namespace: does not match event.namespace"
+    if not event.get("reason") or event.get("type") not in ("Normal", "Warning"):
+        return "Event is invalid: reason is required and type is Normal or Warning"
+    if not (event.get("source") or {}).get("component") and not event.get("reportingComponent"):
+        return "Event is invalid: source.component or reportingComponent is required"
+    return None
+
+
+def _event_fields_match(event: dict[str, Any], wanted: dict[str, str]) -> bool:
+    """A fieldSelector of `involvedObject.kind=...,reason=...` pairs, as `kubectl get events`."""
+    for path, value in wanted.items():
+        node: Any = event
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if str(node) != value:
+            return False
+    return True

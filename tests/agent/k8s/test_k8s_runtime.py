@@ -127,7 +127,10 @@ def test_recommend_only_writes_the_patch_and_never_patches(
     with pytest.raises(PromotionNotApplied, match="recommend-only") as caught:
         asyncio.run(runtime.restart("vllm", drain_timeout_s=5, ready_timeout_s=10, argv=argv))
 
-    assert fake.writes() == []
+    # Nothing changed on the Deployment: the one write is the Event that announces the patch.
+    assert [(r.method, r.path) for r in fake.writes()] == [
+        ("POST", f"/api/v1/namespaces/{NAMESPACE}/events")
+    ]
     recommendation = caught.value.recommendation
     written = json.loads(recommendation.path.read_text())
     assert written["spec"]["template"]["spec"]["containers"] == [{"name": "vllm", "args": argv}]

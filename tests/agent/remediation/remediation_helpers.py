@@ -61,7 +61,8 @@ class RecordingRuntimeDouble:
 
     kind = "local"
 
-    def __init__(self, *instances: Instance) -> None:
+    def __init__(self, *instances: Instance, can_change_flags: bool = True) -> None:
+        self.can_change_flags = can_change_flags
         self._instances = {i.name: i for i in instances}
         self.restarts: list[tuple[str, tuple[str, ...] | None, float, float]] = []
         self.failures: list[BaseException] = []  # raised by the next restarts, in order
@@ -169,9 +170,12 @@ class Harness:
         light_step: RecordingLightStep | None = None,
         better_config: BetterConfig = no_better_config,
         journal: MemoryJournal | None = None,
+        can_change_flags: bool = True,
     ) -> None:
         self.clock = FakeClock()
-        self.runtime = RecordingRuntimeDouble(*(instances or (make_instance(),)))
+        self.runtime = RecordingRuntimeDouble(
+            *(instances or (make_instance(),)), can_change_flags=can_change_flags
+        )
         self.journal = journal if journal is not None else MemoryJournal()
         self.config = config or remediation_config(preflight={"enabled": preflight is not None})
         self.tracker = AlertTracker({}, new_id=self._ids())
