@@ -177,3 +177,23 @@ def test_canary_pods_stay_out_of_the_vllm_scrape_job(layer: str) -> None:
     assert drops == [{"action": "drop", "regex": "canary", "sourceLabels": [source]}]
     canary = _canary_pod_labels(named(built(layer), "Deployment", "vllm"))
     assert re.fullmatch(drops[0]["regex"], canary[k8s_objects.ROLE_LABEL])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="k8s_objects.build_canary keeps every volume of the stable pod template, the "
+    "sidecar's state claim included, though no container of the canary mounts it",
+)
+def test_the_canary_does_not_carry_the_sidecars_state_claim() -> None:
+    """The claim is ReadWriteOnce and bound where the stable pod runs: a canary pod that
+    names it is held to that volume's node or zone, and one GPU node may have no room."""
+    deployment = named(built("tuning"), "Deployment", "vllm")
+    stable = {**deployment, "metadata": {**deployment["metadata"], "uid": "0"}}
+    canary = k8s_objects.build_canary(
+        stable,
+        container="vllm",
+        command=k8s_objects.ContainerCommand(None, ("--model=candidate",)),
+        sidecar_container="kvpilot",
+    )
+    volumes = canary["spec"]["template"]["spec"].get("volumes") or []
+    assert not [v for v in volumes if "persistentVolumeClaim" in v]
