@@ -21,8 +21,10 @@ def send_json(handler: BaseHTTPRequestHandler, status: int, body: object) -> Non
 class ServedInThread:
     """A ThreadingHTTPServer on loopback, served from a daemon thread inside `with`."""
 
-    def __init__(self, handler: type[BaseHTTPRequestHandler], port: int = 0) -> None:
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    def __init__(
+        self, handler: type[BaseHTTPRequestHandler], port: int = 0, host: str = "127.0.0.1"
+    ) -> None:
+        self._server = ThreadingHTTPServer((host, port), handler)
         self._thread = threading.Thread(
             target=self._server.serve_forever, args=(0.05,), daemon=True
         )

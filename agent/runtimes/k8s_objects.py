@@ -119,6 +119,7 @@ def build_canary(
     container: str,
     command: ContainerCommand,
     sidecar_container: str | None,
+    serve_labels: Mapping[str, str] | None = None,
 ) -> Obj:
     """The canary Deployment: the stable pod template with the candidate's command.
 
@@ -127,7 +128,18 @@ def build_canary(
     role), owned by the stable Deployment so that deleting the stable collects it. The
     owner reference leaves `blockOwnerDeletion` unset: setting it needs `update` on
     `deployments/finalizers`, which the Role does not grant.
+
+    `serve_labels` is for the service-share way of splitting traffic: the selector of the
+    Service whose traffic the canary shares. Its pods then carry those labels, so the
+    Service sends them their share as soon as they are ready. The role label stays
+    `canary` (a pod the stable Deployment's selector picked would be taken for the stable),
+    so such a Service must not select on the role.
     """
+    if serve_labels and ROLE_LABEL in serve_labels:
+        raise ValueError(
+            f"the Service selects on {ROLE_LABEL}={serve_labels[ROLE_LABEL]}: a canary cannot "
+            "share its traffic; select the pods of both roles (without the role label)"
+        )
     meta = stable["metadata"]
     spec = stable["spec"]
     template = copy.deepcopy(spec["template"])
@@ -144,7 +156,10 @@ def build_canary(
             c for c in pod_spec["containers"] if c.get("name") != sidecar_container
         ]
     template_meta = template.setdefault("metadata", {})
-    template_meta["labels"] = _canary_labels(template_meta.get("labels"))
+    template_meta["labels"] = {
+        **_canary_labels(template_meta.get("labels")),
+        **(serve_labels or {}),
+    }
     annotations = dict(template_meta.get("annotations") or {})
     annotations.pop(RESTARTED_AT_ANNOTATION, None)
     if annotations:

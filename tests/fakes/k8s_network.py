@@ -8,7 +8,8 @@ with a podIP and no deletionTimestamp under `addresses`, the others with an IP u
 `notReadyAddresses`, named target ports resolved per pod. HTTPRoutes
 (gateway.networking.k8s.io/v1) are a CRD: JSON merge and JSON patches only (a strategic
 merge answers 415 as the API server does for custom resources), validated with the Gateway
-API's published schema (tests/fakes/gateway_schema.py), CEL rules not checked. Single pods
+API's published schema (tests/fakes/gateway_schema.py), CEL rules not checked, `status`
+kept as written (no status subresource), no controller reporting on them. Single pods
 can be read, patched (labels) and deleted: a deleted pod is gone at once (grace period 0)
 and its ReplicaSet makes a new one.
 """
@@ -233,6 +234,9 @@ class NetworkObjects:
         if merged["spec"] != self._wire_pod(pod)["spec"]:
             return self._status(422, "Invalid", f'Pod "{name}" is invalid: spec: Forbidden: '
                                 "pod updates may not change fields other than ...")  # fmt: skip
+        invalid = self.validate(merged)
+        if invalid:
+            return self._status(422, "Invalid", invalid)
         wanted = entry.obj["spec"]["selector"].get("matchLabels") or {}
         if not selects(wanted, merged["metadata"].get("labels")):
             return self._status(422, "Invalid", "this fake does not orphan pods: the patch "

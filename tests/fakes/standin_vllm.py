@@ -1,5 +1,8 @@
 """A stand-in for vLLM's HTTP API (/health, /v1/models, /v1/completions), for the probe step.
 
+A completion with `"stream": true` is answered with server-sent events, as vLLM's is.
+`host` binds another loopback address (127.0.0.N) so that pods on one port are told apart.
+
 The pods of the fake API server point at 127.0.0.1; this answers there. The real vLLM is
 covered by the runtime contract tests.
 """
@@ -15,7 +18,7 @@ from tests.http_helpers import ServedInThread, send_json
 class StandInVllm(ServedInThread):
     """Answers the readiness probe like a healthy vLLM serving one model."""
 
-    def __init__(self, model: str = "stand-in") -> None:
+    def __init__(self, model: str = "stand-in", host: str = "127.0.0.1", port: int = 0) -> None:
         self.model = model
         self.completions_total = 0
         server = self
@@ -37,10 +40,25 @@ class StandInVllm(ServedInThread):
                 body = json.loads(self.rfile.read(length) or b"{}")
                 server.completions_total += 1
                 tokens = int(body.get("max_tokens") or 1)
+                if body.get("stream"):
+                    self._stream(tokens)
+                    return
                 self._send(200, {"choices": [{"text": "x" * tokens}],
                                  "usage": {"completion_tokens": tokens}})  # fmt: skip
+
+            def _stream(self, tokens: int) -> None:
+                """Server-sent events, one token each, as vLLM streams a completion."""
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("X-Served-By", f"{host}:{server.port}")
+                self.end_headers()
+                for _ in range(tokens):
+                    event = {"model": server.model, "choices": [{"text": "x"}]}
+                    self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                    self.wfile.flush()
+                self.wfile.write(b"data: [DONE]\n\n")
 
             def log_message(self, *args: object) -> None:
                 """Quiet."""
 
-        super().__init__(Handler)
+        super().__init__(Handler, port, host)
