@@ -22,11 +22,12 @@ ROOT = Path(__file__).resolve().parents[2]
 AGENT = ROOT / "agent"
 # The client's API methods: verb, optional scope, then the kind in snake case.
 METHOD = re.compile(
-    r"^(read|list|create|patch|replace|delete|watch)_(namespaced_|cluster_)?([a-z_]+?)"
+    r"^(read|get|list|create|patch|replace|delete|watch)_(namespaced_|cluster_)?([a-z_]+?)"
     r"(_for_all_namespaces)?$"
 )
 METHOD_VERB = {
     "read": "get",
+    "get": "get",  # CustomObjectsApi
     "list": "list",
     "create": "create",
     "patch": "patch",
@@ -36,7 +37,7 @@ METHOD_VERB = {
 }
 # A client method named anywhere: namespaced, across namespaces, or a custom object's.
 CLIENT_METHOD = re.compile(
-    r"^(read|list|create|patch|replace|delete|watch)_"
+    r"^(read|get|list|create|patch|replace|delete|watch)_"
     r"(namespaced_\w+|\w+_for_all_namespaces|cluster_custom_object\w*)$"
 )
 
@@ -89,6 +90,14 @@ def _constants(path: Path) -> dict[str, ast.expr]:
             target = node.targets[0]
             if isinstance(target, ast.Name):
                 out[target.id] = node.value
+            elif (
+                isinstance(target, ast.Tuple)
+                and isinstance(node.value, ast.Tuple)
+                and len(target.elts) == len(node.value.elts)
+            ):  # A, B = "a", "b"
+                for name, value in zip(target.elts, node.value.elts, strict=True):
+                    if isinstance(name, ast.Name):
+                        out[name.id] = value
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value:
             out[node.target.id] = node.value
     return out
@@ -166,6 +175,18 @@ def resolve(path: Path, expr: ast.expr, seen: frozenset[str] = frozenset()) -> s
     where = f"{_rel(path)}:{expr.lineno}"
     if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
         return {expr.value}
+    if isinstance(expr, ast.JoinedStr):  # f"{PLURAL}.{GROUP}": every combination
+        texts = {""}
+        for part in expr.values:
+            if isinstance(part, ast.FormattedValue):
+                if part.format_spec is not None or part.conversion != -1:
+                    break
+                values = resolve(path, part.value, seen)
+            else:
+                values = resolve(path, part, seen)
+            texts = {a + b for a in texts for b in values}
+        else:
+            return texts
     if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
         module = _imports(path)[1].get(expr.value.id)
         if module is not None and expr.attr in _constants(module):
@@ -207,6 +228,25 @@ def _api_method(call: ast.Call) -> ast.Attribute | None:
     return None
 
 
+def _custom_object_check(
+    path: Path, node: ast.Call, method: ast.Attribute, declared: set[str]
+) -> list[str]:
+    """A custom object's group and plural are arguments (group, version, namespace, plural,
+    ...): they must be the declared resource's."""
+    keywords = {k.arg: k.value for k in node.keywords if k.arg}
+    at = next(i for i, arg in enumerate(node.args) if arg is method)
+    rest = node.args[at + 1 :]
+    group = keywords.get("group", rest[0] if rest else None)
+    plural = keywords.get("plural", rest[3] if len(rest) > 3 else None)
+    where = f"{_rel(path)}:{node.lineno}"
+    if group is None or plural is None:
+        return [f"{where}: {method.attr} without its group and plural"]
+    called = {f"{p}.{g}" for g in resolve(path, group) for p in resolve(path, plural)}
+    if called != declared:
+        return [f"{where}: {method.attr} acts on {sorted(called)}, declared {sorted(declared)}"]
+    return []
+
+
 def _rel(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
@@ -231,6 +271,8 @@ def collect(paths: list[Path] | None = None) -> tuple[list[ApiCall], list[str]]:
             try:
                 verbs = resolve(path, keywords["verb"])
                 resources = resolve(path, keywords["resource"])
+                if "custom_object" in method.attr:
+                    problems += _custom_object_check(path, node, method, resources)
             except Unresolvable as exc:
                 problems.append(str(exc))
                 continue

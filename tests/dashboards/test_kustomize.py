@@ -8,6 +8,7 @@ runtime builds them, the route's stable backend.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import re
 from pathlib import Path
@@ -19,7 +20,8 @@ from kustomize_builds import LAYERS, build, missing_input, named, of_kind
 from typer.testing import CliRunner
 
 from kvpilot.agent.cli.main import app
-from kvpilot.agent.runtimes import k8s_objects
+from kvpilot.agent.runtimes import k8s_objects, k8s_traffic
+from kvpilot.agent.runtimes.base import RuntimeFailure
 
 KUBERNETES_VERSION = "1.30.0"
 CORE_KINDS = {
@@ -95,35 +97,74 @@ def test_config_check_accepts_the_sidecars_settings(layer: str, tmp_path: Path) 
     assert result.exit_code == 0, result.output
 
 
-def _canary_pod_labels(deployment: dict[str, Any]) -> dict[str, str]:
-    """The labels of the canary's pods, as the runtime builds the canary from this stable."""
+def _canary(deployment: dict[str, Any], serve: dict[str, str] | None = None) -> dict[str, Any]:
+    """The canary Deployment the runtime builds from this stable one."""
     stable = {**deployment, "metadata": {**deployment["metadata"], "uid": "0"}}
-    command = k8s_objects.ContainerCommand(None, ("--model=candidate",))
-    canary = k8s_objects.build_canary(
-        stable, container="vllm", command=command, sidecar_container="kvpilot"
+    return k8s_objects.build_canary(
+        stable,
+        container="vllm",
+        command=k8s_objects.ContainerCommand(None, ("--model=candidate",)),
+        sidecar_container="kvpilot",
+        serve_labels=serve,
     )
-    return dict(canary["spec"]["template"]["metadata"]["labels"])
+
+
+def _canary_pod_labels(deployment: dict[str, Any]) -> dict[str, str]:
+    return dict(_canary(deployment)["spec"]["template"]["metadata"]["labels"])
 
 
 def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(key) == value for key, value in selector.items())
 
 
-@pytest.mark.parametrize(
-    ("layer", "selects_canary"), [("base", False), ("tuning", True), ("tuning-gateway", False)]
-)
-def test_service_selects_canary_pods_only_for_the_service_share(
-    layer: str, selects_canary: bool
-) -> None:
-    """tuning: the Service splits live traffic over stable and canary pods; the base keeps
-    canaries out, and with the Gateway API the route's weights split, so `vllm` is stable."""
+def _service_share_labels(service: dict[str, Any], canary: dict[str, Any]) -> dict[str, str]:
+    """What the runtime's Service share asks of this Service (its own checks, its answer)."""
+    share = k8s_traffic.ServiceShare(
+        None,
+        namespace="serving",
+        service=service["metadata"]["name"],
+        canary_selector=canary["spec"]["selector"]["matchLabels"],
+    )
+
+    async def read(name: str) -> dict[str, Any]:
+        return service  # the built object, where the API server would return it
+
+    share._api.service = read  # type: ignore[method-assign]
+    return asyncio.run(share.canary_labels())
+
+
+def test_tuning_service_shares_live_traffic_with_the_canary() -> None:
+    """The Service selects stable and canary pods, and a label of its own (no Deployment
+    selects on it) takes the canary's pods out again while their ReplicaSet keeps them."""
+    docs = built("tuning")
+    deployment = named(docs, "Deployment", "vllm")
+    service = named(docs, "Service", STABLE_SERVICE)
+    labels = _service_share_labels(service, _canary(deployment))
+    assert labels == service["spec"]["selector"]
+    canary = _canary(deployment, serve=labels)
+    pod = canary["spec"]["template"]["metadata"]["labels"]
+    assert _selects(labels, deployment["spec"]["template"]["metadata"]["labels"])
+    assert _selects(labels, pod) and pod[k8s_objects.ROLE_LABEL] == "canary"
+    own = {k for k in labels if k not in canary["spec"]["selector"]["matchLabels"]}
+    assert own == {"kvpilot.dev/serving"}
+    pulled_back = {k: v for k, v in pod.items() if k not in own}
+    assert not _selects(labels, pulled_back)
+    assert _selects(canary["spec"]["selector"]["matchLabels"], pulled_back)
+    assert not _selects(deployment["spec"]["selector"]["matchLabels"], pod)
+
+
+@pytest.mark.parametrize("layer", ["base", "tuning-gateway"])
+def test_other_services_keep_canaries_out(layer: str) -> None:
+    """The base selects stable pods only; with the Gateway API the route's weights split,
+    so the stable backend `vllm` is stable pods only, and a Service share is refused."""
     docs = built(layer)
     deployment = named(docs, "Deployment", "vllm")
-    selector = named(docs, "Service", STABLE_SERVICE)["spec"]["selector"]
+    service = named(docs, "Service", STABLE_SERVICE)
+    selector = service["spec"]["selector"]
     assert _selects(selector, deployment["spec"]["template"]["metadata"]["labels"])
-    canary = _canary_pod_labels(deployment)
-    assert canary[k8s_objects.ROLE_LABEL] == "canary"
-    assert _selects(selector, canary) is selects_canary
+    assert not _selects(selector, _canary_pod_labels(deployment))
+    with pytest.raises(RuntimeFailure, match=k8s_objects.ROLE_LABEL):
+        _service_share_labels(service, _canary(deployment))
 
 
 @pytest.mark.parametrize("layer", ["tuning", "tuning-gateway"])

@@ -2,9 +2,10 @@
 
 Every call site is read from the agent's source (k8s_api_calls), so a new call without a
 grant fails here, and so does a grant no call uses. Each call belongs to one layer:
-reads to the base Role `kvpilot`; the tuner's writes, its Lease and its Events to
-`kvpilot-tuning` (deploy/overlays/tuning); the Gateway API split's Services and HTTPRoutes
-to `kvpilot-tuning-gateway` (deploy/overlays/tuning-gateway).
+reads to the base Role `kvpilot`; the tuner's writes, its Lease, its Events and the Service
+share's reads to `kvpilot-tuning` (deploy/overlays/tuning); creating and deleting the
+canary's Service and the HTTPRoute's weights to `kvpilot-tuning-gateway`
+(deploy/overlays/tuning-gateway).
 """
 
 from __future__ import annotations
@@ -29,21 +30,28 @@ from kustomize_builds import (
     role_file,
 )
 
-from kvpilot.agent.runtimes import k8s_api
+from kvpilot.agent.runtimes import k8s_api, k8s_traffic
 
 READ_VERBS = {"get", "list", "watch"}
-# Resources that only one layer's features use, whatever the verb.
+# Resources (and single verbs) that only one layer's features use. The Service share reads
+# the Service and its Endpoints and relabels canary pods (tuning); the Gateway API way also
+# creates and deletes the canary's Service and moves the HTTPRoute's weights.
 LAYER_OF_RESOURCE = {
-    ("", "services"): "tuning-gateway",  # the canary backend Service
-    ("gateway.networking.k8s.io", "httproutes"): "tuning-gateway",
-    ("coordination.k8s.io", "leases"): "tuning",  # one tuner per Deployment
-    ("", "events"): "tuning",  # recommend-only's patch, as an Event
+    ("", "services", "get"): "tuning",
+    ("", "services", None): "tuning-gateway",
+    ("", "endpoints", None): "tuning",
+    ("gateway.networking.k8s.io", "httproutes", None): "tuning-gateway",
+    ("coordination.k8s.io", "leases", None): "tuning",  # one tuner per Deployment
+    ("", "events", None): "tuning",  # recommend-only's patch, as an Event
 }
 
 
 def layer_of(group: str, resource: str, verb: str) -> str:
     """The layer whose Role must grant this: by resource, else reads base, writes tuning."""
-    return LAYER_OF_RESOURCE.get((group, resource), "base" if verb in READ_VERBS else "tuning")
+    for key in ((group, resource, verb), (group, resource, None)):
+        if key in LAYER_OF_RESOURCE:
+            return LAYER_OF_RESOURCE[key]
+    return "base" if verb in READ_VERBS else "tuning"
 
 
 def _needed() -> dict[str, dict[Grant, list[str]]]:
@@ -101,6 +109,22 @@ def test_built_layer_binds_its_roles_to_the_sidecar(layer: str) -> None:
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT}]
         assert grants(named(docs, "Role", ROLE[name])) == grants(role_file(name))
     assert not of_kind(docs, "ClusterRole") and not of_kind(docs, "ClusterRoleBinding")
+
+
+@pytest.mark.parametrize(
+    ("split", "layer"),
+    [("ServiceShare", "tuning"), ("GatewayWeights", "tuning-gateway")],
+)
+def test_each_way_of_splitting_traffic_runs_on_its_overlay(split: str, layer: str) -> None:
+    """What each split declares it calls is granted by its overlay and those below it."""
+    declared = getattr(k8s_traffic, split).API_CALLS
+    below = LAYERS[: LAYERS.index(layer) + 1]
+    granted = set().union(*(grants(role_file(name)) for name in below))
+    for verb, name in sorted(declared):
+        plural, _, group = name.partition(".")
+        assert (group, plural, verb) in granted, f"{split}: '{verb}' {name} not in {below}"
+    calls, _ = k8s_api_calls.collect([k8s_api_calls.AGENT / "runtimes" / "k8s_traffic.py"])
+    assert declared <= {(c.verb, c.resource) for c in calls}
 
 
 def test_a_403_names_the_role_that_grants_the_verb() -> None:
@@ -172,7 +196,7 @@ def test_reader_refuses_hidden_and_dynamic_calls(tmp_path: Path) -> None:
 
         def dynamic(api, kind):
             return call(api.patch_namespaced_service, "n", "ns", {},
-                        verb=f"pa{kind}", resource="services", what="x")
+                        verb=VERBS[kind], resource="services", what="x")
         """,
     )
     calls, problems = k8s_api_calls.collect([path])
@@ -180,7 +204,7 @@ def test_reader_refuses_hidden_and_dynamic_calls(tmp_path: Path) -> None:
     assert len(problems) == 2
     hidden, dynamic = sorted(problems, key=lambda p: "cannot read" in p)
     assert "k8s_new.py:5: api.delete_namespaced_service is called outside call(" in hidden
-    assert "k8s_new.py:9: cannot read \"f'pa{kind}'\" as a string" in dynamic
+    assert "k8s_new.py:9: cannot read 'VERBS[kind]' as a string" in dynamic
 
 
 def test_reader_catches_a_declared_verb_that_is_not_the_methods(tmp_path: Path) -> None:
@@ -199,3 +223,33 @@ def test_reader_catches_a_declared_verb_that_is_not_the_methods(tmp_path: Path) 
     assert "delete_namespaced_deployment is 'delete', declared 'get'" in str(
         k8s_api_calls.mismatch(found)
     )
+
+
+def test_reader_checks_a_custom_objects_group_and_plural(tmp_path: Path) -> None:
+    path = _module(
+        tmp_path,
+        """
+        from kvpilot.agent.runtimes.k8s_api import call
+
+        GROUP, VERSION, PLURAL = "gateway.networking.k8s.io", "v1", "httproutes"
+        ROUTES = f"{PLURAL}.{GROUP}"
+
+        def read(api):
+            return call(api.get_namespaced_custom_object, GROUP, VERSION, "ns", PLURAL, "n",
+                        verb="get", resource=ROUTES, what="x")
+
+        def wrong(api):
+            return call(api.patch_namespaced_custom_object, GROUP, VERSION, "ns", "grpcroutes",
+                        "n", [], verb="patch", resource=ROUTES, what="x")
+        """,
+    )
+    calls, problems = k8s_api_calls.collect([path])
+    assert {(c.verb, c.resource) for c in calls} == {
+        ("get", "httproutes.gateway.networking.k8s.io"),
+        ("patch", "httproutes.gateway.networking.k8s.io"),
+    }
+    assert problems == [
+        f"{path}:12: patch_namespaced_custom_object acts on "
+        "['grpcroutes.gateway.networking.k8s.io'], declared "
+        "['httproutes.gateway.networking.k8s.io']"
+    ]
