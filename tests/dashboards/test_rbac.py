@@ -2,10 +2,9 @@
 
 Every call site is read from the agent's source (k8s_api_calls), so a new call without a
 grant fails here, and so does a grant no call uses. Each call belongs to one layer:
-reads to the base Role `kvpilot`; the tuner's writes, its Lease, its Events and the Service
-share's reads to `kvpilot-tuning` (deploy/overlays/tuning); creating and deleting the
-canary's Service and the HTTPRoute's weights to `kvpilot-tuning-gateway`
-(deploy/overlays/tuning-gateway).
+reads to the base Role `kvpilot`; the tuner's writes, its Lease and its Events to
+`kvpilot-tuning` (deploy/overlays/tuning); creating and deleting the canary's Service and
+the HTTPRoute's weights to `kvpilot-tuning-gateway` (deploy/overlays/tuning-gateway).
 """
 
 from __future__ import annotations
@@ -33,13 +32,12 @@ from kustomize_builds import (
 from kvpilot.agent.runtimes import k8s_api, k8s_traffic
 
 READ_VERBS = {"get", "list", "watch"}
-# Resources (and single verbs) that only one layer's features use. The Service share reads
-# the Service and its Endpoints and relabels canary pods (tuning); the Gateway API way also
-# creates and deletes the canary's Service and moves the HTTPRoute's weights.
+# Resources (and single verbs) that only one layer's features use; otherwise reads are the
+# base's and writes the tuning overlay's. The Gateway API way creates and deletes the
+# canary's Service and reads and moves the HTTPRoute's weights (a CRD the base may not have).
 LAYER_OF_RESOURCE = {
-    ("", "services", "get"): "tuning",
-    ("", "services", None): "tuning-gateway",
-    ("", "endpoints", None): "tuning",
+    ("", "services", "create"): "tuning-gateway",
+    ("", "services", "delete"): "tuning-gateway",
     ("gateway.networking.k8s.io", "httproutes", None): "tuning-gateway",
     ("coordination.k8s.io", "leases", None): "tuning",  # one tuner per Deployment
     ("", "events", None): "tuning",  # recommend-only's patch, as an Event
