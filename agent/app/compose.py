@@ -27,7 +27,7 @@ from kvpilot.agent.runtimes import LocalRuntime, Runtime, RuntimeFailure
 from kvpilot.agent.runtimes.probe import StartFailed
 from kvpilot.agent.state import StateError, StateStore, open_exclusive
 from kvpilot.agent.tick.sidecar import Sidecar
-from kvpilot.agent.tuning.best import best_config
+from kvpilot.agent.tuning.best import best_config, remember_promotion
 from kvpilot.agent.tuning.promoted import (
     PROMOTED_FACT,
     Why,
@@ -106,6 +106,7 @@ async def _run(
                 runtime, store, section, preflight=preflight, light_step=light_step,
                 runtime_drain_timeout_s=config.runtime.drain_timeout_s,
                 better_config=best_config(config, store.db, runtime),  # the ladder's promote
+                on_promoted=remember_promotion(config, store, config_sha256),
             )  # fmt: skip
             external_url = f"http://{config.listen.host}:{config.listen.port}"
             sidecar = Sidecar(

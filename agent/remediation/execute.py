@@ -47,6 +47,10 @@ class RestartTarget(Protocol):
     ) -> Instance: ...
 
 
+# Told of each promotion the runtime applied: (instance, argv, reason).
+Promoted = Callable[[str, tuple[str, ...], str], None]
+
+
 def find_instance(runtime: RestartTarget, name: str) -> Instance | None:
     return next((i for i in runtime.instances() if i.name == name), None)
 
@@ -70,6 +74,7 @@ class Executor:
         light_step: LightStep | None,
         drain_timeout_s: float,
         clock: Callable[[], float],
+        on_promoted: Promoted | None = None,
     ) -> None:
         self._config = config
         self._runtime = runtime
@@ -84,6 +89,7 @@ class Executor:
         self._light_step = light_step
         self._drain_timeout_s = drain_timeout_s
         self._clock = clock
+        self._on_promoted = on_promoted
 
     async def run(self, run: Run) -> Outcome:
         try:
@@ -160,6 +166,8 @@ class Executor:
         except Exception as exc:  # any runtime failure is this remediation's failure
             log.warning("restart of %s failed: %s", trigger.instance, exc)
             return self._failed(run, f"{RESTART_FAILED}{type(exc).__name__}: {exc}")
+        if plan.argv is not None and self._on_promoted is not None:
+            self._on_promoted(trigger.instance, plan.argv, plan.reason)  # these flags run now
         new_pid = new.main_pid
         self._progress.step(
             run, "verifying", f"new PID {new_pid}, healthy, probe answered; watching the condition",

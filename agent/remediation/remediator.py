@@ -15,6 +15,8 @@ The façade over the remediation package; each part has its module:
 The tick drives it: `observe(transitions, conditions)` settles the watches of running
 remediations, keeps the breaker's books and starts a remediation for each alert that starts
 firing. Time: the injected monotonic `clock` for guards and watches, `wall_clock` for records.
+`better_config` is the tuner's validated configuration for the ladder's promote step (none by
+default); `on_promoted` hears of each promotion the runtime applied (the agent notes it).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from kvpilot.agent.remediation.breaker_book import BreakerBook
 from kvpilot.agent.remediation.checks import Checks, Preflight
 from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.events import Notices, tuning_recommended_event
-from kvpilot.agent.remediation.execute import Executor, RestartTarget, find_instance
+from kvpilot.agent.remediation.execute import Executor, Promoted, RestartTarget, find_instance
 from kvpilot.agent.remediation.facts import AlertFacts
 from kvpilot.agent.remediation.guards import CircuitBreaker, Cooldown, RestartBudget
 from kvpilot.agent.remediation.journal import RemediationJournal, restart_began
@@ -64,6 +66,7 @@ class Remediator:
         preflight: Preflight | None = None,
         light_step: LightStep | None = None,
         better_config: BetterConfig = no_better_config,
+        on_promoted: Promoted | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         new_id: Callable[[], str] = new_incident_id,
@@ -102,6 +105,7 @@ class Remediator:
             watch=self._watch, windows=windows, light_step=light_step, clock=clock,
             # 0 in the section: the runtime's own SIGTERM drain window before it kills.
             drain_timeout_s=config.drain_timeout_s or runtime_drain_timeout_s,
+            on_promoted=on_promoted,
         )  # fmt: skip
         if light_step is not None and config.light_step_reset_prefix_cache:
             log.warning(

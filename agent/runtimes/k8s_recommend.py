@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
 from kvpilot.agent.runtimes.k8s_api import KubernetesApiError, call
 from kvpilot.agent.runtimes.k8s_values import KubernetesTarget, Recommendation
 from kvpilot.collectors.secrets import MASK, mask, mask_text
+
+log = logging.getLogger(__name__)
 
 EVENTS = "events"
 EVENT_REASON = "KvpilotRecommendation"
@@ -118,6 +121,7 @@ def announce(core: Any, body: dict[str, Any]) -> str:
         call(core.create_namespaced_event, namespace, body, verb="create", resource=EVENTS,
              what=f"Event {namespace}/{name}")  # fmt: skip
     except KubernetesApiError as exc:
+        log.warning("recommend-only: the patch is written, the Event is not: %s", exc)
         return f"no Event: {exc}"
     return f"Event {namespace}/{name} (reason {EVENT_REASON})"
 

@@ -20,13 +20,16 @@ runtime) it is built from the argv the server runs. Missing is None with a reaso
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 from kvpilot.agent.config import AgentConfig, InstanceConfig, LocalRuntimeConfig
 from kvpilot.agent.model import Instance
 from kvpilot.agent.runtimes.base import Runtime
 from kvpilot.agent.state.db import Database
+from kvpilot.agent.state.store import StateStore
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
+from kvpilot.agent.tuning.promoted import PROMOTED_FACT, tuned_instance
 from kvpilot.agent.tuning.study import Study, build_study, read_gpu
 from kvpilot.collectors.vllm_argv import canonical_flags
 from kvpilot.tuner.objective import Slo, TrialResult, better
@@ -99,7 +102,6 @@ class BestConfig:
         try:
             found = self._find(instance)
         except Exception as exc:  # the ladder goes on without a promotion, never stops here
-            log.exception("looking up the tuner's best configuration failed")
             found = f"the lookup failed: {type(exc).__name__}: {exc}"
         if isinstance(found, str):
             self.last_reason = found
@@ -131,6 +133,26 @@ class BestConfig:
 def best_config(config: AgentConfig, db: Database, runtime: Runtime) -> BestConfig:
     """The composition root's source: this configuration's study over `runtime`'s servers."""
     return BestConfig(db, runtime.instances, config_studies(config))
+
+
+def remember_promotion(
+    config: AgentConfig, store: StateStore, config_sha256: str | None
+) -> Callable[[str, tuple[str, ...], str], None]:
+    """Notes each promotion of the tuned instance as the promoted flags (the fact the next
+    start reads, `agent.tuning.promoted`), so that the ladder's promotion holds as the
+    tuner's does; without a YAML to hold it to, nothing is noted."""
+    tuned = tuned_instance(config)
+
+    def noted(name: str, argv: tuple[str, ...], reason: str) -> None:
+        if tuned is None or tuned.name != name or config_sha256 is None:
+            return
+        if tuple(argv) == tuple(tuned.argv):
+            store.delete_fact(PROMOTED_FACT)
+        else:
+            fact = {"argv": list(argv), "yaml_sha256": config_sha256, "reason": reason}
+            store.set_fact(PROMOTED_FACT, fact, time.time())
+
+    return noted
 
 
 def config_studies(config: AgentConfig) -> StudyFor:

@@ -19,10 +19,17 @@ from kvpilot.agent.config import AgentConfig, ProcessRuntimeConfig, load_config
 from kvpilot.agent.model import Instance
 from kvpilot.agent.remediation import TUNING_RECOMMENDED_ALERT, Remediator, Trigger, plan_for
 from kvpilot.agent.remediation.facts import Action, AlertFacts
-from kvpilot.agent.runtimes import LocalInstanceSpec, LocalRuntime, ProcessRuntime
+from kvpilot.agent.runtimes import (
+    LocalInstanceSpec,
+    LocalRuntime,
+    ProcessRuntime,
+    ProcessTarget,
+)
+from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
-from kvpilot.agent.tuning.best import BestConfig, config_studies
+from kvpilot.agent.tuning.best import BestConfig, best_config, config_studies, remember_promotion
+from kvpilot.agent.tuning.promoted import PROMOTED_FACT, Why, live_argv
 from kvpilot.agent.tuning.study import Study
 from kvpilot.collectors.procfs import read_proc
 from kvpilot.collectors.vllm_argv import canonical_flags, flag_value, set_flag, without_flags
@@ -244,9 +251,11 @@ def test_a_spike_promotes_through_the_real_local_runtime(tmp_path: Path) -> None
     }
     spec = LocalInstanceSpec("vllm", _configured(config), env=tuple(env.items()))
     runtime = LocalRuntime([spec], tmp_path / "logs")
+    store = StateStore(db)
     remediator = Remediator(
         runtime, MemoryJournal(), FAST,
         better_config=BestConfig(db, runtime.instances, config_studies(config)),
+        on_promoted=remember_promotion(config, store, "sha-1"),
     )  # fmt: skip
     facts = AlertFacts(Action.LADDER, capacity_leak=False)
 
@@ -263,11 +272,62 @@ def test_a_spike_promotes_through_the_real_local_runtime(tmp_path: Path) -> None
             running = read_proc(now.main_pid)
             assert running is not None and flag_value(running.argv, "--max-num-seqs") == "16"
             assert (tmp_path / "starts").read_text() == "2"
+            # Noted as the promoted flags: the next start under this YAML runs them.
+            live = live_argv(_configured(config), store.get_fact(PROMOTED_FACT), "sha-1")
+            assert live.why is Why.PROMOTED and live.argv == now.argv
         finally:
             await runtime.aclose(drain_timeout_s=5)
 
     asyncio.run(main())
     assert not [p for p in os.listdir("/proc") if p.isdigit() and _tagged(p, str(tmp_path))]
+
+
+def test_the_process_runtime_recommends_the_configuration_of_the_server_it_finds(
+    tmp_path: Path,
+) -> None:
+    """A stand-in vLLM kvpilot did not start: its study comes from the argv it runs, and the
+    spike records a recommendation naming the flags; the server is not touched."""
+    config = _config(tmp_path)
+    db = Database.open(tmp_path / "db")
+    _trial(db, _study(config), 1, seqs=16, goodput=150.0)
+    port = int(flag_value(_configured(config), "--port") or 0)
+    env = {
+        "PYTHONPATH": str(install(tmp_path / "standin")),
+        "STANDIN_STARTS": str(tmp_path / "starts"),
+        "STANDIN_TAG": str(tmp_path),
+    }
+    elsewhere = LocalRuntime(  # starts the server; the agent under test only finds it
+        [LocalInstanceSpec("vllm", _configured(config), env=tuple(env.items()))], tmp_path / "l"
+    )
+    process = ProcessRuntime([ProcessTarget("vllm", port=port)])
+    process_config = config.model_copy(
+        update={"runtime": ProcessRuntimeConfig(kind="process", name="vllm", port=port)}
+    )
+    journal = MemoryJournal()
+    remediator = Remediator(
+        process, journal, FAST, better_config=best_config(process_config, db, process)
+    )
+    facts = AlertFacts(Action.LADDER, capacity_leak=True)  # a restart, were there no tuning
+
+    async def main() -> None:
+        try:
+            started = await elsewhere.start("vllm", ready_timeout_s=30)
+            (found,) = process.instances()
+            assert found.main_pid == started.main_pid
+            trigger = Trigger("vllm", SPIKE, None, "inc-1", facts=facts)
+            outcome = await remediator.remediate(trigger)
+            assert outcome.decision == "recommended", outcome
+            assert outcome.steps == ("recommend_config",)
+            (event,) = remediator.take_events()
+            assert "--max-num-seqs 16" in dict(event.annotations)["recommended_flags"]
+            (audited,) = [a for a in journal.audit if a.action == "recommend_config"]
+            assert audited.decision == "recommended" and "--max-num-seqs 16" in audited.reason
+            assert process.instances()[0].main_pid == started.main_pid  # untouched
+            assert (tmp_path / "starts").read_text() == "1"
+        finally:
+            await elsewhere.aclose(drain_timeout_s=5)
+
+    asyncio.run(main())
 
 
 def _tagged(pid: str, tag: str) -> bool:
