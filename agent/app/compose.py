@@ -24,6 +24,7 @@ from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.remediation.prefix_cache import HttpPrefixCacheReset
 from kvpilot.agent.remediation.preflight import MemoryPreflight
 from kvpilot.agent.runtimes import LocalRuntime, Runtime, RuntimeFailure
+from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
 from kvpilot.agent.runtimes.probe import StartFailed
 from kvpilot.agent.state import StateError, StateStore, open_exclusive
 from kvpilot.agent.tick.sidecar import Sidecar
@@ -35,7 +36,11 @@ from kvpilot.agent.tuning.promoted import (
     record_running_config,
     tuned_instance,
 )
-from kvpilot.agent.tuning.schedule import ScheduledTuning, scheduled_tuning
+from kvpilot.agent.tuning.schedule import (
+    ScheduledTuning,
+    pod_scheduled_tuning,
+    scheduled_tuning,
+)
 from kvpilot.agent.tuning.study import StudyError
 from kvpilot.collectors.nvml import NvmlCollector
 
@@ -89,7 +94,7 @@ async def _run(
     timeout = httpx.Timeout(5.0, connect=2.0)
     async with httpx.AsyncClient(timeout=timeout) as client:
         with _own_state_or_exit(config) as store:
-            runtime = build_runtime(config, promoted_argv(config, store, config_sha256))
+            runtime = _runtime_or_exit(config, promoted_argv(config, store, config_sha256))
             late = _Late()
             section = config.remediation
             preflight = MemoryPreflight(
@@ -138,6 +143,8 @@ async def _run(
                     )
                 except StudyError as exc:  # collecting and alerting go on without it
                     log.error("scheduled tuning is off: %s", exc)
+            elif config.tuning.schedule is not None and isinstance(runtime, KubernetesRuntime):
+                tuning = pod_scheduled_tuning(config, runtime, remediator, store, api_key=api_key)
             starting = sidecar.tasks.spawn(
                 _start_local(config, runtime, tuning, stop, failed), "start-servers"
             )
@@ -198,6 +205,15 @@ async def _run(
                 await runtime.aclose(drain_timeout_s=config.runtime.drain_timeout_s)
 
 
+def _runtime_or_exit(config: AgentConfig, promoted: dict[str, tuple[str, ...]]) -> Runtime:
+    """The configured runtime, or one plain message (the pod runtime's namespace or API
+    server not found) and exit 1, before anything listens."""
+    try:
+        return build_runtime(config, promoted)
+    except RuntimeFailure as exc:
+        raise SystemExit(f"kvpilot: {exc}") from None
+
+
 def _own_state_or_exit(config: AgentConfig) -> StateStore:
     """The state directory for this agent alone (held until the store closes), its database
     checked; or one plain message naming the problem and the remedy, and exit 1, before
@@ -239,6 +255,8 @@ async def _start_local(
     then a tuning trial an earlier kvpilot left open is recovered. A server that exits
     before it was first ready (a wrong argv, no vLLM in its Python) stops the agent."""
     if not isinstance(config.runtime, LocalRuntimeConfig):
+        if tuning is not None:  # the pod's: resume or recover a rollout left open
+            await _tuning_start_up(tuning)
         return
 
     async def start(name: str) -> None:
@@ -255,7 +273,11 @@ async def _start_local(
 
     await asyncio.gather(*(start(i.name) for i in config.runtime.instances))
     if tuning is not None:
-        try:
-            await tuning.start_up()
-        except Exception:  # the next scheduled run recovers again first
-            log.exception("recovering the tuning trial left open failed")
+        await _tuning_start_up(tuning)
+
+
+async def _tuning_start_up(tuning: ScheduledTuning) -> None:
+    try:
+        await tuning.start_up()
+    except Exception:  # the next scheduled run recovers again first
+        log.exception("recovering the tuning trial left open failed")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 import httpx
 
@@ -13,6 +15,7 @@ from kvpilot.agent.config import (
     AttachRuntimeConfig,
     LocalRuntimeConfig,
     NotifierConfig,
+    PodRuntimeConfig,
     ProcessRuntimeConfig,
     SlackNotifierConfig,
     WebhookNotifierConfig,
@@ -32,6 +35,10 @@ from kvpilot.agent.runtimes import (
     ProcessTarget,
     Runtime,
 )
+from kvpilot.agent.runtimes.k8s_api import make_api_client, pod_name, pod_namespace
+from kvpilot.agent.runtimes.k8s_handover import HandoverConfigMap
+from kvpilot.agent.runtimes.k8s_values import KubernetesTarget
+from kvpilot.agent.runtimes.pod import PodRuntime
 
 
 def build_runtime(
@@ -69,17 +76,56 @@ def build_runtime(
                 for s in runtime.servers
             ]
         )
+    if isinstance(runtime, PodRuntimeConfig):
+        # Runtime's `kind` is a Literal; KubernetesRuntime declares it as a plain string.
+        return cast(Runtime, build_pod_runtime(config, runtime, os.environ))
     assert isinstance(runtime, ProcessRuntimeConfig)
+    return ProcessRuntime([_process_target(runtime)])
+
+
+def _process_target(runtime: ProcessRuntimeConfig | PodRuntimeConfig) -> ProcessTarget:
     kvpool_url = None
     if runtime.kvpool_port is not None:
         host = runtime.host or "127.0.0.1"
         kvpool_url = f"http://{f'[{host}]' if ':' in host else host}:{runtime.kvpool_port}"
     api_key = runtime.api_key.get_secret_value() if runtime.api_key else None
-    target = ProcessTarget(
+    return ProcessTarget(
         name=runtime.name, port=runtime.port, host=runtime.host,
         cmdline_regex=runtime.cmdline_regex, kvpool_url=kvpool_url, api_key=api_key,
     )  # fmt: skip
-    return ProcessRuntime([target])
+
+
+def build_pod_runtime(
+    config: AgentConfig,
+    runtime: PodRuntimeConfig,
+    environ: Mapping[str, str],
+    *,
+    api_client: object | None = None,
+) -> PodRuntime:
+    """The pod runtime: vLLM beside the sidecar restarted by signal (the process runtime),
+    the Deployment changed through the API (canaries, promotions, the tuning Lease).
+    RuntimeFailure when the namespace or the API server's configuration cannot be found."""
+    k8s = runtime.kubernetes
+    target = KubernetesTarget(
+        namespace=k8s.namespace or pod_namespace(environ), deployment=k8s.deployment,
+        container=k8s.container, sidecar_container=k8s.sidecar_container, port=runtime.port,
+        kvpool_port=runtime.kvpool_port, stable_url=runtime.url,
+        api_key=runtime.api_key.get_secret_value() if runtime.api_key else None,
+        promote=k8s.promote, restart=k8s.restart, state_dir=config.state_dir, name=runtime.name,
+    )  # fmt: skip
+    client = api_client if api_client is not None else make_api_client(k8s.api_url)
+    built = PodRuntime(
+        target,
+        client,
+        process_runtime=ProcessRuntime([_process_target(runtime)]),
+        identity=pod_name(environ),
+        lease_duration_s=k8s.lease_duration_s,
+    )
+    if k8s.handover == "configmap":
+        built.handover_map = HandoverConfigMap(
+            client, namespace=target.namespace, deployment=target.deployment
+        )
+    return built
 
 
 def _log_dir(config: AgentConfig, runtime: LocalRuntimeConfig) -> Path:

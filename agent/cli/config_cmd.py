@@ -16,6 +16,7 @@ from kvpilot.agent.config import (
     AttachRuntimeConfig,
     LocalRuntimeConfig,
     NotifierConfig,
+    PodRuntimeConfig,
     SlackNotifierConfig,
     config_warnings,
 )
@@ -85,6 +86,11 @@ def summary(config: AgentConfig) -> list[str]:
     elif isinstance(runtime, AttachRuntimeConfig):
         lines.append(f"runtime: attach (watch only), {len(runtime.servers)} server(s)")
         lines.extend(f"  {s.name} ({s.role}) {s.url}" for s in runtime.servers)
+    elif isinstance(runtime, PodRuntimeConfig):
+        k8s = runtime.kubernetes
+        where = f"{k8s.namespace or '(the pod namespace)'}/{k8s.deployment}"
+        lines.append(f"runtime: pod, {runtime.name} at {runtime.url}, Deployment {where}, "
+                     f"promote {k8s.promote}, restart by {k8s.restart}")  # fmt: skip
     else:
         lines.append(f"runtime: process, {runtime.name} at {runtime.url}")
     lines.append(f"api key for vLLM: {'set' if runtime.api_key else 'none'}")

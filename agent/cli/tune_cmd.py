@@ -9,30 +9,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.live import Live
 
+from kvpilot.agent.app.parts import build_pod_runtime
 from kvpilot.agent.cli.config_load import load_or_exit, open_state_or_exit
-from kvpilot.agent.config import AgentConfig, secret_values
+from kvpilot.agent.config import AgentConfig, PodRuntimeConfig, secret_values
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes import LocalRuntime, RuntimeFailure
+from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
+from kvpilot.agent.runtimes.pod import strict_reads
 from kvpilot.agent.runtimes.probe import StartFailed
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.factory import local_adapter, stable_runtime
 from kvpilot.agent.tuning.local import recover_at_startup
+from kvpilot.agent.tuning.pod import PodTuner, pod_study
 from kvpilot.agent.tuning.promoted import tuned_instance
 from kvpilot.agent.tuning.study import Study, StudyError, build_study, make_session, read_gpu
 from kvpilot.collectors.secrets import mask_argv, mask_text
 from kvpilot.tuner.render import trials_table
 from kvpilot.tuner.report import write_report
 from kvpilot.tuner.rollout import Strategy
-from kvpilot.tuner.session import Progress, dry_run
+from kvpilot.tuner.session import (
+    Progress,
+    SessionSummary,
+    TuningBlocked,
+    TuningSession,
+    dry_run,
+)
 from kvpilot.tuner.suggest import BayesianSuggester
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="The agent's YAML file.")]
@@ -92,11 +104,19 @@ def tune(
             ttft_p95_s=ttft_p95_s, inter_token_p95_s=itl_p95_s
         )),
     }  # fmt: skip
+    pod = _pod_runtime_or_exit(cfg)
     try:
         tuning = TuningConfig.model_validate({**base.model_dump(), **_given(**overrides)})
-        study = build_study(cfg, tuning, read_gpu())
+        if pod is None:
+            study = build_study(cfg, tuning, read_gpu())
+        else:
+            with strict_reads():  # the Deployment's flags, never the process's view of them
+                study = pod_study(cfg, pod, tuning)
     except (ValueError, StudyError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--config") from exc
+    except RuntimeFailure as exc:  # the API server refused or did not answer
+        print(f"kvpilot tune: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
     console = Console()
     db = open_state_or_exit(cfg)
     try:
@@ -113,9 +133,15 @@ def tune(
             for i, plan in enumerate(planned, 1):
                 console.print(f"{i}. {plan.candidate.describe()}  [dim]{plan.why}[/dim]")
             return
-        asyncio.run(_run(cfg, config_sha256, study, db, console))
+        if pod is None:
+            asyncio.run(_run(cfg, config_sha256, study, db, console))
+        else:
+            asyncio.run(_run_pod(PodTuner(cfg, pod, db, api_key=_api_key(cfg)), study, console))
     except StartFailed as exc:  # the log's end and a sentence, never a traceback
         print(exc.explain(), file=sys.stderr)
+        raise typer.Exit(1) from None
+    except (TuningBlocked, RuntimeFailure) as exc:  # the Lease is held, the API refused
+        print(f"kvpilot tune: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
     finally:
         db.close()
@@ -164,28 +190,76 @@ async def _run(
     if runtime.status(study.stable.name).state != "running":
         console.print(f"starting the stable instance ({flags.describe()})")
         await _start_stable(runtime, study)
-    line = {"text": "starting"}
+    summary = await _run_with_progress(
+        console,
+        lambda show: make_session(study, adapter, db, on_progress=show),
+        study.tuning.trials,
+    )
+    _print_summary(console, summary, adapter.stable_argv(), secrets)
+
+
+async def _run_pod(tuner: PodTuner, study: Study, console: Console) -> None:
+    """A run on the pod runtime: under the Deployment's Lease, canary Deployments, promotion
+    by patching the Deployment (which replaces the pod `kvpilot tune` may be running in)."""
+    async with tuner.lease():
+        done = await tuner.recover(study)
+        for resumed in done.resumed:
+            console.print(f"resumed trial {resumed.trial_id} (handed over in "
+                          f"{resumed.was.value}): {resumed.now.value}")  # fmt: skip
+        for recovered in done.recovered:
+            console.print(f"recovered trial {recovered.trial_id} (was {recovered.phase.value})")
+        summary = await _run_with_progress(
+            console, lambda show: tuner.session(study, on_progress=show), study.tuning.trials
+        )
+    _print_summary(console, summary, tuner.adapter.stable_argv(), secret_values(tuner.config))
+
+
+MakeSession = Callable[[Callable[[Progress], None]], TuningSession]
+
+
+async def _run_with_progress(console: Console, make: MakeSession, trials: int) -> SessionSummary:
+    """The session `make` builds (given its progress callback), run under a live line."""
     with Live(console=console, refresh_per_second=4) as live:
 
         def show(p: Progress) -> None:
-            best = (
-                "-" if p.best_goodput_tokens_per_s is None else f"{p.best_goodput_tokens_per_s:.1f}"
-            )
+            best = p.best_goodput_tokens_per_s
+            shown = "-" if best is None else f"{best:.1f}"
             flags = " ".join(f"{k}={v}" for k, v in p.values)
-            line["text"] = (
-                f"trial {p.trial_number}  {flags}  phase {p.phase.value}  best {best} tok/s"
+            live.update(
+                f"trial {p.trial_number}  {flags}  phase {p.phase.value}  best {shown} tok/s"
             )
-            live.update(line["text"])
 
-        summary = await make_session(study, adapter, db, on_progress=show).run(study.tuning.trials)
+        summary = await make(show).run(trials)
     if not console.is_terminal:
         console.line()  # Live leaves its last line open where output is not a terminal
+    return summary
+
+
+def _print_summary(
+    console: Console, summary: SessionSummary, stable_argv: Sequence[str], secrets: Any
+) -> None:
     for outcome in summary.outcomes:
         t = outcome.trial
         reason = mask_text(str(outcome.record.reason), secrets)
         console.print(f"trial {t.number}: {outcome.record.phase.value}: {reason}")
     console.print(f"{summary.stopped_reason}; best goodput {summary.best_goodput_tokens_per_s}")
-    console.print(f"stable flags now: {' '.join(mask_argv(adapter.stable_argv(), secrets))}")
+    console.print(f"stable flags now: {' '.join(mask_argv(stable_argv, secrets))}")
+
+
+def _api_key(cfg: AgentConfig) -> str | None:
+    return cfg.runtime.api_key.get_secret_value() if cfg.runtime.api_key else None
+
+
+def _pod_runtime_or_exit(cfg: AgentConfig) -> KubernetesRuntime | None:
+    """The pod runtime when the configuration names it (None for the local runtime), or one
+    plain message (namespace or API server not found) and exit 1."""
+    if not isinstance(cfg.runtime, PodRuntimeConfig):
+        return None
+    try:
+        return build_pod_runtime(cfg, cfg.runtime, os.environ)
+    except RuntimeFailure as exc:
+        print(f"kvpilot tune: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
 
 
 @tune_app.command("report")
@@ -224,6 +298,20 @@ def trials_command(
 
 
 def _recover_only(cfg: AgentConfig, config_sha256: str, db: Database, canary_port: int) -> None:
+    pod = _pod_runtime_or_exit(cfg)
+    if pod is not None:
+        tuner = PodTuner(cfg, pod, db, api_key=_api_key(cfg))
+
+        async def recover_pod() -> None:
+            study = await tuner.study()
+            async with tuner.lease():
+                await tuner.recover(study)
+
+        try:
+            asyncio.run(recover_pod())
+        except (TuningBlocked, RuntimeFailure, StudyError) as exc:
+            print(f"kvpilot trials: not recovered: {exc}", file=sys.stderr)
+        return
     if tuned_instance(cfg) is None:
         return  # nothing this configuration tunes
     runtime, _ = stable_runtime(cfg, db, config_sha256)

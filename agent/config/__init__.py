@@ -14,6 +14,7 @@ from kvpilot.agent.config.agent import (
     secret_values,
 )
 from kvpilot.agent.config.errors import ConfigError
+from kvpilot.agent.config.kubernetes import KubernetesConfig
 from kvpilot.agent.config.load import apply_env_overrides, load_config, validate_config
 from kvpilot.agent.config.notifiers import (
     AlertmanagerAuth,
@@ -33,6 +34,7 @@ from kvpilot.agent.config.runtime import (
     AttachRuntimeConfig,
     InstanceConfig,
     LocalRuntimeConfig,
+    PodRuntimeConfig,
     ProcessRuntimeConfig,
     RuntimeConfig,
 )
@@ -48,9 +50,11 @@ __all__ = [
     "CircuitBreakerConfig",
     "ConfigError",
     "InstanceConfig",
+    "KubernetesConfig",
     "ListenConfig",
     "LocalRuntimeConfig",
     "NotifierConfig",
+    "PodRuntimeConfig",
     "PreflightConfig",
     "ProcessRuntimeConfig",
     "RemediationConfig",

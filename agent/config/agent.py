@@ -21,7 +21,7 @@ from kvpilot.agent.config.base import (
 from kvpilot.agent.config.errors import ConfigError
 from kvpilot.agent.config.notifiers import NotifierConfig, SlackNotifierConfig
 from kvpilot.agent.config.remediation import RemediationConfig
-from kvpilot.agent.config.runtime import LocalRuntimeConfig, RuntimeConfig
+from kvpilot.agent.config.runtime import LocalRuntimeConfig, PodRuntimeConfig, RuntimeConfig
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.rules.config import RulesConfig
 from kvpilot.collectors.secrets import argv_secrets, env_secrets, url_secrets
@@ -139,9 +139,11 @@ class AgentConfig(Model):
 
     @model_validator(mode="after")
     def _schedule_needs_the_local_runtime(self) -> AgentConfig:
-        if self.tuning.schedule is not None and not isinstance(self.runtime, LocalRuntimeConfig):
+        tunable = LocalRuntimeConfig | PodRuntimeConfig
+        if self.tuning.schedule is not None and not isinstance(self.runtime, tunable):
             raise ValueError(
-                "tuning.schedule needs the local runtime (kvpilot starts the canary itself)"
+                "tuning.schedule needs the local runtime (kvpilot starts the canary itself) "
+                "or the pod runtime (canary Deployments)"
             )
         return self
 

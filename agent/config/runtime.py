@@ -1,4 +1,4 @@
-"""The `runtime:` section: where vLLM lives (local, process, attach)."""
+"""The `runtime:` section: where vLLM lives (local, process, pod, attach)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from kvpilot.agent.config.base import (
     check_http_url,
     require_unique,
 )
+from kvpilot.agent.config.kubernetes import KubernetesConfig
 from kvpilot.collectors.vllm_argv import (
     CLI_MODULE,
     NotAVllmServer,
@@ -131,15 +132,14 @@ class LocalRuntimeConfig(_RuntimeBase):
         return self
 
 
-class ProcessRuntimeConfig(_RuntimeBase):
-    """Attach to a vLLM server that something else supervises (kubelet, systemd).
+class _ProcessFields(_RuntimeBase):
+    """How the server is found among the processes: shared by the process and pod runtimes.
 
     The server is the one process (the root of its tree) whose command line is a vLLM launch
     form with `--port` equal to `port` and, when set, listening where `host` says and matching
     `cmdline_regex`. When none or several match, nothing is signalled.
     """
 
-    kind: Literal["process"] = Field(description="Find the server by its command line.")
     name: str = Field("vllm", pattern=NAME, description="Instance name, used in labels.")
     cmdline_regex: str | None = Field(
         None,
@@ -189,6 +189,29 @@ class ProcessRuntimeConfig(_RuntimeBase):
         return f"http://{host}:{self.port}"
 
 
+class ProcessRuntimeConfig(_ProcessFields):
+    """Attach to a vLLM server that something else supervises (kubelet, systemd)."""
+
+    kind: Literal["process"] = Field(description="Find the server by its command line.")
+
+
+class PodRuntimeConfig(_ProcessFields):
+    """The sidecar in vLLM's pod: vLLM is restarted by signal (as the process runtime does),
+    the Kubernetes API runs the tuner's canary Deployments and promotions."""
+
+    kind: Literal["pod"] = Field(description="The sidecar container beside vLLM in one pod.")
+    served_model_config: Path | None = Field(
+        None,
+        alias="model_config",
+        description="The model's config.json (or its folder), for the planner. Unset: the "
+        "folder --model names when it is mounted, else the Hugging Face cache (HF_HUB_CACHE, "
+        "else HF_HOME/hub) snapshot of the model id.",
+    )
+    kubernetes: KubernetesConfig = Field(
+        default_factory=KubernetesConfig, description="The Deployment and how to change it."
+    )
+
+
 def _is_ipv6(text: str) -> bool:
     try:
         ipaddress.IPv6Address(text)
@@ -235,5 +258,6 @@ class AttachRuntimeConfig(_RuntimeBase):
 
 
 RuntimeConfig = Annotated[
-    LocalRuntimeConfig | ProcessRuntimeConfig | AttachRuntimeConfig, Field(discriminator="kind")
+    LocalRuntimeConfig | ProcessRuntimeConfig | PodRuntimeConfig | AttachRuntimeConfig,
+    Field(discriminator="kind"),
 ]

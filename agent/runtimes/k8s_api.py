@@ -3,13 +3,46 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 from kvpilot.agent.runtimes.base import RuntimeFailure
 
 T = TypeVar("T")
 INSTALL_HINT = "the Kubernetes runtime needs the official client: pip install 'kvpilot[kubernetes]'"
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+# Which of kvpilot's Roles grants each (verb, resource) the agent's calls use, and where the
+# Role is written, so that a 403 names the one to apply. The Roles grant exactly these
+# (tests/dashboards/test_rbac.py): reads in the base, the tuner's writes, its Lease and its
+# Events in the tuning overlay, the Gateway API split's Services and HTTPRoutes in its own.
+_BASE = ("kvpilot", "deploy/base")
+_TUNING = ("kvpilot-tuning", "deploy/overlays/tuning")
+_GATEWAY = ("kvpilot-tuning-gateway", "deploy/overlays/tuning-gateway")
+ROLE_GRANTS: dict[tuple[str, str], tuple[str, str]] = {
+    ("get", "deployments.apps"): _BASE,
+    ("list", "pods"): _BASE,
+    ("get", "endpoints"): _BASE,  # a Service share: the canary's endpoints
+    **{(verb, "deployments.apps"): _TUNING for verb in ("create", "patch", "delete")},
+    **{(verb, "leases.coordination.k8s.io"): _TUNING for verb in ("get", "create", "update")},
+    ("create", "events"): _TUNING,
+    ("patch", "pods"): _TUNING,  # a Service share: a canary pod's label taken off
+    # kubernetes.handover: configmap (several replicas): the promotion handed over
+    **{(verb, "configmaps"): _TUNING for verb in ("get", "create", "update", "delete")},
+    **{(verb, "services"): _GATEWAY for verb in ("get", "create", "delete")},
+    **{(verb, "httproutes.gateway.networking.k8s.io"): _GATEWAY for verb in ("get", "patch")},
+}
+
+
+def missing_grant(verb: str, resource: str) -> str:
+    """What to do about a refused verb: the Role that grants it, or that none does."""
+    grant = ROLE_GRANTS.get((verb, resource))
+    if grant is None:
+        return f"no Role of kvpilot's grants it: add the verb '{verb}' on '{resource}' to one"
+    role, where = grant
+    return f"the Role '{role}' grants it: apply {where} (its RoleBinding binds it to kvpilot)"
 
 
 class KubernetesApiError(RuntimeFailure):
@@ -58,8 +91,8 @@ def api_error(exc: Exception, *, verb: str, resource: str, what: str) -> Kuberne
     detail = _server_message(getattr(exc, "body", None)) or str(exc)
     if status == 403:
         return Forbidden(
-            f"forbidden: the service account may not '{verb}' {resource} ({what}); add the "
-            f"verb '{verb}' on '{resource}' to kvpilot's Role (server: {detail})",
+            f"forbidden: the service account may not '{verb}' {resource} ({what}); "
+            f"{missing_grant(verb, resource)} (server: {detail})",
             status,
         )
     if status == 404:
@@ -82,3 +115,50 @@ def call(fn: Callable[..., T], *args: Any, verb: str, resource: str, what: str, 
         return fn(*args, **kw)
     except (client.ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
         raise api_error(exc, verb=verb, resource=resource, what=what) from exc
+
+
+def pod_namespace(environ: Mapping[str, str], service_account: Path = SERVICE_ACCOUNT) -> str:
+    """The namespace of the pod kvpilot runs in: the downward API's variable, else the
+    service account's namespace file; RuntimeFailure saying how to set it when neither."""
+    for name in ("POD_NAMESPACE", "KVPILOT_POD_NAMESPACE"):
+        if environ.get(name):
+            return environ[name]
+    try:
+        namespace = (service_account / "namespace").read_text().strip()
+    except OSError:
+        namespace = ""
+    if namespace:
+        return namespace
+    raise RuntimeFailure(
+        "the pod runtime cannot tell its namespace: set runtime.kubernetes.namespace, or "
+        "POD_NAMESPACE from the downward API (fieldRef metadata.namespace); "
+        f"{service_account / 'namespace'} is not there either"
+    )
+
+
+def pod_name(environ: Mapping[str, str]) -> str | None:
+    """This pod's name (the Lease holder's identity), from the downward API or the hostname."""
+    for name in ("POD_NAME", "KVPILOT_POD_NAME", "HOSTNAME"):
+        if environ.get(name):
+            return environ[name]
+    return None
+
+
+def make_api_client(api_url: str | None) -> Any:
+    """A client of the API server at `api_url` (no credentials: a test's server, `kubectl
+    proxy`), or, when None, of the pod's own cluster with its service account's token."""
+    client = client_module()
+    configuration = client.Configuration()
+    if api_url is not None:
+        configuration.host = api_url
+        return client.ApiClient(configuration)
+    from kubernetes import config as kube_config
+
+    try:
+        kube_config.load_incluster_config(client_configuration=configuration)
+    except kube_config.ConfigException as exc:
+        raise RuntimeFailure(
+            f"no in-cluster Kubernetes configuration ({exc}): run kvpilot in a pod with a "
+            "service account, or set runtime.kubernetes.api_url"
+        ) from exc
+    return client.ApiClient(configuration)

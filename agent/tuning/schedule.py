@@ -26,12 +26,14 @@ from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.remediation import Remediator, Trigger
 from kvpilot.agent.remediation.ladder import Plan
 from kvpilot.agent.runtimes.base import RuntimeFailure
+from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
 from kvpilot.agent.runtimes.local import LocalRuntime
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.trials import SqliteTrialStore
 from kvpilot.agent.tuning.factory import local_adapter
 from kvpilot.agent.tuning.local import StableRestarter, recover_at_startup
-from kvpilot.agent.tuning.study import build_study, make_session, read_gpu
+from kvpilot.agent.tuning.pod import PodRecovery, PodTuner
+from kvpilot.agent.tuning.study import Study, StudyError, build_study, make_session, read_gpu
 from kvpilot.tuner.ports import RestartRefused
 from kvpilot.tuner.session import TuningBlocked, dry_run
 from kvpilot.tuner.suggest import BayesianSuggester
@@ -78,6 +80,7 @@ class ScheduledTuning:
         audit: Audit,
         recover: Callable[[], Awaitable[object]] | None = None,
         cooling_down: Callable[[], str | None] = lambda: None,
+        on_close: Callable[[], None] = lambda: None,
     ) -> None:
         self._trigger = CronTrigger.from_crontab(schedule, timezone=UTC)
         self._run_once = run_once
@@ -86,6 +89,7 @@ class ScheduledTuning:
         self._remediating = remediation_in_progress
         self._cooling_down = cooling_down
         self._audit = audit
+        self._on_close = on_close
         self._task: asyncio.Task[str] | None = None
         self.runs_total = 0
 
@@ -136,8 +140,11 @@ class ScheduledTuning:
         return self._trigger.get_next_fire_time(None, now)
 
     async def aclose(self) -> None:
+        """Stop a run in progress; `on_close` first (the pod runtime hands a promotion
+        under way over to the next pod instead of undoing it)."""
         task = self._task
         if task is not None and not task.done():
+            self._on_close()
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
@@ -174,13 +181,7 @@ def scheduled_tuning(
     async def run_once() -> str:
         await recover()  # a trial an earlier kvpilot left open
         if remediator.config.dry_run:
-            told, planned = dry_run(
-                study.space, BayesianSuggester(study.space, seed=tuning.seed),
-                SqliteTrialStore(store.db), study.fingerprint, tuning.trials,
-                initial_points=len(study.space.knobs) + 2,
-            )  # fmt: skip
-            tried = "; ".join(p.candidate.describe() for p in planned)
-            return f"dry-run: would try {tried} ({told} past trials told)"
+            return _plan(study, store)
         session = make_session(study, adapter, store.db, api_key=api_key)
         summary = await session.run(tuning.trials)
         best = summary.best_goodput_tokens_per_s
@@ -195,4 +196,73 @@ def scheduled_tuning(
     return ScheduledTuning(
         tuning.schedule, run_once, remediation_in_progress=remediator.in_progress, audit=audit,
         recover=recover, cooling_down=lambda: remediator.cooling_down(name),
+    )  # fmt: skip
+
+
+def _plan(study: Study, store: StateStore) -> str:
+    """What a run would try, under remediation.dry_run."""
+    tuning = study.tuning
+    told, planned = dry_run(
+        study.space, BayesianSuggester(study.space, seed=tuning.seed),
+        SqliteTrialStore(store.db), study.fingerprint, tuning.trials,
+        initial_points=len(study.space.knobs) + 2,
+    )  # fmt: skip
+    tried = "; ".join(p.candidate.describe() for p in planned)
+    return f"dry-run: would try {tried} ({told} past trials told)"
+
+
+def pod_scheduled_tuning(
+    config: AgentConfig,
+    runtime: KubernetesRuntime,
+    remediator: Remediator,
+    store: StateStore,
+    *,
+    api_key: str | None = None,
+) -> ScheduledTuning:
+    """The pod's scheduled tuning: canary Deployments, promotion by patching the Deployment,
+    one tuner per Deployment through its Lease (a firing that finds it held is skipped). The
+    study is read from the Deployment's live flags at each run."""
+    tuning = config.tuning
+    assert tuning.schedule is not None
+    name = runtime.target.stable_name
+    tuner = PodTuner(config, runtime, store.db, remediation_in_progress=remediator.in_progress,
+                     api_key=api_key)  # fmt: skip
+
+    def audit(decision: str, reason: str) -> None:
+        store.record_audit(
+            wall_s=time.time(), actor="agent", action="tune", target=name,
+            decision=decision, reason=reason,
+        )  # fmt: skip
+
+    def note(done: PodRecovery) -> None:
+        for resumed in done.resumed:
+            audit("resumed", f"trial {resumed.trial_id} was handed over in {resumed.was.value}: "
+                  f"{resumed.now.value} ({resumed.reason})")  # fmt: skip
+        for recovered in done.recovered:
+            audit("recovered", f"trial {recovered.trial_id} was left in "
+                  f"{recovered.phase.value}: aborted")  # fmt: skip
+
+    async def recover() -> None:
+        study = await tuner.study()
+        # A pod that starts while the one it replaces still holds the Lease waits it out.
+        async with tuner.lease(wait_s=2.0 * runtime.lease.duration_s):
+            note(await tuner.recover(study))
+
+    async def run_once() -> str:
+        try:
+            study = await tuner.study()
+        except StudyError as exc:
+            raise TuningBlocked(f"no study of the Deployment: {exc}") from exc
+        async with tuner.lease():
+            note(await tuner.recover(study))
+            if remediator.config.dry_run:
+                return _plan(study, store)
+            summary = await tuner.session(study).run(tuning.trials)
+        best = summary.best_goodput_tokens_per_s
+        return f"{summary.stopped_reason}; best goodput {best}"
+
+    return ScheduledTuning(
+        tuning.schedule, run_once, remediation_in_progress=remediator.in_progress, audit=audit,
+        recover=recover, cooling_down=lambda: remediator.cooling_down(name),
+        on_close=tuner.hand_over,
     )  # fmt: skip

@@ -3,6 +3,7 @@ and the session that runs it. Shared by `kvpilot tune` and the agent's scheduled
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes.local import LocalInstanceSpec
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
-from kvpilot.agent.tuning.local import LocalTunerAdapter
+from kvpilot.agent.tuning.model_files import find_model_config
 from kvpilot.agent.tuning.observer import LoadObserver
 from kvpilot.agent.tuning.promoted import tuned_instance
 from kvpilot.collectors.nvml import gpu_from_nvml
@@ -27,6 +28,7 @@ from kvpilot.tuner.fingerprint import fingerprint
 from kvpilot.tuner.loadgen import LengthDist, Workload
 from kvpilot.tuner.objective import Slo
 from kvpilot.tuner.planner import FeasibleBounds, PlanInputs, feasible_bounds
+from kvpilot.tuner.ports import RolloutJournal, TunerRuntime
 from kvpilot.tuner.rollout import RolloutSettings, Strategy
 from kvpilot.tuner.session import Progress, TuningSession
 from kvpilot.tuner.space import Knob, KnobKind, SearchSpace, optional_knob
@@ -84,14 +86,28 @@ def read_gpu() -> GpuMemory | None:
     return None if isinstance(found, str) else GpuMemory(*found)
 
 
-def build_study(config: AgentConfig, tuning: TuningConfig, gpu: GpuMemory | None = None) -> Study:
+def build_study(
+    config: AgentConfig,
+    tuning: TuningConfig,
+    gpu: GpuMemory | None = None,
+    *,
+    stable: LocalInstanceSpec | None = None,
+) -> Study:
     """The study of the stable instance under `tuning` (bounds from the planner); `gpu` is
-    the GPU's memory now, needed to search --gpu-memory-utilization."""
-    inst = stable_instance(config)
-    assert isinstance(config.runtime, LocalRuntimeConfig)
-    argv = tuple(inst.argv)
+    the GPU's memory now, needed to search --gpu-memory-utilization. `stable`: the pod
+    runtime's stable instance (its Deployment's argv); default: the local runtime's."""
+    if stable is None:
+        inst = stable_instance(config)
+        env = tuple(inst.env.items())
+        stable = LocalInstanceSpec(
+            inst.name, tuple(inst.argv), "stable", env, inst.kvpool_port, inst.cpus
+        )
+    argv = tuple(stable.argv)
     knob_name = _knob_name(argv, tuning, gpu)
-    bounds = _bounds(argv, tuning, gpu if knob_name == "gpu_memory_utilization" else None)
+    configured = getattr(config.runtime, "served_model_config", None)  # the pod's model_config
+    bounds = _bounds(
+        argv, tuning, gpu if knob_name == "gpu_memory_utilization" else None, configured
+    )
     space = SearchSpace(
         knobs=(
             _memory_knob(knob_name, argv, tuning, gpu, bounds),
@@ -110,9 +126,6 @@ def build_study(config: AgentConfig, tuning: TuningConfig, gpu: GpuMemory | None
     slo = Slo(ttft_p95_s=tuning.slo.ttft_p95_s, inter_token_p95_s=tuning.slo.inter_token_p95_s)
     fixed = _fixed_args(argv, space)
     model = parse_server_argv(argv).model or ""
-    stable = LocalInstanceSpec(
-        inst.name, argv, "stable", tuple(inst.env.items()), inst.kvpool_port, inst.cpus
-    )
     return Study(
         tuning, stable, argv, space, workload, slo,
         fingerprint(model, fixed, workload_hash(workload), slo),
@@ -127,11 +140,17 @@ def _fixed_args(argv: tuple[str, ...], space: SearchSpace) -> tuple[str, ...]:
     return without_flags(argv, [*valued, "--port"], bare)
 
 
-def _bounds(argv: tuple[str, ...], tuning: TuningConfig, gpu: GpuMemory | None) -> FeasibleBounds:
+def _bounds(
+    argv: tuple[str, ...], tuning: TuningConfig, gpu: GpuMemory | None, configured: Path | None
+) -> FeasibleBounds:
     """The planner's feasible region for the stable instance's model and flags; with `gpu`
     the utilisation range, without it the range of an explicit KV budget."""
     model = parse_server_argv(argv).model or ""
     try:
+        config_json = find_model_config(
+            model, configured=configured, revision=flag_value(argv, "--revision"),
+            environ=os.environ, home=Path.home(),
+        )  # fmt: skip
         inputs = PlanInputs(
             gpu_memory_bytes=gpu.total_bytes if gpu else None,
             gpu_free_bytes=gpu.free_bytes if gpu else None,
@@ -142,7 +161,7 @@ def _bounds(argv: tuple[str, ...], tuning: TuningConfig, gpu: GpuMemory | None) 
             # Without a GPU the planner works from an explicit budget (the CPU build).
             kv_cache_memory_bytes=None if gpu else tuning.kv_max_bytes,
         )
-        return feasible_bounds(Path(model) / "config.json", inputs)
+        return feasible_bounds(config_json, inputs)
     except ValueError as exc:  # the planner's ConfigError and PlanError, a malformed flag
         raise StudyError(f"the planner cannot bound the search for {model!r}: {exc}") from exc
 
@@ -192,17 +211,19 @@ def _memory_knob(
 
 def make_session(
     study: Study,
-    adapter: LocalTunerAdapter,
+    adapter: TunerRuntime,
     db: Database,
     *,
     on_progress: Callable[[Progress], None] | None = None,
     api_key: str | None = None,
+    journal: RolloutJournal | None = None,
 ) -> TuningSession:
-    """A session of the study over `adapter`, with its trials and rollouts in `db`."""
+    """A session of the study over `adapter`, with its trials and rollouts in `db` (the
+    rollouts in `journal` when given)."""
     t = study.tuning
     return TuningSession(
         space=study.space, suggester=BayesianSuggester(study.space, seed=t.seed),
-        store=SqliteTrialStore(db), journal=SqliteRolloutJournal(db), runtime=adapter,
+        store=SqliteTrialStore(db), journal=journal or SqliteRolloutJournal(db), runtime=adapter,
         observer=LoadObserver(study.workload, model=study.model, api_key=api_key),
         fingerprint=study.fingerprint,
         settings=RolloutSettings(slo=study.slo, bake=t.bake, ready_timeout_s=study.ready_timeout_s),

@@ -1,0 +1,66 @@
+"""`kvpilot tune` on the pod runtime, against the fake API server (a fake: no API server
+runs here): the plan from the Deployment's flags, a held Lease and a 403 as plain errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from typer.testing import CliRunner
+
+from kvpilot.agent.cli.main import app
+from kvpilot.agent.runtimes.k8s_lease import DeploymentLease
+from tests.agent.k8s.conftest import NAMESPACE, base_deployment
+
+TINY = Path(__file__).resolve().parents[3] / "rig" / "models" / "tiny-llama"
+
+
+def pod_yaml(fake, tmp_path: Path) -> Path:
+    path = tmp_path / "kvpilot.yaml"
+    path.write_text(yaml.safe_dump({
+        "state_dir": str(tmp_path / "state"),
+        "runtime": {"kind": "pod", "port": 8000, "model_config": str(TINY),
+                    "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host}},
+        "tuning": {"trials": 2, "memory_knob": "kv_cache_memory_bytes"},
+    }))  # fmt: skip
+    return path
+
+
+def tune(*args: str) -> Any:
+    return CliRunner().invoke(app, ["tune", *args], env={"COLUMNS": "200", "POD_NAME": "pod-a"})
+
+
+def test_dry_run_plans_from_the_deployments_flags(fake, tmp_path) -> None:
+    fake.add_deployment(base_deployment(8000))
+
+    result = tune("--config", str(pod_yaml(fake, tmp_path)), "--dry-run")
+
+    assert result.exit_code == 0, result.output
+    assert "0 past trials told" in result.output
+    assert "1. " in result.output and "2. " in result.output
+    assert "kv_cache_memory_bytes=" in result.output
+    assert fake.writes() == []  # a plan changes nothing
+
+
+def test_a_lease_held_by_another_pod_is_a_plain_error(fake, tmp_path) -> None:
+    fake.add_deployment(base_deployment(8000))
+    DeploymentLease(fake.api_client(), namespace=NAMESPACE, deployment="vllm",
+                    identity="pod-b").acquire()  # fmt: skip
+
+    result = tune("--config", str(pod_yaml(fake, tmp_path)))
+
+    assert result.exit_code == 1
+    assert "held by 'pod-b'" in result.output and "Traceback" not in result.output
+    assert [w for w in fake.writes() if "deployments" in w.path] == []
+
+
+def test_a_refused_read_names_the_role(fake, tmp_path) -> None:
+    fake.add_deployment(base_deployment(8000))
+    fake.forbid("get", "deployments")
+
+    result = tune("--config", str(pod_yaml(fake, tmp_path)), "--dry-run")
+
+    assert result.exit_code == 1
+    assert "may not 'get' deployments.apps" in result.output
+    assert "the Role 'kvpilot' grants it" in result.output
