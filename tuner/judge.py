@@ -80,6 +80,19 @@ DEFAULT_METRICS: tuple[MetricSpec, ...] = (
 )
 
 
+# Live traffic splits it unevenly: per-request and per-share figures compare, totals do not
+# (a canary on 10 % sees a tenth of the preemptions and KV use). Goodput is the generation
+# rate divided by the side's share; a drop counts against the canary.
+LIVE_METRICS: tuple[MetricSpec, ...] = (
+    *(m for m in DEFAULT_METRICS if m.name in ("ttft_s", "inter_token_s", "e2e_s")),
+    MetricSpec(
+        "preemptions_per_request", Direction.INCREASE, tolerance_ratio=0.2, tolerance_abs=0.05
+    ),
+    MetricSpec("goodput_tokens_per_s", Direction.DECREASE, tolerance_ratio=0.1),
+    MetricSpec("errors_ratio", Direction.INCREASE, tolerance_abs=0.01, critical=True),
+)
+
+
 @dataclass(frozen=True, slots=True)
 class MetricVerdict:
     """One metric's comparison."""

@@ -12,7 +12,8 @@ tie-breaker between goodputs closer than `memory_tie_ratio` (less memory wins).
 
 Without client-side timings (live traffic, only scraped samples) attainment cannot be judged
 per request: the window's histogram p95s are held against the limits and goodput is the
-engine's generation-token rate when they hold (`WindowMetrics.source == "histograms"`).
+engine's generation-token rate when they hold (`WindowMetrics.source == "histograms"`),
+divided by the share of live traffic the instance received (`Measurement.traffic_share_ratio`).
 """
 
 from __future__ import annotations
@@ -85,6 +86,13 @@ class Measurement:
     report: LoadReport | None = None
     scrapes: tuple[VllmScrape, ...] = ()
     memory_bytes: int | None = None  # the tie-breaker: KV budget or process memory
+    # Live traffic: the share of it this instance received. Histogram goodput is divided by
+    # it, so that a canary on 10 % and a stable instance on 90 % compare.
+    traffic_share_ratio: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.traffic_share_ratio <= 1:
+            raise ValueError("traffic_share_ratio must be in (0, 1]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +129,9 @@ def evaluate(measurement: Measurement, slo: Slo) -> TrialResult:
     if measurement.report is not None:
         metrics, goodput = _client_metrics(measurement.report, measurement.scrapes, slo)
     else:
-        metrics, goodput = _histogram_metrics(measurement.scrapes, slo)
+        metrics, goodput = _histogram_metrics(
+            measurement.scrapes, slo, measurement.traffic_share_ratio
+        )
     memory = measurement.memory_bytes
     if metrics is None or metrics.requests_total == 0:
         return TrialResult(Outcome.NO_DATA, None, memory, "no requests in the window", metrics)
@@ -213,7 +223,7 @@ def _client_metrics(
 
 
 def _histogram_metrics(
-    scrapes: Sequence[VllmScrape], slo: Slo
+    scrapes: Sequence[VllmScrape], slo: Slo, share_ratio: float = 1.0
 ) -> tuple[WindowMetrics | None, float | None]:
     if len(scrapes) < 2:
         return None, None
@@ -250,7 +260,8 @@ def _histogram_metrics(
         ),
     )
     met = _slo_broken(metrics, slo) is None
-    return metrics, (rate if met else None)  # unknown: not per request
+    goodput = rate / share_ratio if rate is not None and met else None
+    return metrics, goodput  # unknown when the SLO is not met: not per request
 
 
 def _slo_broken(metrics: WindowMetrics, slo: Slo) -> str | None:

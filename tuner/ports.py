@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from kvpilot.tuner.rollout import RolloutRecord
 
 __all__ = [
+    "CanaryAborted",
     "CandidateStartFailed",
     "Observation",
     "Observer",
@@ -31,6 +32,11 @@ class CandidateStartFailed(RuntimeError):
     def __init__(self, message: str, log_text: str) -> None:
         super().__init__(message)
         self.log_text = log_text
+
+
+class CanaryAborted(RuntimeError):
+    """The observer stopped a live-traffic analysis because the canary broke the SLO; it has
+    already sent the canary's traffic back to the stable instance. The message says why."""
 
 
 class RestartRefused(RuntimeError):
@@ -82,6 +88,7 @@ class Observation:
     url: str
     measurement: Measurement
     samples: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    traffic: str | None = None  # live traffic: the share each side received, in words
 
 
 class Observer(Protocol):
@@ -92,7 +99,10 @@ class Observer(Protocol):
         ...
 
     async def observe(self, urls: Sequence[str]) -> tuple[Observation, ...]:
-        """One window per URL, in the order given, all under the same workload."""
+        """One window per URL, in the order given, all under the same workload.
+
+        May raise CanaryAborted (live traffic) when the canary broke the SLO mid-window.
+        """
         ...
 
 

@@ -14,7 +14,10 @@ measures again at the same load. A candidate that does not start is infeasible w
 reason and the stable instance keeps (or gets back) its flags. Only a judge's pass whose
 objective also beats the baseline promotes; the bake window after a promotion reverts to
 the old flags when the promoted ones lose more than `bake_tolerance_ratio` of the goodput
-the canary showed, or break the SLO. `recover` cleans up after a kvpilot that died mid-trial.
+the canary showed, or break the SLO (`tuner.decide`). `recover` cleans up after a kvpilot
+that died mid-trial. On live traffic the observer may abort the analysis (`CanaryAborted`:
+the canary broke the SLO, its share already back on the stable instance): the trial is
+infeasible with the reason and the canary is removed.
 """
 
 from __future__ import annotations
@@ -26,9 +29,12 @@ from enum import StrEnum
 from typing import Any
 
 from kvpilot.collectors.secrets import mask_argv
-from kvpilot.tuner.judge import JudgeConfig, Judgement, judge
-from kvpilot.tuner.objective import Slo, TrialResult, better, evaluate
+from kvpilot.tuner.decide import bake_degradation as bake_degradation  # re-exported
+from kvpilot.tuner.decide import promotion_decision as promotion_decision
+from kvpilot.tuner.judge import JudgeConfig, judge
+from kvpilot.tuner.objective import Outcome, Slo, TrialResult, evaluate
 from kvpilot.tuner.ports import (
+    CanaryAborted,
     CandidateStartFailed,
     Observation,
     Observer,
@@ -213,7 +219,11 @@ class Rollout:
         self._move(s, Phase.WARMING)
         await self._observer.warm([stable_url, canary_url])
         self._move(s, Phase.OBSERVING)
-        baseline, canary = await self._observer.observe([stable_url, canary_url])
+        try:
+            baseline, canary = await self._observer.observe([stable_url, canary_url])
+        except CanaryAborted as exc:  # live traffic: the observer already took it back
+            await self._abort(s, str(exc))
+            return
         promote = self._judge(s, baseline, canary)
         if not promote:
             self._move(s, Phase.ROLLING_BACK)
@@ -285,11 +295,12 @@ class Rollout:
         )
         s.baseline = base_result
         state = TrialState.COMPLETE if result.feasible else TrialState.INFEASIBLE
+        traffic = canary.traffic  # live traffic: the shares, stated with the verdict
         s.trial = self._save_trial(
             s.trial.to(
                 state,
                 at_wall_s=self._wall(),
-                reason=result.reason,
+                reason="; ".join(r for r in (result.reason, traffic) if r) or None,
                 result=result,
                 judgement=judgement,
             )
@@ -297,9 +308,9 @@ class Rollout:
         s.record = dataclasses.replace(
             s.record, baseline_goodput_tokens_per_s=base_result.goodput_tokens_per_s
         )
-        decision = promotion_decision(result, base_result, judgement, self._settings)
-        s.record = dataclasses.replace(s.record, reason=decision[1])
-        return decision[0]
+        promote, why = promotion_decision(result, base_result, judgement, self._settings)
+        s.record = dataclasses.replace(s.record, reason=f"{why}; {traffic}" if traffic else why)
+        return promote
 
     async def _bake(self, s: _Run) -> None:
         if not self._settings.bake:
@@ -316,6 +327,17 @@ class Rollout:
             await self._revert(s, f"bake: {degraded}")
             return
         self._move(s, Phase.PROMOTED, reason="promoted; the bake window held")
+
+    async def _abort(self, s: _Run, why: str) -> None:
+        """The canary broke the SLO mid-analysis: infeasible (the candidate's fault), removed."""
+        reason = f"aborted during the analysis: {why}"
+        result = TrialResult(Outcome.SLO_BROKEN, None, None, reason)
+        s.trial = self._save_trial(
+            s.trial.to(TrialState.INFEASIBLE, at_wall_s=self._wall(), reason=reason, result=result)
+        )
+        self._move(s, Phase.ROLLING_BACK, reason=reason)
+        await self._runtime.stop_canary()
+        self._move(s, Phase.ROLLED_BACK, reason=reason)
 
     async def _revert(self, s: _Run, reason: str) -> None:
         self._move(s, Phase.REVERTING, reason=reason)
@@ -372,37 +394,6 @@ class _Run:
     record: RolloutRecord
     baseline: TrialResult | None = None
     refused: str | None = None
-
-
-def promotion_decision(
-    result: TrialResult, baseline: TrialResult, judgement: Judgement, settings: RolloutSettings
-) -> tuple[bool, str]:
-    """Whether to promote, and why: a judge's pass, feasible, and better than the baseline."""
-    if not judgement.promote:
-        return False, f"judged {judgement.classification.value}: {judgement.reason}"
-    if not result.feasible:
-        return False, f"judged pass but infeasible: {result.reason}"
-    if settings.require_improvement and not better(result, baseline, settings.slo):
-        return False, "judged pass but its objective does not beat the stable instance's"
-    return True, f"judged pass ({judgement.reason}) and better than the stable instance"
-
-
-def bake_degradation(
-    promised: TrialResult | None, baked: TrialResult, tolerance_ratio: float
-) -> str | None:
-    """Why the bake window says the promoted flags degraded, or None when they held."""
-    if not baked.feasible:
-        return f"the promoted flags are infeasible under load: {baked.reason}"
-    if promised is None or promised.goodput_tokens_per_s is None:
-        return None
-    floor = (1 - tolerance_ratio) * promised.goodput_tokens_per_s
-    got = baked.goodput_tokens_per_s
-    if got is None or got < floor:
-        shown = "unknown" if got is None else f"{got:.1f}"
-        return (
-            f"goodput {shown} tok/s below {floor:.1f} ({1 - tolerance_ratio:.0%} of the canary's)"
-        )
-    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# The judge's minimum samples per metric (tuner.judge.MetricSpec.min_samples): one per interval.
+MIN_ANALYSIS_INTERVALS = 5
+
 
 class TuningWorkload(BaseModel):
     """The load generator's workload, replayed against baseline and canary alike."""
@@ -44,6 +47,87 @@ class ExtraKnob(BaseModel):
     choices: tuple[int | str | bool, ...] = Field(
         (), description="The values to try (choice knobs); default built in."
     )
+
+
+class CanaryGateway(BaseModel):
+    """The Gateway API objects a weighted canary goes through."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    httproute: str = Field("vllm", min_length=1, description="The HTTPRoute that fronts the model.")
+    stable_service: str = Field(
+        "vllm", min_length=1, description="The route's backend Service of the stable pods."
+    )
+    canary_service: str = Field(
+        "vllm-kvpilot-canary",
+        min_length=1,
+        description="The backend Service of the canary pods; its weight moves, back to 0 on abort.",
+    )
+
+
+class CanaryConfig(BaseModel):
+    """What traffic a canary is judged on: a synthetic replay, or a share of live traffic."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    traffic: Literal["replay", "service", "gateway"] = Field(
+        "replay",
+        description="replay: baseline and canary get the same synthetic workload (one machine, "
+        "or no traffic at the chosen hour). service: the canary's pods join the Service and "
+        "get their share of its traffic. gateway: an HTTPRoute weight sends weight_percent "
+        "to the canary's Service. Live traffic needs the Kubernetes runtime and parallel.",
+    )
+    weight_percent: float = Field(
+        10,
+        ge=1,
+        le=50,
+        description="gateway: the canary backend's weight. service: informational (the share "
+        "follows the replica counts); the share each side really received is stated.",
+    )
+    warmup_s: float = Field(
+        120,
+        ge=0,
+        description="Live traffic to the canary before the analysis starts (warms its caches; "
+        "not judged). The stable pod's window is judged from the same moment on.",
+    )
+    analysis_s: float = Field(600, gt=0, description="How long both pods are judged.")
+    analysis_interval_s: float = Field(
+        30,
+        ge=1,
+        description="Each pod's /metrics is scraped this often; each interval is one sample "
+        "for the judge, and a canary interval that breaks the SLO aborts at once.",
+    )
+    bake_s: float = Field(
+        600, gt=0, description="How long promoted flags are watched on live traffic."
+    )
+    service: str | None = Field(
+        None,
+        min_length=1,
+        description="traffic: service: the Service whose traffic the canary's pods share "
+        "(it must not select on kvpilot.dev/role); default: the Deployment's name.",
+    )
+    gateway: CanaryGateway | None = Field(
+        None, description="The HTTPRoute and its Services; required for traffic: gateway."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CanaryConfig:
+        if self.traffic == "gateway" and self.gateway is None:
+            raise ValueError(
+                "traffic: gateway needs a gateway block (httproute, stable_service, canary_service)"
+            )
+        if self.traffic != "gateway" and self.gateway is not None:
+            raise ValueError(
+                f"a gateway block is read only with traffic: gateway, not {self.traffic}"
+            )
+        intervals = self.analysis_s / self.analysis_interval_s
+        if intervals < MIN_ANALYSIS_INTERVALS:
+            raise ValueError(
+                f"analysis_s {self.analysis_s:g} holds {intervals:.1f} intervals of "
+                f"{self.analysis_interval_s:g} s; the judge needs at least "
+                f"{MIN_ANALYSIS_INTERVALS} samples a side"
+            )
+        return self
 
 
 class TuningConfig(BaseModel):
@@ -100,6 +184,10 @@ class TuningConfig(BaseModel):
     workload: TuningWorkload = Field(default_factory=TuningWorkload, description="The load.")
     slo: TuningSlo = Field(default_factory=TuningSlo, description="The SLO.")
     bake: bool = Field(True, description="Watch promoted flags for one more window.")
+    canary: CanaryConfig = Field(
+        default_factory=CanaryConfig,
+        description="Replayed or live traffic for the canary, and its analysis windows.",
+    )
     seed: int = Field(0, description="The Bayesian suggester's seed.")
 
     @model_validator(mode="after")
@@ -108,6 +196,11 @@ class TuningConfig(BaseModel):
             raise ValueError("kv_min_bytes must be below kv_max_bytes")
         if self.min_num_seqs >= self.max_num_seqs:
             raise ValueError("min_num_seqs must be below max_num_seqs")
+        if self.canary.traffic != "replay" and self.strategy != "parallel":
+            raise ValueError(
+                f"canary traffic {self.canary.traffic} needs strategy: parallel (a canary "
+                "beside the stable pod)"
+            )
         return self
 
     @field_validator("constraints")

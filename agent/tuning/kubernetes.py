@@ -2,16 +2,25 @@
 promotion patches the stable Deployment's args (a rolling update), and a Lease keeps one
 tuner per Deployment. In recommend-only mode (GitOps owns the Deployment, or the target
 says so) a promotion writes the patch instead; the tuner sees that as a refused restart:
-the trial ends rolled back with the patch's path in its reason, the stable untouched."""
+the trial ends rolled back with the patch's path in its reason, the stable untouched.
+On live traffic the canary's share goes back to the stable pods before the canary is
+removed; where it cannot, the canary keeps serving rather than leave its share to errors."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
 
+from kvpilot.agent.config.tuning import CanaryConfig
+from kvpilot.agent.runtimes import k8s_objects as objects
 from kvpilot.agent.runtimes.base import NotReady, RuntimeFailure
+from kvpilot.agent.runtimes.k8s_api import call, client_module
 from kvpilot.agent.runtimes.k8s_lease import LeaseRecord
+from kvpilot.agent.runtimes.k8s_traffic import GatewayWeights, ServiceShare, TrafficSplit
+from kvpilot.agent.runtimes.k8s_values import KubernetesTarget
 from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime, PromotionNotApplied
+from kvpilot.agent.tuning.live_observer import describe
 from kvpilot.collectors.secrets import SecretLost, has_masked, restore_secrets
 from kvpilot.tuner.ports import CandidateStartFailed, RestartRefused
 
@@ -25,10 +34,13 @@ class KubernetesTunerAdapter:
         *,
         drain_timeout_s: float = 30.0,
         remediation_in_progress: Callable[[], bool] = lambda: False,
+        traffic: TrafficSplit | None = None,
     ) -> None:
         self._runtime = runtime
         self._drain_s = drain_timeout_s
         self._remediating = remediation_in_progress
+        self._traffic = traffic  # live traffic: taken back before the canary goes
+        self.pulled_back: list[str] = []  # each pull-back's shares, in words
 
     @contextlib.asynccontextmanager
     async def lease(self) -> AsyncIterator[LeaseRecord]:
@@ -62,6 +74,21 @@ class KubernetesTunerAdapter:
         return instance.url
 
     async def stop_canary(self) -> None:
+        """Take the canary's traffic back (live traffic), then delete the canary."""
+        if self._traffic is not None:
+            try:
+                shares = await self._traffic.pull_back()
+            except Exception as exc:
+                raise RuntimeFailure(
+                    "the canary keeps running: its share of the traffic could not be sent "
+                    f"back to the stable pods ({type(exc).__name__}: {exc})"
+                ) from exc
+            self.pulled_back.append(describe(shares))
+            if shares.canary_percent > 0:
+                raise RuntimeFailure(
+                    f"the canary keeps running: the split still sends it traffic "
+                    f"({describe(shares)})"
+                )
         await self._runtime.stop(self._runtime.target.canary_name, drain_timeout_s=self._drain_s)
 
     async def set_stable(
@@ -83,3 +110,39 @@ class KubernetesTunerAdapter:
 
     def remediation_in_progress(self) -> bool:
         return self._remediating()
+
+
+def traffic_split(
+    canary: CanaryConfig, api_client: Any, target: KubernetesTarget
+) -> TrafficSplit | None:
+    """The split `tuning.canary.traffic` asks for (None for replay), over the stable
+    Deployment's canary; reads the stable Deployment once (blocking: call it in a thread)."""
+    if canary.traffic == "replay":
+        return None
+    stable = call(
+        client_module().AppsV1Api(api_client).read_namespaced_deployment, target.deployment,
+        target.namespace, verb="get", resource="deployments.apps",
+        what=f"Deployment {target.namespace}/{target.deployment}",
+    )  # fmt: skip
+    selector = canary_selector(api_client.sanitize_for_serialization(stable), target)
+    if canary.traffic == "service":
+        service = canary.service or target.deployment
+        return ServiceShare(
+            api_client, namespace=target.namespace, service=service, canary_selector=selector
+        )
+    gateway = canary.gateway
+    assert gateway is not None  # the configuration requires it for traffic: gateway
+    return GatewayWeights(
+        api_client, namespace=target.namespace, route=gateway.httproute,
+        stable_service=gateway.stable_service, canary_service=gateway.canary_service,
+        canary_selector=selector,
+    )  # fmt: skip
+
+
+def canary_selector(stable: Mapping[str, Any], target: KubernetesTarget) -> dict[str, str]:
+    """The canary Deployment's pod selector, exactly as `build_canary` makes it."""
+    probe = objects.build_canary(
+        stable, container=target.container, command=objects.ContainerCommand(None, ("--",)),
+        sidecar_container=target.sidecar_container,
+    )  # fmt: skip
+    return dict(probe["spec"]["selector"]["matchLabels"])

@@ -11,9 +11,11 @@ from pathlib import Path
 
 from kvpilot.agent.config import AgentConfig, InstanceConfig, LocalRuntimeConfig
 from kvpilot.agent.config.tuning import TuningConfig
+from kvpilot.agent.runtimes.k8s_traffic import TrafficSplit
 from kvpilot.agent.runtimes.local import LocalInstanceSpec
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
+from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
 from kvpilot.agent.tuning.model_files import find_model_config
 from kvpilot.agent.tuning.observer import LoadObserver
 from kvpilot.agent.tuning.promoted import tuned_instance
@@ -25,10 +27,11 @@ from kvpilot.tuner.constraints import (
     planner_constraint,
 )
 from kvpilot.tuner.fingerprint import fingerprint
+from kvpilot.tuner.judge import LIVE_METRICS, JudgeConfig
 from kvpilot.tuner.loadgen import LengthDist, Workload
 from kvpilot.tuner.objective import Slo
 from kvpilot.tuner.planner import FeasibleBounds, PlanInputs, feasible_bounds
-from kvpilot.tuner.ports import RolloutJournal, TunerRuntime
+from kvpilot.tuner.ports import Observer, RolloutJournal, TunerRuntime
 from kvpilot.tuner.rollout import RolloutSettings, Strategy
 from kvpilot.tuner.session import Progress, TuningSession
 from kvpilot.tuner.space import Knob, KnobKind, SearchSpace, optional_knob
@@ -217,15 +220,37 @@ def make_session(
     on_progress: Callable[[Progress], None] | None = None,
     api_key: str | None = None,
     journal: RolloutJournal | None = None,
+    traffic: TrafficSplit | None = None,
 ) -> TuningSession:
     """A session of the study over `adapter`, with its trials and rollouts in `db` (the
-    rollouts in `journal` when given)."""
+    rollouts in `journal` when given); the canary's traffic as `tuning.canary.traffic` says
+    (live traffic goes through `traffic`)."""
     t = study.tuning
+    observer, judge = make_observer(study, api_key=api_key, traffic=traffic)
+    settings = RolloutSettings(
+        slo=study.slo, judge=judge, bake=t.bake, ready_timeout_s=study.ready_timeout_s
+    )
     return TuningSession(
         space=study.space, suggester=BayesianSuggester(study.space, seed=t.seed),
         store=SqliteTrialStore(db), journal=journal or SqliteRolloutJournal(db), runtime=adapter,
-        observer=LoadObserver(study.workload, model=study.model, api_key=api_key),
-        fingerprint=study.fingerprint,
-        settings=RolloutSettings(slo=study.slo, bake=t.bake, ready_timeout_s=study.ready_timeout_s),
+        observer=observer, fingerprint=study.fingerprint, settings=settings,
         strategy=Strategy(t.strategy), wall_clock=time.time, on_progress=on_progress,
     )  # fmt: skip
+
+
+def make_observer(
+    study: Study, *, api_key: str | None = None, traffic: TrafficSplit | None = None
+) -> tuple[Observer, JudgeConfig]:
+    """The observer `tuning.canary.traffic` picks, and the metrics its samples are judged on:
+    replay keeps the synthetic workload against both; service and gateway judge live traffic."""
+    canary = study.tuning.canary
+    if canary.traffic == "replay":
+        return LoadObserver(study.workload, model=study.model, api_key=api_key), JudgeConfig()
+    if traffic is None:
+        raise StudyError(
+            f"canary traffic {canary.traffic} splits live traffic through the Kubernetes "
+            "runtime (a Service or an HTTPRoute); this runtime has no traffic split: use "
+            "traffic: replay"
+        )
+    live = LiveTrafficObserver(canary, traffic, study.slo, api_key=api_key)
+    return live, JudgeConfig(metrics=LIVE_METRICS)

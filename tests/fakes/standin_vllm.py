@@ -1,4 +1,5 @@
-"""A stand-in for vLLM's HTTP API (/health, /v1/models, /v1/completions), for the probe step.
+"""A stand-in for vLLM's HTTP API (/health, /v1/models, /v1/completions), for the probe step,
+and /metrics (whatever text `metrics()` returns at each scrape; empty by default).
 
 A completion with `"stream": true` is answered with server-sent events, as vLLM's is.
 `host` binds another loopback address (127.0.0.N) so that pods on one port are told apart.
@@ -10,6 +11,7 @@ covered by the runtime contract tests.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 
 from tests.http_helpers import ServedInThread, send_json
@@ -21,6 +23,8 @@ class StandInVllm(ServedInThread):
     def __init__(self, model: str = "stand-in", host: str = "127.0.0.1", port: int = 0) -> None:
         self.model = model
         self.completions_total = 0
+        self.metrics: Callable[[], str] = lambda: ""
+        self.metrics_scrapes = 0
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -32,6 +36,14 @@ class StandInVllm(ServedInThread):
                     self._send(200, {})
                 elif self.path == "/v1/models":
                     self._send(200, {"data": [{"id": server.model}]})
+                elif self.path == "/metrics":
+                    server.metrics_scrapes += 1
+                    data = server.metrics().encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain; version=0.0.4")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
                 else:
                     self._send(404, {})
 

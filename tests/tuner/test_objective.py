@@ -161,3 +161,16 @@ def test_without_client_timings_the_histograms_judge_the_window() -> None:
     broken = evaluate(Measurement(scrapes=fast), strict)
     assert broken.outcome is Outcome.SLO_BROKEN and broken.goodput_tokens_per_s is None
     assert broken.reason is not None and broken.reason.startswith("TTFT p95")
+
+
+def test_histogram_goodput_is_divided_by_the_traffic_share() -> None:
+    """A canary on 10 % of live traffic and a stable instance on 90 % compare per share."""
+    canary = (engine_scrape(0.0, 0.0, 0.0, 0.0), engine_scrape(10.0, 10.0, 0.0, 200.0))
+    stable = (engine_scrape(0.0, 0.0, 0.0, 0.0), engine_scrape(10.0, 90.0, 0.0, 1800.0))
+    small = evaluate(Measurement(scrapes=canary, traffic_share_ratio=0.1), SLO)
+    large = evaluate(Measurement(scrapes=stable, traffic_share_ratio=0.9), SLO)
+    assert small.goodput_tokens_per_s == pytest.approx(200.0)
+    assert large.goodput_tokens_per_s == pytest.approx(200.0)
+    assert small.metrics is not None and small.metrics.output_tokens_per_s == pytest.approx(20.0)
+    with pytest.raises(ValueError, match="traffic_share_ratio"):
+        Measurement(scrapes=canary, traffic_share_ratio=0.0)

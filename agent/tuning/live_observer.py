@@ -1,0 +1,201 @@
+"""The tuner's Observer on live traffic: a share of real requests goes to the canary, and
+each pod is judged from its own /metrics (see `live_intervals` for the figures).
+
+`warm` sends the configured share to the canary through a `TrafficSplit` and waits
+`warmup_s`: the canary's caches warm on real traffic and nothing is judged. The baseline is
+the stable pod over the same analysis window, which starts once the canary is warm (as cold
+as the canary: both are measured from the same moment, on the same traffic mix; a fresh
+baseline pod would need a third server). `observe` scrapes both pods every
+`analysis_interval_s` for `analysis_s`; a canary interval that breaks the SLO sends the
+traffic back to the stable pod at once and raises `CanaryAborted`. With one URL (the bake,
+after a promotion) it watches the stable pod for `bake_s`. Each observation states the share
+each side was given and the share of finished requests each side served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+import httpx
+
+from kvpilot.agent.config.tuning import CanaryConfig
+from kvpilot.agent.runtimes.k8s_traffic import Shares, TrafficSplit
+from kvpilot.agent.tuning.live_intervals import PodReading, intervals, judge_samples, read_pod
+from kvpilot.collectors.errors import SourceError
+from kvpilot.collectors.limits import ScrapeLimits, fetch_text
+from kvpilot.collectors.promtext import MetricsParseError
+from kvpilot.tuner.objective import Measurement, Slo
+from kvpilot.tuner.ports import CanaryAborted, Observation
+
+
+class LiveTrafficError(RuntimeError):
+    """The split does not send the side to be judged any traffic."""
+
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class LiveTrafficObserver:
+    """The Observer over live traffic, scraping each pod's /metrics (see the module doc)."""
+
+    def __init__(
+        self,
+        canary: CanaryConfig,
+        traffic: TrafficSplit,
+        slo: Slo,
+        *,
+        api_key: str | None = None,
+        limits: ScrapeLimits | None = None,
+        sleep: Sleep = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._canary = canary
+        self._traffic = traffic
+        self._slo = slo
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._limits = limits or ScrapeLimits()
+        self._sleep = sleep
+        self._clock = clock
+        self._wall = wall_clock
+        self.scrape_errors: list[str] = []  # counted and kept: a missing reading is not a zero
+
+    async def warm(self, urls: Sequence[str]) -> None:
+        """Send the canary its share and let it warm for `warmup_s` (not judged)."""
+        if len(urls) < 2:
+            return  # one instance (a bake): it already serves everything
+        shares = await self._traffic.send_share(self._canary.weight_percent)
+        if shares.canary_percent <= 0:
+            raise LiveTrafficError(f"the split sends the canary nothing ({describe(shares)})")
+        await self._sleep(self._canary.warmup_s)
+
+    async def observe(self, urls: Sequence[str]) -> tuple[Observation, ...]:
+        if len(urls) == 1:
+            return (await self._bake(urls[0]),)
+        if len(urls) != 2:
+            raise ValueError(f"live traffic judges a stable and a canary URL, got {len(urls)}")
+        return await self._analysis(urls[0], urls[1])
+
+    # --- the two windows ----------------------------------------------------------------
+
+    async def _analysis(self, stable_url: str, canary_url: str) -> tuple[Observation, ...]:
+        shares = await self._traffic.shares()
+        if shares.canary_percent <= 0 or shares.stable_percent <= 0:
+            raise LiveTrafficError(f"both sides need traffic to be judged ({describe(shares)})")
+        count = max(1, round(self._canary.analysis_s / self._canary.analysis_interval_s))
+        stable: list[PodReading] = []
+        canary: list[PodReading] = []
+        async with httpx.AsyncClient() as client:
+            started = self._clock()
+            for tick in range(count + 1):
+                if tick:
+                    wait = started + tick * self._canary.analysis_interval_s - self._clock()
+                    await self._sleep(max(0.0, wait))
+                got_stable, got_canary = await asyncio.gather(
+                    self._read(client, stable_url), self._read(client, canary_url)
+                )
+                _append(stable, got_stable)
+                if _append(canary, got_canary) and len(canary) >= 2:
+                    (last,) = intervals(canary[-2:])
+                    breach = last.slo_breach(self._slo)
+                    if breach is not None:
+                        back = await self._traffic.pull_back()
+                        raise CanaryAborted(
+                            f"canary interval {tick} of {count} broke the SLO: {breach}; "
+                            f"traffic back to stable ({describe(back)}); during the analysis "
+                            f"{describe(shares)}"
+                        )
+        said = _traffic_statement(shares, stable, canary)
+        return (
+            self._observation(stable_url, stable, shares.stable_percent, said),
+            self._observation(canary_url, canary, shares.canary_percent, said),
+        )
+
+    async def _bake(self, url: str) -> Observation:
+        shares = await self._traffic.shares()
+        if shares.stable_percent <= 0:
+            raise LiveTrafficError(
+                f"the stable pod gets no traffic to bake on ({describe(shares)})"
+            )
+        count = max(1, round(self._canary.bake_s / self._canary.analysis_interval_s))
+        readings: list[PodReading] = []
+        async with httpx.AsyncClient() as client:
+            started = self._clock()
+            for tick in range(count + 1):
+                if tick:
+                    wait = started + tick * self._canary.analysis_interval_s - self._clock()
+                    await self._sleep(max(0.0, wait))
+                _append(readings, await self._read(client, url))
+        said = f"bake: {describe(shares)}"
+        return self._observation(url, readings, shares.stable_percent, said)
+
+    def _observation(
+        self, url: str, readings: list[PodReading], percent: float, said: str
+    ) -> Observation:
+        share = percent / 100.0
+        measurement = Measurement(
+            scrapes=tuple(r.scrape for r in readings), traffic_share_ratio=share
+        )
+        samples = judge_samples(intervals(readings), readings, share, self._slo)
+        return Observation(url, measurement, samples, traffic=said)
+
+    # --- one scrape ---------------------------------------------------------------------
+
+    async def _read(self, client: httpx.AsyncClient, base_url: str) -> PodReading | str:
+        """One reading of a pod's /metrics, or why there is none."""
+        url = base_url.rstrip("/") + "/metrics"
+        taken, wall = self._clock(), self._wall()
+        got = await fetch_text(
+            client, url, source="vllm", limits=self._limits, headers=self._headers
+        )
+        if isinstance(got, SourceError):
+            return self._error(f"{url}: {got.message}")
+        if got.status_code != 200:
+            return self._error(f"{url} answered HTTP {got.status_code}")
+        try:
+            reading = read_pod(
+                got.text, taken_at_s=taken, wall_time_s=wall,
+                sample_limit=self._limits.sample_limit,
+            )  # fmt: skip
+        except MetricsParseError as exc:
+            return self._error(f"{url} does not parse: {exc}")
+        if reading is None:
+            return self._error(f"{url} exports no vllm: metrics (--disable-log-stats?)")
+        return reading
+
+    def _error(self, message: str) -> str:
+        self.scrape_errors.append(message)
+        return message
+
+
+def describe(shares: Shares) -> str:
+    """The split in words: 'stable 90 %, canary 10 % (HTTPRoute weights)'."""
+    return (
+        f"stable {shares.stable_percent:.3g} %, canary {shares.canary_percent:.3g} % ({shares.how})"
+    )
+
+
+def _append(readings: list[PodReading], got: PodReading | str) -> bool:
+    """Keeps a reading (a failed one is left out, so the next interval spans the gap)."""
+    if isinstance(got, str):
+        return False
+    readings.append(got)
+    return True
+
+
+def _traffic_statement(
+    shares: Shares, stable: Sequence[PodReading], canary: Sequence[PodReading]
+) -> str:
+    """The share each side was given and the share of finished requests each served."""
+    done_stable = sum(i.finished for i in intervals(stable))
+    done_canary = sum(i.finished for i in intervals(canary))
+    total = done_stable + done_canary
+    served = (
+        f"finished requests: stable {done_stable:g} ({done_stable / total:.0%}), "
+        f"canary {done_canary:g} ({done_canary / total:.0%})"
+        if total
+        else "no request finished on either side"
+    )
+    return f"traffic {describe(shares)}; {served}"

@@ -1,0 +1,211 @@
+"""Live-traffic canaries end to end: two real CPU vLLM pods (the fake kubelet runs one per
+pod of the fake API server, each on its own loopback address and core), a real load through
+the weighted splitter that reads the fake's HTTPRoute (the stand-in for a Gateway), and the
+judge on each server's real /metrics.
+
+The stable pod's KV budget is poor (96 blocks for 9 requests of 17 blocks: it preempts).
+Trial 1, a roomy budget, is judged better and promoted by a patch of the stable
+Deployment's args; the rolling update replaces the stable pod. Trial 2, the smallest budget
+that serves one max-length request, preempts and queues on its share, breaks the TTFT SLO
+within the analysis and is aborted: the HTTPRoute weight goes back to 0 at once, and the
+splitter sends the canary nothing after that. Four vLLM starts (stable, canary, promoted
+stable, canary), never more than two at once; about four minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+import pytest
+
+from kvpilot.agent.config.tuning import CanaryConfig
+from kvpilot.agent.runtimes.k8s_values import KubernetesTarget
+from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
+from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter, traffic_split
+from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
+from kvpilot.collectors.vllm_argv import flag_value, without_flags
+from kvpilot.rig.server import TINY_MODEL_DIR, free_port
+from kvpilot.tuner.judge import LIVE_METRICS, JudgeConfig
+from kvpilot.tuner.loadgen import LengthDist, Workload, run_load
+from kvpilot.tuner.objective import Slo
+from kvpilot.tuner.rollout import Phase, Rollout, RolloutSettings, Strategy
+from kvpilot.tuner.trials import TrialState, new_trial
+from tests.agent.k8s.conftest import NAMESPACE, base_deployment
+from tests.fakes.kubelet import FakeKubelet, KubeletApi
+from tests.fakes.rollout_journal import InMemoryRolloutJournal
+from tests.fakes.traffic_splitter import TrafficSplitter
+from tests.fakes.trial_store import InMemoryTrialStore
+from tests.tuner.tune_study import needs_two_cores, quiet
+
+pytestmark = [pytest.mark.slow, needs_two_cores, quiet]
+
+BLOCK = 32 * 1024  # the tiny model's KV bytes per 32-token block
+POOR, ROOMY, TINY = 96 * BLOCK, 2048 * BLOCK, 33 * BLOCK  # TINY: one 1024-token request
+# 400-token prompts growing by 128 tokens: 17 blocks each; 12 clients, 9 on the stable side.
+PROMPT, OUTPUT, CLIENTS = 400, 128, 12
+SLO = Slo(ttft_p95_s=1.5, inter_token_p95_s=0.5, max_preemptions_per_request=0.1)
+CANARY = CanaryConfig(
+    traffic="gateway", weight_percent=25, warmup_s=4, analysis_s=16, analysis_interval_s=2,
+    bake_s=8, gateway={"httproute": "vllm", "stable_service": "vllm"},
+)  # fmt: skip
+
+
+def deployment(port: int) -> dict:
+    body = base_deployment(port)
+    vllm = body["spec"]["template"]["spec"]["containers"][0]
+    vllm["command"] = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    vllm["args"] = [
+        "--model", str(TINY_MODEL_DIR), "--served-model-name", "tiny-llama",
+        "--host", "0.0.0.0", f"--port={port}", "--load-format", "dummy",
+        "--skip-tokenizer-init", "--dtype", "bfloat16", "--enforce-eager",
+        "--max-model-len", "1024", "--block-size", "32", f"--kv-cache-memory-bytes={POOR}",
+    ]  # fmt: skip
+    vllm["ports"][0]["containerPort"] = port
+    return body
+
+
+def with_kv(argv: tuple[str, ...], kv_bytes: int) -> tuple[str, ...]:
+    kept = without_flags(argv, ["--kv-cache-memory-bytes"], [])
+    return (*kept, f"--kv-cache-memory-bytes={kv_bytes}")
+
+
+class CountedSplit:
+    """The real split; after each pull-back, the splitter's counts once it has read it."""
+
+    def __init__(self, split, splitter: TrafficSplitter) -> None:
+        self._split, self._splitter = split, splitter
+        self.counts_after_pull_back: list[dict[str, int]] = []
+
+    async def send_share(self, canary_percent: float):
+        return await self._split.send_share(canary_percent)
+
+    async def shares(self):
+        return await self._split.shares()
+
+    async def pull_back(self):
+        shares = await self._split.pull_back()
+        await asyncio.to_thread(self._splitter.wait_for_fresh_table)
+        self.counts_after_pull_back.append(dict(self._splitter.counts))
+        return shares
+
+
+async def live_load(url: str, stop: asyncio.Event) -> None:
+    """Real users: CLIENTS at once, each sending its next request when one finishes."""
+    workload = Workload(CLIENTS, LengthDist.fixed(PROMPT), LengthDist.fixed(OUTPUT),
+                        concurrency=CLIENTS, request_timeout_s=120)  # fmt: skip
+    while not stop.is_set():
+        report = await run_load(url, workload, model="tiny-llama")
+        if report.failed:  # no stable endpoint while a rolling update replaces the pod
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.5)
+
+
+def test_a_good_canary_is_promoted_and_a_bad_one_aborted_on_live_traffic(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = free_port("0.0.0.0")
+    kubelet = FakeKubelet(namespace=NAMESPACE)
+    with KubeletApi(kubelet) as fake, kubelet:
+        stable_body = fake.add_deployment(deployment(port))
+        fake.add_service({"apiVersion": "v1", "kind": "Service",
+                          "metadata": {"name": "vllm", "namespace": NAMESPACE},
+                          "spec": {"selector": stable_body["spec"]["selector"]["matchLabels"],
+                                   "ports": [{"name": "http", "port": 8000,
+                                              "targetPort": "http"}]}})  # fmt: skip
+        fake.add_httproute({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": "vllm", "namespace": NAMESPACE},
+            "spec": {"parentRefs": [{"name": "gateway"}],
+                     "rules": [{"backendRefs": [{"name": "vllm", "port": 8000}]}]}})  # fmt: skip
+        kubelet.wait_ready("stable")
+        target = KubernetesTarget(
+            namespace=NAMESPACE, deployment="vllm", port=port, kvpool_port=None,
+            stable_url=None, promote="apply", state_dir=tmp_path,
+        )  # fmt: skip
+        runtime = KubernetesRuntime(target, fake.api_client(), identity="pod-a", poll_s=0.2)
+        built = traffic_split(CANARY, fake.api_client(), target)
+        assert built is not None
+        journal, store = InMemoryRolloutJournal(), InMemoryTrialStore()
+        settings = RolloutSettings(slo=SLO, judge=JudgeConfig(metrics=LIVE_METRICS),
+                                   ready_timeout_s=240)  # fmt: skip
+        clock = time.time
+
+        with TrafficSplitter(fake.host, NAMESPACE, route="vllm") as splitter:
+            split = CountedSplit(built, splitter)
+            adapter = KubernetesTunerAdapter(runtime, drain_timeout_s=10, traffic=split)
+            observer = LiveTrafficObserver(CANARY, split, SLO)
+
+            async def trial(number: int, kv_bytes: int):
+                rollout = Rollout(adapter, observer, store, journal, settings, wall_clock=clock)
+                t = new_trial(f"t{number}", "live", number, {"kv_cache_memory_bytes": kv_bytes},
+                              at_wall_s=clock())  # fmt: skip
+                store.add(t)
+                argv = with_kv(adapter.stable_argv(), kv_bytes)
+                return await rollout.run(t, argv, Strategy.PARALLEL)
+
+            async def main():
+                stop = asyncio.Event()
+                load = asyncio.create_task(live_load(splitter.url, stop))
+                try:
+                    good = await trial(1, ROOMY)
+                    bad = await trial(2, TINY)
+                    after_abort = dict(splitter.counts)
+                    await asyncio.sleep(3)  # the load goes on: none of it may reach the canary
+                finally:
+                    stop.set()
+                    await load
+                return good, bad, after_abort
+
+            started = time.monotonic()
+            good, bad, after_abort = asyncio.run(main())
+            elapsed = time.monotonic() - started
+            final = dict(splitter.counts)
+
+        with capsys.disabled():
+            print(f"\nlive canary e2e: {elapsed:.0f} s, vLLM starts {len(kubelet.started)}")
+            print(f"  trial 1: {good.record.phase.value}: {good.record.reason}")
+            print(f"  trial 2: {bad.record.phase.value}: {bad.record.reason}")
+            print(f"  splitter counts: {final}")
+            print(f"  counts after each pull-back: {split.counts_after_pull_back}")
+            print(f"  pulled back: {adapter.pulled_back}")
+            for w in fake.writes("PATCH"):
+                print(f"  PATCH {w.path}: {w.body}")
+
+    assert kubelet.errors == [], kubelet.errors
+    assert len(kubelet.started) == 4 and not kubelet.running
+    _, good_pod, promoted_pod, bad_pod = kubelet.started
+    assert (good_pod.role, bad_pod.role, promoted_pod.role) == ("canary", "canary", "stable")
+
+    # Trial 1: judged on live traffic, promoted by a patch of the stable Deployment's args.
+    assert good.record.phase is Phase.PROMOTED, good.record.reason
+    assert good.trial.state is TrialState.COMPLETE
+    assert "traffic stable 75 %, canary 25 % (HTTPRoute vllm: weights 75/25)" in (
+        good.record.reason or ""
+    )
+    (patch,) = [w for w in fake.writes("PATCH") if w.path.endswith("/deployments/vllm")]
+    (container,) = patch.body["spec"]["template"]["spec"]["containers"]
+    assert container["name"] == "vllm"
+    assert f"--kv-cache-memory-bytes={ROOMY}" in container["args"]
+    assert flag_value(tuple(container["args"]), "--kv-cache-memory-bytes") == str(ROOMY)
+    assert f"--kv-cache-memory-bytes={ROOMY}" in promoted_pod.argv
+
+    # Trial 2: aborted on the SLO during the analysis, its traffic gone.
+    assert bad.record.phase is Phase.ROLLED_BACK
+    assert bad.trial.state is TrialState.INFEASIBLE
+    reason = bad.trial.reason or ""
+    assert reason.startswith("aborted during the analysis: canary interval"), reason
+    assert "traffic back to stable (stable 100 %, canary 0 %" in reason
+    bad_backend = f"{bad_pod.ip}:{port}"
+    assert final.get(bad_backend, 0) > 0  # it did take live traffic before the abort
+    # Trial 1's pull-back came before its promotion; the next is trial 2's abort.
+    at_abort = split.counts_after_pull_back[1]
+    assert final.get(bad_backend, 0) == at_abort.get(bad_backend, 0)
+    assert final.get(bad_backend, 0) == after_abort.get(bad_backend, 0)
+    assert final[f"{promoted_pod.ip}:{port}"] > after_abort[f"{promoted_pod.ip}:{port}"]
+    assert fake.service(NAMESPACE, "vllm-kvpilot-canary") is None
+    assert fake.httproute(NAMESPACE, "vllm")["spec"]["rules"][0]["backendRefs"] == [
+        {"name": "vllm", "port": 8000, "weight": 100}
+    ]
