@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from kustomize_builds import LAYERS, build, missing_input, named, of_kind
 from typer.testing import CliRunner
 
 from kvpilot.agent.cli.main import app
+from kvpilot.agent.config import load_config
 from kvpilot.agent.runtimes import k8s_objects, k8s_traffic
 from kvpilot.agent.runtimes.base import RuntimeFailure
 
@@ -88,13 +90,36 @@ def test_httproute_passes_the_gateway_api_schema() -> None:
     assert schema.validate_httproute(broken) != []
 
 
+TRAFFIC = {"base": "replay", "tuning": "service", "tuning-gateway": "gateway"}
+
+
 @pytest.mark.parametrize("layer", LAYERS)
-def test_config_check_accepts_the_sidecars_settings(layer: str, tmp_path: Path) -> None:
-    config_map = named(built(layer), "ConfigMap", "kvpilot-config")
+def test_config_check_accepts_the_sidecars_settings(
+    layer: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ConfigMap's kvpilot.yaml with the sidecar container's KVPILOT_* overrides, as the
+    pod runs it: `kvpilot config check` accepts it, and each overlay judges canaries on the
+    traffic its Service or HTTPRoute gives them."""
+    docs = built(layer)
     path = tmp_path / "kvpilot.yaml"
-    path.write_text(config_map["data"]["kvpilot.yaml"])
-    result = CliRunner().invoke(app, ["config", "check", str(path), "--no-env"])
+    path.write_text(named(docs, "ConfigMap", "kvpilot-config")["data"]["kvpilot.yaml"])
+    pod = named(docs, "Deployment", "vllm")["spec"]["template"]["spec"]
+    (sidecar,) = [c for c in pod["containers"] if c["name"] == "kvpilot"]
+    env = {e["name"]: e["value"] for e in sidecar["env"] if "value" in e}
+    for name in [n for n in os.environ if n.startswith("KVPILOT_")]:
+        monkeypatch.delenv(name)
+    result = CliRunner().invoke(app, ["config", "check", str(path)], env=env)
     assert result.exit_code == 0, result.output
+    config = load_config(path, env, warn=False)
+    assert str(config.state_dir) == STATE_DIR
+    assert config.runtime.kind == ("process" if layer == "base" else "pod")
+    canary = config.tuning.canary
+    assert canary.traffic == TRAFFIC[layer]
+    if layer == "tuning-gateway":
+        gateway = canary.gateway
+        assert gateway is not None
+        assert gateway.httproute == HTTPROUTE and gateway.stable_service == STABLE_SERVICE
+        assert gateway.canary_service == CANARY_SERVICE
 
 
 def _canary(deployment: dict[str, Any], serve: dict[str, str] | None = None) -> dict[str, Any]:

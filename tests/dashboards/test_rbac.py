@@ -2,9 +2,10 @@
 
 Every call site is read from the agent's source (k8s_api_calls), so a new call without a
 grant fails here, and so does a grant no call uses. Each call belongs to one layer:
-reads to the base Role `kvpilot`; the tuner's writes, its Lease and its Events to
-`kvpilot-tuning` (deploy/overlays/tuning); creating and deleting the canary's Service and
-the HTTPRoute's weights to `kvpilot-tuning-gateway` (deploy/overlays/tuning-gateway).
+reads to the base Role `kvpilot`; the tuner's writes, its Lease, its Events and its
+handover ConfigMap to `kvpilot-tuning` (deploy/overlays/tuning); creating and deleting the
+canary's Service and the HTTPRoute's weights to `kvpilot-tuning-gateway`
+(deploy/overlays/tuning-gateway).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ LAYER_OF_RESOURCE = {
     ("gateway.networking.k8s.io", "httproutes", None): "tuning-gateway",
     ("coordination.k8s.io", "leases", None): "tuning",  # one tuner per Deployment
     ("", "events", None): "tuning",  # recommend-only's patch, as an Event
+    ("", "configmaps", None): "tuning",  # a promotion handed over (several replicas)
 }
 
 
@@ -136,10 +138,15 @@ def test_a_403_names_the_role_that_grants_the_verb() -> None:
     for layer, needed in _needed().items():
         for group, resource, verb in needed:
             name = f"{resource}.{group}" if group else resource
-            assert table.get((verb, name)) == place[layer], (verb, name)
+            got = table.get((verb, name))
+            assert got == place[layer], (
+                f"k8s_api.ROLE_GRANTS[({verb!r}, {name!r})] is {got}; the Role that grants it: "
+                f"{place[layer]}"
+            )
     for (verb, name), where in table.items():
         plural, _, group = name.partition(".")
-        assert where == place[layer_of(group, plural, verb)], (verb, name, where)
+        want = place[layer_of(group, plural, verb)]
+        assert where == want, f"k8s_api.ROLE_GRANTS[({verb!r}, {name!r})] is {where}, not {want}"
 
 
 # -- the reader itself ---------------------------------------------------------------------
