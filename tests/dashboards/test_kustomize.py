@@ -17,6 +17,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 from kustomize_builds import LAYERS, build, missing_input, named, of_kind
 from typer.testing import CliRunner
 
@@ -263,3 +264,17 @@ def test_the_canary_does_not_carry_the_sidecars_state_claim() -> None:
     )
     volumes = canary["spec"]["template"]["spec"].get("volumes") or []
     assert not [v for v in volumes if "persistentVolumeClaim" in v]
+
+
+def test_the_canary_pages_settings_are_valid(tmp_path: Path) -> None:
+    """docs/canary.md's `tuning.canary` example, on the pod runtime, passes config check."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "canary.md").read_text()
+    block = re.search(r"## Settings\n\n```yaml\n(.*?)```", page, re.S)
+    assert block is not None
+    data = yaml.safe_load(block.group(1))
+    data |= {"state_dir": STATE_DIR, "runtime": {"kind": "pod", "port": 8000}}
+    path = tmp_path / "kvpilot.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(app, ["config", "check", str(path), "--no-env"])
+    assert result.exit_code == 0, result.output
+    assert load_config(path, None, warn=False).tuning.canary.traffic == "gateway"
