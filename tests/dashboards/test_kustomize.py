@@ -12,13 +12,15 @@ import asyncio
 import importlib
 import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
-from kustomize_builds import LAYERS, build, missing_input, named, of_kind
+from kustomize_builds import LAYERS, ROOT, build, kubectl, missing_input, named, of_kind
 from typer.testing import CliRunner
 
 from kvpilot.agent.cli.main import app
@@ -65,6 +67,41 @@ def test_layer_builds_with_its_kinds_labels_and_images(layer: str) -> None:
     pod = named(docs, "Deployment", "vllm")["spec"]["template"]["spec"]
     images = {c["image"] for c in pod["containers"] + pod["initContainers"]}
     assert images == {"vllm/vllm-openai:v0.32.0", "kvpilot:0.1.0"}
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_vllm_stays_the_pods_first_container(layer: str) -> None:
+    """Patches by index (the docs' example) and `kubectl logs` without -c mean vLLM."""
+    pod = named(built(layer), "Deployment", "vllm")["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["vllm", "kvpilot"]
+    assert pod["containers"][0]["args"][0].startswith("--model=")
+
+
+def test_the_deploy_pages_example_overlay_builds(tmp_path: Path) -> None:
+    """docs/deploy.md's own overlay, put beside the others, sets namespace, image and model."""
+    if reason := missing_input("tuning"):
+        pytest.skip(reason)
+    page = (ROOT / "docs" / "deploy.md").read_text()
+    block = re.search(r"```yaml\n(# deploy/overlays/prod/kustomization.yaml\n.*?)```", page, re.S)
+    assert block is not None
+    copy = tmp_path / "deploy"
+    shutil.copytree(ROOT / "deploy", copy)
+    (copy / "overlays" / "prod").mkdir()
+    (copy / "overlays" / "prod" / "kustomization.yaml").write_text(block.group(1))
+    result = subprocess.run(
+        [str(kubectl()), "kustomize", str(copy / "overlays" / "prod")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    docs = tuple(d for d in yaml.safe_load_all(result.stdout) if d)
+    assert {d["metadata"].get("namespace") for d in docs} == {"serving"}
+    pod = named(docs, "Deployment", "vllm")["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    assert containers["vllm"]["args"][0] == "--model=meta-llama/Llama-3.1-8B-Instruct"
+    assert containers["kvpilot"]["args"][0] == "run"
+    assert containers["kvpilot"]["image"] == "registry.example.com/kvpilot:0.1.0"
 
 
 @pytest.mark.parametrize("layer", LAYERS)
@@ -268,7 +305,7 @@ def test_the_canary_does_not_carry_the_sidecars_state_claim() -> None:
 
 def test_the_canary_pages_settings_are_valid(tmp_path: Path) -> None:
     """docs/canary.md's `tuning.canary` example, on the pod runtime, passes config check."""
-    page = (Path(__file__).resolve().parents[2] / "docs" / "canary.md").read_text()
+    page = (ROOT / "docs" / "canary.md").read_text()
     block = re.search(r"## Settings\n\n```yaml\n(.*?)```", page, re.S)
     assert block is not None
     data = yaml.safe_load(block.group(1))
