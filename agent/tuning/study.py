@@ -129,10 +129,12 @@ def build_study(
     slo = Slo(ttft_p95_s=tuning.slo.ttft_p95_s, inter_token_p95_s=tuning.slo.inter_token_p95_s)
     fixed = _fixed_args(argv, space)
     model = parse_server_argv(argv).model or ""
+    # Live traffic is not the replayed workload: its goodput (per share) is another figure.
+    traffic = tuning.canary.traffic
+    served = workload_hash(workload) if traffic == "replay" else f"live traffic ({traffic})"
     return Study(
         tuning, stable, argv, space, workload, slo,
-        fingerprint(model, fixed, workload_hash(workload), slo),
-        config.runtime.ready_timeout_s,
+        fingerprint(model, fixed, served, slo), config.runtime.ready_timeout_s,
     )  # fmt: skip
 
 

@@ -3,13 +3,19 @@ pod of the fake API server, each on its own loopback address and core), a real l
 the weighted splitter that reads the fake's HTTPRoute (the stand-in for a Gateway), and the
 judge on each server's real /metrics.
 
-The stable pod's KV budget is poor (96 blocks for 9 requests of 17 blocks: it preempts).
-Trial 1, a roomy budget, is judged better and promoted by a patch of the stable
+The stable pod's KV budget is poor (96 blocks, while each request grows to 29: it queues and
+preempts). Trial 1, a roomy budget, is judged better and promoted by a patch of the stable
 Deployment's args; the rolling update replaces the stable pod. Trial 2, the smallest budget
-that serves one max-length request, preempts and queues on its share, breaks the TTFT SLO
-within the analysis and is aborted: the HTTPRoute weight goes back to 0 at once, and the
-splitter sends the canary nothing after that. Four vLLM starts (stable, canary, promoted
-stable, canary), never more than two at once; about four minutes on two cores.
+that serves one max-length request (33 blocks), admits two prompts that then outgrow it,
+preempts and queues on its share, breaks the TTFT SLO within the analysis and is aborted:
+the HTTPRoute weight goes back to 0 at once, and the splitter sends the canary nothing
+after that. Four vLLM starts (stable, canary, promoted stable, canary), never more than two
+at once; about four minutes on two cores.
+
+The load is closed-loop (each client sends its next request when one finishes), so its
+total rate is what the servers can do: the stable pod alone on one core after the
+promotion serves less in all than stable and canary did on two. The bake's tolerance is
+widened for that (0.5); with real, open-loop traffic the total does not depend on the split.
 """
 
 from __future__ import annotations
@@ -44,12 +50,13 @@ pytestmark = [pytest.mark.slow, needs_two_cores, quiet]
 
 BLOCK = 32 * 1024  # the tiny model's KV bytes per 32-token block
 POOR, ROOMY, TINY = 96 * BLOCK, 2048 * BLOCK, 33 * BLOCK  # TINY: one 1024-token request
-# 400-token prompts growing by 128 tokens: 17 blocks each; 12 clients, 9 on the stable side.
-PROMPT, OUTPUT, CLIENTS = 400, 128, 12
+# 400-token prompts (13 blocks) growing by 512 tokens to 29 blocks; 12 clients, 9 of them
+# on the stable side, 3 on the canary's.
+PROMPT, OUTPUT, CLIENTS = 400, 512, 12
 SLO = Slo(ttft_p95_s=1.5, inter_token_p95_s=0.5, max_preemptions_per_request=0.1)
 CANARY = CanaryConfig(
-    traffic="gateway", weight_percent=25, warmup_s=4, analysis_s=16, analysis_interval_s=2,
-    bake_s=8, gateway={"httproute": "vllm", "stable_service": "vllm"},
+    traffic="gateway", weight_percent=25, warmup_s=4, analysis_s=20, analysis_interval_s=2,
+    bake_s=12, gateway={"httproute": "vllm", "stable_service": "vllm"},
 )  # fmt: skip
 
 
@@ -130,7 +137,7 @@ def test_a_good_canary_is_promoted_and_a_bad_one_aborted_on_live_traffic(
         assert built is not None
         journal, store = InMemoryRolloutJournal(), InMemoryTrialStore()
         settings = RolloutSettings(slo=SLO, judge=JudgeConfig(metrics=LIVE_METRICS),
-                                   ready_timeout_s=240)  # fmt: skip
+                                   ready_timeout_s=240, bake_tolerance_ratio=0.5)  # fmt: skip
         clock = time.time
 
         with TrafficSplitter(fake.host, NAMESPACE, route="vllm") as splitter:
@@ -153,7 +160,12 @@ def test_a_good_canary_is_promoted_and_a_bad_one_aborted_on_live_traffic(
                     good = await trial(1, ROOMY)
                     bad = await trial(2, TINY)
                     after_abort = dict(splitter.counts)
-                    await asyncio.sleep(3)  # the load goes on: none of it may reach the canary
+                    # The load goes on (a round of new requests at least): none reaches the canary.
+                    promoted = f"{kubelet.started[2].ip}:{port}"
+                    more = after_abort.get(promoted, 0) + CLIENTS
+                    await asyncio.to_thread(
+                        splitter.wait_until, lambda s: s.count(promoted) >= more, 120
+                    )
                 finally:
                     stop.set()
                     await load
@@ -167,6 +179,23 @@ def test_a_good_canary_is_promoted_and_a_bad_one_aborted_on_live_traffic(
         with capsys.disabled():
             print(f"\nlive canary e2e: {elapsed:.0f} s, vLLM starts {len(kubelet.started)}")
             print(f"  trial 1: {good.record.phase.value}: {good.record.reason}")
+            print(f"    shares: {good.trial.reason}")
+            judged = good.trial.judgement
+            print(f"    judge: {judged.classification.value if judged else None}: "
+                  f"{judged.reason if judged else None}")  # fmt: skip
+            if judged is not None:
+                for m in judged.metrics:
+                    print(
+                        f"      {m.name}: {m.verdict.value} canary {m.canary_median} "
+                        f"baseline {m.baseline_median} (n {m.canary_count}/{m.baseline_count})"
+                    )
+            result, base = good.trial.result, good.baseline
+            print(
+                f"    goodput canary {result.goodput_tokens_per_s if result else None} "
+                f"stable {base.goodput_tokens_per_s if base else None} "
+                f"({base.reason if base else ''}) "
+                f"bake {good.record.bake_goodput_tokens_per_s}"
+            )
             print(f"  trial 2: {bad.record.phase.value}: {bad.record.reason}")
             print(f"  splitter counts: {final}")
             print(f"  counts after each pull-back: {split.counts_after_pull_back}")
@@ -182,8 +211,8 @@ def test_a_good_canary_is_promoted_and_a_bad_one_aborted_on_live_traffic(
     # Trial 1: judged on live traffic, promoted by a patch of the stable Deployment's args.
     assert good.record.phase is Phase.PROMOTED, good.record.reason
     assert good.trial.state is TrialState.COMPLETE
-    assert "traffic stable 75 %, canary 25 % (HTTPRoute vllm: weights 75/25)" in (
-        good.record.reason or ""
+    assert (good.trial.reason or "").startswith(
+        "traffic stable 75 %, canary 25 % (HTTPRoute vllm: weights 75/25); finished requests:"
     )
     (patch,) = [w for w in fake.writes("PATCH") if w.path.endswith("/deployments/vllm")]
     (container,) = patch.body["spec"]["template"]["spec"]["containers"]
@@ -204,7 +233,8 @@ def test_a_good_canary_is_promoted_and_a_bad_one_aborted_on_live_traffic(
     at_abort = split.counts_after_pull_back[1]
     assert final.get(bad_backend, 0) == at_abort.get(bad_backend, 0)
     assert final.get(bad_backend, 0) == after_abort.get(bad_backend, 0)
-    assert final[f"{promoted_pod.ip}:{port}"] > after_abort[f"{promoted_pod.ip}:{port}"]
+    promoted = f"{promoted_pod.ip}:{port}"
+    assert final[promoted] >= after_abort[promoted] + CLIENTS
     assert fake.service(NAMESPACE, "vllm-kvpilot-canary") is None
     assert fake.httproute(NAMESPACE, "vllm")["spec"]["rules"][0]["backendRefs"] == [
         {"name": "vllm", "port": 8000, "weight": 100}

@@ -322,3 +322,49 @@ def test_a_pod_whose_metrics_cannot_be_read_is_counted_not_zeroed(pods) -> None:
     assert len(live.scrape_errors) == 7
     assert "does not parse" in live.scrape_errors[0]
     assert "canary 0 (0%)" in (cand.traffic or "")
+
+
+def test_a_judged_rollout_states_the_shares_with_its_verdict(pods) -> None:
+    stable, canary = pods
+    stable.metrics = PodScript([Step(9, ttft_s=0.3, preemptions=18)]).render
+    canary.metrics = PodScript([Step(1, ttft_s=0.05)]).render
+    split, clock = RecordingSplit(canary), SteppedClock()
+    journal, store = InMemoryRolloutJournal(), InMemoryTrialStore()
+
+    class Runtime(InMemoryTunerRuntime):
+        def stable_url(self) -> str:
+            return url(stable)
+
+        async def start_canary(self, argv, *, ready_timeout_s: float) -> str:
+            await super().start_canary(argv, ready_timeout_s=ready_timeout_s)
+            return url(canary)
+
+    settings = RolloutSettings(slo=SLO, judge=JudgeConfig(metrics=LIVE_METRICS), bake=False)
+    rollout = Rollout(Runtime(journal), observer(split, clock), store, journal, settings,
+                      wall_clock=clock)  # fmt: skip
+    trial = new_trial("t1", "fp", 1, {"kv_cache_memory_bytes": 1}, at_wall_s=1.0)
+    store.add(trial)
+
+    outcome = asyncio.run(rollout.run(trial, GOOD, Strategy.PARALLEL))
+
+    shares = (
+        "traffic stable 90 %, canary 10 % (HTTPRoute vllm weights); "
+        "finished requests: stable 54 (90%), canary 6 (10%)"
+    )
+    # The stable side preempts twice per request: infeasible, so the canary is better.
+    assert outcome.record.phase is Phase.PROMOTED, outcome.record.reason
+    assert (outcome.record.reason or "").endswith(f"better than the stable instance; {shares}")
+    assert outcome.trial.state is TrialState.COMPLETE and outcome.trial.reason == shares
+
+
+def test_a_split_that_sends_the_canary_nothing_is_an_error_not_a_verdict(pods) -> None:
+    from kvpilot.agent.tuning.live_observer import LiveTrafficError
+
+    stable, canary = pods
+
+    class Stuck(RecordingSplit):
+        async def send_share(self, canary_percent: float) -> Split:
+            return self.now  # the canary's pods never became endpoints
+
+    with pytest.raises(LiveTrafficError, match="sends the canary nothing"):
+        asyncio.run(observer(Stuck(canary), SteppedClock()).warm([url(stable), url(canary)]))

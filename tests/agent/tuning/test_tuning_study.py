@@ -108,6 +108,16 @@ def test_the_study_holds_the_other_flags_fixed_in_either_spelling(tmp_path: Path
     assert build_study(other, TuningConfig()).fingerprint != base.fingerprint
 
 
+def test_live_traffic_is_a_study_of_its_own(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    replay = build_study(config, TuningConfig()).fingerprint
+    live = {"canary": {"traffic": "service"}}
+    service = build_study(config, TuningConfig.model_validate(live)).fingerprint
+    other_load = {**live, "workload": {"requests": 8}}
+    assert service != replay
+    assert build_study(config, TuningConfig.model_validate(other_load)).fingerprint == service
+
+
 def test_a_model_the_planner_cannot_read_is_a_study_error(tmp_path: Path) -> None:
     config = _config(tmp_path, model_dir=tmp_path / "nowhere")
     with pytest.raises(StudyError, match=r"the planner cannot bound the search for .*nowhere"):

@@ -1,0 +1,51 @@
+"""Per-interval figures from two readings of one pod's /metrics: deltas, restarts, errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpilot.agent.tuning.live_intervals import interval, judge_samples, read_pod
+from kvpilot.tuner.objective import Slo
+from tests.agent.tuning.test_live_observer import PodScript, Step
+
+SLO = Slo(ttft_p95_s=1.0, inter_token_p95_s=0.2)
+
+
+def reading(text: str, at_s: float):
+    got = read_pod(text, taken_at_s=at_s, wall_time_s=1e9 + at_s)
+    assert got is not None
+    return got
+
+
+def test_an_interval_is_the_difference_of_two_readings() -> None:
+    pod = PodScript([Step(4, ttft_s=0.2, e2e_s=1.2, preemptions=2, failed=1)])
+    first, second = reading(pod.render(), 0.0), reading(pod.render(), 5.0)
+
+    span = interval(first, second)
+
+    assert (span.span_s, span.finished, span.preemptions) == (5.0, 4.0, 2.0)
+    assert span.ttft_mean_s == pytest.approx(0.2) and span.e2e_mean_s == pytest.approx(1.2)
+    assert span.ttft_p95_s is not None and 0.1 < span.ttft_p95_s <= 0.25  # the bucket's
+    assert (span.answered, span.failed, span.errors_ratio) == (5.0, 1.0, 0.2)
+    assert span.slo_breach(SLO) == "1 of 5 requests failed (allowed ratio 0)"
+
+
+def test_a_pod_that_restarted_counts_from_zero_not_below_it() -> None:
+    before = PodScript([Step(50, tokens_each=10)])
+    for _ in range(3):
+        old = before.render()
+    restarted = PodScript([Step(2, ttft_s=3.0, tokens_each=10)])
+    restarted.render()
+    new = restarted.render()
+
+    span = interval(reading(old, 0.0), reading(new, 2.0))
+
+    assert (span.finished, span.generation_tokens, span.answered) == (2.0, 20.0, 2.0)
+    assert span.ttft_mean_s == pytest.approx(3.0)
+    assert span.latency_breach(SLO) is not None and span.latency_breach(SLO).startswith("TTFT")
+    samples = judge_samples([span], [], 0.5, SLO)
+    assert samples["goodput_tokens_per_s"] == (0.0,)  # an interval that broke the SLO
+
+
+def test_metrics_without_vllm_families_are_not_a_reading() -> None:
+    assert read_pod("up 1\n", taken_at_s=0.0, wall_time_s=0.0) is None
