@@ -25,13 +25,14 @@ ROLE_GRANTS: dict[tuple[str, str], tuple[str, str]] = {
     ("get", "deployments.apps"): _BASE,
     ("list", "pods"): _BASE,
     ("get", "endpoints"): _BASE,  # a Service share: the canary's endpoints
+    ("get", "services"): _BASE,  # a Service share reads its Service; the Gateway way too
     **{(verb, "deployments.apps"): _TUNING for verb in ("create", "patch", "delete")},
     **{(verb, "leases.coordination.k8s.io"): _TUNING for verb in ("get", "create", "update")},
     ("create", "events"): _TUNING,
     ("patch", "pods"): _TUNING,  # a Service share: a canary pod's label taken off
     # kubernetes.handover: configmap (several replicas): the promotion handed over
     **{(verb, "configmaps"): _TUNING for verb in ("get", "create", "update", "delete")},
-    **{(verb, "services"): _GATEWAY for verb in ("get", "create", "delete")},
+    **{(verb, "services"): _GATEWAY for verb in ("create", "delete")},
     **{(verb, "httproutes.gateway.networking.k8s.io"): _GATEWAY for verb in ("get", "patch")},
 }
 

@@ -283,11 +283,6 @@ def test_canary_pods_stay_out_of_the_vllm_scrape_job(layer: str) -> None:
     assert re.fullmatch(drops[0]["regex"], canary[k8s_objects.ROLE_LABEL])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="k8s_objects.build_canary keeps every volume of the stable pod template, the "
-    "sidecar's state claim included, though no container of the canary mounts it",
-)
 def test_the_canary_does_not_carry_the_sidecars_state_claim() -> None:
     """The claim is ReadWriteOnce and bound where the stable pod runs: a canary pod that
     names it is held to that volume's node or zone, and one GPU node may have no room."""
