@@ -103,10 +103,27 @@ def summary(config: AgentConfig) -> list[str]:
         f"remediation: {'dry run' if r.dry_run else 'live'}, cooldown {r.cooldown_s:g} s, "
         f"budget {r.budget.max_restarts} per {r.budget.window_s:g} s"
     )
+    lines.append(_tuning_line(config))
     has_token = config.api.token is not None or config.api.token_file is not None
     lines.append(f"control API token: {'set' if has_token else 'none (POST endpoints refused)'}")
     lines.append(f"state: {config.state_dir}")
     return lines
+
+
+def _tuning_line(config: AgentConfig) -> str:
+    t = config.tuning
+    when = f"schedule '{t.schedule}' (UTC)" if t.schedule else "on demand (kvpilot tune)"
+    c = t.canary
+    if c.traffic == "replay":
+        how = f"canaries on a synthetic replay ({t.strategy})"
+    else:
+        split = (f"HTTPRoute {c.gateway.httproute} weight {c.weight_percent:g} %"
+                 if c.gateway is not None else "a share of the Service's endpoints")  # fmt: skip
+        how = (
+            f"canaries on live traffic through {split}: warm-up {c.warmup_s:g} s, analysis "
+            f"{c.analysis_s:g} s every {c.analysis_interval_s:g} s, bake {c.bake_s:g} s"
+        )
+    return f"tuning: {when}, {t.trials} trials a run, {how}"
 
 
 def register(app: typer.Typer) -> None:

@@ -47,3 +47,22 @@ def test_config_check_accepts_the_pod_runtime_with_tuning_on(tmp_path: Path) -> 
     assert config.tuning.schedule == "0 3 * * *"
     assert config.runtime.kubernetes.promote == "auto"
     assert config.runtime.kubernetes.restart == "signal"
+
+
+def test_config_check_says_how_canaries_get_their_traffic(tmp_path: Path) -> None:
+    path = tmp_path / "kvpilot.yaml"
+    path.write_text(_config_map(TUNING)["data"]["kvpilot.yaml"])
+    gateway = "{httproute: vllm, stable_service: vllm, canary_service: vllm-kvpilot-canary}"
+    said = {}
+    for traffic, extra in (("replay", {}), ("service", {}),
+                           ("gateway", {"KVPILOT_TUNING__CANARY__GATEWAY": gateway})):  # fmt: skip
+        env = {"KVPILOT_TUNING__CANARY__TRAFFIC": traffic, **extra}
+        result = CliRunner().invoke(app, ["config", "check", str(path)], env=env)
+        assert result.exit_code == 0, result.output
+        (said[traffic],) = [x for x in result.output.splitlines() if x.startswith("tuning: ")]
+    assert said["replay"] == (
+        "tuning: schedule '0 3 * * *' (UTC), 3 trials a run, canaries on a synthetic replay "
+        "(parallel)"
+    )
+    assert "live traffic through a share of the Service's endpoints: warm-up" in said["service"]
+    assert "live traffic through HTTPRoute vllm weight 10 %" in said["gateway"]
