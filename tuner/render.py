@@ -122,11 +122,6 @@ def format_rate(value: float | None, missing: str = "-") -> str:
     return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
-def format_seconds(value: float | None, missing: str = "-") -> str:
-    """Seconds for people: three significant figures."""
-    return missing if value is None else f"{value:.3g} s"
-
-
 def format_bytes_or(value: float | None, missing: str = "-") -> str:
     return missing if value is None else format_bytes(value)
 
