@@ -217,3 +217,27 @@ def test_replay_samples_carry_goodput_and_kv_usage_from_the_scrapes() -> None:
     got = samples(LoadReport(0.0, 1.0, ()), [scrape(0.0, 0, 0.1), scrape(0.5, 500, 0.7)])
     assert got["goodput_tokens_per_s"] == (1000.0,)
     assert got["kv_usage_ratio"] == (0.1, 0.7)
+
+
+def test_kvpilot_trials_verbose_shows_the_baseline_and_the_warmup(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from kvpilot.agent.cli.main import app
+    from kvpilot.agent.config import load_config
+    from tests.agent.cli.test_tune_cli import _config
+
+    path = _config(tmp_path)
+    db = Database.open(load_config(path).state_dir)
+    try:
+        for trial in _trials():
+            SqliteTrialStore(db).add(trial)
+    finally:
+        db.close()
+    args = ["trials", "--config", str(path), "--verbose"]
+    got = CliRunner().invoke(app, args, env={"COLUMNS": "240"})
+    assert got.exit_code == 0, got.output
+    row = next(line for line in got.output.splitlines() if "│ 2 " in line)
+    assert re.search(r"1034\s.*6\.8 MiB\s.*1030\s.*64\.0 MiB", row), row
+    assert "2 requests each" in row
+    old = next(line for line in got.output.splitlines() if "│ 1 " in line)
+    assert old.count("unknown") == 3
