@@ -150,7 +150,12 @@ def _canary_row() -> list[Item]:
             timeseries_panel(
                 f"Canary against baseline: {spec.name}",
                 f"Median of the canary's and the baseline's {spec.name} samples per judged "
-                f"trial; an {spec.direction.value} counts against the canary.",
+                f"trial; "
+                + (
+                    f"an {spec.direction.value} counts against the canary."
+                    if spec.counted
+                    else "shown as information, never counted against the canary."
+                ),
                 [
                     Query(
                         f'{CANARY_METRIC}{{{INSTANCE}, metric="{spec.name}", stat="median"}}',

@@ -12,6 +12,10 @@ A HIGH counts against the canary only for a metric whose direction says an incre
 (latencies, errors), a LOW only where a decrease is bad, either for "either". The score is
 the weighted share of metrics that did not count against the canary; a failing critical
 metric fails the whole. Only PASS promotes.
+
+The judge counts only what users feel: latencies, preemptions, errors and goodput. KV usage
+is the memory knob's own consequence (a smaller budget fills more of itself at equal
+service), so it is compared and shown but never counted (`MetricSpec.counted`).
 """
 
 from __future__ import annotations
@@ -55,10 +59,11 @@ class MetricSpec:
     critical: bool = False
     min_samples: int = 5
     slo_tolerance_ratio: float = 0.0  # of the SLO's limit for this metric, when one is given
+    counted: bool = True  # False: compared and shown as information, never in the score
 
 
-# The metrics the canary compares, with their units in the name.
-DEFAULT_METRICS: tuple[MetricSpec, ...] = (
+# What users feel, judged alike on replay and on live traffic: latencies, errors, goodput.
+_LATENCIES: tuple[MetricSpec, ...] = (
     MetricSpec(
         "ttft_s",
         Direction.INCREASE,
@@ -74,22 +79,35 @@ DEFAULT_METRICS: tuple[MetricSpec, ...] = (
         slo_tolerance_ratio=0.1,
     ),
     MetricSpec("e2e_s", Direction.INCREASE, tolerance_ratio=0.1, tolerance_abs=0.01),
+)
+_GOODPUT = MetricSpec("goodput_tokens_per_s", Direction.DECREASE, tolerance_ratio=0.1)
+_ERRORS = MetricSpec("errors_ratio", Direction.INCREASE, tolerance_abs=0.01, critical=True)
+# Information only: a smaller KV budget fills more of itself; that is the saving, not a harm.
+KV_USAGE_INFO = MetricSpec(
+    "kv_usage_ratio", Direction.INCREASE, tolerance_ratio=0.25, tolerance_abs=0.05, counted=False
+)
+
+# Replay: both sides get the whole workload, so per-second rates compare.
+DEFAULT_METRICS: tuple[MetricSpec, ...] = (
+    *_LATENCIES,
     MetricSpec("preemptions_per_s", Direction.INCREASE, tolerance_ratio=0.2, tolerance_abs=0.05),
-    MetricSpec("kv_usage_ratio", Direction.INCREASE, tolerance_ratio=0.25, tolerance_abs=0.05),
-    MetricSpec("errors_ratio", Direction.INCREASE, tolerance_abs=0.01, critical=True),
+    _GOODPUT,
+    _ERRORS,
+    KV_USAGE_INFO,
 )
 
 
 # Live traffic splits it unevenly: per-request and per-share figures compare, totals do not
-# (a canary on 10 % sees a tenth of the preemptions and KV use). Goodput is the generation
-# rate divided by the side's share; a drop counts against the canary.
+# (a canary on 10 % sees a tenth of the preemptions). Goodput is the generation rate divided
+# by the side's share; KV usage is a ratio of each side's own budget.
 LIVE_METRICS: tuple[MetricSpec, ...] = (
-    *(m for m in DEFAULT_METRICS if m.name in ("ttft_s", "inter_token_s", "e2e_s")),
+    *_LATENCIES,
     MetricSpec(
         "preemptions_per_request", Direction.INCREASE, tolerance_ratio=0.2, tolerance_abs=0.05
     ),
-    MetricSpec("goodput_tokens_per_s", Direction.DECREASE, tolerance_ratio=0.1),
-    MetricSpec("errors_ratio", Direction.INCREASE, tolerance_abs=0.01, critical=True),
+    _GOODPUT,
+    _ERRORS,
+    KV_USAGE_INFO,
 )
 
 
@@ -155,8 +173,8 @@ def judge(
         )
         for spec in config.metrics
     )
-    weights = {spec.name: spec.weight for spec in config.metrics}
-    judged = [v for v in verdicts if v.verdict is not Verdict.NODATA]
+    weights = {spec.name: spec.weight for spec in config.metrics if spec.counted}
+    judged = [v for v in verdicts if v.verdict is not Verdict.NODATA and v.name in weights]
     total = sum(weights[v.name] for v in judged)
     if total == 0:
         return Judgement(Classification.FAIL, 0.0, verdicts, "no metric had enough samples")
@@ -175,7 +193,13 @@ def judge(
         classification = Classification.MARGINAL
     else:
         classification = Classification.FAIL
+    info = [
+        f"{v.name} {v.verdict}"
+        for v in verdicts
+        if v.name not in weights and v.verdict in (Verdict.HIGH, Verdict.LOW)
+    ]
     reason = f"score {score:.0%}" + (f"; against: {', '.join(against)}" if against else "")
+    reason += f"; shown, not counted: {', '.join(info)}" if info else ""
     return Judgement(classification, score, verdicts, reason)
 
 
@@ -213,8 +237,9 @@ def judge_metric(
     else:
         verdict = Verdict.HIGH if shift > 0 else Verdict.LOW
         reason = f"shift {shift:+.3g} beyond tolerance ±{band:.3g} (p={p_value:.3g})"
-    against = (verdict is Verdict.HIGH and spec.direction != Direction.DECREASE) or (
-        verdict is Verdict.LOW and spec.direction != Direction.INCREASE
+    against = spec.counted and (
+        (verdict is Verdict.HIGH and spec.direction != Direction.DECREASE)
+        or (verdict is Verdict.LOW and spec.direction != Direction.INCREASE)
     )
     return MetricVerdict(
         spec.name, verdict, against, p_value, shift, base_median, canary_median, n_b, n_c, reason

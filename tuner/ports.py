@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from kvpilot.tuner.objective import Measurement
-from kvpilot.tuner.trials import TrialStore
+from kvpilot.tuner.trials import TrialStore, Warmup
 
 if TYPE_CHECKING:
     from kvpilot.tuner.rollout import RolloutRecord
@@ -94,8 +94,9 @@ class Observation:
 class Observer(Protocol):
     """Drives the same workload at several instances at once and measures each."""
 
-    async def warm(self, urls: Sequence[str]) -> None:
-        """A few requests each, so that the window does not see a cold server."""
+    async def warm(self, urls: Sequence[str]) -> Warmup | None:
+        """A few requests each, so that the window does not see a cold server; returns what
+        was done, for the trial's record (None: not said)."""
         ...
 
     async def observe(self, urls: Sequence[str]) -> tuple[Observation, ...]:

@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvpilot.collectors.secrets import mask_text
+from kvpilot.tuner.session import SessionSummary
 from kvpilot.tuner.trials import Trial, TrialState
 
 _STATE_STYLE = {
@@ -20,36 +21,109 @@ _STATE_STYLE = {
 }
 
 
-def trials_table(trials: Sequence[Trial], *, best_trial_id: str | None = None) -> Table:
-    """One row per trial: number, state, knob values, goodput, memory, verdict, reason."""
+def trials_table(
+    trials: Sequence[Trial], *, best_trial_id: str | None = None, verbose: bool = False
+) -> Table:
+    """One row per trial: number, state, knob values, goodput and memory beside the
+    baseline's from the same window, verdict, reason; `verbose` adds the warm-up and the
+    KV usage medians (shown, never counted by the judge)."""
     knobs = list(dict.fromkeys(name for t in trials for name, _ in t.values))
     table = Table(title="Tuning trials", header_style="bold")
     table.add_column("#", justify="right")
     table.add_column("state")
     for name in knobs:
         table.add_column(name, justify="right")
-    table.add_column("goodput tok/s", justify="right")
-    table.add_column("memory", justify="right")
+    for column in ("goodput tok/s", "memory", "baseline tok/s", "baseline memory"):
+        table.add_column(column, justify="right")
     table.add_column("canary")
+    if verbose:
+        table.add_column("warm-up")
+        table.add_column("KV usage (info)", justify="right")
     table.add_column("reason", overflow="fold")
     for trial in trials:
         values = dict(trial.values)
-        result = trial.result
-        goodput = result.goodput_tokens_per_s if result is not None else None
-        memory = result.memory_bytes if result is not None else None
         number = f"{trial.number}" + (" *" if trial.trial_id == best_trial_id else "")
+        extra = [warmup_text(trial), kv_usage_text(trial)] if verbose else []
         table.add_row(
             number,
             Text(trial.state.value, style=_STATE_STYLE[trial.state]),
             *(_value(values.get(name)) for name in knobs),
-            "-" if goodput is None else f"{goodput:.1f}",
-            "-" if memory is None else format_bytes(memory),
+            *result_cells(trial),
             "-" if trial.judgement is None else trial.judgement.classification.value,
+            *extra,
             mask_text(trial.reason or ""),
         )
     if best_trial_id is not None:
         table.caption = "* best feasible trial"
     return table
+
+
+def result_cells(trial: Trial) -> tuple[str, str, str, str]:
+    """Goodput and memory of the candidate, then of the baseline ("unknown" where a trial
+    stored before the baseline was kept has none, "-" where nothing was measured)."""
+    result, base = trial.result, trial.baseline
+    measured = trial.judgement is not None
+    missing = "unknown" if measured else "-"
+    return (
+        format_rate(result.goodput_tokens_per_s if result else None),
+        format_bytes_or(result.memory_bytes if result else None),
+        format_rate(base.goodput_tokens_per_s, missing) if base else missing,
+        format_bytes_or(base.memory_bytes, missing) if base else missing,
+    )
+
+
+def warmup_text(trial: Trial) -> str:
+    return "unknown" if trial.warmup is None else trial.warmup.describe()
+
+
+def kv_usage_text(trial: Trial) -> str:
+    """Baseline -> canary median KV usage, from the judgement (information only)."""
+    judgement = trial.judgement
+    found = [m for m in judgement.metrics if m.name == "kv_usage_ratio"] if judgement else []
+    if not found or found[0].baseline_median is None or found[0].canary_median is None:
+        return "-"
+    return f"{found[0].baseline_median:.0%} -> {found[0].canary_median:.0%}"
+
+
+def summary_line(summary: SessionSummary) -> str:
+    """The end of `kvpilot tune`, rounded for people: the best goodput, and the best trial's
+    goodput and memory of this run beside the baseline's from the same window."""
+    text = f"{summary.stopped_reason}; best goodput {_tok_s(summary.best_goodput_tokens_per_s)}"
+    ranked = [
+        (o.trial.result.feasible, o.trial.result.goodput_tokens_per_s or 0.0, i)
+        for i, o in enumerate(summary.outcomes)
+        if o.trial.result is not None
+    ]
+    if not ranked:
+        return text
+    top = summary.outcomes[max(ranked)[2]]
+    cand, base = top.trial.result, top.baseline or top.trial.baseline
+    assert cand is not None
+    text += (
+        f" (trial {top.trial.number}: {_tok_s(cand.goodput_tokens_per_s)},"
+        f" {format_bytes_or(cand.memory_bytes, 'memory unknown')})"
+    )
+    if base is None:
+        return text + "; baseline unknown"
+    return (
+        f"{text}; baseline {_tok_s(base.goodput_tokens_per_s)},"
+        f" {format_bytes_or(base.memory_bytes, 'memory unknown')}"
+    )
+
+
+def _tok_s(value: float | None) -> str:
+    return "unknown" if value is None else f"{format_rate(value)} tok/s"
+
+
+def format_rate(value: float | None, missing: str = "-") -> str:
+    """Tokens per second for people: whole numbers, three significant figures below 100."""
+    if value is None:
+        return missing
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def format_bytes_or(value: float | None, missing: str = "-") -> str:
+    return missing if value is None else format_bytes(value)
 
 
 def format_bytes(n: float) -> str:

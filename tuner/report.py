@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kvpilot.collectors.secrets import mask_text
 from kvpilot.tuner.judge import Judgement
-from kvpilot.tuner.render import format_bytes
+from kvpilot.tuner.render import format_bytes, kv_usage_text, result_cells, warmup_text
 from kvpilot.tuner.space import SearchSpace
 from kvpilot.tuner.trials import Trial, TrialState
 
@@ -77,9 +77,13 @@ def render_report(
         for trial in canaries:
             judgement = trial.judgement
             assert judgement is not None
+            goodput, memory, base_goodput, base_memory = result_cells(trial)
             parts.append(
                 f"<h3>Trial {trial.number}: {_e(judgement.classification.value)} "
                 f"<span class='muted'>({_e(judgement.reason)})</span></h3>"
+                f"<p>candidate {_e(goodput)} tok/s, {_e(memory)}; baseline {_e(base_goodput)}"
+                f" tok/s, {_e(base_memory)}; warm-up {_e(warmup_text(trial))}. "
+                "<span class='muted'>KV usage is shown, never counted.</span></p>"
             )
             parts.append(canary_svg(judgement))
     parts += ["<h2>All trials</h2>", _trials_html(trials), "</body></html>"]
@@ -219,18 +223,17 @@ def _trials_html(trials: Sequence[Trial]) -> str:
     head = "".join(f"<th>{_e(k)}</th>" for k in knobs)
     rows = [
         f"<table><tr><th>#</th><th class='l'>state</th>{head}<th>goodput tok/s</th>"
-        "<th>memory</th><th class='l'>reason</th></tr>"
+        "<th>memory</th><th>baseline tok/s</th><th>baseline memory</th>"
+        "<th class='l'>warm-up</th><th>KV usage (info)</th><th class='l'>reason</th></tr>"
     ]
     for t in trials:
         values = dict(t.values)
-        result = t.result
-        goodput = result.goodput_tokens_per_s if result is not None else None
-        memory = result.memory_bytes if result is not None else None
         cells = "".join(f"<td>{_e(str(values.get(k, '-')))}</td>" for k in knobs)
+        figures = "".join(f"<td>{_e(c)}</td>" for c in result_cells(t))
         rows.append(
-            f"<tr><td>{t.number}</td><td class='l'>{_e(t.state.value)}</td>{cells}"
-            f"<td>{'-' if goodput is None else f'{goodput:.1f}'}</td>"
-            f"<td>{'-' if memory is None else format_bytes(memory)}</td>"
+            f"<tr><td>{t.number}</td><td class='l'>{_e(t.state.value)}</td>{cells}{figures}"
+            f"<td class='l'>{_e(warmup_text(t) if t.judgement else '-')}</td>"
+            f"<td>{_e(kv_usage_text(t))}</td>"
             f"<td class='l'>{_e(t.reason or '')}</td></tr>"
         )
     rows.append("</table>")

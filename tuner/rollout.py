@@ -42,7 +42,7 @@ from kvpilot.tuner.ports import (
     RolloutJournal,
     TunerRuntime,
 )
-from kvpilot.tuner.trials import Trial, TrialState, TrialStore, abort_unfinished
+from kvpilot.tuner.trials import Trial, TrialState, TrialStore, Warmup, abort_unfinished
 
 
 class Strategy(StrEnum):
@@ -217,7 +217,7 @@ class Rollout:
             self._infeasible_start(s, exc)
             return
         self._move(s, Phase.WARMING)
-        await self._observer.warm([stable_url, canary_url])
+        s.warmup = await self._observer.warm([stable_url, canary_url])
         self._move(s, Phase.OBSERVING)
         try:
             baseline, canary = await self._observer.observe([stable_url, canary_url])
@@ -271,7 +271,7 @@ class Rollout:
             self._move(s, Phase.ABORTED, reason=reason)
             return
         self._move(s, Phase.WARMING)
-        await self._observer.warm([url])
+        s.warmup = await self._observer.warm([url])
         self._move(s, Phase.OBSERVING)
         (canary,) = await self._observer.observe([url])
         if not self._judge(s, baseline, canary):
@@ -303,6 +303,8 @@ class Rollout:
                 reason="; ".join(r for r in (result.reason, traffic) if r) or None,
                 result=result,
                 judgement=judgement,
+                baseline=base_result,
+                warmup=s.warmup,
             )
         )
         s.record = dataclasses.replace(
@@ -394,6 +396,7 @@ class _Run:
     record: RolloutRecord
     baseline: TrialResult | None = None
     refused: str | None = None
+    warmup: Warmup | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,22 @@ class TrialTransitionError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class Warmup:
+    """What was sent before the window, so that it did not see a cold server."""
+
+    requests: int | None = None  # replay: requests sent to each instance
+    seconds: float | None = None  # live traffic: seconds of the canary's share, not judged
+
+    def describe(self) -> str:
+        parts = []
+        if self.requests is not None:
+            parts.append(f"{self.requests} requests each")
+        if self.seconds is not None:
+            parts.append(f"{self.seconds:.3g} s of live traffic")
+        return ", ".join(parts) or "none"
+
+
+@dataclass(frozen=True, slots=True)
 class Trial:
     """One trial of one study (fingerprint); `number` counts trials within the study."""
 
@@ -61,6 +77,8 @@ class Trial:
     reason: str | None = None
     result: TrialResult | None = None
     judgement: Judgement | None = None
+    baseline: TrialResult | None = None  # the stable side of the same window; None: unknown
+    warmup: Warmup | None = None  # None: not recorded (older trials) or no canary ran
 
     def to(
         self,
@@ -70,6 +88,8 @@ class Trial:
         reason: str | None = None,
         result: TrialResult | None = None,
         judgement: Judgement | None = None,
+        baseline: TrialResult | None = None,
+        warmup: Warmup | None = None,
     ) -> Trial:
         """The trial after a transition; raises TrialTransitionError if it is not allowed."""
         if state not in _ALLOWED.get(self.state, set()):
@@ -83,6 +103,8 @@ class Trial:
             reason=reason,
             result=result if result is not None else self.result,
             judgement=judgement if judgement is not None else self.judgement,
+            baseline=baseline if baseline is not None else self.baseline,
+            warmup=warmup if warmup is not None else self.warmup,
         )
 
     def finish(self, result: TrialResult, *, at_wall_s: float) -> Trial:
@@ -154,6 +176,9 @@ def trial_to_dict(trial: Trial) -> dict[str, Any]:
     (`collectors.secrets.mask`: a reason or a start-up log line may quote a secret)."""
     data = dataclasses.asdict(trial)
     data["values"] = [list(pair) for pair in trial.values]
+    for later in ("baseline", "warmup"):  # added later: absent when unknown, as in old rows
+        if data[later] is None:
+            del data[later]
     masked: dict[str, Any] = mask(data)
     return masked
 
@@ -171,6 +196,9 @@ def trial_from_dict(data: Mapping[str, Any]) -> Trial:
         reason=data.get("reason"),
         result=_result_from_dict(data["result"]) if data.get("result") else None,
         judgement=_judgement_from_dict(data["judgement"]) if data.get("judgement") else None,
+        # Both absent from trials stored before they were recorded: read as unknown.
+        baseline=_result_from_dict(data["baseline"]) if data.get("baseline") else None,
+        warmup=Warmup(**data["warmup"]) if data.get("warmup") else None,
     )
 
 

@@ -35,7 +35,7 @@ from kvpilot.agent.tuning.pod import PodTuner, pod_study
 from kvpilot.agent.tuning.promoted import tuned_instance
 from kvpilot.agent.tuning.study import Study, StudyError, build_study, make_session, read_gpu
 from kvpilot.collectors.secrets import mask_argv, mask_text
-from kvpilot.tuner.render import trials_table
+from kvpilot.tuner.render import summary_line, trials_table
 from kvpilot.tuner.report import write_report
 from kvpilot.tuner.rollout import Strategy
 from kvpilot.tuner.session import (
@@ -242,7 +242,7 @@ def _print_summary(
         t = outcome.trial
         reason = mask_text(str(outcome.record.reason), secrets)
         console.print(f"trial {t.number}: {outcome.record.phase.value}: {reason}")
-    console.print(f"{summary.stopped_reason}; best goodput {summary.best_goodput_tokens_per_s}")
+    console.print(summary_line(summary))
     console.print(f"stable flags now: {' '.join(mask_argv(stable_argv, secrets))}")
 
 
@@ -284,6 +284,9 @@ def trials_command(
     canary_port: Annotated[
         int | None, typer.Option(help="The canary's port [tuning.canary_port].")
     ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Add the warm-up and the KV usage (info).")
+    ] = False,
 ) -> None:
     """Print the tuning history as a table (recovering a trial a dead kvpilot left)."""
     cfg, config_sha256 = load_or_exit(config)
@@ -292,7 +295,7 @@ def trials_command(
     try:
         if SqliteRolloutJournal(db).open_records() or SqliteTrialStore(db).unfinished():
             _recover_only(cfg, config_sha256, db, canary_port)
-        Console().print(trials_table(SqliteTrialStore(db).trials()))
+        Console().print(trials_table(SqliteTrialStore(db).trials(), verbose=verbose))
     finally:
         db.close()
 

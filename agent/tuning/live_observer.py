@@ -36,6 +36,7 @@ from kvpilot.collectors.limits import ScrapeLimits, fetch_text
 from kvpilot.collectors.promtext import MetricsParseError
 from kvpilot.tuner.objective import Measurement, Slo
 from kvpilot.tuner.ports import CanaryAborted, Observation
+from kvpilot.tuner.trials import Warmup
 
 
 class LiveTrafficError(RuntimeError):
@@ -70,14 +71,15 @@ class LiveTrafficObserver:
         self._wall = wall_clock
         self.scrape_errors: list[str] = []  # counted and kept: a missing reading is not a zero
 
-    async def warm(self, urls: Sequence[str]) -> None:
+    async def warm(self, urls: Sequence[str]) -> Warmup | None:
         """Send the canary its share and let it warm for `warmup_s` (not judged)."""
         if len(urls) < 2:
-            return  # one instance (a bake): it already serves everything
+            return None  # one instance (a bake): it already serves everything
         shares = await self._traffic.send_share(self._canary.weight_percent)
         if shares.canary_percent <= 0:
             raise LiveTrafficError(f"the split sends the canary nothing ({describe(shares)})")
         await self._sleep(self._canary.warmup_s)
+        return Warmup(seconds=self._canary.warmup_s)
 
     async def observe(self, urls: Sequence[str]) -> tuple[Observation, ...]:
         if len(urls) == 1:

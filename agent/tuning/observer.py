@@ -15,6 +15,7 @@ from kvpilot.collectors.vllm_metrics import VllmMetricsSource, VllmScrape
 from kvpilot.tuner.loadgen import LoadReport, Workload, run_load
 from kvpilot.tuner.objective import Measurement
 from kvpilot.tuner.ports import Observation
+from kvpilot.tuner.trials import Warmup
 
 
 class LoadObserver:
@@ -35,13 +36,14 @@ class LoadObserver:
         self._interval_s = scrape_interval_s
         self._api_key = api_key
 
-    async def warm(self, urls: Sequence[str]) -> None:
+    async def warm(self, urls: Sequence[str]) -> Warmup:
         small = replace(
             self._workload, num_requests=self._warm, concurrency=self._warm, rate_rps=None
         )
         await asyncio.gather(
             *(run_load(u, small, model=self._model, api_key=self._api_key) for u in urls)
         )
+        return Warmup(requests=self._warm)
 
     async def observe(self, urls: Sequence[str]) -> tuple[Observation, ...]:
         async with httpx.AsyncClient() as client:
@@ -74,25 +76,31 @@ class LoadObserver:
 
 
 def samples(report: LoadReport, scrapes: Sequence[VllmScrape]) -> dict[str, tuple[float, ...]]:
-    """The judge's samples: per-request latencies and errors, per-interval preemptions and KV."""
+    """The judge's samples: per-request latencies and errors; per-interval preemptions,
+    generation rate (goodput) and KV usage (shown, not counted)."""
     out: dict[str, tuple[float, ...]] = {
         "ttft_s": tuple(report.ttfts_s()),
         "inter_token_s": tuple(report.inter_tokens_s()),
         "e2e_s": tuple(report.e2es_s()),
         "errors_ratio": tuple(0.0 if r.ok else 1.0 for r in report.results),
     }
-    rates, usage = [], []
+    rates, tokens, usage = [], [], []
     for a, b in itertools.pairwise(scrapes):
         span = b.taken_at_s - a.taken_at_s
         pa = _sum(e.preemptions_total for e in a.engines)
         pb = _sum(e.preemptions_total for e in b.engines)
         if span > 0 and pa is not None and pb is not None:
             rates.append(max(0.0, pb - pa) / span)  # a reset counts as no preemption
+        ga = _sum(e.generation_tokens_total for e in a.engines)
+        gb = _sum(e.generation_tokens_total for e in b.engines)
+        if span > 0 and ga is not None and gb is not None:
+            tokens.append(max(0.0, gb - ga) / span)
     for scrape in scrapes:
         u = [e.kv_usage_ratio for e in scrape.engines if e.kv_usage_ratio is not None]
         if u:
             usage.append(max(u))
     out["preemptions_per_s"] = tuple(rates)
+    out["goodput_tokens_per_s"] = tuple(tokens)
     out["kv_usage_ratio"] = tuple(usage)
     return out
 
