@@ -35,6 +35,7 @@ from kvpilot.agent.tuning.local import StableRestarter, recover_at_startup
 from kvpilot.agent.tuning.pod import PodRecovery, PodTuner
 from kvpilot.agent.tuning.study import Study, StudyError, build_study, make_session, read_gpu
 from kvpilot.tuner.ports import RestartRefused
+from kvpilot.tuner.render import summary_line
 from kvpilot.tuner.session import TuningBlocked, dry_run
 from kvpilot.tuner.suggest import BayesianSuggester
 
@@ -184,8 +185,7 @@ def scheduled_tuning(
             return _plan(study, store)
         session = make_session(study, adapter, store.db, api_key=api_key)
         summary = await session.run(tuning.trials)
-        best = summary.best_goodput_tokens_per_s
-        return f"{summary.stopped_reason}; best goodput {best}"
+        return summary_line(summary)
 
     def audit(decision: str, reason: str) -> None:
         store.record_audit(
@@ -258,8 +258,7 @@ def pod_scheduled_tuning(
             if remediator.config.dry_run:
                 return _plan(study, store)
             summary = await tuner.session(study).run(tuning.trials)
-        best = summary.best_goodput_tokens_per_s
-        return f"{summary.stopped_reason}; best goodput {best}"
+        return summary_line(summary)
 
     return ScheduledTuning(
         tuning.schedule, run_once, remediation_in_progress=remediator.in_progress, audit=audit,
