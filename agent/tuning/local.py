@@ -17,7 +17,10 @@ import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
 
 from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
@@ -139,6 +142,12 @@ class LocalTunerAdapter:
                 "left alone", other.pid, self._canary_port,
             )  # fmt: skip
 
+    async def aclose(self) -> None:
+        """Stop the canary this adapter started if one still runs (every way out of a run);
+        a canary it did not start is left to recovery, by its recorded id."""
+        if self._canary is not None:
+            await self.stop_canary()
+
     async def _stop_left_canary(self) -> None:
         """The canary a kvpilot that died left running, by the id it recorded."""
         left = self._store.get_fact(CANARY_FACT)
@@ -229,3 +238,34 @@ async def recover_at_startup(
     return await recover(
         SqliteRolloutJournal(db), SqliteTrialStore(db), adapter, at_wall_s=wall_clock()
     )
+
+
+@dataclass(frozen=True, slots=True)
+class StableEnd:
+    """What the end of a `kvpilot tune` did with the stable server: `stopped` (it started
+    it), `kept` (it started it and hands it over), `left` (it was running before), or
+    `none` (none runs)."""
+
+    name: str
+    action: Literal["stopped", "kept", "left", "none"]
+    pid: int | None
+    port: int | None
+
+
+async def end_stable(
+    runtime: LocalRuntime, name: str, *, found_running: bool, keep: bool, drain_timeout_s: float
+) -> StableEnd:
+    """Stop the stable server a `kvpilot tune` started (drained, then its process group
+    killed), unless `keep`; one that ran before it started (`found_running`, even when a
+    promotion restarted it) is left as it was found."""
+    status = runtime.status(name)
+    url = next(i.url for i in runtime.instances() if i.name == name)
+    port = urlsplit(url).port
+    running = status.state == "running"
+    if found_running or (keep and running):
+        action: Literal["kept", "left", "none"] = "none"
+        if running:
+            action = "left" if found_running else "kept"
+        return StableEnd(name, action, status.main_pid, port)
+    await runtime.stop(name, drain_timeout_s=drain_timeout_s)  # an exited one's workers too
+    return StableEnd(name, "stopped" if running else "none", status.main_pid, port)
