@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -29,9 +30,17 @@ from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
 from kvpilot.agent.runtimes.pod import strict_reads
 from kvpilot.agent.runtimes.probe import StartFailed
 from kvpilot.agent.state.db import Database
+from kvpilot.agent.state.store import StateStore
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.factory import local_adapter, stable_runtime
-from kvpilot.agent.tuning.local import StableEnd, end_stable, recover_at_startup
+from kvpilot.agent.tuning.local import (
+    STABLE_FACT,
+    StableEnd,
+    end_stable,
+    recover_at_startup,
+    stable_owner_id,
+    started_by_tune,
+)
 from kvpilot.agent.tuning.pod import PodTuner, pod_study
 from kvpilot.agent.tuning.promoted import tuned_instance
 from kvpilot.agent.tuning.study import Study, StudyError, build_study, make_session, read_gpu
@@ -201,10 +210,16 @@ async def _run(
     """The run on the local runtime. On every way out (the end, an error, SIGINT or SIGTERM)
     the canary stops, and so does the stable server unless it ran before or `keep`."""
     secrets = secret_values(cfg)
-    runtime, flags = stable_runtime(cfg, db, config_sha256)
+    owner_id = stable_owner_id(db, time.time())
+    runtime, flags = stable_runtime(cfg, db, config_sha256, owner_id=owner_id)
     adapter = local_adapter(cfg, runtime, db, config_sha256=config_sha256, tuning=study.tuning)
     name = study.stable.name
-    found_running = runtime.status(name).state == "running"  # adopted: not this run's to stop
+    # Adopted: not this run's to stop, unless a killed `kvpilot tune` started it.
+    found_running = runtime.status(name).state == "running"
+    if found_running and started_by_tune(runtime, name, owner_id):
+        found_running = False
+        left = f"the stable server {name!r} a killed kvpilot tune left running is this run's"
+        console.print(f"{left}: stopped at its end", highlight=False, soft_wrap=True)
     signals = _Signals()
     with signals.cancel(asyncio.current_task()):
         try:
@@ -230,6 +245,7 @@ async def _run(
                 runtime, name, found_running=found_running, keep=keep,
                 drain_timeout_s=cfg.runtime.drain_timeout_s,
             )  # fmt: skip
+            StateStore(db).delete_fact(STABLE_FACT)  # ended: what runs now is not this run's
             _print_end(console, end, config_path)
     if signals.received is not None:
         print(f"kvpilot tune: stopped by {signals.received.name}", file=sys.stderr)

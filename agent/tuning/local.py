@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 CANARY_NAME = "canary"
 CANARY_FACT = "tuning.canary"  # {"id": ..., "port": ...}: the canary this kvpilot started
 CANARY_ID_ENV = "KVPILOT_CANARY_ID"
+# The stable server a `kvpilot tune` started carries this id, recorded until that run ends:
+# a run killed before its clean-up leaves a server the next run knows as a leftover.
+STABLE_FACT = "tuning.stable_owner"
+STABLE_OWNER_ENV = "KVPILOT_TUNE_OWNER"
 _START_HEADER = "===== kvpilot: start #"
 
 # Restarts the stable instance with (argv, reason, restore); raises RestartRefused when its
@@ -269,3 +273,20 @@ async def end_stable(
         return StableEnd(name, action, status.main_pid, port)
     await runtime.stop(name, drain_timeout_s=drain_timeout_s)  # an exited one's workers too
     return StableEnd(name, "stopped" if running else "none", status.main_pid, port)
+
+
+def stable_owner_id(db: Database, wall_s: float) -> str:
+    """The id the stable server a `kvpilot tune` starts carries: the one a killed run left
+    recorded (its server is this run's to stop), else a new one; recorded before it starts."""
+    store = StateStore(db)
+    left = store.get_fact(STABLE_FACT)
+    owner_id = str(left["id"]) if left is not None else uuid.uuid4().hex
+    store.set_fact(STABLE_FACT, {"id": owner_id}, wall_s)
+    return owner_id
+
+
+def started_by_tune(runtime: LocalRuntime, name: str, owner_id: str) -> bool:
+    """Whether the running stable server carries `owner_id`: a killed `kvpilot tune` left it."""
+    pid = runtime.status(name).main_pid
+    env = None if pid is None else read_environ(pid)
+    return env is not None and env.get(STABLE_OWNER_ENV) == owner_id

@@ -176,3 +176,26 @@ def test_keep_servers_hands_the_stable_server_over_and_kvpilot_run_adopts_it(
         wait_until(lambda: pid not in _servers(tmp_path), GONE_S, "the adopted server gone")
     finally:
         _none_left(tmp_path)
+
+
+def test_the_next_run_stops_what_a_killed_run_left(tmp_path: Path) -> None:
+    """SIGKILL leaves no time to clean up: the next `kvpilot tune` knows the stable server as
+    a killed run's (by the id it carries), stops its canary and, at its end, the server."""
+    path, _ = _setup(tmp_path, plan="serve,hang,serve")
+    try:
+        with Agent("tune", "--config", str(path)) as killed:
+            wait_until(lambda: _starts(tmp_path) == 2 and len(_servers(tmp_path)) >= 3,
+                       EXIT_S, "the stable and the hanging canary with its child")  # fmt: skip
+            killed.signal(signal.SIGKILL)
+            assert killed.wait(EXIT_S) == -signal.SIGKILL
+        left = _servers(tmp_path)
+        assert len(left) >= 3  # nothing cleaned up
+        with Agent("tune", "--config", str(path)) as agent:
+            code = agent.wait(EXIT_S)
+            lines = agent.output()
+        assert code == 0, lines
+        assert "the stable server 'tiny' a killed kvpilot tune left running is this run's: " \
+            "stopped at its end" in lines, lines  # fmt: skip
+        _said(lines, r"stopped the stable server 'tiny' this run started \(PID \d+")
+    finally:
+        _none_left(tmp_path)
