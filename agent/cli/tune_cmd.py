@@ -2,7 +2,9 @@
 
 The stable instance is the configuration's first `stable` instance on the `local` runtime; the
 canary runs beside it on `--canary-port`. At start-up a trial a dead kvpilot left running is
-recovered (its canary stopped, the stable flags kept or restored, the trial aborted).
+recovered (its canary stopped, the stable flags kept or restored, the trial aborted). At its
+end, whichever way it ends, a run stops the servers it started (the stable one too, unless
+`--keep-servers` hands it over to a later `kvpilot run`); one that ran before is left running.
 """
 
 from __future__ import annotations
