@@ -2,7 +2,9 @@
 
 The stable instance is the configuration's first `stable` instance on the `local` runtime; the
 canary runs beside it on `--canary-port`. At start-up a trial a dead kvpilot left running is
-recovered (its canary stopped, the stable flags kept or restored, the trial aborted).
+recovered (its canary stopped, the stable flags kept or restored, the trial aborted). At its
+end, whichever way it ends, a run stops the servers it started (the stable one too, unless
+`--keep-servers` hands it over to a later `kvpilot run`); one that ran before is left running.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,9 +32,17 @@ from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
 from kvpilot.agent.runtimes.pod import strict_reads
 from kvpilot.agent.runtimes.probe import StartFailed
 from kvpilot.agent.state.db import Database
+from kvpilot.agent.state.store import StateStore
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.factory import local_adapter, stable_runtime
-from kvpilot.agent.tuning.local import recover_at_startup
+from kvpilot.agent.tuning.local import (
+    STABLE_FACT,
+    StableEnd,
+    end_stable,
+    recover_at_startup,
+    stable_owner_id,
+    started_by_tune,
+)
 from kvpilot.agent.tuning.pod import PodTuner, pod_study
 from kvpilot.agent.tuning.promoted import tuned_instance
 from kvpilot.agent.tuning.study import Study, StudyError, build_study, make_session, read_gpu
@@ -83,6 +95,14 @@ def tune(
     max_seqs: Annotated[int | None, typer.Option(help="Upper end of max_num_seqs.")] = None,
     seed: Annotated[int | None, typer.Option(help="The suggester's seed.")] = None,
     bake: Annotated[bool | None, typer.Option(help="Bake window after a promotion.")] = None,
+    keep_servers: Annotated[
+        bool,
+        typer.Option(
+            "--keep-servers",
+            help="Leave the stable server this run started running (PID and port printed; "
+            "`kvpilot run` adopts it). By default it is stopped; canaries always are.",
+        ),
+    ] = False,
 ) -> None:
     """Run N trials: ask, start the canary, observe, judge, promote or roll back."""
     if ctx.invoked_subcommand is not None:
@@ -134,7 +154,7 @@ def tune(
                 console.print(f"{i}. {plan.candidate.describe()}  [dim]{plan.why}[/dim]")
             return
         if pod is None:
-            asyncio.run(_run(cfg, config_sha256, study, db, console))
+            asyncio.run(_run(cfg, config_sha256, study, db, console, config, keep=keep_servers))
         else:
             asyncio.run(_run_pod(PodTuner(cfg, pod, db, api_key=_api_key(cfg)), study, console))
     except StartFailed as exc:  # the log's end and a sentence, never a traceback
@@ -180,22 +200,99 @@ def _cpu_list(text: str) -> tuple[int, ...]:
 
 
 async def _run(
-    cfg: AgentConfig, config_sha256: str, study: Study, db: Database, console: Console
+    cfg: AgentConfig,
+    config_sha256: str,
+    study: Study,
+    db: Database,
+    console: Console,
+    config_path: Path,
+    *,
+    keep: bool,
 ) -> None:
+    """The run on the local runtime. On every way out (the end, an error, SIGINT or SIGTERM)
+    the canary stops, and so does the stable server unless it ran before or `keep`."""
     secrets = secret_values(cfg)
-    runtime, flags = stable_runtime(cfg, db, config_sha256)
+    owner_id = stable_owner_id(db, time.time())
+    runtime, flags = stable_runtime(cfg, db, config_sha256, owner_id=owner_id)
     adapter = local_adapter(cfg, runtime, db, config_sha256=config_sha256, tuning=study.tuning)
-    for done in await recover_at_startup(db, adapter):
-        console.print(f"recovered trial {done.trial_id} (was {done.phase.value})")
-    if runtime.status(study.stable.name).state != "running":
-        console.print(f"starting the stable instance ({flags.describe()})")
-        await _start_stable(runtime, study)
-    summary = await _run_with_progress(
-        console,
-        lambda show: make_session(study, adapter, db, on_progress=show),
-        study.tuning.trials,
-    )
-    _print_summary(console, summary, adapter.stable_argv(), secrets)
+    name = study.stable.name
+    # Adopted: not this run's to stop, unless a killed `kvpilot tune` started it.
+    found_running = runtime.status(name).state == "running"
+    if found_running and started_by_tune(runtime, name, owner_id):
+        found_running = False
+        left = f"the stable server {name!r} a killed kvpilot tune left running is this run's"
+        console.print(f"{left}: stopped at its end", highlight=False, soft_wrap=True)
+    signals = _Signals()
+    with signals.cancel(asyncio.current_task()):
+        try:
+            for done in await recover_at_startup(db, adapter):
+                console.print(f"recovered trial {done.trial_id} (was {done.phase.value})")
+            if runtime.status(name).state != "running":
+                console.print(f"starting the stable instance ({flags.describe()})")
+                await _start_stable(runtime, study)
+            summary = await _run_with_progress(
+                console,
+                lambda show: make_session(study, adapter, db, on_progress=show),
+                study.tuning.trials,
+            )
+            _print_summary(console, summary, adapter.stable_argv(), secrets)
+        except asyncio.CancelledError:
+            if signals.received is None:
+                raise
+        finally:
+            signals.stopping = True  # a later signal no longer cuts the clean-up short
+            with contextlib.suppress(RuntimeFailure):
+                await adapter.aclose()
+            end = await end_stable(
+                runtime, name, found_running=found_running, keep=keep,
+                drain_timeout_s=cfg.runtime.drain_timeout_s,
+            )  # fmt: skip
+            StateStore(db).delete_fact(STABLE_FACT)  # ended: what runs now is not this run's
+            _print_end(console, end, config_path)
+    if signals.received is not None:
+        print(f"kvpilot tune: stopped by {signals.received.name}", file=sys.stderr)
+        raise typer.Exit(128 + signals.received)
+
+
+class _Signals:
+    """SIGINT and SIGTERM cancel the run once (its clean-up then stops what it started);
+    signals during the clean-up are answered, not obeyed."""
+
+    def __init__(self) -> None:
+        self.received: signal.Signals | None = None
+        self.stopping = False
+
+    @contextlib.contextmanager
+    def cancel(self, task: asyncio.Task[Any] | None) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+
+        def on_signal(sig: signal.Signals) -> None:
+            if self.received is None and not self.stopping and task is not None:
+                self.received = sig
+                task.cancel()
+            else:
+                print(f"kvpilot tune: {sig.name}: stopping the servers it started",
+                      file=sys.stderr)  # fmt: skip
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+
+def _print_end(console: Console, end: StableEnd, config_path: Path) -> None:
+    where = f"PID {end.pid}, port {end.port}"
+    lines = {
+        "stopped": f"stopped the stable server {end.name!r} this run started ({where})",
+        "kept": f"kept the stable server {end.name!r} running ({where}): "
+        f"`kvpilot run --config {config_path}` adopts it",
+        "left": f"the stable server {end.name!r} ran before this run and still runs ({where})",
+    }
+    if end.action in lines:
+        console.print(lines[end.action], highlight=False, markup=False, soft_wrap=True)
 
 
 async def _run_pod(tuner: PodTuner, study: Study, console: Console) -> None:

@@ -10,7 +10,7 @@ from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.store import StateStore
-from kvpilot.agent.tuning.local import LocalTunerAdapter, StableRestarter
+from kvpilot.agent.tuning.local import STABLE_OWNER_ENV, LocalTunerAdapter, StableRestarter
 from kvpilot.agent.tuning.promoted import PROMOTED_FACT, LiveArgv, live_argv
 from kvpilot.agent.tuning.study import stable_instance
 
@@ -45,15 +45,17 @@ def local_adapter(
 
 
 def stable_runtime(
-    config: AgentConfig, db: Database, config_sha256: str
+    config: AgentConfig, db: Database, config_sha256: str, *, owner_id: str | None = None
 ) -> tuple[LocalRuntime, LiveArgv]:
     """A runtime of the tuned instance alone, with its live flags (and why), for the commands
-    that tune outside the agent; a server an earlier kvpilot left running is adopted."""
+    that tune outside the agent; a server an earlier kvpilot left running is adopted. The
+    servers it starts carry `owner_id` (see `STABLE_FACT`)."""
     inst = stable_instance(config)
     live = live_argv(inst.argv, StateStore(db).get_fact(PROMOTED_FACT), config_sha256)
-    spec = LocalInstanceSpec(
-        inst.name, live.argv, "stable", tuple(inst.env.items()), inst.kvpool_port, inst.cpus
-    )
+    env = tuple(inst.env.items())
+    if owner_id is not None:
+        env = (*env, (STABLE_OWNER_ENV, owner_id))
+    spec = LocalInstanceSpec(inst.name, live.argv, "stable", env, inst.kvpool_port, inst.cpus)
     runtime = LocalRuntime([spec], config.state_dir / "logs")
     runtime.adopt_orphans()
     return runtime, live

@@ -17,7 +17,10 @@ import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
 
 from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
@@ -37,6 +40,10 @@ log = logging.getLogger(__name__)
 CANARY_NAME = "canary"
 CANARY_FACT = "tuning.canary"  # {"id": ..., "port": ...}: the canary this kvpilot started
 CANARY_ID_ENV = "KVPILOT_CANARY_ID"
+# The stable server a `kvpilot tune` started carries this id, recorded until that run ends:
+# a run killed before its clean-up leaves a server the next run knows as a leftover.
+STABLE_FACT = "tuning.stable_owner"
+STABLE_OWNER_ENV = "KVPILOT_TUNE_OWNER"
 _START_HEADER = "===== kvpilot: start #"
 
 # Restarts the stable instance with (argv, reason, restore); raises RestartRefused when its
@@ -139,6 +146,12 @@ class LocalTunerAdapter:
                 "left alone", other.pid, self._canary_port,
             )  # fmt: skip
 
+    async def aclose(self) -> None:
+        """Stop the canary this adapter started if one still runs (every way out of a run);
+        a canary it did not start is left to recovery, by its recorded id."""
+        if self._canary is not None:
+            await self.stop_canary()
+
     async def _stop_left_canary(self) -> None:
         """The canary a kvpilot that died left running, by the id it recorded."""
         left = self._store.get_fact(CANARY_FACT)
@@ -229,3 +242,51 @@ async def recover_at_startup(
     return await recover(
         SqliteRolloutJournal(db), SqliteTrialStore(db), adapter, at_wall_s=wall_clock()
     )
+
+
+@dataclass(frozen=True, slots=True)
+class StableEnd:
+    """What the end of a `kvpilot tune` did with the stable server: `stopped` (it started
+    it), `kept` (it started it and hands it over), `left` (it was running before), or
+    `none` (none runs)."""
+
+    name: str
+    action: Literal["stopped", "kept", "left", "none"]
+    pid: int | None
+    port: int | None
+
+
+async def end_stable(
+    runtime: LocalRuntime, name: str, *, found_running: bool, keep: bool, drain_timeout_s: float
+) -> StableEnd:
+    """Stop the stable server a `kvpilot tune` started (drained, then its process group
+    killed), unless `keep`; one that ran before it started (`found_running`, even when a
+    promotion restarted it) is left as it was found."""
+    status = runtime.status(name)
+    url = next(i.url for i in runtime.instances() if i.name == name)
+    port = urlsplit(url).port
+    running = status.state == "running"
+    if found_running or (keep and running):
+        action: Literal["kept", "left", "none"] = "none"
+        if running:
+            action = "left" if found_running else "kept"
+        return StableEnd(name, action, status.main_pid, port)
+    await runtime.stop(name, drain_timeout_s=drain_timeout_s)  # an exited one's workers too
+    return StableEnd(name, "stopped" if running else "none", status.main_pid, port)
+
+
+def stable_owner_id(db: Database, wall_s: float) -> str:
+    """The id the stable server a `kvpilot tune` starts carries: the one a killed run left
+    recorded (its server is this run's to stop), else a new one; recorded before it starts."""
+    store = StateStore(db)
+    left = store.get_fact(STABLE_FACT)
+    owner_id = str(left["id"]) if left is not None else uuid.uuid4().hex
+    store.set_fact(STABLE_FACT, {"id": owner_id}, wall_s)
+    return owner_id
+
+
+def started_by_tune(runtime: LocalRuntime, name: str, owner_id: str) -> bool:
+    """Whether the running stable server carries `owner_id`: a killed `kvpilot tune` left it."""
+    pid = runtime.status(name).main_pid
+    env = None if pid is None else read_environ(pid)
+    return env is not None and env.get(STABLE_OWNER_ENV) == owner_id
