@@ -47,7 +47,7 @@ from kvpilot.agent.tuning.pod import PodTuner, pod_study
 from kvpilot.agent.tuning.promoted import tuned_instance
 from kvpilot.agent.tuning.study import Study, StudyError, build_study, make_session, read_gpu
 from kvpilot.collectors.secrets import mask_argv, mask_text
-from kvpilot.tuner.render import summary_line, trials_table
+from kvpilot.tuner.render import format_rate, summary_line, trials_table
 from kvpilot.tuner.report import write_report
 from kvpilot.tuner.rollout import Strategy
 from kvpilot.tuner.session import (
@@ -319,8 +319,7 @@ async def _run_with_progress(console: Console, make: MakeSession, trials: int) -
     with Live(console=console, refresh_per_second=4) as live:
 
         def show(p: Progress) -> None:
-            best = p.best_goodput_tokens_per_s
-            shown = "-" if best is None else f"{best:.1f}"
+            shown = format_rate(p.best_goodput_tokens_per_s)
             flags = " ".join(f"{k}={v}" for k, v in p.values)
             live.update(
                 f"trial {p.trial_number}  {flags}  phase {p.phase.value}  best {shown} tok/s"
