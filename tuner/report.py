@@ -234,16 +234,39 @@ def knob_scatter_svg(
             )
         elif trial.state.terminal:
             out.append(cross(x.at(xv), y.at(yv), tip))
-    if x_name in here and y_name in here:
-        sx, sy = float(here[x_name]), float(here[y_name])
-        out.append(stable_mark(x.at(sx), y.at(sy), esc(f"stable {x_name}={sx:g} {y_name}={sy:g}")))
+    out += _stable_on_map(x, y, x_name, y_name, here)
     out.append("</svg>")
     shaded = "; pink: refused by the constraints (the planner's among them)" if space else ""
     legend = (
         f"colour: goodput {low:.0f} (dark) to {high:.0f} (light) tok/s; × infeasible{shaded}; "
-        "orange ◇: the stable configuration"
+        "orange ◇ (or dashed line, where its flags set one knob): the stable configuration"
     )
     return "".join(out) + f"<p class='muted'>{esc(legend)}</p>"
+
+
+def _stable_on_map(
+    x: Axis, y: Axis, x_name: str, y_name: str, here: Mapping[str, Value]
+) -> list[str]:
+    """A diamond where the stable sits; a line where its flags set one knob only (the other
+    left to vLLM's default, which the page does not guess)."""
+    sx, sy = here.get(x_name), here.get(y_name)
+    line = f"stroke='{STABLE_COLOUR}' stroke-width='2' stroke-dasharray='6 4'"
+    if sx is not None and sy is not None:
+        tip = esc(f"stable {x_name}={float(sx):g} {y_name}={float(sy):g}")
+        return [stable_mark(x.at(float(sx)), y.at(float(sy)), tip)]
+    if sx is not None:
+        px, tip = x.at(float(sx)), esc(f"stable {x_name}={float(sx):g}; {y_name}: vLLM's default")
+        return [
+            f"<line class='stable' x1='{px:.1f}' y1='{y.pixels[1]}' x2='{px:.1f}' "
+            f"y2='{y.pixels[0]}' {line}><title>{tip}</title></line>"
+        ]
+    if sy is not None:
+        py, tip = y.at(float(sy)), esc(f"stable {y_name}={float(sy):g}; {x_name}: vLLM's default")
+        return [
+            f"<line class='stable' x1='{x.pixels[0]}' y1='{py:.1f}' x2='{x.pixels[1]}' "
+            f"y2='{py:.1f}' {line}><title>{tip}</title></line>"
+        ]
+    return []
 
 
 def _infeasible_cells(

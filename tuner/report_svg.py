@@ -15,6 +15,7 @@ from kvpilot.tuner.space import SearchSpace
 W, H, PAD = 560, 320, 56
 STABLE_COLOUR = "#e65100"  # the stable configuration, on every chart
 INFEASIBLE_FILL = "#f8bbd0"  # the planner's infeasible region
+MARGIN = 0.06  # of a knob axis's span, each side
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +60,16 @@ def axis_for(
         log = True
     if low == high:
         low, high = (low * 0.9, high * 1.1) if low else (-1.0, 1.0)
-    return Axis(low, high, log and low > 0, pixels)
+    log = log and low > 0
+    # A margin beyond the knob's range shows what lies past its ends (the planner's bounds
+    # often are its ends).
+    if log:
+        ratio = (high / low) ** MARGIN
+        low, high = low / ratio, high * ratio
+    else:
+        span = (high - low) * MARGIN
+        low, high = low - span, high + span
+    return Axis(low, high, log, pixels)
 
 
 def frame(x: Axis, y: Axis, x_label: str, y_label: str) -> list[str]:

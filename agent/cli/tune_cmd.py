@@ -25,6 +25,7 @@ from rich.live import Live
 
 from kvpilot.agent.app.parts import build_pod_runtime
 from kvpilot.agent.cli.config_load import load_or_exit, open_state_or_exit
+from kvpilot.agent.cli.tune_report import report_context
 from kvpilot.agent.config import AgentConfig, PodRuntimeConfig, secret_values
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes import LocalRuntime, RuntimeFailure
@@ -365,11 +366,13 @@ def report(
         "report.html"
     ),
 ) -> None:
-    """Write the tuning history as one self-contained HTML page."""
-    cfg, _ = load_or_exit(config)
+    """Write the tuning history as one self-contained HTML page: convergence, the knob map
+    with the planner's infeasible region, the stable beside each canary."""
+    cfg, config_sha256 = load_or_exit(config)
     db = open_state_or_exit(cfg)
     try:
-        path = write_report(output, SqliteTrialStore(db).trials())
+        context = report_context(cfg, db, config_sha256)
+        path = write_report(output, SqliteTrialStore(db).trials(), context=context)
     finally:
         db.close()
     Console().print(f"wrote {path}")

@@ -1,0 +1,51 @@
+"""What `kvpilot tune report` draws besides the trials: the study's search space with its
+constraints (the planner's bounds among them) and the stable configuration's knob values
+(the promoted flags when they stand, else the configured ones)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvpilot.agent.config import AgentConfig
+from kvpilot.agent.remediation.preflight import parse_human_int
+from kvpilot.agent.state.db import Database
+from kvpilot.agent.state.store import StateStore
+from kvpilot.agent.tuning.promoted import PROMOTED_FACT, live_argv
+from kvpilot.agent.tuning.study import StudyError, build_study, read_gpu, stable_instance
+from kvpilot.collectors.vllm_argv import flag_value
+from kvpilot.tuner.constraints import Value
+from kvpilot.tuner.report import ReportContext
+from kvpilot.tuner.space import KnobKind, SearchSpace
+
+
+def report_context(cfg: AgentConfig, db: Database, config_sha256: str | None) -> ReportContext:
+    """The space and the stable's values; where the study cannot be built, a note saying
+    why (the page then draws no infeasible region and no stable mark on the knob map)."""
+    try:
+        study = build_study(cfg, cfg.tuning, read_gpu())
+        inst = stable_instance(cfg)
+    except (StudyError, ValueError, OSError) as exc:
+        note = f"No planner region or stable mark on the knob map: {exc}"
+        return ReportContext(notes=(note,))
+    live = live_argv(inst.argv, StateStore(db).get_fact(PROMOTED_FACT), config_sha256)
+    return ReportContext(study.space, stable_values(study.space, live.argv))
+
+
+def stable_values(space: SearchSpace, argv: Sequence[str]) -> dict[str, Value]:
+    """The numeric knob values the stable argv sets; a knob it leaves to vLLM's default is
+    absent (the chart then marks no point)."""
+    values: dict[str, Value] = {}
+    for knob in space.knobs:
+        text = flag_value(argv, knob.flag) if knob.kind is not KnobKind.FLAG else None
+        if text is None:
+            continue
+        if knob.kind is KnobKind.INTEGER:
+            number = parse_human_int(text)
+            if number is not None:
+                values[knob.name] = number
+        elif knob.kind is KnobKind.REAL:
+            try:
+                values[knob.name] = float(text)
+            except ValueError:
+                continue
+    return values
