@@ -43,6 +43,11 @@ class Axis:
         return self.low + frac * (self.high - self.low)
 
     def ticks(self, count: int = 5) -> list[float]:
+        if self.log and self.high / self.low >= 4:
+            # Powers of two: the values knobs take (1, 4, 16 sequences; 1, 4, 16 MiB).
+            first, last = math.ceil(math.log2(self.low)), math.floor(math.log2(self.high))
+            step = max(1, math.ceil((last - first + 1) / (count + 1)))
+            return [float(2**e) for e in range(first, last + 1, step)]
         return [self.value_at(i / (count - 1)) for i in range(count)]
 
 
