@@ -55,6 +55,7 @@ LIVE_FIXTURE = ROOT / "tests" / "fixtures" / "tuning_live"
 RECORDED = "recorded:9400"
 JUDGED = "judged:9400"
 LIVE = "live:9400"
+CANARY_PANEL = "Canary against baseline: "  # dashboards/tuning.py, one panel per metric
 HOUR_S = 3600.0
 
 
@@ -364,16 +365,25 @@ def test_every_tuning_panel_query_returns_data_on_the_live_session(
 ) -> None:
     model = _tuning()
     tables = {p["title"] for p in model["panels"] if p["type"] == "table"}
-    empty, refused = [], []
+    # The session was judged before goodput was a judged metric: a metric its judgements
+    # never compared has nothing to show, and nothing must be made up for it.
+    judged = {m.name for t in _live_run() if t.judgement for m in t.judgement.metrics}
+    unjudged = {f"{CANARY_PANEL}{m.name}" for m in DEFAULT_METRICS if m.name not in judged}
+    empty, refused, made_up = [], [], []
     for query in panel_queries(model):
         expr = _for(query.expr, re.escape(LIVE))
         answer = _returns_data(backfilled, expr, LIVE, query.panel in tables)
         if answer["status"] != "success":
             refused.append((query.panel, query.expr, answer.get("error")))
+        elif query.panel in unjudged:
+            if answer["data"]["result"]:
+                made_up.append((query.panel, query.ref_id))
         elif not answer["data"]["result"]:
             empty.append((query.panel, query.ref_id))
     assert not refused, refused
     assert not empty, empty
+    assert not made_up, made_up
+    assert unjudged == {f"{CANARY_PANEL}goodput_tokens_per_s"}  # re-record to cover it
 
 
 @pytest.mark.slow

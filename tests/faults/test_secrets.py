@@ -371,4 +371,7 @@ def test_a_kubernetes_recommendation_shows_no_secret(k8s_api: Any, tmp_path: Pat
     assert leaks(written) == [] and leaks(recommendation.patch) == []
     assert "--api-key=***" in written and "--max-num-seqs" in written
     assert "masked" in recommendation.reason  # whoever applies it is told to fill it in
-    assert k8s_api.writes() == []  # recommend-only: nothing written to the cluster
+    # Recommend-only: nothing changed in the cluster; one Event announces the patch, masked.
+    (event,) = k8s_api.writes()
+    assert (event.method, event.path) == ("POST", f"/api/v1/namespaces/{NAMESPACE}/events")
+    assert leaks(json.dumps(event.body)) == [] and "--api-key" not in event.body["message"]
