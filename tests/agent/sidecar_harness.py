@@ -131,6 +131,12 @@ class AgentProcess:
                 entries.append(json.loads(line))
         return entries
 
+    def started(self, instance: str = "vllm") -> bool:
+        """Whether the runtime has said the instance started (ready and probed): before
+        that, a server that exits ends `kvpilot run`, however well its /metrics answers."""
+        said = f"instance {instance} started"
+        return any(e.get("message") == said for e in self.logs())
+
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
 

@@ -114,7 +114,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     try:
         wait_for(
             "vLLM started by the agent",
-            lambda: agent.target()["state"] == "running" and agent.collector_up("vllm"),
+            lambda: agent.started("vllm") and agent.collector_up("vllm"),
             360,
         )
         yield Rig(agent, receiver, alertmanager, spec.url, marker)

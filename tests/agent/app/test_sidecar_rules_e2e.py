@@ -159,7 +159,9 @@ def test_a_server_that_cannot_start_opens_the_circuit_and_pages_once(tmp_path: P
     )
     agent = AgentProcess(config, port, tmp_path / "agent.log").start()
     try:
-        wait_for("the server ready", lambda: agent.collector_up("vllm") or None, 300)
+        # Ready as the runtime says it (its probe answered), not only scraped: a server killed
+        # between the two would be one that never started, which ends `kvpilot run`.
+        wait_for("the server ready", lambda: agent.started("vllm") or None, 300)
         (model / "config.json").unlink()
         main_pid = agent.main_pid()
         assert main_pid is not None
