@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import httpx
 
@@ -98,11 +98,7 @@ class LiveTrafficObserver:
         stable: list[PodReading] = []
         canary: list[PodReading] = []
         async with httpx.AsyncClient() as client:
-            started = self._clock()
-            for tick in range(count + 1):
-                if tick:
-                    wait = started + tick * self._canary.analysis_interval_s - self._clock()
-                    await self._sleep(max(0.0, wait))
+            async for tick in self._ticks(count):
                 got_stable, got_canary = await asyncio.gather(
                     self._read(client, stable_url), self._read(client, canary_url)
                 )
@@ -134,14 +130,20 @@ class LiveTrafficObserver:
         count = max(1, round(self._canary.bake_s / self._canary.analysis_interval_s))
         readings: list[PodReading] = []
         async with httpx.AsyncClient() as client:
-            started = self._clock()
-            for tick in range(count + 1):
-                if tick:
-                    wait = started + tick * self._canary.analysis_interval_s - self._clock()
-                    await self._sleep(max(0.0, wait))
+            async for _ in self._ticks(count):
                 _append(readings, await self._read(client, url))
         said = f"bake: {describe(shares)}"
         return self._observation(url, readings, shares.stable_percent, said)
+
+    async def _ticks(self, count: int) -> AsyncIterator[int]:
+        """Ticks 0..count, `analysis_interval_s` apart from the first (not drifting with the
+        time each reading takes)."""
+        started = self._clock()
+        for tick in range(count + 1):
+            if tick:
+                wait = started + tick * self._canary.analysis_interval_s - self._clock()
+                await self._sleep(max(0.0, wait))
+            yield tick
 
     def _observation(
         self, url: str, readings: list[PodReading], percent: float, said: str
