@@ -147,7 +147,10 @@ async def _run(
                 except StudyError as exc:  # collecting and alerting go on without it
                     log.error("scheduled tuning is off: %s", exc)
             elif config.tuning.schedule is not None and isinstance(runtime, KubernetesRuntime):
-                tuning = pod_scheduled_tuning(config, runtime, remediator, store, api_key=api_key)
+                tuning = pod_scheduled_tuning(
+                    config, runtime, remediator, store, api_key=api_key,
+                    vllm_version=lambda: _version(sidecar, stable_name(runtime.instances())),
+                )  # fmt: skip
             retune = retune_watch(
                 config.tuning.retune, store, instances=runtime.instances,
                 latest_vllm=sidecar.latest_vllm, better=better, schedule=tuning,

@@ -239,6 +239,7 @@ def pod_scheduled_tuning(
     store: StateStore,
     *,
     api_key: str | None = None,
+    vllm_version: Callable[[], str | None] = lambda: None,
 ) -> ScheduledTuning:
     """The pod's scheduled tuning: canary Deployments, promotion by patching the Deployment,
     one tuner per Deployment through its Lease (a firing that finds it held is skipped). The
@@ -248,6 +249,7 @@ def pod_scheduled_tuning(
     name = runtime.target.stable_name
     tuner = PodTuner(config, runtime, store.db, remediation_in_progress=remediator.in_progress,
                      api_key=api_key)  # fmt: skip
+    tuner.vllm_version = vllm_version  # into the study's fingerprint
 
     def audit(decision: str, reason: str) -> None:
         store.record_audit(

@@ -327,3 +327,30 @@ def test_the_fingerprint_holds_the_version_and_keeps_old_studies() -> None:
     v1 = fingerprint("m", ["vllm", "serve", "m"], "w", slo, vllm_version="0.9.1")
     v2 = fingerprint("m", ["vllm", "serve", "m"], "w", slo, vllm_version="0.10.0")
     assert len({old, v1, v2}) == 3
+
+
+def test_the_ladders_study_carries_the_version_tuning_ran_on(tmp_path: Path) -> None:
+    """A run records its trials under the fingerprint with the server's version; the
+    ladder's lookup of validated trials must build that same study, or it finds none."""
+    from kvpilot.agent.config import load_config
+    from kvpilot.agent.tuning.best import config_studies
+    from kvpilot.agent.tuning.study import Study, build_study
+    from kvpilot.rig.server import free_port
+    from tests.agent.sidecar_harness import agent_config, server_spec
+
+    path = agent_config(
+        tmp_path, spec=server_spec(), rules={}, notifiers=[], remediation={},
+        listen_port=free_port(),
+    )  # fmt: skip
+    config = load_config(path)
+    argv = tuple(config.runtime.instances[0].argv)
+    versions = {"vllm": "0.10.0"}
+    ran = build_study(config, config.tuning, None, vllm_version="0.10.0")
+    unversioned = build_study(config, config.tuning, None)
+    assert ran.fingerprint != unversioned.fingerprint
+    studies = config_studies(config, lambda name: versions.get(name))
+    looked_up = studies("vllm", argv)
+    assert isinstance(looked_up, Study) and looked_up.fingerprint == ran.fingerprint
+    versions["vllm"] = "0.11.0"  # upgraded: another study, not the cached one
+    upgraded = studies("vllm", argv)
+    assert isinstance(upgraded, Study) and upgraded.fingerprint != ran.fingerprint
