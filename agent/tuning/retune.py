@@ -233,9 +233,10 @@ class RetuneWatch:
         try:
             verdict = self._verdict(name, self._wall())
             self._act(verdict, self._wall())
-        except (sqlite3.Error, OSError) as exc:
+        except Exception as exc:  # the sidecar ticks on; the next check tries again
             self.errors_total += 1
-            log.warning("instance %s: the re-tune check failed: %s", name, exc)
+            log.warning("instance %s: the re-tune check failed: %s: %s",
+                        name, type(exc).__name__, exc)  # fmt: skip
             return None
         self.checks_total += 1
         return verdict
@@ -289,6 +290,9 @@ class RetuneWatch:
     def _reopen(self, verdict: Verdict, now_wall_s: float) -> None:
         name, why = verdict.instance, "; ".join(verdict.reopen)
         if self._schedule is not None:
+            was = self._open.get(name)
+            if was is not None and was[2] is not None:  # an alert from before the schedule
+                self._waiting.append(resolved(was[2], now_wall_s))
             self._schedule.reopen(why)
             upcoming = self._schedule.next_fire_time(datetime.fromtimestamp(now_wall_s, UTC))
             at = upcoming.isoformat(timespec="minutes") if upcoming else "the next firing"

@@ -354,3 +354,37 @@ def test_the_ladders_study_carries_the_version_tuning_ran_on(tmp_path: Path) -> 
     versions["vllm"] = "0.11.0"  # upgraded: another study, not the cached one
     upgraded = studies("vllm", argv)
     assert isinstance(upgraded, Study) and upgraded.fingerprint != ran.fingerprint
+
+
+def test_an_alert_from_before_a_schedule_resolves_when_the_schedule_takes_over(
+    store: StateStore,
+) -> None:
+    clock = Clock()
+    GroundStore(store.db).save(NAME, Ground("0.9.1", "m", None), clock())
+    first = watch(store, Ground("0.10.0", "m", None), clock)
+    first.check()
+    event = fired(first.take_events())[0]
+    left = AlertView(
+        fingerprint=event.fingerprint, rule=TUNING_RECOMMENDED_ALERT, labels=event.labels,
+        annotations=event.annotations, state="firing", active=True, value=None, reason=None,
+        active_since_wall_s=clock(), incident_id=event.incident_id,
+    )  # fmt: skip
+    schedule = Schedule()
+    again = watch(store, Ground("0.10.0", "m", None), clock, schedule=schedule, restored=(left,))
+    again.check()
+    assert [(e.status, e.fingerprint) for e in again.take_events()] == [
+        ("resolved", event.fingerprint)
+    ]
+    assert schedule.reopened == ["vLLM 0.9.1 -> 0.10.0"]
+
+
+def test_a_check_that_fails_is_counted_not_raised(store: StateStore) -> None:
+    def broken(_name: str) -> Ground:
+        raise RuntimeError("the scrape went away")
+
+    w = RetuneWatch(
+        RetuneConfig(), store, instance=lambda: NAME, ground=broken, better=Better(),
+        check_every_s=0.0,
+    )  # fmt: skip
+    assert w.check() is None
+    assert w.errors_total == 1 and w.take_events() == []
