@@ -143,6 +143,9 @@ def tune(
     db = open_state_or_exit(cfg)
     try:
         if dry:
+            last = GroundStore(db).load(study.stable.name)  # the study of the last run's vLLM
+            if pod is None and last is not None and last.ground.vllm_version is not None:
+                study = build_study(cfg, tuning, read_gpu(), vllm_version=last.ground.vllm_version)
             told, planned = dry_run(
                 study.space, BayesianSuggester(study.space, seed=tuning.seed),
                 SqliteTrialStore(db), study.fingerprint, tuning.trials,

@@ -388,3 +388,44 @@ def test_a_check_that_fails_is_counted_not_raised(store: StateStore) -> None:
     )  # fmt: skip
     assert w.check() is None
     assert w.errors_total == 1 and w.take_events() == []
+
+
+def test_a_dry_run_tells_the_trials_of_the_last_runs_vllm_version(tmp_path: Path) -> None:
+    """Trials recorded on vLLM 0.10.0 are the study's history for `kvpilot tune --dry-run`,
+    which reads the version the last run stood on (no server needs to run for it)."""
+    from typer.testing import CliRunner
+
+    from kvpilot.agent.cli.main import app
+    from kvpilot.agent.config import load_config
+    from kvpilot.agent.state.trials import SqliteTrialStore
+    from kvpilot.agent.tuning.study import build_study
+    from kvpilot.rig.server import free_port
+    from kvpilot.tuner.objective import Outcome, TrialResult
+    from kvpilot.tuner.trials import Trial, TrialState
+    from tests.agent.sidecar_harness import agent_config, server_spec
+
+    path = agent_config(
+        tmp_path, spec=server_spec(), rules={}, notifiers=[], remediation={},
+        listen_port=free_port(),
+    )  # fmt: skip
+    config = load_config(path)
+    study = build_study(config, config.tuning, None, vllm_version="0.10.0")
+    config.state_dir.mkdir(parents=True)
+    with StateStore.open(config.state_dir) as store:
+        values = (("kv_cache_memory_bytes", 32 << 20), ("max_num_seqs", 8))
+        trial = Trial(
+            "t1", study.fingerprint, 1, values, TrialState.COMPLETE, 1.0, 2.0,
+            result=TrialResult(Outcome.FEASIBLE, 150.0, 32 << 20, None),
+        )  # fmt: skip
+        SqliteTrialStore(store.db).add(trial)
+
+    def told() -> str:
+        result = CliRunner().invoke(app, ["tune", "--config", str(path), "--dry-run"])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    assert "0 past trials told" in told()  # no run recorded: the study without a version
+    with StateStore.open(config.state_dir) as store:
+        GroundStore(store.db).save("vllm", Ground("0.10.0", None, None), 3.0)
+    out = told()
+    assert f"study {study.fingerprint}: 1 past trials told" in out, out
