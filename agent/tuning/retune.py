@@ -247,7 +247,12 @@ class RetuneWatch:
         name = name or self._instance()
         if name is None:
             return
-        self._grounds.save(name, self._ground(name), self._wall())
+        try:
+            self._grounds.save(name, self._ground(name), self._wall())
+        except sqlite3.Error as exc:  # the run itself stands; the next run records again
+            self.errors_total += 1
+            log.warning("instance %s: the ground of the tuning run was not recorded: %s",
+                        name, exc)  # fmt: skip
         self._last_check_s = None  # decide again at the next check
 
     def _verdict(self, name: str, now_wall_s: float) -> Verdict:

@@ -429,3 +429,13 @@ def test_a_dry_run_tells_the_trials_of_the_last_runs_vllm_version(tmp_path: Path
         GroundStore(store.db).save("vllm", Ground("0.10.0", None, None), 3.0)
     out = told()
     assert f"study {study.fingerprint}: 1 past trials told" in out, out
+
+
+def test_a_ground_that_cannot_be_written_does_not_fail_the_run(store: StateStore) -> None:
+    clock = Clock()
+    w = watch(store, Ground("0.10.0", "m", None), clock)
+    store.db.read("PRAGMA query_only = ON")  # every write now fails as on a read-only file
+    w.tuned()
+    assert w.errors_total == 1
+    store.db.read("PRAGMA query_only = OFF")
+    assert GroundStore(store.db).load(NAME) is None
