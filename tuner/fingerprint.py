@@ -28,16 +28,23 @@ def fingerprint(
     fixed_flags: Sequence[str] | Mapping[str, object],
     workload_hash: str,
     slo: Slo,
+    *,
+    vllm_version: str | None = None,
 ) -> str:
     """The fingerprint of a tuning study: `fixed_flags` as a command line (read by
     `canonical_flags`: any launch form, spelling or order of one server is one study) or as
-    a mapping of flag names to values."""
+    a mapping of flag names to values. `vllm_version`: the server's, from `/version`; a new
+    version is a new study, since its goodput figures are another engine's. Unknown (None),
+    it is left out, so a study recorded before the version was known keeps its fingerprint."""
     if isinstance(fixed_flags, Mapping):
         flags = sorted(
             [flag_name("--" + k.lstrip("-")) or k, str(v)] for k, v in fixed_flags.items()
         )
     else:
         flags = canonical_flags(fixed_flags)
-    return digest(
-        {"model": model, "flags": flags, "workload": workload_hash, "slo": dataclasses.asdict(slo)}
-    )
+    payload: dict[str, object] = {
+        "model": model, "flags": flags, "workload": workload_hash, "slo": dataclasses.asdict(slo)
+    }  # fmt: skip
+    if vllm_version is not None:
+        payload["vllm_version"] = vllm_version
+    return digest(payload)

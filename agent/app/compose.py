@@ -36,6 +36,7 @@ from kvpilot.agent.tuning.promoted import (
     record_running_config,
     tuned_instance,
 )
+from kvpilot.agent.tuning.retune import retune_watch, stable_name
 from kvpilot.agent.tuning.schedule import (
     ScheduledTuning,
     pod_scheduled_tuning,
@@ -102,6 +103,7 @@ async def _run(
                 cache_config=lambda name: late.sidecar.cache_config(name) if late.sidecar else None,
                 margin_ratio=section.preflight.margin_ratio,
             )
+            better = best_config(config, store.db, runtime, lambda n: _version(late.sidecar, n))
             light_step = (
                 HttpPrefixCacheReset(api_key=api_key)
                 if section.light_step_reset_prefix_cache
@@ -110,7 +112,7 @@ async def _run(
             remediator = Remediator(
                 runtime, store, section, preflight=preflight, light_step=light_step,
                 runtime_drain_timeout_s=config.runtime.drain_timeout_s,
-                better_config=best_config(config, store.db, runtime),  # the ladder's promote
+                better_config=better,  # the ladder's promote
                 on_promoted=remember_promotion(config, store, config_sha256),
             )  # fmt: skip
             external_url = f"http://{config.listen.host}:{config.listen.port}"
@@ -139,12 +141,26 @@ async def _run(
             if config.tuning.schedule is not None and isinstance(runtime, LocalRuntime):
                 try:
                     tuning = scheduled_tuning(
-                        config, config_sha256 or "", runtime, remediator, store, api_key=api_key
-                    )
+                        config, config_sha256 or "", runtime, remediator, store, api_key=api_key,
+                        vllm_version=lambda: _version(sidecar, stable_name(runtime.instances())),
+                    )  # fmt: skip
                 except StudyError as exc:  # collecting and alerting go on without it
                     log.error("scheduled tuning is off: %s", exc)
             elif config.tuning.schedule is not None and isinstance(runtime, KubernetesRuntime):
-                tuning = pod_scheduled_tuning(config, runtime, remediator, store, api_key=api_key)
+                tuning = pod_scheduled_tuning(
+                    config, runtime, remediator, store, api_key=api_key,
+                    vllm_version=lambda: _version(sidecar, stable_name(runtime.instances())),
+                )  # fmt: skip
+            retune = retune_watch(
+                config.tuning.retune, store, instances=runtime.instances,
+                latest_vllm=sidecar.latest_vllm, better=better, schedule=tuning,
+                restored=sidecar.tracker.alerts(),
+                workload_key=lambda: None,  # wired to the learned workload window
+            )  # fmt: skip
+            if retune is not None:
+                sidecar.event_sources.append(retune.take_events)
+                if tuning is not None:
+                    tuning.on_tuned = retune.tuned
             starting = sidecar.tasks.spawn(
                 _start_local(config, runtime, tuning, stop, failed), "start-servers"
             )
@@ -180,6 +196,8 @@ async def _run(
 
             async def tick() -> None:
                 await sidecar.tick()
+                if retune is not None:
+                    retune.check()  # its alert reaches the tracker at the next tick
                 if on_tick is not None:
                     on_tick(sidecar)
 
@@ -238,6 +256,12 @@ def promoted_argv(
     if live.why is not Why.CONFIGURED:
         log.info("instance %s runs its %s flags", inst.name, live.describe())
     return {inst.name: live.argv}
+
+
+def _version(sidecar: Sidecar | None, name: str | None) -> str | None:
+    """The vLLM version server `name` reported at its last scrape; None while unknown."""
+    scrape = sidecar.latest_vllm(name) if sidecar is not None and name is not None else None
+    return scrape.vllm_version if scrape is not None else None
 
 
 def _all_pids(runtime: Runtime) -> frozenset[int]:

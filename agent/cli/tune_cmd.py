@@ -36,6 +36,7 @@ from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.store import StateStore
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.factory import local_adapter, stable_runtime
+from kvpilot.agent.tuning.ground import Ground, GroundStore, argv_model, server_version
 from kvpilot.agent.tuning.local import (
     STABLE_FACT,
     StableEnd,
@@ -142,6 +143,9 @@ def tune(
     db = open_state_or_exit(cfg)
     try:
         if dry:
+            last = GroundStore(db).load(study.stable.name)  # the study of the last run's vLLM
+            if pod is None and last is not None and last.ground.vllm_version is not None:
+                study = build_study(cfg, tuning, read_gpu(), vllm_version=last.ground.vllm_version)
             told, planned = dry_run(
                 study.space, BayesianSuggester(study.space, seed=tuning.seed),
                 SqliteTrialStore(db), study.fingerprint, tuning.trials,
@@ -231,12 +235,18 @@ async def _run(
             if runtime.status(name).state != "running":
                 console.print(f"starting the stable instance ({flags.describe()})")
                 await _start_stable(runtime, study)
+            url = next((i.url for i in runtime.instances() if i.name == name), None)
+            version = await server_version(url, api_key=_api_key(cfg)) if url else None
+            if version is not None:  # the fingerprint holds the version (a new one: a new study)
+                study = build_study(cfg, study.tuning, read_gpu(), vllm_version=version)
             summary = await _run_with_progress(
                 console,
                 lambda show: make_session(study, adapter, db, on_progress=show),
                 study.tuning.trials,
             )
             _print_summary(console, summary, adapter.stable_argv(), secrets)
+            ground = Ground(version, argv_model(study.configured_argv), None)  # key: not wired
+            GroundStore(db).save(name, ground, time.time())  # the ground `kvpilot run` watches
         except asyncio.CancelledError:
             if signals.received is None:
                 raise

@@ -130,6 +130,26 @@ class CanaryConfig(BaseModel):
         return self
 
 
+class RetuneConfig(BaseModel):
+    """When `kvpilot run` re-opens tuning: the ground it was tuned on moved (a new vLLM
+    version, model or workload shape), or preemption incidents keep coming while no
+    validated better configuration exists. With a schedule the next firing tunes; without
+    one a KvpilotTuningRecommended alert says why."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(True, description="Watch for ground that moved, and re-open tuning.")
+    preemption_incidents: int = Field(
+        3, ge=1, description="PreemptionSpike firings within `within_h` that re-open tuning."
+    )
+    within_h: float = Field(
+        24.0, gt=0, le=24 * 30, description="The window, in hours, those firings are counted in."
+    )
+    check_every_s: float = Field(
+        60.0, gt=0, description="How often `kvpilot run` checks the ground (after a tick)."
+    )
+
+
 class TuningConfig(BaseModel):
     """How kvpilot tunes the stable instance's memory knobs (local runtime)."""
 
@@ -189,6 +209,9 @@ class TuningConfig(BaseModel):
         description="Replayed or live traffic for the canary, and its analysis windows.",
     )
     seed: int = Field(0, description="The Bayesian suggester's seed.")
+    retune: RetuneConfig = Field(
+        default_factory=RetuneConfig, description="When `kvpilot run` re-opens tuning."
+    )
 
     @model_validator(mode="after")
     def _ranges_are_ranges(self) -> TuningConfig:

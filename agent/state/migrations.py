@@ -133,7 +133,23 @@ def _v2(conn: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1, _v2)
+def _v3(conn: sqlite3.Connection) -> None:
+    """The ground each instance was last tuned on (vLLM version, model, workload shape)."""
+    _execute_script(
+        conn,
+        """
+        CREATE TABLE tuning_ground (
+            instance TEXT PRIMARY KEY,
+            vllm_version TEXT,
+            model TEXT,
+            workload_key TEXT,
+            tuned_wall_s REAL NOT NULL
+        ) STRICT;
+        """,
+    )
+
+
+MIGRATIONS: tuple[Migration, ...] = (_v1, _v2, _v3)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -111,6 +111,7 @@ class Sidecar:
         self._last_retention_s: float | None = None
         self._last_repeat_wall_s: dict[tuple[str, str], float] = {}
         self._unsaved_events: list[AlertEvent] = []  # pages of a tick whose commit failed
+        self.event_sources: list[Callable[[], list[AlertEvent]]] = []  # more pages (re-tune)
         self.write_failures = WriteFailures()
         self._notifications: Counter[tuple[str, str]] = Counter()
         self._remediations: Counter[tuple[str, str]] = Counter()
@@ -172,7 +173,8 @@ class Sidecar:
         per_server = await asyncio.gather(*(self._server(i, nvml) for i in instances))
         conditions = [c for server in per_server for c in server]
         now_s, now_wall_s = self._clock(), self._wall_clock()
-        events = [*self._unsaved_events, *self.remediator.take_events()]
+        events = [*self._unsaved_events, *self.remediator.take_events(),
+                  *(e for source in self.event_sources for e in source())]  # fmt: skip
         before = self.tracker.checkpoint()
         transitions = self.tracker.update(
             [*conditions, *self._pages.conditions(events)], now_s, now_wall_s

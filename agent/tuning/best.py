@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 # The study of one instance whose server runs `argv`, or why there is none.
 StudyFor = Callable[[str, Sequence[str]], "Study | str"]
+VersionOf = Callable[[str], "str | None"]  # a server's vLLM version, None while unknown
 
 
 def best_validated(db: Database, fingerprint: str, slo: Slo) -> Trial | None:
@@ -130,9 +131,12 @@ class BestConfig:
         return argv
 
 
-def best_config(config: AgentConfig, db: Database, runtime: Runtime) -> BestConfig:
-    """The composition root's source: this configuration's study over `runtime`'s servers."""
-    return BestConfig(db, runtime.instances, config_studies(config))
+def best_config(
+    config: AgentConfig, db: Database, runtime: Runtime, version_of: VersionOf = lambda _n: None
+) -> BestConfig:
+    """The composition root's source: this configuration's study over `runtime`'s servers
+    (`version_of`: a server's vLLM version, part of its study's fingerprint)."""
+    return BestConfig(db, runtime.instances, config_studies(config, version_of))
 
 
 def remember_promotion(
@@ -155,22 +159,25 @@ def remember_promotion(
     return noted
 
 
-def config_studies(config: AgentConfig) -> StudyFor:
+def config_studies(config: AgentConfig, version_of: VersionOf = lambda _n: None) -> StudyFor:
     """The study of an instance, as tuning builds it: the configured stable instance's on the
     local runtime; elsewhere the study of the server as it runs (its argv read by the
     runtime). Built once per argv; a study that cannot be built is its reason."""
-    built: dict[tuple[str, tuple[str, ...]], Study | str] = {}
+    built: dict[tuple[str, tuple[str, ...], str | None], Study | str] = {}
 
     def study_for(name: str, argv: Sequence[str]) -> Study | str:
-        key = (name, tuple(argv))
+        version = version_of(name)
+        key = (name, tuple(argv), version)
         if key not in built:
-            built[key] = _build(config, name, tuple(argv))
+            built[key] = _build(config, name, tuple(argv), version)
         return built[key]
 
     return study_for
 
 
-def _build(config: AgentConfig, name: str, argv: tuple[str, ...]) -> Study | str:
+def _build(
+    config: AgentConfig, name: str, argv: tuple[str, ...], version: str | None
+) -> Study | str:
     if isinstance(config.runtime, LocalRuntimeConfig):
         subject = config
     else:  # a server kvpilot did not start: its study is the one of the argv it runs
@@ -181,7 +188,7 @@ def _build(config: AgentConfig, name: str, argv: tuple[str, ...]) -> Study | str
         local = LocalRuntimeConfig(kind="local", instances=(instance,))
         subject = config.model_copy(update={"runtime": local})
     try:
-        study = build_study(subject, subject.tuning, read_gpu())
+        study = build_study(subject, subject.tuning, read_gpu(), vllm_version=version)
     except (ValueError, OSError) as exc:  # StudyError is a ValueError
         return f"no tuning study: {exc}"
     if study.stable.name != name:

@@ -70,8 +70,14 @@ def pod_stable_spec(config: AgentConfig, runtime: KubernetesRuntime) -> LocalIns
     )
 
 
-def pod_study(config: AgentConfig, runtime: KubernetesRuntime, tuning: TuningConfig) -> Study:
-    return build_study(config, tuning, read_gpu(), stable=pod_stable_spec(config, runtime))
+def pod_study(
+    config: AgentConfig,
+    runtime: KubernetesRuntime,
+    tuning: TuningConfig,
+    vllm_version: str | None = None,
+) -> Study:
+    stable = pod_stable_spec(config, runtime)
+    return build_study(config, tuning, read_gpu(), stable=stable, vllm_version=vllm_version)
 
 
 def pod_adapter(
@@ -125,11 +131,14 @@ class PodTuner:
         self._wall = wall_clock
         self.journal: HandoverJournal | None = None  # the current session's
         self._map = runtime.handover_map if isinstance(runtime, PodRuntime) else None
+        self.vllm_version: Callable[[], str | None] = lambda: None  # the stable server's
 
     async def study(self, tuning: TuningConfig | None = None) -> Study:
         tuning = tuning or self.config.tuning
         with strict_reads():  # the Deployment's flags, never the process's view of them
-            study = await asyncio.to_thread(pod_study, self.config, self.runtime, tuning)
+            study = await asyncio.to_thread(
+                pod_study, self.config, self.runtime, tuning, self.vllm_version()
+            )
             if tuning.canary.traffic != "replay" and self.traffic is None:
                 # The split of live traffic reads the stable Deployment's canary selector.
                 self.traffic = await asyncio.to_thread(

@@ -92,6 +92,8 @@ class ScheduledTuning:
         self._audit = audit
         self._on_close = on_close
         self._task: asyncio.Task[str] | None = None
+        self._reopened: str | None = None
+        self.on_tuned: Callable[[], None] = lambda: None  # a run completed (agent.tuning.retune)
         self.runs_total = 0
 
     def add_to(self, scheduler: AsyncIOScheduler) -> None:
@@ -122,7 +124,10 @@ class ScheduledTuning:
             return self._note("skipped", "a remediation is in progress")
         if (cooling := self._cooling_down()) is not None:
             return self._note("skipped", f"the stable instance was restarted recently: {cooling}")
-        self._audit("started", "scheduled tuning run")
+        reopened = self._reopened
+        self._audit(
+            "started", "scheduled tuning run" + (f", re-opened: {reopened}" if reopened else "")
+        )
         self._task = asyncio.create_task(self._run_once(), name="scheduled-tuning")
         self.runs_total += 1
         try:
@@ -135,7 +140,13 @@ class ScheduledTuning:
         except Exception as exc:  # a failed run is logged and audited; the next one runs
             log.exception("scheduled tuning run failed")
             return self._note("failed", f"{type(exc).__name__}: {exc}")
+        if self._reopened == reopened:
+            self._reopened = None
         return self._note("finished", stopped)
+
+    def reopen(self, reason: str) -> None:
+        """The ground moved (`agent.tuning.retune`): the next firing re-tunes, and says why."""
+        self._reopened = reason
 
     def next_fire_time(self, now: datetime) -> datetime | None:
         return self._trigger.get_next_fire_time(None, now)
@@ -163,8 +174,10 @@ def scheduled_tuning(
     store: StateStore,
     *,
     api_key: str | None = None,
+    vllm_version: Callable[[], str | None] = lambda: None,
 ) -> ScheduledTuning:
-    """The sidecar's scheduled tuning of its stable instance (config.tuning.schedule set)."""
+    """The sidecar's scheduled tuning of its stable instance (config.tuning.schedule set);
+    `vllm_version`: the stable server's, read at each run into the study's fingerprint."""
     tuning = config.tuning
     assert tuning.schedule is not None
     study = build_study(config, tuning, read_gpu())
@@ -181,10 +194,17 @@ def scheduled_tuning(
 
     async def run_once() -> str:
         await recover()  # a trial an earlier kvpilot left open
+        version = vllm_version()  # known once the server answered /version
+        now = (
+            study
+            if version is None
+            else build_study(config, tuning, read_gpu(), vllm_version=version)
+        )
         if remediator.config.dry_run:
-            return _plan(study, store)
-        session = make_session(study, adapter, store.db, api_key=api_key)
+            return _plan(now, store)
+        session = make_session(now, adapter, store.db, api_key=api_key)
         summary = await session.run(tuning.trials)
+        scheduled.on_tuned()
         return summary_line(summary)
 
     def audit(decision: str, reason: str) -> None:
@@ -193,10 +213,11 @@ def scheduled_tuning(
             decision=decision, reason=reason,
         )  # fmt: skip
 
-    return ScheduledTuning(
+    scheduled = ScheduledTuning(
         tuning.schedule, run_once, remediation_in_progress=remediator.in_progress, audit=audit,
         recover=recover, cooling_down=lambda: remediator.cooling_down(name),
     )  # fmt: skip
+    return scheduled
 
 
 def _plan(study: Study, store: StateStore) -> str:
@@ -218,6 +239,7 @@ def pod_scheduled_tuning(
     store: StateStore,
     *,
     api_key: str | None = None,
+    vllm_version: Callable[[], str | None] = lambda: None,
 ) -> ScheduledTuning:
     """The pod's scheduled tuning: canary Deployments, promotion by patching the Deployment,
     one tuner per Deployment through its Lease (a firing that finds it held is skipped). The
@@ -227,6 +249,7 @@ def pod_scheduled_tuning(
     name = runtime.target.stable_name
     tuner = PodTuner(config, runtime, store.db, remediation_in_progress=remediator.in_progress,
                      api_key=api_key)  # fmt: skip
+    tuner.vllm_version = vllm_version  # into the study's fingerprint
 
     def audit(decision: str, reason: str) -> None:
         store.record_audit(
@@ -258,10 +281,12 @@ def pod_scheduled_tuning(
             if remediator.config.dry_run:
                 return _plan(study, store)
             summary = await tuner.session(study).run(tuning.trials)
+        scheduled.on_tuned()
         return summary_line(summary)
 
-    return ScheduledTuning(
+    scheduled = ScheduledTuning(
         tuning.schedule, run_once, remediation_in_progress=remediator.in_progress, audit=audit,
         recover=recover, cooling_down=lambda: remediator.cooling_down(name),
         on_close=tuner.hand_over,
     )  # fmt: skip
+    return scheduled

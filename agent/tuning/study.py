@@ -95,10 +95,12 @@ def build_study(
     gpu: GpuMemory | None = None,
     *,
     stable: LocalInstanceSpec | None = None,
+    vllm_version: str | None = None,
 ) -> Study:
     """The study of the stable instance under `tuning` (bounds from the planner); `gpu` is
     the GPU's memory now, needed to search --gpu-memory-utilization. `stable`: the pod
-    runtime's stable instance (its Deployment's argv); default: the local runtime's."""
+    runtime's stable instance (its Deployment's argv); default: the local runtime's.
+    `vllm_version`: the stable server's (`/version`), part of the fingerprint; None: unknown."""
     if stable is None:
         inst = stable_instance(config)
         env = tuple(inst.env.items())
@@ -134,7 +136,8 @@ def build_study(
     served = workload_hash(workload) if traffic == "replay" else f"live traffic ({traffic})"
     return Study(
         tuning, stable, argv, space, workload, slo,
-        fingerprint(model, fixed, served, slo), config.runtime.ready_timeout_s,
+        fingerprint(model, fixed, served, slo, vllm_version=vllm_version),
+        config.runtime.ready_timeout_s,
     )  # fmt: skip
 
 

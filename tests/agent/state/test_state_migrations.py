@@ -10,7 +10,17 @@ import pytest
 from kvpilot.agent.state import DB_FILENAME, SCHEMA_VERSION, Database, SchemaTooNewError
 from kvpilot.agent.state.migrations import MIGRATIONS, migrate, schema_version
 
-TABLES = {"alerts", "outbox", "remediations", "audit", "silences", "kv", "trials", "rollouts"}
+TABLES = {
+    "alerts",
+    "outbox",
+    "remediations",
+    "audit",
+    "silences",
+    "kv",
+    "trials",
+    "rollouts",
+    "tuning_ground",
+}
 
 
 def connect(path: Path) -> sqlite3.Connection:

@@ -19,7 +19,7 @@ def test_migration_two_adds_the_tables_to_a_version_one_database(tmp_path: Path)
         assert migrate(conn, MIGRATIONS[:1]) == 1
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert "trials" not in tables
-        assert migrate(conn) == 2 == schema_version(conn)
+        assert migrate(conn, MIGRATIONS[:2]) == 2 == schema_version(conn)
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert {"trials", "rollouts", "alerts"} <= tables
     finally:
