@@ -121,7 +121,8 @@ def plan_step(
         return NoStep(f"pre-flight refused {setting.show(target)}: {verdict_fit.reason}")
     value: int | float = int(target) if setting.knob == "kv_cache_memory_bytes" else target
     new_argv = set_flag(argv, setting.flag, value)
-    reason = f"{verdict.message}: {setting.show(target)} (was {setting.value:g}), {how}"
+    was = setting.show().split(" ", 1)[1]
+    reason = f"{verdict.message}: {setting.show(target)} (was {was}), {how}"
     return Step(setting, target, new_argv, reason)
 
 
