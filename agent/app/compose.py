@@ -21,6 +21,9 @@ from kvpilot.agent.app.parts import build_notifiers, build_runtime
 from kvpilot.agent.app.reload import Reloader, reload_routes
 from kvpilot.agent.config import AgentConfig, LocalRuntimeConfig
 from kvpilot.agent.remediation import Remediator
+from kvpilot.agent.remediation.oom_guard import OomGuard
+from kvpilot.agent.remediation.oom_range import planner_range
+from kvpilot.agent.remediation.oom_startup import start_guarded
 from kvpilot.agent.remediation.prefix_cache import HttpPrefixCacheReset
 from kvpilot.agent.remediation.preflight import MemoryPreflight
 from kvpilot.agent.runtimes import LocalRuntime, Runtime, RuntimeFailure
@@ -44,6 +47,7 @@ from kvpilot.agent.tuning.schedule import (
 )
 from kvpilot.agent.tuning.study import StudyError
 from kvpilot.collectors.nvml import NvmlCollector
+from kvpilot.collectors.procfs import read_mem_available_bytes
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +118,7 @@ async def _run(
                 runtime_drain_timeout_s=config.runtime.drain_timeout_s,
                 better_config=better,  # the ladder's promote
                 on_promoted=remember_promotion(config, store, config_sha256),
+                oom=_oom_guard(config, runtime, late),
             )  # fmt: skip
             external_url = f"http://{config.listen.host}:{config.listen.port}"
             sidecar = Sidecar(
@@ -162,7 +167,7 @@ async def _run(
                 if tuning is not None:
                     tuning.on_tuned = retune.tuned
             starting = sidecar.tasks.spawn(
-                _start_local(config, runtime, tuning, stop, failed), "start-servers"
+                _start_local(config, runtime, remediator, tuning, stop, failed), "start-servers"
             )
             own = sidecar_families(sidecar.counters)
 
@@ -268,9 +273,26 @@ def _all_pids(runtime: Runtime) -> frozenset[int]:
     return frozenset(pid for instance in runtime.instances() for pid in instance.pids)
 
 
+def _oom_guard(config: AgentConfig, runtime: Runtime, late: _Late) -> OomGuard | None:
+    """The OOM guard; the host's free memory bounds the KV budget while NVML sees no GPU."""
+    section = config.remediation.oom
+    if not section.enabled:
+        return None
+
+    def available() -> int | None:
+        nvml = late.sidecar.latest_nvml() if late.sidecar else None
+        gpus = getattr(nvml, "gpus", ())  # a SourceError or nothing yet: no GPU seen
+        return None if gpus else read_mem_available_bytes()
+
+    model_config = getattr(config.runtime, "served_model_config", None)
+    return OomGuard(section, runtime, planner_range(section, model_config=model_config,
+                                                    available_bytes=available))  # fmt: skip
+
+
 async def _start_local(
     config: AgentConfig,
     runtime: Runtime,
+    remediator: Remediator,
     tuning: ScheduledTuning | None,
     stop: asyncio.Event,
     failed: list[StartFailed],
@@ -285,7 +307,9 @@ async def _start_local(
 
     async def start(name: str) -> None:
         try:
-            await runtime.start(name, ready_timeout_s=config.runtime.ready_timeout_s)
+            await start_guarded(  # a memory death at start-up: the OOM guard steps the knob
+                runtime, remediator, name, ready_timeout_s=config.runtime.ready_timeout_s
+            )
             log.info("instance %s started", name)
         except StartFailed as exc:
             log.error("instance %s failed to start, stopping kvpilot: %s", name, exc.headline)

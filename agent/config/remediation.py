@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import (
     Field,
+    model_validator,
 )
 
 from kvpilot.agent.config.base import (
@@ -46,6 +49,54 @@ class PreflightConfig(Model):
     )
 
 
+class OomConfig(Model):
+    """The OOM guard: a server that died of memory is restarted with its memory knob moved."""
+
+    enabled: bool = Field(True, description="Step the memory knob after an out-of-memory death.")
+    step_ratio: float = Field(
+        0.25,
+        gt=0,
+        lt=1,
+        description="Step down by this fraction of the knob when the log does not say how much "
+        "was short (an OOM kill, a CUDA error without figures).",
+    )
+    step_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="Step --kv-cache-memory-bytes down by this many bytes instead of step_ratio.",
+    )
+    headroom_ratio: float = Field(
+        0.1,
+        ge=0,
+        lt=1,
+        description="When the log says what was available, step to that less this fraction.",
+    )
+    max_kv_cache_memory_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="No stepped --kv-cache-memory-bytes above this (unset: what is available).",
+    )
+    step_up: bool = Field(
+        True,
+        description="Too small (no room for one request): step up to the planner's minimum when "
+        "that fits; off: report only. Never stepped down.",
+    )
+    max_steps: int = Field(
+        3, ge=1, description="Steps per instance per agent run, besides the restart budget."
+    )
+    memory_events_path: Path | None = Field(
+        None,
+        description="The cgroup file whose oom_kill count rises on an OOM kill (memory.events "
+        "or memory.oom_control); unset: the agent's own cgroup, which its servers share.",
+    )
+
+    @model_validator(mode="after")
+    def _one_step(self) -> OomConfig:
+        if self.step_bytes is not None and "step_ratio" in self.model_fields_set:
+            raise ValueError("set step_ratio or step_bytes, not both")
+        return self
+
+
 class RemediationConfig(Model):
     """The remediation ladder's guards and timings."""
 
@@ -66,6 +117,9 @@ class RemediationConfig(Model):
     )
     verify_timeout_s: float = Field(
         300.0, gt=0, description="After a restart: healthy and a probe answered, within this."
+    )
+    oom: OomConfig = Field(
+        default_factory=OomConfig, description="Out-of-memory deaths: step the memory knob."
     )
     light_step_reset_prefix_cache: bool = Field(
         False,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from kvpilot.agent.config import RemediationConfig
@@ -106,7 +107,9 @@ class Executor:
         now_s = self._clock()
         if plan.restarts:
             self._checks.guards(run, now_s)
-            self._checks.preflight(run, instance)
+            # A promotion is checked with the flags it will run (an OOM step's smaller KV).
+            flags = instance if plan.argv is None else replace(instance, argv=plan.argv)
+            self._checks.preflight(run, flags)
         if self._config.dry_run:
             reason = f"dry-run: would {' then '.join(plan.steps)} ({plan.reason})"
             return self._progress.end(run, Decision.DRY_RUN, reason)

@@ -40,6 +40,7 @@ from kvpilot.agent.remediation.facts import AlertFacts
 from kvpilot.agent.remediation.guards import CircuitBreaker, Cooldown, RestartBudget
 from kvpilot.agent.remediation.journal import RemediationJournal, restart_began
 from kvpilot.agent.remediation.ladder import BetterConfig, Plan, manual_plan, no_better_config
+from kvpilot.agent.remediation.oom_guard import OomGuard
 from kvpilot.agent.remediation.prefix_cache import LightStep
 from kvpilot.agent.remediation.progress import InProgress
 from kvpilot.agent.remediation.reconcile import Reconciled, fail_unfinished, restore_restarts
@@ -67,6 +68,7 @@ class Remediator:
         light_step: LightStep | None = None,
         better_config: BetterConfig = no_better_config,
         on_promoted: Promoted | None = None,
+        oom: OomGuard | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         new_id: Callable[[], str] = new_incident_id,
@@ -76,6 +78,7 @@ class Remediator:
         self._journal = journal
         self._light_enabled = config.light_step_reset_prefix_cache and light_step is not None
         self._better_config = better_config
+        self.oom = oom  # a server that died of memory: its plan moves the memory knob
         self._clock = clock
         self._wall_clock = wall_clock
         self._new_id = new_id
@@ -133,7 +136,7 @@ class Remediator:
 
     def take_events(self) -> list[AlertEvent]:
         """Pages and advice produced since the last call, for the agent to enqueue."""
-        return self._notices.take()
+        return [*self._notices.take(), *(self.oom.take_events() if self.oom else ())]
 
     # -- the tick ----------------------------------------------------------------------
 
@@ -250,8 +253,12 @@ class Remediator:
 
     async def remediate(self, trigger: Trigger, plan: Plan | None = None) -> Outcome:
         """Plan, guard and run one remediation to its end; never raises for its failures."""
+        found = find_instance(self._runtime, trigger.instance)
+        if plan is None and self.oom is not None and found is not None:
+            answer = self.oom.plan(trigger, found)
+            plan = answer.plan if answer is not None else None
         verdict = triage(
-            trigger, plan, find_instance(self._runtime, trigger.instance),
+            trigger, plan, found,
             light_step_enabled=self._light_enabled, better_config=self._better_config,
             can_change_flags=self._runtime.can_change_flags,
             incident_restarted=self._incident_restarted, veto=self._vetoes.against,
@@ -268,7 +275,10 @@ class Remediator:
                 return self._recommend(trigger, plan)
             case Proceed(plan, instance):
                 run = self._progress.open(trigger, plan, instance)
-                return await self._progress.run_to_end(run, self._executor.run)
+                outcome = await self._progress.run_to_end(run, self._executor.run)
+                if self.oom is not None:
+                    self.oom.ended(trigger.instance, outcome.decision)
+                return outcome
             case _:
                 assert_never(verdict)
 

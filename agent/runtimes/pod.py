@@ -27,6 +27,7 @@ from kvpilot.agent.runtimes.base import RuntimeFailure, StopResult
 from kvpilot.agent.runtimes.k8s_handover import HandoverConfigMap
 from kvpilot.agent.runtimes.k8s_values import Promotion
 from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
+from kvpilot.tuner.oom import container_termination_reason
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,18 @@ class PodRuntime(KubernetesRuntime):
             return await super().promote(argv, ready_timeout_s=ready_timeout_s)
         finally:
             self._view = None
+
+    def termination_reason(self, name: str) -> str | None:
+        """The kubelet's reason for the vLLM container's last termination (`OOMKilled`), as
+        the OOM guard reads it; None when no pod says one or the API does not answer."""
+        stable = name == self.target.stable_name
+        try:
+            deployment = self._get(self.target.deployment if stable else name)
+            pods = self._pods(deployment) if deployment is not None else []
+        except RuntimeFailure:
+            return None
+        reasons = (container_termination_reason(p, self.target.container) for p in pods)
+        return next((r for r in reasons if r is not None), None)
 
     def _local_stable(self) -> Instance | None:
         if self._process is None:

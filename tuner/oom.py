@@ -1,0 +1,199 @@
+"""Which way a server's memory was wrong when it died: too big, or too small.
+
+*Too big* (the memory knob asked for more than the machine has): CUDA's out-of-memory error,
+the CPU build's "... is less than requested memory for kv ...", vLLM's "Free memory on
+device ... is less than desired GPU memory utilization", a kill by the OOM killer (the
+kubelet's `OOMKilled`; locally a SIGKILL while the cgroup's `oom_kill` count rose).
+*Too small* (the KV cache cannot hold one request): "No available memory for the cache
+blocks", "To serve at least one request ...". A too-big server is stepped down; a too-small
+one never is.
+
+The evidence is read from the exit and the log; where it says nothing about memory the
+answer is `NotOom` with the reason, never a guess.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+GIB = 1 << 30
+MIB = 1 << 20
+OOM_KILLED = "OOMKilled"  # the kubelet's reason for a container the OOM killer ended
+
+
+class OomDirection(StrEnum):
+    TOO_BIG = "too_big"  # step the memory knob down
+    TOO_SMALL = "too_small"  # never down: up, within what fits
+
+
+class OomSource(StrEnum):
+    LOG = "log"  # vLLM's own error line
+    OOM_KILLER = "oom_killer"  # SIGKILL while the cgroup's oom_kill count rose
+    KUBELET = "kubelet"  # the container status's OOMKilled
+
+
+@dataclass(frozen=True, slots=True)
+class ExitFacts:
+    """What is known of one exit. A count is None where the cgroup could not be read."""
+
+    exit_code: int | None = None  # negative: killed by that signal (subprocess convention)
+    log_text: str | None = None
+    oom_kills_before: int | None = None  # the cgroup's oom_kill when the server started
+    oom_kills_after: int | None = None  # ... and after it died
+    container_reason: str | None = None  # the kubelet's termination reason
+
+
+@dataclass(frozen=True, slots=True)
+class OomVerdict:
+    """A memory death: which way, from what evidence, and what the log said was short."""
+
+    direction: OomDirection
+    source: OomSource
+    message: str
+    log_line: str | None = None
+    requested_bytes: int | None = None  # what the knob asked for, where the log says
+    available_bytes: int | None = None  # what was there, where the log says
+
+    @property
+    def short_bytes(self) -> int | None:
+        """How much was missing, where the log says both figures."""
+        if self.requested_bytes is None or self.available_bytes is None:
+            return None
+        return max(0, self.requested_bytes - self.available_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class NotOom:
+    """Not a memory death, or no evidence of one: why."""
+
+    reason: str
+
+
+_NUM = r"([0-9]+(?:\.[0-9]+)?)"
+# cpu_worker.py: "Available memory on node 0 (1.5/23.5 GiB) on kv cache allocation is less
+# than requested memory for kv (4096.0 GiB)." (auto-sized: "(R/T GiB)").
+_CPU_KV = re.compile(
+    rf"Available memory on node \S+ \({_NUM}/{_NUM} GiB\) on kv cache allocation is less "
+    rf"than requested memory for kv \({_NUM}(?:/{_NUM})? GiB\)"
+)
+# torch: "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of
+# 79.15 GiB of which 6.81 MiB is free."
+_CUDA = re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|CUDA error: out of memory")
+_CUDA_TRIED = re.compile(rf"Tried to allocate {_NUM} (GiB|MiB|KiB|B)\b")
+_CUDA_FREE = re.compile(rf"of which {_NUM} (GiB|MiB|KiB|B) is free")
+_GPU_UTIL = re.compile(r"Free memory on device .* is less than desired GPU memory utilization")
+_TOO_SMALL = (
+    re.compile(r"No available memory for the cache blocks"),
+    re.compile(r"To serve at least one request with the model's max seq len"),
+)
+_UNITS = {"GiB": GIB, "MiB": MIB, "KiB": 1 << 10, "B": 1}
+_MAX_LINE_CHARS = 500
+
+
+def classify_exit(facts: ExitFacts) -> OomVerdict | NotOom:
+    """The direction of a memory death from `facts`, or why it is not one.
+
+    The kubelet's word first, then the cgroup's count, then the log: a killed process writes
+    nothing, and a log line names the direction most precisely when there is one.
+    """
+    if facts.container_reason == OOM_KILLED:
+        return OomVerdict(
+            OomDirection.TOO_BIG, OomSource.KUBELET, "the kubelet reports the container OOMKilled"
+        )
+    killed = oom_killed(facts)
+    if killed is not None:
+        return killed
+    if facts.log_text:
+        found = classify_log(facts.log_text)
+        if found is not None:
+            return found
+    if facts.exit_code == -signal.SIGKILL:
+        return NotOom(_sigkill_without_count(facts))
+    if not facts.log_text:
+        return NotOom("no log to read and no OOM-killer evidence")
+    return NotOom("no out-of-memory line in the log")
+
+
+def oom_killed(facts: ExitFacts) -> OomVerdict | None:
+    """The OOM killer's kill: the cgroup's oom_kill count rose while the server ran, and the
+    server died by SIGKILL (or its exit code cannot be read: a process it did not start)."""
+    before, after = facts.oom_kills_before, facts.oom_kills_after
+    if before is None or after is None or after <= before:
+        return None
+    if facts.exit_code not in (None, -signal.SIGKILL, 128 + signal.SIGKILL):
+        return None
+    return OomVerdict(
+        OomDirection.TOO_BIG,
+        OomSource.OOM_KILLER,
+        f"killed by the OOM killer (the cgroup's oom_kill count rose from {before} to {after})",
+    )
+
+
+def classify_log(text: str) -> OomVerdict | None:
+    """The memory error vLLM's log names, most specific first; None when it names none."""
+    lines = text.splitlines()
+    for line in lines:
+        match = _CPU_KV.search(line)
+        if match:
+            available, _total, requested = (float(match.group(i)) for i in (1, 2, 3))
+            return OomVerdict(
+                OomDirection.TOO_BIG, OomSource.LOG,
+                "the KV cache asked for more memory than the node has available",
+                _clean(line), int(requested * GIB), int(available * GIB),
+            )  # fmt: skip
+    for pattern in _TOO_SMALL:
+        for line in lines:
+            if pattern.search(line):
+                return OomVerdict(
+                    OomDirection.TOO_SMALL, OomSource.LOG,
+                    "the KV cache is too small for one request of max_model_len", _clean(line),
+                )  # fmt: skip
+    for line in lines:
+        if _GPU_UTIL.search(line):
+            return OomVerdict(
+                OomDirection.TOO_BIG, OomSource.LOG,
+                "other processes hold what --gpu-memory-utilization asks for", _clean(line),
+            )  # fmt: skip
+    for line in lines:
+        if _CUDA.search(line):
+            return OomVerdict(
+                OomDirection.TOO_BIG, OomSource.LOG, "CUDA ran out of memory", _clean(line),
+                _bytes(_CUDA_TRIED.search(line)), _bytes(_CUDA_FREE.search(line)),
+            )  # fmt: skip
+    return None
+
+
+def container_termination_reason(pod: Mapping[str, Any], container: str) -> str | None:
+    """The kubelet's reason for the container's current or last termination (`OOMKilled`)."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or ():
+        if status.get("name") != container:
+            continue
+        for where in (status.get("state") or {}, status.get("lastState") or {}):
+            reason = (where.get("terminated") or {}).get("reason")
+            if isinstance(reason, str):
+                return reason
+    return None
+
+
+def _sigkill_without_count(facts: ExitFacts) -> str:
+    if facts.oom_kills_before is None or facts.oom_kills_after is None:
+        return "killed by SIGKILL, and the cgroup's oom_kill count cannot be read: not known"
+    return "killed by SIGKILL, and the cgroup's oom_kill count did not rise: not the OOM killer"
+
+
+def _bytes(match: re.Match[str] | None) -> int | None:
+    return None if match is None else int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def _clean(line: str) -> str:
+    text = line.strip()
+    for marker in ("ValueError: ", "RuntimeError: ", "OutOfMemoryError: "):
+        if marker in text:
+            text = text[text.index(marker) :]
+            break
+    return text[:_MAX_LINE_CHARS]
