@@ -42,6 +42,7 @@ from kvpilot.agent.tuning.schedule import (
     scheduled_tuning,
 )
 from kvpilot.agent.tuning.study import StudyError
+from kvpilot.agent.tuning.workload_window import WorkloadWindow
 from kvpilot.collectors.nvml import NvmlCollector
 
 log = logging.getLogger(__name__)
@@ -155,6 +156,7 @@ async def _run(
                 tuning_families(sidecar.tuning_families())(out)
 
             registry = build_registry(sidecar.servers, extra)
+            learned = WorkloadWindow(config.tuning.learn.window_s)  # the stable server's traffic
             token = config.api.control_token()
             reloader = None
             if reload_config is not None:
@@ -168,7 +170,7 @@ async def _run(
                 clock=sidecar.clock,
                 stale_after_s=max(10.0, 5 * config.interval_s),
                 extra_routes=[
-                    *api_routes(sidecar, token),
+                    *api_routes(sidecar, token, window=learned),
                     *(reload_routes(reloader, token) if reloader else ()),
                 ],
             )
@@ -180,6 +182,7 @@ async def _run(
 
             async def tick() -> None:
                 await sidecar.tick()
+                feed_window(learned, sidecar)
                 if on_tick is not None:
                     on_tick(sidecar)
 
@@ -238,6 +241,18 @@ def promoted_argv(
     if live.why is not Why.CONFIGURED:
         log.info("instance %s runs its %s flags", inst.name, live.describe())
     return {inst.name: live.argv}
+
+
+def feed_window(window: WorkloadWindow, sidecar: Sidecar) -> None:
+    """The stable server's latest scrape into the learned workload's window."""
+    if not sidecar.config.tuning.learn.enabled:
+        return
+    for instance in sidecar.runtime.instances():
+        if instance.role == "stable":
+            scrape = sidecar.latest_vllm(instance.name)
+            if scrape is not None:
+                window.observe(scrape)
+            return
 
 
 def _all_pids(runtime: Runtime) -> frozenset[int]:

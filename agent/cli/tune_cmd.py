@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.live import Live
 
 from kvpilot.agent.app.parts import build_pod_runtime
+from kvpilot.agent.cli import workload_cmd as workload_cli
 from kvpilot.agent.cli.config_load import load_or_exit, open_state_or_exit
 from kvpilot.agent.cli.tune_report import report_context
 from kvpilot.agent.config import AgentConfig, PodRuntimeConfig, secret_values
@@ -96,6 +97,8 @@ def tune(
     max_seqs: Annotated[int | None, typer.Option(help="Upper end of max_num_seqs.")] = None,
     seed: Annotated[int | None, typer.Option(help="The suggester's seed.")] = None,
     bake: Annotated[bool | None, typer.Option(help="Bake window after a promotion.")] = None,
+    sidecar_url: workload_cli.SidecarUrl = None,
+    observe_s: workload_cli.ObserveS = None,
     keep_servers: Annotated[
         bool,
         typer.Option(
@@ -128,8 +131,10 @@ def tune(
     pod = _pod_runtime_or_exit(cfg)
     try:
         tuning = TuningConfig.model_validate({**base.model_dump(), **_given(**overrides)})
+        chosen = None
         if pod is None:
-            study = build_study(cfg, tuning, read_gpu())
+            chosen = workload_cli.choose_for_tune(cfg, tuning, sidecar_url, observe_s)
+            study = build_study(cfg, tuning, read_gpu(), chosen=chosen)
         else:
             with strict_reads():  # the Deployment's flags, never the process's view of them
                 study = pod_study(cfg, pod, tuning)
@@ -139,6 +144,8 @@ def tune(
         print(f"kvpilot tune: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
     console = Console()
+    if chosen is not None:
+        console.print(chosen.describe(), highlight=False, markup=False, soft_wrap=True)
     db = open_state_or_exit(cfg)
     try:
         if dry:
