@@ -45,9 +45,11 @@ async def from_sidecar(url: str, *, timeout_s: float = SIDECAR_TIMEOUT_S) -> Lea
         return Learned(None, f"no sidecar answered at {where} ({type(exc).__name__})")
     except ValueError as exc:  # not JSON, or not the shape this kvpilot writes
         return Learned(None, f"the sidecar at {where} sent no workload: {str(exc)[:200]}")
-    seen = data.get("window", {}).get("requests", 0) if isinstance(data, dict) else 0
+    window = data.get("window") if isinstance(data, dict) else None
+    seen = window.get("requests") if isinstance(window, dict) else None
     if shape is None:
-        return Learned(None, f"the sidecar at {where} has learned nothing yet", int(seen or 0))
+        count = seen if isinstance(seen, int) and seen >= 0 else 0
+        return Learned(None, f"the sidecar at {where} has learned nothing yet", count)
     return Learned(shape, f"from the sidecar at {url}", shape.requests)
 
 

@@ -116,6 +116,11 @@ def test_tune_without_a_window_uses_the_configured_workload_and_says_why(tmp_pat
         garbled = _cli("tune", "-c", str(config), "--dry-run", "--sidecar-url", url)
     assert garbled.exit_code == 0, garbled.output
     assert "sent no workload: the learned shape is malformed" in garbled.output
+    with _sidecar({"learned": None, "window": 3}) as empty:
+        url = f"http://127.0.0.1:{empty.port}"
+        nothing = _cli("workload", "show", "-c", str(config), "--sidecar-url", url)
+    assert nothing.exit_code == 0, nothing.output
+    assert "has learned nothing yet" in nothing.output
     with _sidecar(_learned_body(300), status=503) as down:
         url = f"http://127.0.0.1:{down.port}"
         refused = _cli("tune", "-c", str(config), "--dry-run", "--sidecar-url", url)
