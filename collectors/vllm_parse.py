@@ -47,15 +47,21 @@ _HISTOGRAMS: dict[str, str] = {
     "vllm:request_decode_time_seconds": "decode_time",
     # Its name ends in _total although it is a histogram; its _count is the step counter.
     "vllm:iteration_tokens_total": "iteration_tokens",
+    # Per request, observed when it finishes: what a learned workload draws its lengths from.
+    "vllm:request_prompt_tokens": "request_prompt_tokens",
+    "vllm:request_generation_tokens": "request_generation_tokens",
 }
+# Counters exported once per finished_reason label: the field is their sum.
+_SUMMED: dict[str, str] = {"vllm:request_success_total": "requests_success_total"}
 _CACHE_CONFIG = "vllm:cache_config_info"
-_FAMILIES = (*_GAUGES, *_COUNTERS, *_HISTOGRAMS)
+_FAMILIES = (*_GAUGES, *_COUNTERS, *_HISTOGRAMS, *_SUMMED)
 _PRIORITY = {name: i for i, name in enumerate(_FAMILIES)}
 _COUNTS = frozenset({"requests_running", "requests_waiting"})
 # Sample name -> (part, field, family). Parts: "value" for gauges and counters, else the
 # histogram's "bucket", "sum" or "count".
 _DISPATCH: dict[str, tuple[str, str, str]] = {
     **{n: ("value", f, n) for n, f in (*_GAUGES.items(), *_COUNTERS.items())},
+    **{n: ("summed", f, n) for n, f in _SUMMED.items()},
     **{
         f"{n}_{part}": (part, f, n)
         for n, f in _HISTOGRAMS.items()
@@ -64,7 +70,7 @@ _DISPATCH: dict[str, tuple[str, str, str]] = {
 }
 # Family names: every other line is skipped before its labels are read. (A family name also
 # matches its _created and *_by_reason cousins; those few lines are parsed and ignored.)
-_PREFIXES: tuple[str, ...] = (*_GAUGES, *_COUNTERS, *_HISTOGRAMS, _CACHE_CONFIG)
+_PREFIXES: tuple[str, ...] = (*_GAUGES, *_COUNTERS, *_HISTOGRAMS, *_SUMMED, _CACHE_CONFIG)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +103,7 @@ class EngineSample:
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
     iterations_total: float | None = None  # engine steps: the progress heartbeat
+    requests_success_total: float | None = None  # finished requests, every finished_reason
     ttft: Histogram | None = None
     inter_token_latency: Histogram | None = None
     e2e_latency: Histogram | None = None
@@ -104,6 +111,8 @@ class EngineSample:
     prefill_time: Histogram | None = None
     decode_time: Histogram | None = None
     iteration_tokens: Histogram | None = None
+    request_prompt_tokens: Histogram | None = None  # prompt length per finished request
+    request_generation_tokens: Histogram | None = None  # output length per finished request
     refused: tuple[Refused, ...] = ()
 
     @property
@@ -125,6 +134,8 @@ def kept_for_counters(sample: EngineSample) -> EngineSample:
         prefill_time=None,
         decode_time=None,
         iteration_tokens=None,
+        request_prompt_tokens=None,
+        request_generation_tokens=None,
     )
 
 
@@ -174,6 +185,7 @@ def parse_vllm_metrics(
     keys: dict[Labels, tuple[EngineKey, str | None]] = {}
     seen: dict[tuple[str, Labels], float] = {}
     conflicts: set[tuple[EngineKey, str]] = set()  # (engine, family) exported twice, differently
+    summed: dict[tuple[EngineKey, str], list[float]] = {}  # one value per finished_reason
     for name, labels, value in scan(text, prefixes=_PREFIXES, sample_limit=sample_limit):
         target = _DISPATCH.get(name)
         if target is None:
@@ -198,6 +210,14 @@ def parse_vllm_metrics(
                 ranks[(key, field)] = rank
                 values.setdefault(key, {})[field] = value
             continue
+        if part == "summed":
+            if earlier is not None:
+                if not same_reading(earlier, value):
+                    conflicts.add((key, family))
+                continue
+            values.setdefault(key, {})
+            summed.setdefault((key, field), []).append(value)
+            continue
         if key not in values:
             values[key] = {}
         h = hists.get((key, field, family))
@@ -216,7 +236,7 @@ def parse_vllm_metrics(
             h.count = value
     if not values:
         return _without_known_families(text, cache_infos, taken_at_s, wall_time_s, sample_limit)
-    found = _Found(values, ranks, conflicts, hists, cache_infos)
+    found = _Found(values, ranks, conflicts, hists, cache_infos, summed)
     return _assemble(found, taken_at_s, wall_time_s)
 
 
@@ -250,6 +270,7 @@ class _Found:
     conflicts: set[tuple[EngineKey, str]]
     hists: dict[tuple[EngineKey, str, str], _Hist]
     cache_infos: dict[str | None, Labels]
+    summed: dict[tuple[EngineKey, str], list[float]]
 
 
 def _assemble(found: _Found, taken_at_s: float, wall_time_s: float) -> tuple[EngineSample, ...]:
@@ -282,6 +303,9 @@ def _assemble(found: _Found, taken_at_s: float, wall_time_s: float) -> tuple[Eng
                 checks.refuse(name, "duplicate_series", f"{name} has a series exported twice")
             else:
                 fields[name] = checks.histogram(name, h)
+        for (k, name), readings in found.summed.items():
+            if k == key:
+                fields[name] = _summed(name, readings, (key, _SUMMED_FAMILY[name]), found, checks)
         iterations = fields.get("iteration_tokens")
         if isinstance(iterations, Histogram):
             fields["iterations_total"] = iterations.count
@@ -301,6 +325,24 @@ def _assemble(found: _Found, taken_at_s: float, wall_time_s: float) -> tuple[Eng
             )
         )
     return tuple(out)
+
+
+_SUMMED_FAMILY = {field: family for family, field in _SUMMED.items()}
+
+
+def _summed(
+    name: str,
+    parts: list[float],
+    conflict_key: tuple[EngineKey, str],
+    found: _Found,
+    checks: Checks,
+) -> float | None:
+    """The sum of a counter's series; None when any of them is refused."""
+    if conflict_key in found.conflicts:
+        checks.refuse(name, "duplicate_series", f"{conflict_key[1]} is exported twice, differently")
+        return None
+    checked = [checks.counter(name, value) for value in parts]
+    return None if any(c is None for c in checked) else sum(c for c in checked if c is not None)
 
 
 class _CacheFields(TypedDict):

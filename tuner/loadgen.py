@@ -3,6 +3,8 @@
 Prompts are token ids (the rig's server runs with `--skip-tokenizer-init`), responses are
 streamed so that time to first token and the gaps between tokens are measured per request.
 Arrivals are open-loop (Poisson at `rate_rps`) or closed-loop (`concurrency` workers).
+A `ShapedWorkload` adds bursty arrivals and prompts that open with shared prefixes (the
+learned workload of `tuner.learned`); a plain `Workload` draws exactly as it always has.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -43,6 +46,25 @@ class LengthDist:
 
 
 @dataclass(frozen=True, slots=True)
+class BucketLengths(LengthDist):
+    """Lengths drawn from histogram buckets: a bucket by its weight, then uniform inside it.
+
+    `buckets` holds (lowest, highest, weight) with 1 <= lowest <= highest."""
+
+    buckets: tuple[tuple[int, int, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.buckets or any(lo < 1 or hi < lo or w < 0 for lo, hi, w in self.buckets):
+            raise ValueError("buckets need 1 <= lowest <= highest and weights >= 0")
+        if sum(w for _, _, w in self.buckets) <= 0:
+            raise ValueError("buckets need a positive weight")
+
+    def draw(self, rng: random.Random) -> int:
+        lo, hi, _ = rng.choices(self.buckets, weights=[w for _, _, w in self.buckets])[0]
+        return rng.randint(lo, hi)
+
+
+@dataclass(frozen=True, slots=True)
 class Workload:
     """What to send: how many requests, how they arrive, and how long they are."""
 
@@ -62,6 +84,50 @@ class Workload:
             raise ValueError("concurrency must be at least 1")
         if self.rate_rps is not None and self.rate_rps <= 0:
             raise ValueError("rate_rps must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class ShapedWorkload(Workload):
+    """A workload with bursts and shared prefixes (a subclass, so that a plain `Workload`'s
+    fields, and the study fingerprints hashed from them, stay as they were).
+
+    Bursts: open-loop arrivals come in batches at `rate_rps / burst_factor`, each of a
+    geometric size with mean `burst_factor`, so the mean rate holds and 1.0 is plain Poisson.
+    Prefixes: each prompt opens with the first `prefix_ratio` of its length, cut down to
+    whole blocks of `prefix_block` tokens, of one of `prefix_pool` shared prefixes (chosen
+    uniformly); the prefix cache then hits on about that share of the prompt tokens.
+    `max_model_len`: outputs are cut so that prompt and output fit it.
+    """
+
+    burst_factor: float = 1.0
+    prefix_ratio: float = 0.0
+    prefix_pool: int = 8
+    prefix_block: int = 16
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        Workload.__post_init__(self)
+        if not self.burst_factor >= 1.0 or math.isinf(self.burst_factor):
+            raise ValueError("burst_factor must be 1 or more")
+        if not 0.0 <= self.prefix_ratio <= 1.0:
+            raise ValueError("prefix_ratio must be within 0..1")
+        if self.prefix_pool < 1 or self.prefix_block < 1:
+            raise ValueError("prefix_pool and prefix_block must be at least 1")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError("max_model_len must be at least 2")
+
+
+@dataclass(frozen=True, slots=True)
+class TraceWorkload(Workload):
+    """A trace's requests as a workload: (arrival s, prompt tokens, output tokens) each, in
+    arrival order, sent at their arrival times (or closed loop, when `concurrency` is set)."""
+
+    arrivals: tuple[tuple[float, int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        Workload.__post_init__(self)
+        if not self.arrivals:
+            raise ValueError("a trace workload needs requests")
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +221,10 @@ class PlannedRequest:
 
 def plan_requests(workload: Workload) -> list[PlannedRequest]:
     """Draw every request up front from the seed, so two runs send the same traffic."""
+    if isinstance(workload, ShapedWorkload):
+        return _plan_shaped(workload)
+    if isinstance(workload, TraceWorkload):
+        return _plan_trace(workload)
     rng = random.Random(workload.seed)
     planned: list[PlannedRequest] = []
     at_s = 0.0
@@ -165,6 +235,54 @@ def plan_requests(workload: Workload) -> list[PlannedRequest]:
             at_s += rng.expovariate(workload.rate_rps)
         planned.append(PlannedRequest(index, prompt, max(1, workload.output_len.draw(rng)), at_s))
     return planned
+
+
+def _plan_shaped(workload: ShapedWorkload) -> list[PlannedRequest]:
+    """`plan_requests` for a ShapedWorkload: bursty arrivals, shared block-aligned prefixes."""
+    rng = random.Random(workload.seed)
+    prefixes: list[list[int]] = [[] for _ in range(workload.prefix_pool)]
+    planned: list[PlannedRequest] = []
+    at_s, left_in_burst = 0.0, 0
+    block = workload.prefix_block
+    for index in range(workload.num_requests):
+        n_prompt = max(1, workload.prompt_len.draw(rng))
+        if workload.max_model_len is not None:
+            n_prompt = min(n_prompt, workload.max_model_len - 1)
+        shared = int(workload.prefix_ratio * n_prompt) // block * block
+        prefix = prefixes[rng.randrange(workload.prefix_pool)]
+        while len(prefix) < shared:  # each prefix grows as longer prompts need it
+            prefix.append(rng.randrange(3, workload.vocab_size))
+        rest = tuple(rng.randrange(3, workload.vocab_size) for _ in range(n_prompt - shared))
+        n_output = max(1, workload.output_len.draw(rng))
+        if workload.max_model_len is not None:
+            n_output = min(n_output, workload.max_model_len - n_prompt)
+        if workload.rate_rps is not None:
+            if left_in_burst == 0:  # a new burst: after a gap, unless it is the first
+                if index > 0:
+                    at_s += rng.expovariate(workload.rate_rps / workload.burst_factor)
+                left_in_burst = _burst_size(rng, workload.burst_factor)
+            left_in_burst -= 1
+        planned.append(PlannedRequest(index, (*prefix[:shared], *rest), n_output, at_s))
+    return planned
+
+
+def _plan_trace(workload: TraceWorkload) -> list[PlannedRequest]:
+    """`plan_requests` for a TraceWorkload: its first `num_requests` requests, as recorded."""
+    rng = random.Random(workload.seed)
+    planned = []
+    for index, (at_s, n_prompt, n_output) in enumerate(workload.arrivals[: workload.num_requests]):
+        prompt = tuple(rng.randrange(3, workload.vocab_size) for _ in range(max(1, n_prompt)))
+        delay = at_s if workload.rate_rps is not None else 0.0
+        planned.append(PlannedRequest(index, prompt, max(1, n_output), delay))
+    return planned
+
+
+def _burst_size(rng: random.Random, mean: float) -> int:
+    """A geometric size (1, 2, ...) with the given mean; always 1 for a mean of 1."""
+    if mean <= 1.0:
+        return 1
+    p = 1.0 / mean
+    return 1 + int(math.log(1.0 - rng.random()) / math.log(1.0 - p))
 
 
 async def _send(

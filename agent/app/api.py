@@ -33,6 +33,8 @@ from kvpilot.agent.app.request_body import BodyLimits, RequestRejected, read_jso
 from kvpilot.agent.config import AgentConfig, LocalRuntimeConfig
 from kvpilot.agent.runtimes.k8s_values import RecommendsFlags
 from kvpilot.agent.tick.sidecar import Sidecar
+from kvpilot.agent.tuning.workload_json import workload_json
+from kvpilot.agent.tuning.workload_window import WorkloadWindow
 from kvpilot.collectors.secrets import mask_argv, mask_text, mask_url
 
 log = logging.getLogger(__name__)
@@ -135,7 +137,11 @@ def _problems(exc: ValidationError) -> list[str]:
 
 
 def api_routes(
-    sidecar: Sidecar, token: SecretStr | None, limits: BodyLimits = DEFAULT_LIMITS
+    sidecar: Sidecar,
+    token: SecretStr | None,
+    limits: BodyLimits = DEFAULT_LIMITS,
+    *,
+    window: WorkloadWindow | None = None,
 ) -> list[Route]:
     background: set[asyncio.Task[Any]] = set()
 
@@ -210,6 +216,12 @@ def api_routes(
     async def alerts(_: Request) -> JsonResponse:
         return JsonResponse({"alerts": _plain(sidecar.tracker.alerts())})
 
+    async def workload(_: Request) -> JsonResponse:
+        """The workload learned from the stable server beside the configured one."""
+        shape = window.shape() if window else None
+        seen = window.requests() if window else 0
+        return JsonResponse(workload_json(sidecar.config.tuning, shape, seen))
+
     async def silence(request: Request) -> JsonResponse:
         body = SilenceRequest.model_validate(await read_json(request, limits))
         now = sidecar.now_wall_s()
@@ -261,6 +273,7 @@ def api_routes(
     return [
         Route("/api/v1/status", status),
         Route("/api/v1/alerts", alerts),
+        Route("/api/v1/workload", workload),
         Route("/api/v1/silences", protected(silence), methods=["POST"]),
         Route("/api/v1/remediations", protected(trigger), methods=["POST"]),
         Route("/api/v1/vetoes", protected(veto), methods=["POST"]),

@@ -46,6 +46,8 @@ from kvpilot.agent.tuning.schedule import (
     scheduled_tuning,
 )
 from kvpilot.agent.tuning.study import StudyError
+from kvpilot.agent.tuning.workload_choice import WorkloadChoice, window_choice
+from kvpilot.agent.tuning.workload_window import WorkloadWindow
 from kvpilot.collectors.nvml import NvmlCollector
 from kvpilot.collectors.procfs import read_mem_available_bytes
 
@@ -107,7 +109,14 @@ async def _run(
                 cache_config=lambda name: late.sidecar.cache_config(name) if late.sidecar else None,
                 margin_ratio=section.preflight.margin_ratio,
             )
-            better = best_config(config, store.db, runtime, lambda n: _version(late.sidecar, n))
+            learned = WorkloadWindow(config.tuning.learn.window_s)  # the stable server's traffic
+
+            def workload_now() -> WorkloadChoice | None:  # what a tuning run would replay now
+                return window_choice(config, learned.shape())
+
+            better = best_config(
+                config, store.db, runtime, lambda n: _version(late.sidecar, n), workload_now
+            )
             light_step = (
                 HttpPrefixCacheReset(api_key=api_key)
                 if section.light_step_reset_prefix_cache
@@ -148,6 +157,7 @@ async def _run(
                     tuning = scheduled_tuning(
                         config, config_sha256 or "", runtime, remediator, store, api_key=api_key,
                         vllm_version=lambda: _version(sidecar, stable_name(runtime.instances())),
+                        workload=workload_now,
                     )  # fmt: skip
                 except StudyError as exc:  # collecting and alerting go on without it
                     log.error("scheduled tuning is off: %s", exc)
@@ -160,7 +170,7 @@ async def _run(
                 config.tuning.retune, store, instances=runtime.instances,
                 latest_vllm=sidecar.latest_vllm, better=better, schedule=tuning,
                 restored=sidecar.tracker.alerts(),
-                workload_key=lambda: None,  # wired to the learned workload window
+                workload_key=lambda: (chosen.key if (chosen := workload_now()) else None),
             )  # fmt: skip
             if retune is not None:
                 sidecar.event_sources.append(retune.take_events)
@@ -189,7 +199,7 @@ async def _run(
                 clock=sidecar.clock,
                 stale_after_s=max(10.0, 5 * config.interval_s),
                 extra_routes=[
-                    *api_routes(sidecar, token),
+                    *api_routes(sidecar, token, window=learned),
                     *(reload_routes(reloader, token) if reloader else ()),
                 ],
             )
@@ -203,6 +213,7 @@ async def _run(
                 await sidecar.tick()
                 if retune is not None:
                     retune.check()  # its alert reaches the tracker at the next tick
+                feed_window(learned, sidecar)
                 if on_tick is not None:
                     on_tick(sidecar)
 
@@ -267,6 +278,18 @@ def _version(sidecar: Sidecar | None, name: str | None) -> str | None:
     """The vLLM version server `name` reported at its last scrape; None while unknown."""
     scrape = sidecar.latest_vllm(name) if sidecar is not None and name is not None else None
     return scrape.vllm_version if scrape is not None else None
+
+
+def feed_window(window: WorkloadWindow, sidecar: Sidecar) -> None:
+    """The stable server's latest scrape into the learned workload's window."""
+    if not sidecar.config.tuning.learn.enabled:
+        return
+    for instance in sidecar.runtime.instances():
+        if instance.role == "stable":
+            scrape = sidecar.latest_vllm(instance.name)
+            if scrape is not None:
+                window.observe(scrape)
+            return
 
 
 def _all_pids(runtime: Runtime) -> frozenset[int]:

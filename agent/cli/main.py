@@ -20,6 +20,7 @@ from kvpilot.agent.cli import dashboards_cmd as dashboards_cli
 from kvpilot.agent.cli import plan_cmd as plan_cli
 from kvpilot.agent.cli import state_cmd as state_cli
 from kvpilot.agent.cli import tune_cmd as tune_cli
+from kvpilot.agent.cli import workload_cmd as workload_cli
 from kvpilot.agent.tick.snapshot import read_nvml
 from kvpilot.agent.tick.wiring import CollectSettings, build_ticker
 from kvpilot.collectors.limits import (
@@ -45,6 +46,7 @@ config_cli.register(app)
 dashboards_cli.register(app)
 tune_cli.register(app)
 state_cli.register(app)
+workload_cli.register(app)
 
 VllmUrl = Annotated[
     str, typer.Option("--vllm-url", envvar="KVPILOT_VLLM_URL", help="vLLM server's base URL.")

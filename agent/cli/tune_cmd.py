@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.live import Live
 
 from kvpilot.agent.app.parts import build_pod_runtime
+from kvpilot.agent.cli import workload_cmd as workload_cli
 from kvpilot.agent.cli.config_load import load_or_exit, open_state_or_exit
 from kvpilot.agent.cli.tune_report import report_context
 from kvpilot.agent.config import AgentConfig, PodRuntimeConfig, secret_values
@@ -97,6 +98,8 @@ def tune(
     max_seqs: Annotated[int | None, typer.Option(help="Upper end of max_num_seqs.")] = None,
     seed: Annotated[int | None, typer.Option(help="The suggester's seed.")] = None,
     bake: Annotated[bool | None, typer.Option(help="Bake window after a promotion.")] = None,
+    sidecar_url: workload_cli.SidecarUrl = None,
+    observe_s: workload_cli.ObserveS = None,
     keep_servers: Annotated[
         bool,
         typer.Option(
@@ -129,8 +132,10 @@ def tune(
     pod = _pod_runtime_or_exit(cfg)
     try:
         tuning = TuningConfig.model_validate({**base.model_dump(), **_given(**overrides)})
+        chosen = None
         if pod is None:
-            study = build_study(cfg, tuning, read_gpu())
+            chosen = workload_cli.choose_for_tune(cfg, tuning, sidecar_url, observe_s)
+            study = build_study(cfg, tuning, read_gpu(), chosen=chosen)
         else:
             with strict_reads():  # the Deployment's flags, never the process's view of them
                 study = pod_study(cfg, pod, tuning)
@@ -140,12 +145,17 @@ def tune(
         print(f"kvpilot tune: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
     console = Console()
+    if chosen is not None:
+        console.print(chosen.describe(), highlight=False, markup=False, soft_wrap=True)
     db = open_state_or_exit(cfg)
     try:
         if dry:
             last = GroundStore(db).load(study.stable.name)  # the study of the last run's vLLM
             if pod is None and last is not None and last.ground.vllm_version is not None:
-                study = build_study(cfg, tuning, read_gpu(), vllm_version=last.ground.vllm_version)
+                study = build_study(
+                    cfg, tuning, read_gpu(), vllm_version=last.ground.vllm_version,
+                    chosen=study.choice,
+                )  # fmt: skip
             told, planned = dry_run(
                 study.space, BayesianSuggester(study.space, seed=tuning.seed),
                 SqliteTrialStore(db), study.fingerprint, tuning.trials,
@@ -238,14 +248,17 @@ async def _run(
             url = next((i.url for i in runtime.instances() if i.name == name), None)
             version = await server_version(url, api_key=_api_key(cfg)) if url else None
             if version is not None:  # the fingerprint holds the version (a new one: a new study)
-                study = build_study(cfg, study.tuning, read_gpu(), vllm_version=version)
+                study = build_study(
+                    cfg, study.tuning, read_gpu(), vllm_version=version, chosen=study.choice
+                )
             summary = await _run_with_progress(
                 console,
                 lambda show: make_session(study, adapter, db, on_progress=show),
                 study.tuning.trials,
             )
             _print_summary(console, summary, adapter.stable_argv(), secrets)
-            ground = Ground(version, argv_model(study.configured_argv), None)  # key: not wired
+            key = study.choice.key if study.choice is not None else None  # None unless learned
+            ground = Ground(version, argv_model(study.configured_argv), key)
             GroundStore(db).save(name, ground, time.time())  # the ground `kvpilot run` watches
         except asyncio.CancelledError:
             if signals.received is None:

@@ -23,6 +23,38 @@ class TuningWorkload(BaseModel):
     concurrency: int = Field(16, ge=1, description="Requests in flight at once.")
     prompt_len: int = Field(384, ge=1, description="Prompt tokens per request.")
     output_len: int = Field(64, ge=1, description="Output tokens per request.")
+    trace: str | None = Field(
+        None,
+        min_length=1,
+        description="A trace file (CSV or JSON Lines: arrival_s, prompt_tokens, output_tokens) "
+        "replayed at its arrival times instead; wins over the learned workload.",
+    )
+
+
+class LearnConfig(BaseModel):
+    """The workload learned from the stable server's own /metrics (tuner/learned.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(
+        True, description="Replay the learned workload once the window holds min_requests."
+    )
+    window_s: float = Field(
+        3600, ge=10, le=7 * 86400, description="How far back the learned workload looks."
+    )
+    min_requests: int = Field(
+        200,
+        ge=1,
+        description="Finished requests the window needs before its workload is used; "
+        "below it the configured workload is.",
+    )
+    burst_factor: float = Field(
+        1.0,
+        ge=1.0,
+        le=100.0,
+        description="1: Poisson arrivals at the observed rate; b > 1: bursts of b requests "
+        "on average, at the same mean rate.",
+    )
 
 
 class TuningSlo(BaseModel):
@@ -202,6 +234,9 @@ class TuningConfig(BaseModel):
         "'max_num_seqs * 64 <= max_num_batched_tokens'.",
     )
     workload: TuningWorkload = Field(default_factory=TuningWorkload, description="The load.")
+    learn: LearnConfig = Field(
+        default_factory=LearnConfig, description="The workload learned from the server."
+    )
     slo: TuningSlo = Field(default_factory=TuningSlo, description="The SLO.")
     bake: bool = Field(True, description="Watch promoted flags for one more window.")
     canary: CanaryConfig = Field(

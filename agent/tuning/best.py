@@ -31,6 +31,7 @@ from kvpilot.agent.state.store import StateStore
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.promoted import PROMOTED_FACT, tuned_instance
 from kvpilot.agent.tuning.study import Study, build_study, read_gpu
+from kvpilot.agent.tuning.workload_choice import WorkloadChoice
 from kvpilot.collectors.vllm_argv import canonical_flags
 from kvpilot.tuner.objective import Slo, TrialResult, better
 from kvpilot.tuner.rollout import Phase
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 # The study of one instance whose server runs `argv`, or why there is none.
 StudyFor = Callable[[str, Sequence[str]], "Study | str"]
 VersionOf = Callable[[str], "str | None"]  # a server's vLLM version, None while unknown
+# The workload tuning replays now (the learned one once its window is full); None: default.
+WorkloadOf = Callable[[], "WorkloadChoice | None"]
 
 
 def best_validated(db: Database, fingerprint: str, slo: Slo) -> Trial | None:
@@ -132,11 +135,16 @@ class BestConfig:
 
 
 def best_config(
-    config: AgentConfig, db: Database, runtime: Runtime, version_of: VersionOf = lambda _n: None
+    config: AgentConfig,
+    db: Database,
+    runtime: Runtime,
+    version_of: VersionOf = lambda _n: None,
+    workload_of: WorkloadOf = lambda: None,
 ) -> BestConfig:
     """The composition root's source: this configuration's study over `runtime`'s servers
-    (`version_of`: a server's vLLM version, part of its study's fingerprint)."""
-    return BestConfig(db, runtime.instances, config_studies(config, version_of))
+    (`version_of`: a server's vLLM version, `workload_of`: the workload tuning replays now;
+    both are part of its study's fingerprint)."""
+    return BestConfig(db, runtime.instances, config_studies(config, version_of, workload_of))
 
 
 def remember_promotion(
@@ -159,24 +167,32 @@ def remember_promotion(
     return noted
 
 
-def config_studies(config: AgentConfig, version_of: VersionOf = lambda _n: None) -> StudyFor:
+def config_studies(
+    config: AgentConfig,
+    version_of: VersionOf = lambda _n: None,
+    workload_of: WorkloadOf = lambda: None,
+) -> StudyFor:
     """The study of an instance, as tuning builds it: the configured stable instance's on the
     local runtime; elsewhere the study of the server as it runs (its argv read by the
     runtime). Built once per argv; a study that cannot be built is its reason."""
-    built: dict[tuple[str, tuple[str, ...], str | None], Study | str] = {}
+    built: dict[tuple[str, tuple[str, ...], str | None, str | None], Study | str] = {}
 
     def study_for(name: str, argv: Sequence[str]) -> Study | str:
-        version = version_of(name)
-        key = (name, tuple(argv), version)
+        version, chosen = version_of(name), workload_of()
+        key = (name, tuple(argv), version, chosen.served() if chosen else None)
         if key not in built:
-            built[key] = _build(config, name, tuple(argv), version)
+            built[key] = _build(config, name, tuple(argv), version, chosen)
         return built[key]
 
     return study_for
 
 
 def _build(
-    config: AgentConfig, name: str, argv: tuple[str, ...], version: str | None
+    config: AgentConfig,
+    name: str,
+    argv: tuple[str, ...],
+    version: str | None,
+    chosen: WorkloadChoice | None,
 ) -> Study | str:
     if isinstance(config.runtime, LocalRuntimeConfig):
         subject = config
@@ -188,7 +204,9 @@ def _build(
         local = LocalRuntimeConfig(kind="local", instances=(instance,))
         subject = config.model_copy(update={"runtime": local})
     try:
-        study = build_study(subject, subject.tuning, read_gpu(), vllm_version=version)
+        study = build_study(
+            subject, subject.tuning, read_gpu(), vllm_version=version, chosen=chosen
+        )
     except (ValueError, OSError) as exc:  # StudyError is a ValueError
         return f"no tuning study: {exc}"
     if study.stable.name != name:

@@ -34,6 +34,7 @@ from kvpilot.agent.tuning.factory import local_adapter
 from kvpilot.agent.tuning.local import StableRestarter, recover_at_startup
 from kvpilot.agent.tuning.pod import PodRecovery, PodTuner
 from kvpilot.agent.tuning.study import Study, StudyError, build_study, make_session, read_gpu
+from kvpilot.agent.tuning.workload_choice import WorkloadChoice
 from kvpilot.tuner.ports import RestartRefused
 from kvpilot.tuner.render import summary_line
 from kvpilot.tuner.session import TuningBlocked, dry_run
@@ -175,9 +176,11 @@ def scheduled_tuning(
     *,
     api_key: str | None = None,
     vllm_version: Callable[[], str | None] = lambda: None,
+    workload: Callable[[], WorkloadChoice | None] = lambda: None,
 ) -> ScheduledTuning:
     """The sidecar's scheduled tuning of its stable instance (config.tuning.schedule set);
-    `vllm_version`: the stable server's, read at each run into the study's fingerprint."""
+    `vllm_version`: the stable server's, read at each run into the study's fingerprint;
+    `workload`: what each run replays (the learned workload once its window is full)."""
     tuning = config.tuning
     assert tuning.schedule is not None
     study = build_study(config, tuning, read_gpu())
@@ -195,17 +198,19 @@ def scheduled_tuning(
     async def run_once() -> str:
         await recover()  # a trial an earlier kvpilot left open
         version = vllm_version()  # known once the server answered /version
+        chosen = workload()
         now = (
             study
-            if version is None
-            else build_study(config, tuning, read_gpu(), vllm_version=version)
+            if version is None and chosen is None
+            else build_study(config, tuning, read_gpu(), vllm_version=version, chosen=chosen)
         )
         if remediator.config.dry_run:
             return _plan(now, store)
         session = make_session(now, adapter, store.db, api_key=api_key)
         summary = await session.run(tuning.trials)
         scheduled.on_tuned()
-        return summary_line(summary)
+        told = f"; {chosen.describe()}" if chosen is not None else ""
+        return summary_line(summary) + told
 
     def audit(decision: str, reason: str) -> None:
         store.record_audit(

@@ -19,6 +19,7 @@ from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
 from kvpilot.agent.tuning.model_files import find_model_config
 from kvpilot.agent.tuning.observer import LoadObserver
 from kvpilot.agent.tuning.promoted import tuned_instance
+from kvpilot.agent.tuning.workload_choice import WorkloadChoice, choose_workload
 from kvpilot.collectors.nvml import gpu_from_nvml
 from kvpilot.collectors.vllm_argv import flag_value, parse_server_argv, without_flags
 from kvpilot.tuner.constraints import (
@@ -28,7 +29,7 @@ from kvpilot.tuner.constraints import (
 )
 from kvpilot.tuner.fingerprint import fingerprint
 from kvpilot.tuner.judge import LIVE_METRICS, JudgeConfig
-from kvpilot.tuner.loadgen import LengthDist, Workload
+from kvpilot.tuner.loadgen import Workload
 from kvpilot.tuner.objective import Slo
 from kvpilot.tuner.planner import FeasibleBounds, PlanInputs, feasible_bounds
 from kvpilot.tuner.ports import Observer, RolloutJournal, TunerRuntime
@@ -36,7 +37,6 @@ from kvpilot.tuner.rollout import RolloutSettings, Strategy
 from kvpilot.tuner.session import Progress, TuningSession
 from kvpilot.tuner.space import Knob, KnobKind, SearchSpace, optional_knob
 from kvpilot.tuner.suggest import BayesianSuggester
-from kvpilot.tuner.traces import workload_hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +64,7 @@ class Study:
     slo: Slo
     fingerprint: str
     ready_timeout_s: float
+    choice: WorkloadChoice | None = None  # where the workload came from, and why
 
     @property
     def model(self) -> str:
@@ -96,11 +97,13 @@ def build_study(
     *,
     stable: LocalInstanceSpec | None = None,
     vllm_version: str | None = None,
+    chosen: WorkloadChoice | None = None,
 ) -> Study:
     """The study of the stable instance under `tuning` (bounds from the planner); `gpu` is
     the GPU's memory now, needed to search --gpu-memory-utilization. `stable`: the pod
     runtime's stable instance (its Deployment's argv); default: the local runtime's.
-    `vllm_version`: the stable server's (`/version`), part of the fingerprint; None: unknown."""
+    `vllm_version`: the stable server's (`/version`), part of the fingerprint; None: unknown.
+    `chosen`: the workload `choose_workload` chose; default: the trace or configured one."""
     if stable is None:
         inst = stable_instance(config)
         env = tuple(inst.env.items())
@@ -124,21 +127,27 @@ def build_study(
         constraints=(planner_constraint(bounds), batched_tokens_constraint(),
                      *(parse_constraint(text) for text in tuning.constraints)),
     )  # fmt: skip
-    w = tuning.workload
-    workload = Workload(
-        w.requests, LengthDist.fixed(w.prompt_len), LengthDist.fixed(w.output_len), w.concurrency
-    )
+    choice = chosen or _default_workload(tuning)
+    workload = choice.workload
     slo = Slo(ttft_p95_s=tuning.slo.ttft_p95_s, inter_token_p95_s=tuning.slo.inter_token_p95_s)
     fixed = _fixed_args(argv, space)
     model = parse_server_argv(argv).model or ""
     # Live traffic is not the replayed workload: its goodput (per share) is another figure.
     traffic = tuning.canary.traffic
-    served = workload_hash(workload) if traffic == "replay" else f"live traffic ({traffic})"
+    served = choice.served() if traffic == "replay" else f"live traffic ({traffic})"
     return Study(
         tuning, stable, argv, space, workload, slo,
         fingerprint(model, fixed, served, slo, vllm_version=vllm_version),
-        config.runtime.ready_timeout_s,
+        config.runtime.ready_timeout_s, choice,
     )  # fmt: skip
+
+
+def _default_workload(tuning: TuningConfig) -> WorkloadChoice:
+    """The trace's or the configured workload, where no learned one was offered."""
+    try:
+        return choose_workload(tuning, None, no_shape="none was offered")
+    except ValueError as exc:  # an unreadable trace file
+        raise StudyError(str(exc)) from None
 
 
 def _fixed_args(argv: tuple[str, ...], space: SearchSpace) -> tuple[str, ...]:

@@ -1,0 +1,152 @@
+"""`kvpilot workload show`: the workload learned from the stable server beside the configured
+one, and which one a tuning run would replay (and why).
+
+The learned shape comes from a running sidecar's API (`--sidecar-url`, default: the
+configuration's listen address) or, with `--observe-s`, from this command's own window over
+the stable server's `/metrics`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kvpilot.agent.cli.config_load import load_or_exit
+from kvpilot.agent.config import AgentConfig
+from kvpilot.agent.config.base import WILDCARD_HOSTS
+from kvpilot.agent.config.tuning import TuningConfig
+from kvpilot.agent.tuning.promoted import tuned_instance
+from kvpilot.agent.tuning.workload_choice import WorkloadChoice, choose_workload
+from kvpilot.agent.tuning.workload_json import workload_json
+from kvpilot.agent.tuning.workload_source import Learned, from_sidecar, observe
+from kvpilot.collectors.vllm_argv import flag_value
+from kvpilot.tuner.learned import WorkloadShape, coarse_key
+
+SidecarUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--sidecar-url",
+        help="A running `kvpilot run`'s address, whose learned window is used "
+        "(default: the configuration's listen address).",
+    ),
+]
+ObserveS = Annotated[
+    float | None,
+    typer.Option(
+        "--observe-s",
+        min=1,
+        help="Instead, observe the stable server's /metrics for this many seconds.",
+    ),
+]
+
+
+def learned_for(cfg: AgentConfig, sidecar_url: str | None, observe_s: float | None) -> Learned:
+    """The learned shape: observed for `observe_s` when given, else a sidecar's."""
+    if observe_s is not None:
+        inst = tuned_instance(cfg)
+        if inst is None:
+            return Learned(None, "no stable instance to observe in the configuration")
+        key = cfg.runtime.api_key.get_secret_value() if cfg.runtime.api_key else None
+        return asyncio.run(
+            observe(inst.url, observe_s, window_s=cfg.tuning.learn.window_s, api_key=key)
+        )
+    return asyncio.run(from_sidecar(sidecar_url or _listen_url(cfg)))
+
+
+def choose_for_tune(
+    cfg: AgentConfig, tuning: TuningConfig, sidecar_url: str | None, observe_s: float | None
+) -> WorkloadChoice:
+    """`kvpilot tune`'s workload: a trace, the learned one (from a sidecar or observed), or
+    the configured one. ValueError for an unreadable trace file."""
+    if tuning.workload.trace is not None or not tuning.learn.enabled:
+        return choose_workload(tuning, None)
+    learned = learned_for(cfg, sidecar_url, observe_s)
+    inst = tuned_instance(cfg)
+    limit = flag_value(inst.argv, "--max-model-len") if inst else None
+    return choose_workload(
+        tuning, learned.shape, max_model_len=int(limit) if limit else None, no_shape=learned.why
+    )
+
+
+def _listen_url(cfg: AgentConfig) -> str:
+    host = cfg.listen.host
+    host = "127.0.0.1" if host in WILDCARD_HOSTS else host  # a wildcard answers on loopback
+    return (
+        f"http://[{host}]:{cfg.listen.port}" if ":" in host else f"http://{host}:{cfg.listen.port}"
+    )
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+_NAMES = (
+    "requests", "arrivals", "prompt tokens p50 / p90", "output tokens p50 / p90",
+    "prefix cache hits", "coarse key",
+)  # fmt: skip
+
+
+def shape_rows(shape: WorkloadShape) -> list[tuple[str, str]]:
+    """The learned shape in a few rounded lines."""
+    q = shape.quantiles()
+    ratio = shape.prefix_hit_ratio
+    values = [
+        f"{shape.requests} in {_fmt(shape.window_s)} s",
+        f"Poisson at {_fmt(shape.rate_rps, 2)} req/s",
+        f"{_fmt(q['prompt_p50'])} / {_fmt(q['prompt_p90'])}",
+        f"{_fmt(q['generation_p50'])} / {_fmt(q['generation_p90'])}",
+        "-" if ratio is None else f"{ratio:.0%} of prompt tokens",
+        coarse_key(shape),
+    ]
+    return list(zip(_NAMES, values, strict=True))
+
+
+def show(
+    config: Annotated[Path, typer.Option("--config", "-c", help="The agent's YAML.")],
+    sidecar_url: SidecarUrl = None,
+    observe_s: ObserveS = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON the API serves.")] = False,
+) -> None:
+    """Print the learned workload beside the configured one, and which a run would use."""
+    cfg, _ = load_or_exit(config)
+    learned = learned_for(cfg, sidecar_url, observe_s)
+    body = workload_json(cfg.tuning, learned.shape, learned.requests, no_shape=learned.why)
+    if as_json:
+        print(json.dumps(body, indent=2, allow_nan=False))
+        return
+    console = Console()
+    table = Table("", "learned", "configured")
+    w = cfg.tuning.workload
+    configured = [
+        f"{w.requests} per window",
+        f"closed loop, {w.concurrency} in flight",
+        f"{w.prompt_len} / {w.prompt_len} (fixed)",
+        f"{w.output_len} / {w.output_len} (fixed)",
+        "none",
+        "-" if w.trace is None else f"trace file {w.trace}",
+    ]
+    rows = shape_rows(learned.shape) if learned.shape else []
+    for i, mine in enumerate(configured):
+        name, value = rows[i] if rows else (_NAMES[i], "-")
+        table.add_row(name, value, mine)
+    console.print(table)
+    console.print(f"learned: {learned.why}", highlight=False, soft_wrap=True)
+    choice = body["choice"]
+    console.print(
+        f"a tuning run uses: {choice['source']} ({choice['reason']})",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add `workload show` to the kvpilot CLI."""
+    workload_app = typer.Typer(help="The workload learned from the server.", no_args_is_help=True)
+    workload_app.command("show")(show)
+    app.add_typer(workload_app, name="workload")

@@ -1,0 +1,107 @@
+"""The learned and configured workloads as JSON (the sidecar's `GET /api/v1/workload`), and
+back: `kvpilot tune --sidecar-url` replays the shape a running sidecar learned."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kvpilot.agent.config.tuning import TuningConfig
+from kvpilot.agent.tuning.workload_choice import choose_workload
+from kvpilot.collectors.histogram import Histogram
+from kvpilot.tuner.learned import WorkloadShape, coarse_key
+
+
+class ShapeJsonError(ValueError):
+    """A workload answer that is not one this kvpilot writes."""
+
+
+def _buckets(h: Histogram) -> list[list[Any]]:
+    return [["+Inf" if math.isinf(le) else le, count] for le, count in h.buckets]
+
+
+def shape_json(shape: WorkloadShape) -> dict[str, Any]:
+    """The shape with its quantiles and coarse key, for people and for `shape_from_json`."""
+    return {
+        "requests": shape.requests,
+        "window_s": shape.window_s,
+        "rate_rps": shape.rate_rps,
+        "prefix_hit_ratio": shape.prefix_hit_ratio,
+        "block_size": shape.block_size,
+        "coarse_key": coarse_key(shape),
+        "quantiles": shape.quantiles(),
+        "prompt_tokens": {
+            "buckets": _buckets(shape.prompt_tokens),
+            "sum": shape.prompt_tokens.sum,
+            "count": shape.prompt_tokens.count,
+        },
+        "generation_tokens": {
+            "buckets": _buckets(shape.generation_tokens),
+            "sum": shape.generation_tokens.sum,
+            "count": shape.generation_tokens.count,
+        },
+    }
+
+
+def workload_json(
+    tuning: TuningConfig,
+    shape: WorkloadShape | None,
+    window_requests: int,
+    *,
+    no_shape: str = "the window holds no finished request yet",
+) -> dict[str, Any]:
+    """The learned shape beside the configured workload, and which one a run would use
+    (`no_shape`: why there is no shape, when there is none)."""
+    try:
+        choice = choose_workload(tuning, shape, no_shape=no_shape)
+        chosen: dict[str, Any] = {"source": choice.source, "reason": choice.reason,
+                                  "key": choice.key}  # fmt: skip
+    except ValueError as exc:  # an unreadable trace file
+        chosen = {"source": "trace", "reason": str(exc), "key": None}
+    learn = tuning.learn
+    return {
+        "learned": None if shape is None else shape_json(shape),
+        "window": {
+            "requests": window_requests,
+            "window_s": learn.window_s,
+            "min_requests": learn.min_requests,
+            "enabled": learn.enabled,
+            "burst_factor": learn.burst_factor,
+        },
+        "configured": tuning.workload.model_dump(mode="json"),
+        "choice": chosen,
+    }
+
+
+def _histogram(data: Any) -> Histogram:
+    buckets = []
+    for le, count in data["buckets"]:
+        bound = math.inf if le == "+Inf" else float(le)
+        buckets.append((bound, float(count)))
+    if not buckets or not math.isinf(buckets[-1][0]):
+        raise ShapeJsonError("a histogram without its +Inf bucket")
+    return Histogram(tuple(buckets), float(data["sum"]), float(data["count"]))
+
+
+def shape_from_json(data: Any) -> WorkloadShape | None:
+    """The `learned` part of a workload answer; None where the sidecar has learned nothing.
+    ShapeJsonError when it is malformed."""
+    if not isinstance(data, dict):
+        raise ShapeJsonError("the answer is not a JSON object")
+    learned = data.get("learned")
+    if learned is None:
+        return None
+    try:
+        ratio = learned["prefix_hit_ratio"]
+        block = learned["block_size"]
+        return WorkloadShape(
+            prompt_tokens=_histogram(learned["prompt_tokens"]),
+            generation_tokens=_histogram(learned["generation_tokens"]),
+            rate_rps=float(learned["rate_rps"]),
+            prefix_hit_ratio=None if ratio is None else float(ratio),
+            requests=int(learned["requests"]),
+            window_s=float(learned["window_s"]),
+            block_size=None if block is None else int(block),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ShapeJsonError(f"the learned shape is malformed: {exc!r}") from None

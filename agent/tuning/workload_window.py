@@ -1,0 +1,141 @@
+"""The served workload over a sliding window, from each tick's scrape of the stable server.
+
+Every scrape is compared with the one before it, engine by engine, and only the increase is
+kept (with the time it was seen): the window is the sum of the increases no older than
+`window_s`. A counter or histogram that went down is a restarted server, whose new value is
+the increase since it started (as Prometheus's `increase()` reads a reset), so a restart
+neither subtracts nor counts anything twice. An engine's first scrape only sets its base.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kvpilot.collectors.histogram import Histogram, add, delta
+from kvpilot.collectors.vllm_parse import EngineKey, EngineSample, VllmScrape
+from kvpilot.tuner.learned import WorkloadShape
+
+
+@dataclass(frozen=True, slots=True)
+class _Increase:
+    """What one engine served between two scrapes."""
+
+    at_s: float
+    prompt: Histogram | None
+    generation: Histogram | None
+    finished: float
+    hits: float
+    queries: float
+
+
+def _counter_increase(newer: float | None, older: float | None) -> float:
+    if newer is None:
+        return 0.0
+    if older is None or newer < older:  # a reset: all of the new value is new
+        return newer if older is not None else 0.0
+    return newer - older
+
+
+def _hist_increase(newer: Histogram | None, older: Histogram | None) -> Histogram | None:
+    if newer is None or older is None:
+        return None
+    return delta(newer, older)
+
+
+class WorkloadWindow:
+    """The last `window_s` seconds of served traffic, fed one scrape at a time."""
+
+    def __init__(self, window_s: float) -> None:
+        if not window_s > 0:
+            raise ValueError("window_s must be positive")
+        self.window_s = window_s
+        self._last: dict[EngineKey, EngineSample] = {}
+        self._increases: deque[_Increase] = deque()
+        self._first_s: float | None = None  # the oldest scrape the window still covers
+        self._latest_s: float | None = None
+        self._block_size: int | None = None
+
+    def observe(self, scrape: VllmScrape) -> None:
+        """Add one scrape (a scrape seen before, or older than the latest, is ignored)."""
+        now = scrape.taken_at_s
+        if self._latest_s is not None and now <= self._latest_s:
+            return
+        if self._first_s is None:
+            self._first_s = now
+        self._latest_s = now
+        for engine in scrape.engines:
+            before = self._last.get(engine.key)
+            self._last[engine.key] = engine
+            self._block_size = engine.block_size or self._block_size
+            if before is not None:
+                self._increases.append(_increase(now, engine, before))
+        for gone in set(self._last) - {e.key for e in scrape.engines}:
+            del self._last[gone]  # back later: a new base, as after a restart
+        self._forget(now)
+
+    def _forget(self, now: float) -> None:
+        horizon = now - self.window_s
+        while self._increases and self._increases[0].at_s <= horizon:
+            self._increases.popleft()
+        if self._first_s is not None and self._first_s < horizon:
+            self._first_s = horizon
+
+    def requests(self) -> int:
+        """Requests finished within the window."""
+        return round(sum(self._finished(i) for i in self._increases))
+
+    @staticmethod
+    def _finished(i: _Increase) -> float:
+        """Finished requests: the success counter, else the length histogram's count."""
+        if i.finished > 0 or i.prompt is None:
+            return i.finished
+        return i.prompt.count
+
+    def shape(self) -> WorkloadShape | None:
+        """The window's shape; None before two scrapes of a server that finished requests."""
+        if self._first_s is None or self._latest_s is None:
+            return None
+        covered = self._latest_s - self._first_s
+        prompt = _summed(i.prompt for i in self._increases)
+        generation = _summed(i.generation for i in self._increases)
+        served = self.requests()
+        if prompt is None or generation is None or served == 0 or covered <= 0:
+            return None
+        queries = sum(i.queries for i in self._increases)
+        hits = sum(i.hits for i in self._increases)
+        return WorkloadShape(
+            prompt_tokens=prompt,
+            generation_tokens=generation,
+            rate_rps=served / covered,
+            prefix_hit_ratio=min(1.0, hits / queries) if queries > 0 else None,
+            requests=served,
+            window_s=covered,
+            block_size=self._block_size,
+        )
+
+
+def _increase(now: float, engine: EngineSample, before: EngineSample) -> _Increase:
+    return _Increase(
+        at_s=now,
+        prompt=_hist_increase(engine.request_prompt_tokens, before.request_prompt_tokens),
+        generation=_hist_increase(
+            engine.request_generation_tokens, before.request_generation_tokens
+        ),
+        finished=_counter_increase(engine.requests_success_total, before.requests_success_total),
+        hits=_counter_increase(engine.prefix_cache_hits_total, before.prefix_cache_hits_total),
+        queries=_counter_increase(
+            engine.prefix_cache_queries_total, before.prefix_cache_queries_total
+        ),
+    )
+
+
+def _summed(parts: Iterable[Histogram | None]) -> Histogram | None:
+    """The bucket-wise sum of the histograms (skipping None and other layouts)."""
+    total: Histogram | None = None
+    for h in parts:
+        if h is None:
+            continue
+        total = h if total is None else (add(total, h) or total)
+    return total

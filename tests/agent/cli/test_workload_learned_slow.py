@@ -1,0 +1,73 @@
+"""`kvpilot tune` on the CPU rig learns the workload from a server that has been serving:
+the real vLLM (the suite's shared roomy server: at most one start) serves more than the
+floor (`tuning.learn.min_requests`, set to 80 here) while `kvpilot tune --dry-run
+--observe-s` watches its /metrics, and the command says it replays the learned workload,
+from how many requests."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from kvpilot.agent.cli.main import app
+from kvpilot.rig.server import VllmServer, free_port
+from kvpilot.tuner.loadgen import LengthDist, LoadReport, Workload, run_load
+from tests.agent.sidecar_harness import agent_config, server_spec
+
+pytestmark = pytest.mark.slow
+
+FLOOR = 80  # tuning.learn.min_requests, lowered from 200 to keep the test short
+SENT = 110  # the floor and a margin for requests that finish before the first scrape
+
+
+def _load(url: str, n: int, seed: int) -> LoadReport:
+    workload = Workload(n, LengthDist.uniform(24, 40), LengthDist.uniform(3, 5),
+                        concurrency=16, seed=seed)  # fmt: skip
+    return asyncio.run(run_load(url, workload, model="tiny-llama"))
+
+
+def test_tune_learns_the_workload_from_a_serving_server(
+    vllm_server: VllmServer, tmp_path: Path
+) -> None:
+    # How fast this machine serves such requests now, so the observation covers the load.
+    started = time.monotonic()
+    warm = _load(vllm_server.url, 24, seed=1)
+    assert not warm.failed
+    per_request_s = (time.monotonic() - started) / 24
+    observe_s = max(15, round(3 * SENT * per_request_s) + 5)
+    config = agent_config(
+        tmp_path, spec=server_spec(port=vllm_server.spec.port), rules={}, notifiers=[],
+        remediation={}, listen_port=free_port(),
+    )  # fmt: skip
+    data = yaml.safe_load(config.read_text())
+    data["tuning"] = {"learn": {"min_requests": FLOOR}}
+    config.write_text(yaml.safe_dump(data))
+    served: list[LoadReport] = []
+    load = threading.Thread(target=lambda: served.append(_load(vllm_server.url, SENT, seed=2)))
+    result: list[Any] = []
+
+    def tune() -> None:
+        args = ["tune", "-c", str(config), "--dry-run", "--observe-s", str(observe_s)]
+        result.append(CliRunner().invoke(app, args, env={"COLUMNS": "250"}))
+
+    watcher = threading.Thread(target=tune)
+    watcher.start()
+    load.start()
+    load.join(timeout=observe_s + 120)
+    watcher.join(timeout=observe_s + 120)
+    assert served and not served[0].failed
+    assert result, "kvpilot tune did not finish"
+    output = result[0].output
+    assert result[0].exit_code == 0, output
+    found = re.search(r"workload: learned \(learned from (\d+) requests over \d+ s: (.+)\)", output)
+    assert found, output
+    assert FLOOR <= int(found.group(1)) <= SENT
+    assert found.group(2).startswith("prompt 64/64 gen 4/4")  # the (20, 50] and (2, 5] buckets
