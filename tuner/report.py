@@ -7,11 +7,12 @@ space's constraints refuse, the planner's among them, shaded, the stable as a di
 per canary the stable (baseline) beside the canary for every judged metric. The judge keeps
 medians, not raw samples, so a metric is drawn as the two medians (and the window's p95
 where the trial recorded it), with its verdict. A chart without data is one sentence, never
-an empty frame. The learned workload has no chart yet: nothing learns it.
+an empty frame. The workload the last run replayed is drawn by `tuner.report_workload`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from kvpilot.tuner.constraints import Value
 from kvpilot.tuner.judge import Judgement
+from kvpilot.tuner.learned import WorkloadShape
 from kvpilot.tuner.render import kv_usage_text, result_cells, warmup_text
 from kvpilot.tuner.report_svg import (
     INFEASIBLE_FILL,
@@ -36,6 +38,7 @@ from kvpilot.tuner.report_svg import (
     stable_mark,
     svg_open,
 )
+from kvpilot.tuner.report_workload import workload_svg
 from kvpilot.tuner.space import KnobKind, SearchSpace
 from kvpilot.tuner.trials import Trial, TrialState
 
@@ -60,6 +63,11 @@ class ReportContext:
     space: SearchSpace | None = None
     stable: Mapping[str, Value] | None = None
     notes: tuple[str, ...] = ()
+    # The workload the last run replayed: its learned shape (None: not learned), where it
+    # came from and why, and the configured (prompt, output) lengths marked beside it.
+    workload: WorkloadShape | None = None
+    workload_note: str | None = None
+    configured_lengths: tuple[int, int] | None = None
 
 
 def render_report(
@@ -72,7 +80,7 @@ def render_report(
     """The whole page as a string."""
     ctx = context or ReportContext(space=space)
     if space is not None and ctx.space is None:
-        ctx = ReportContext(space, ctx.stable, ctx.notes)
+        ctx = dataclasses.replace(ctx, space=space)
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
@@ -86,6 +94,9 @@ def render_report(
         best_so_far_svg(trials),
         "<h2>Knob map: trials over the two main knobs</h2>",
         knob_scatter_svg(trials, ctx.space, ctx.stable),
+        "<h2>Workload replayed</h2>",
+        f"<p class='muted'>{esc(ctx.workload_note or 'No run recorded its workload yet.')}</p>",
+        workload_svg(ctx.workload, ctx.configured_lengths) if ctx.workload else "",
         "<h2>Stable (baseline) and canary, per trial</h2>",
         "<p class='muted'>Per metric: the stable (baseline) median in orange above the "
         "canary's, coloured by its verdict (red counts against); a black tick is the window's "

@@ -49,6 +49,7 @@ from kvpilot.agent.tuning.local import (
 from kvpilot.agent.tuning.pod import PodTuner, pod_study
 from kvpilot.agent.tuning.promoted import tuned_instance
 from kvpilot.agent.tuning.study import Study, StudyError, build_study, make_session, read_gpu
+from kvpilot.agent.tuning.workload_record import remember_workload
 from kvpilot.collectors.secrets import mask_argv, mask_text
 from kvpilot.tuner.render import format_rate, summary_line, trials_table
 from kvpilot.tuner.report import write_report
@@ -251,6 +252,8 @@ async def _run(
                 study = build_study(
                     cfg, study.tuning, read_gpu(), vllm_version=version, chosen=study.choice
                 )
+            if study.choice is not None:
+                remember_workload(StateStore(db), study.choice, time.time())
             summary = await _run_with_progress(
                 console,
                 lambda show: make_session(study, adapter, db, on_progress=show),

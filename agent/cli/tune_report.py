@@ -12,6 +12,7 @@ from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.store import StateStore
 from kvpilot.agent.tuning.promoted import PROMOTED_FACT, live_argv
 from kvpilot.agent.tuning.study import StudyError, build_study, read_gpu, stable_instance
+from kvpilot.agent.tuning.workload_record import ReplayedWorkload, last_workload
 from kvpilot.collectors.vllm_argv import flag_value
 from kvpilot.tuner.constraints import Value
 from kvpilot.tuner.report import ReportContext
@@ -27,8 +28,21 @@ def report_context(cfg: AgentConfig, db: Database, config_sha256: str | None) ->
     except (StudyError, ValueError, OSError) as exc:
         note = f"No planner region or stable mark on the knob map: {exc}"
         return ReportContext(notes=(note,))
-    live = live_argv(inst.argv, StateStore(db).get_fact(PROMOTED_FACT), config_sha256)
-    return ReportContext(study.space, stable_values(study.space, live.argv))
+    store = StateStore(db)
+    live = live_argv(inst.argv, store.get_fact(PROMOTED_FACT), config_sha256)
+    replayed = last_workload(store)
+    w = cfg.tuning.workload
+    return ReportContext(
+        study.space, stable_values(study.space, live.argv),
+        workload=replayed.shape if replayed else None,
+        workload_note=_replayed_note(replayed), configured_lengths=(w.prompt_len, w.output_len),
+    )  # fmt: skip
+
+
+def _replayed_note(replayed: ReplayedWorkload | None) -> str | None:
+    if replayed is None:
+        return None
+    return f"The last run replayed the {replayed.source} workload: {replayed.reason}."
 
 
 def stable_values(space: SearchSpace, argv: Sequence[str]) -> dict[str, Value]:

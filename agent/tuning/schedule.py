@@ -35,6 +35,7 @@ from kvpilot.agent.tuning.local import StableRestarter, recover_at_startup
 from kvpilot.agent.tuning.pod import PodRecovery, PodTuner
 from kvpilot.agent.tuning.study import Study, StudyError, build_study, make_session, read_gpu
 from kvpilot.agent.tuning.workload_choice import WorkloadChoice
+from kvpilot.agent.tuning.workload_record import remember_workload
 from kvpilot.tuner.ports import RestartRefused
 from kvpilot.tuner.render import summary_line
 from kvpilot.tuner.session import TuningBlocked, dry_run
@@ -206,6 +207,8 @@ def scheduled_tuning(
         )
         if remediator.config.dry_run:
             return _plan(now, store)
+        if now.choice is not None:
+            remember_workload(store, now.choice, time.time())
         session = make_session(now, adapter, store.db, api_key=api_key)
         summary = await session.run(tuning.trials)
         scheduled.on_tuned()

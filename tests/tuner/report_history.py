@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from kvpilot.collectors.histogram import Histogram
 from kvpilot.tuner.constraints import batched_tokens_constraint, planner_constraint
 from kvpilot.tuner.judge import judge
+from kvpilot.tuner.learned import WorkloadShape
 from kvpilot.tuner.objective import Outcome, TrialResult, WindowMetrics
 from kvpilot.tuner.planner import FeasibleBounds
 from kvpilot.tuner.space import Knob, KnobKind, SearchSpace
@@ -24,6 +26,23 @@ SPACE = SearchSpace(
     constraints=(planner_constraint(BOUNDS), batched_tokens_constraint()),
 )
 STABLE = {"kv_cache_memory_bytes": 64 * MIB, "max_num_seqs": 32}
+_LE = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, float("inf"))
+
+
+def _cumulative(counts: tuple[int, ...]) -> Histogram:
+    running, out = 0, []
+    for le, n in zip(_LE, counts, strict=True):
+        running += n
+        out.append((le, float(running)))
+    return Histogram(tuple(out), sum=0.0, count=float(running))
+
+
+# A learned workload: prompts mostly 100-500 tokens, outputs mostly 20-100 (vLLM's buckets).
+SHAPE = WorkloadShape(
+    prompt_tokens=_cumulative((0, 0, 0, 0, 3, 20, 60, 140, 60, 17, 0, 0)),
+    generation_tokens=_cumulative((0, 0, 2, 10, 60, 150, 70, 8, 0, 0, 0, 0)),
+    rate_rps=1.7, prefix_hit_ratio=0.35, requests=300, window_s=176.0, block_size=16,
+)  # fmt: skip
 
 
 def _window(ttft: float, itl: float, goodput: float) -> WindowMetrics:

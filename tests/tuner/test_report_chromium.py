@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from kvpilot.tuner.report import ReportContext, render_report
-from tests.tuner.report_history import SPACE, STABLE, history
+from tests.tuner.report_history import SHAPE, SPACE, STABLE, history
 
 CHROMIUM = "/usr/bin/chromium"
 WIDTH, HEIGHT = 1200, 3000
@@ -60,9 +60,10 @@ def _box(pixels: np.ndarray, rgb: tuple[int, int, int]) -> tuple[int, int, int, 
 def test_every_plot_in_headless_chromium_drew_marks_and_the_stable(tmp_path: Path) -> None:
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(f"CI needs {CHROMIUM}: run ./scripts/setup")
-    page = render_report(history(), context=ReportContext(SPACE, STABLE))
+    context = ReportContext(SPACE, STABLE, workload=SHAPE, configured_lengths=(384, 64))
+    page = render_report(history(), context=context)
     plot_ids = re.findall(r"<svg [^>]*id='([^']+)'", page)
-    assert plot_ids[:2] == ["plot-convergence", "plot-knobs"]
+    assert plot_ids[:3] == ["plot-convergence", "plot-knobs", "plot-workload"]
     assert {"plot-trial-1", "plot-trial-2", "plot-trial-5"} <= set(plot_ids)
     outlines = "".join(
         f"#{pid}{{border:2px solid rgb{_outline(i)}}}" for i, pid in enumerate(plot_ids)
