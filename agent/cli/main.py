@@ -283,7 +283,8 @@ def demo(
         bool, typer.Option("--no-view", help="Logs instead of the live view.")
     ] = False,
 ) -> None:
-    """Start a local CPU vLLM with the kvpool plugin, load it, and watch it live."""
+    """The whole loop on a local CPU vLLM: steady load, a burst that preempts and is
+    restarted, a short tuning session, the burst again on the promoted flags."""
     from kvpilot.agent.app.lifecycle import ListenError
     from kvpilot.agent.cli.demo import DemoSettings, run_demo
 

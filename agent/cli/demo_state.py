@@ -1,0 +1,141 @@
+"""The demo view's snapshot, read from the running sidecar after a tick (typed, immutable)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from kvpilot.agent.alert_values import AlertView
+from kvpilot.agent.cli.demo_view import ActionRow, AlertRow, DemoSnapshot, ServerRow, TrialRow
+from kvpilot.agent.state.trials import SqliteTrialStore
+from kvpilot.agent.tick.sidecar import Sidecar
+from kvpilot.collectors.kvpool.client import KvPoolScrape
+from kvpilot.collectors.vllm_metrics import VllmScrape
+from kvpilot.tuner.trials import Trial
+
+FRAG_RULE = "fragmentation_kv_blocks"
+SHOWN_ALERT_STATES = ("pending", "firing", "resolved")
+
+
+def frag_state(
+    alerts: Iterable[AlertView], instance: str, ratio: float | None
+) -> tuple[str, str | None]:
+    """ok, pending or firing as the kv_blocks rule's alert says; unknown (with the rule's
+    reason) while the ratio cannot be computed."""
+    for alert in alerts:
+        if alert.rule != FRAG_RULE or dict(alert.labels).get("instance") != instance:
+            continue
+        if alert.state in ("pending", "firing"):
+            return alert.state, None
+        if alert.active is None:
+            return "unknown", alert.reason
+    if ratio is None:
+        return "unknown", "no free-list figures yet"
+    return "ok", None
+
+
+def server_rows(sidecar: Sidecar, alerts: list[AlertView]) -> tuple[ServerRow, ...]:
+    threshold = sidecar.config.rules.fragmentation.kv_blocks.threshold_ratio
+    rows = []
+    for view in sidecar.servers():
+        latest = view.state.latest
+        vllm = latest.vllm if latest is not None else None
+        pool = latest.kvpool if latest is not None else None
+        engine = vllm.engines[0] if isinstance(vllm, VllmScrape) and vllm.engines else None
+        sample = pool.engines[0] if isinstance(pool, KvPoolScrape) and pool.engines else None
+        frag = sample.fragmentation if sample is not None else None
+        ratio = frag.ratio if frag is not None else None
+        state, reason = frag_state(alerts, view.server, ratio)
+        if state == "unknown" and reason is None and frag is not None:
+            reason = frag.reason
+        try:
+            up = sidecar.runtime.status(view.server).state
+        except Exception:  # a runtime that cannot say is shown as such, never fatal
+            up = "unknown"
+        rows.append(
+            ServerRow(
+                name=view.server,
+                role=view.role,
+                up=up,
+                kv_usage_ratio=engine.kv_usage_ratio if engine else None,
+                blocks_total=(sample.blocks_total if sample else None)
+                or (engine.blocks_total if engine else None),
+                blocks_free=(sample.blocks_free if sample else None)
+                if sample
+                else (engine.blocks_free if engine else None),
+                preemptions_total=engine.preemptions_total if engine else None,
+                frag_ratio=ratio,
+                frag_threshold=threshold,
+                frag_state=state,
+                frag_reason=reason,
+            )
+        )
+    return tuple(rows)
+
+
+def alert_rows(alerts: list[AlertView]) -> tuple[AlertRow, ...]:
+    return tuple(
+        AlertRow(
+            alertname=dict(a.labels).get("alertname", a.rule),
+            instance=dict(a.labels).get("instance", "-"),
+            state=a.state,
+            since_wall_s=a.active_since_wall_s,
+        )
+        for a in alerts
+        if a.state in SHOWN_ALERT_STATES
+    )
+
+
+_SHORT = {"kv_cache_memory_bytes": "kv", "max_num_seqs": "seqs"}
+
+
+def _knob(name: str, value: object) -> str:
+    if name == "kv_cache_memory_bytes" and isinstance(value, int):
+        return f"kv {value / 2**20:.1f} MiB"
+    return f"{_SHORT.get(name, name)} {value}"
+
+
+def verdict_of(trial: Trial) -> str | None:
+    if trial.judgement is not None:
+        return f"{trial.judgement.classification.value}: {trial.judgement.reason}"
+    return trial.reason
+
+
+def trial_rows(trials: Iterable[Trial]) -> tuple[TrialRow, ...]:
+    return tuple(
+        TrialRow(
+            number=t.number,
+            candidate=", ".join(_knob(k, v) for k, v in t.values),
+            state=t.state.value,
+            verdict=verdict_of(t),
+        )
+        for t in sorted(trials, key=lambda t: t.number)
+    )
+
+
+def snapshot_of(
+    sidecar: Sidecar,
+    *,
+    title: str,
+    phase: str,
+    deliveries: tuple[str, ...],
+    logs: tuple[str, ...],
+) -> DemoSnapshot:
+    alerts = sidecar.tracker.alerts()
+    store = sidecar.store
+    actions = tuple(
+        ActionRow(r.wall_s, r.action, r.target, str(r.decision), r.reason)
+        for r in store.audit_records(limit=8)
+    )
+    return DemoSnapshot(
+        title=title,
+        phase=phase,
+        wall_s=time.time(),
+        servers=server_rows(sidecar, alerts),
+        alerts=alert_rows(alerts),
+        actions=actions,
+        trials=trial_rows(SqliteTrialStore(store.db).trials()),
+        outbox_backlog=store.outbox.backlog(),
+        deliveries=deliveries,
+        logs=logs,
+    )

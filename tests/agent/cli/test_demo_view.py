@@ -1,0 +1,131 @@
+"""The demo's full-screen view, rendered from typed snapshots, and its log panel."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+from rich.console import Console
+
+from kvpilot.agent.alert_values import AlertView
+from kvpilot.agent.cli.demo_state import alert_rows, frag_state
+from kvpilot.agent.cli.demo_view import (
+    ActionRow,
+    AlertRow,
+    DemoSnapshot,
+    DemoView,
+    LogPanel,
+    ServerRow,
+    TrialRow,
+    render,
+)
+
+WIDTH, HEIGHT = 150, 50
+
+
+def _snapshot() -> DemoSnapshot:
+    return DemoSnapshot(
+        title="kvpilot demo: http://127.0.0.1:8000",
+        phase="phase 2/4: burst",
+        wall_s=1_700_000_000.0,
+        servers=(
+            ServerRow("demo", "stable", "running", 0.97, 64, 2, 41.0, 0.42, 0.3, "pending"),
+            ServerRow(
+                "canary",
+                "canary",
+                "running",
+                0.1,
+                384,
+                380,
+                0.0,
+                None,
+                0.3,
+                "unknown",
+                "only 3 blocks free, fewer than 16",
+            ),
+        ),
+        alerts=(AlertRow("PreemptionSpike", "demo", "firing", 1_700_000_000.0),),
+        actions=(ActionRow(1_700_000_000.0, "restart", "demo", "succeeded", "cleared"),),
+        trials=(TrialRow(0, "kv 8.0 MiB, seqs 8", "complete", "pass: goodput 1.8x"),),
+        outbox_backlog=1,
+        deliveries=("PreemptionSpike firing (signature verified)",),
+        logs=tuple(f"log line {i}" for i in range(20)),
+    )
+
+
+def _text(snapshot: DemoSnapshot) -> str:
+    console = Console(file=io.StringIO(), width=WIDTH, height=HEIGHT, record=True)
+    console.print(render(snapshot), height=HEIGHT)
+    return console.export_text()
+
+
+def test_every_panel_shows_its_part_of_the_loop() -> None:
+    text = _text(_snapshot())
+    for title in ("servers", "alerts", "actions", "tuning", "delivery", "log"):
+        assert f" {title} " in text
+    assert "0.42 (> 0.30) pending" in text
+    assert "unknown: only 3 blocks free, fewer than 16" in text
+    assert "97.0 %" in text and "2/64" in text
+    assert "PreemptionSpike" in text and "firing" in text
+    assert "pass: goodput 1.8x" in text
+    assert "signature verified" in text and "outbox backlog: 1" in text
+    assert "phase 2/4: burst" in text
+
+
+def test_the_screen_is_its_height_and_the_log_panel_keeps_the_newest_lines() -> None:
+    lines = _text(_snapshot()).splitlines()
+    assert len(lines) == HEIGHT
+    text = "\n".join(lines)
+    assert "log line 19" in text and "log line 11" not in text
+
+
+def test_an_empty_snapshot_says_nothing_happened_yet() -> None:
+    text = _text(DemoSnapshot(title="t", phase="starting", wall_s=0.0))
+    assert "no alert pending or firing" in text
+    assert "no action yet" in text and "no trial yet" in text
+    assert "nothing received yet" in text
+
+
+def _alert(rule: str, state: str, active: bool | None, reason: str | None = None) -> AlertView:
+    labels = (("alertname", "X"), ("instance", "demo"))
+    return AlertView("f", rule, labels, (), state, active, None, reason, 5.0, None)  # type: ignore[arg-type]
+
+
+def test_the_fragmentation_state_follows_its_alert() -> None:
+    rule = "fragmentation_kv_blocks"
+    assert frag_state([], "demo", 0.1) == ("ok", None)
+    assert frag_state([_alert(rule, "pending", True)], "demo", 0.5) == ("pending", None)
+    assert frag_state([_alert(rule, "firing", True)], "demo", 0.5) == ("firing", None)
+    assert frag_state([_alert(rule, "inactive", None, "few free")], "demo", None) == (
+        "unknown",
+        "few free",
+    )
+    assert frag_state([_alert(rule, "firing", True)], "other", 0.1) == ("ok", None)
+    assert frag_state([], "demo", None)[0] == "unknown"
+    shown = alert_rows([_alert(rule, "inactive", False), _alert(rule, "firing", True)])
+    assert [a.state for a in shown] == ["firing"]
+
+
+def test_log_lines_go_to_the_panel_while_the_view_is_on_and_nowhere_else() -> None:
+    out = io.StringIO()
+    root = logging.getLogger()
+    before = list(root.handlers)
+    view = DemoView(Console(file=out, width=WIDTH, height=HEIGHT, force_terminal=True))
+    with view:
+        assert root.handlers == [view.panel]
+        logging.getLogger("kvpilot.test").warning("a line for the panel")
+        view.show(_snapshot())
+    assert root.handlers == before
+    assert any("a line for the panel" in line for line in view.panel.lines())
+    screen = out.getvalue()
+    assert "\x1b[?1049h" in screen and "\x1b[?1049l" in screen  # the alternate screen
+    assert "a line for the panel" not in screen.split("\x1b[?1049l")[-1]
+
+
+def test_the_panel_formats_multiline_records_as_one_line() -> None:
+    panel = LogPanel(keep=2)
+    for i in range(3):
+        panel.emit(logging.LogRecord("x", logging.INFO, "f", 1, f"a\nb{i}", None, None))
+    lines = panel.lines()
+    assert len(lines) == 2
+    assert lines[0].endswith("a | b1") and lines[1].endswith("a | b2")
