@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kvpilot.agent.app.compose import run_sidecar
 from kvpilot.agent.cli.demo_receiver import Delivery, WebhookReceiver
@@ -29,7 +30,7 @@ from kvpilot.agent.cli.demo_scenario import (
     demo_config,
 )
 from kvpilot.agent.cli.demo_state import snapshot_of, trial_rows
-from kvpilot.agent.cli.demo_view import DemoView, TrialRow
+from kvpilot.agent.cli.demo_view import DemoSnapshot, DemoView, LogPanel, TrialRow, export
 from kvpilot.agent.config import AgentConfig, validate_config
 from kvpilot.agent.state.trials import SqliteTrialStore
 from kvpilot.agent.tick.sidecar import Sidecar
@@ -49,6 +50,8 @@ class DemoSettings:
     listen_port: int = 9400
     live_view: bool = True
     pin_cpus: bool = True  # the stable server on core 0, the canary on core 1
+    log_file: Path | None = None  # the whole log, beside the view's panel
+    capture: Path | None = None  # the view's last screen as .txt and .svg (the README's)
 
 
 @dataclass(slots=True)
@@ -59,6 +62,7 @@ class _Handles:
     tuning: ScheduledTuning | None = None
     phase: str = "starting the CPU vLLM (about a minute)"
     deliveries: list[str] = field(default_factory=list)
+    last: DemoSnapshot | None = None  # the view's latest screen
     outcomes: list[str] = field(default_factory=list)  # the summary's lines
 
 
@@ -121,6 +125,7 @@ class Scenario:
         self.h = handles
         self.config = config
         self.url = url
+        self._peak = 0.0
 
     @property
     def sidecar(self) -> Sidecar:
@@ -169,6 +174,7 @@ class Scenario:
         before = _preemptions(self.sidecar) or 0.0
         stop = asyncio.Event()
         burst = asyncio.create_task(_loop_load(self.url, BURST, stop, repeat=True))
+        peak = asyncio.create_task(self._peak_preemptions())
         try:
             await _until("PreemptionSpike pending", lambda: _spike_state(self.sidecar) in
                          ("pending", "firing"), phase.deadline_s)  # fmt: skip
@@ -180,6 +186,8 @@ class Scenario:
         finally:
             stop.set()
             await burst
+            peak.cancel()
+        self._outcome(f"vllm:num_preemptions_total rose from {before:.0f} to {self._peak:.0f}")
         await _until("the signed webhook", lambda: any(
             d.startswith(SPIKE) and "firing" in d for d in self.h.deliveries), 60)  # fmt: skip
         self._outcome(f"webhook received: {self._delivery(SPIKE, 'firing')}")
@@ -209,6 +217,13 @@ class Scenario:
         self._outcome(f"tuning {said}")
         flags = next((i.argv for i in self.sidecar.runtime.instances() if i.name == STABLE), None)
         self._outcome(f"stable runs: {_memory_flags(flags or ())}")
+
+    async def _peak_preemptions(self) -> None:
+        """The highest counter read while the burst ran (the restart resets it)."""
+        self._peak = 0.0
+        while True:
+            self._peak = max(self._peak, _preemptions(self.sidecar) or 0.0)
+            await asyncio.sleep(POLL_S)
 
     def _use_ladder(self) -> None:
         rules = self.config.rules
@@ -283,6 +298,22 @@ def _memory_flags(argv: tuple[str, ...]) -> str:
 
 async def run_demo(settings: DemoSettings) -> list[str]:
     """Plays the scenario; returns the summary's lines (also logged)."""
+    if settings.log_file is None:
+        return await _run_demo(settings)
+    handler = logging.FileHandler(settings.log_file, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for other in logging.getLogger().handlers:  # secret masking, as on the terminal
+        for f in other.filters:
+            handler.addFilter(f)
+    logging.getLogger().addHandler(handler)
+    try:
+        return await _run_demo(settings)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+
+
+async def _run_demo(settings: DemoSettings) -> list[str]:
     handles = _Handles()
     secret = secrets.token_hex(WEBHOOK_SECRET_BYTES)
 
@@ -302,20 +333,32 @@ async def run_demo(settings: DemoSettings) -> list[str]:
                 )
             )  # fmt: skip
             view = DemoView() if settings.live_view else None
+            panel = view.panel if view is not None else LogPanel()
+            if view is None and settings.capture is not None:
+                logging.getLogger().addHandler(panel)  # the capture's log panel
             title = f"kvpilot demo: http://127.0.0.1:{server_port}"
 
             def on_tick(sidecar: Sidecar) -> None:
                 handles.sidecar = sidecar
+                if view is None and settings.capture is None:
+                    return
+                handles.last = snapshot_of(sidecar, title=title, phase=handles.phase,
+                                           deliveries=tuple(handles.deliveries),
+                                           logs=panel.lines())  # fmt: skip
                 if view is not None:
-                    view.show(snapshot_of(sidecar, title=title, phase=handles.phase,
-                                          deliveries=tuple(handles.deliveries),
-                                          logs=view.panel.lines()))  # fmt: skip
+                    view.show(handles.last)
 
             def got_tuning(tuning: ScheduledTuning) -> None:
                 handles.tuning = tuning
 
-            with view if view is not None else contextlib.nullcontext():
-                await _play(config, handles, settings, on_tick, got_tuning, server_port)
+            try:
+                with view if view is not None else contextlib.nullcontext():
+                    await _play(config, handles, settings, on_tick, got_tuning, server_port)
+            finally:
+                logging.getLogger().removeHandler(panel)
+    if settings.capture is not None and handles.last is not None:
+        export(handles.last, settings.capture)
+        log.info("the view's last screen: %s.txt and .svg", settings.capture)
     for line in handles.outcomes:
         log.info("summary: %s", line)
     return handles.outcomes

@@ -7,10 +7,12 @@ The view owns the terminal's alternate screen while it runs (`rich.live` with
 
 from __future__ import annotations
 
+import io
 import logging
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 
 from rich.console import Console, Group, RenderableType
 from rich.layout import Layout
@@ -189,6 +191,16 @@ def render(snapshot: DemoSnapshot, log_lines: int = 8) -> Layout:
     return root
 
 
+def export(snapshot: DemoSnapshot, stem: Path, *, width: int = 150, height: int = 50) -> None:
+    """The screen for `snapshot` as `stem`.txt and `stem`.svg (the README's capture)."""
+    console = Console(file=io.StringIO(), width=width, height=height, record=True)
+    console.print(render(snapshot), height=height)
+    stem.with_suffix(".txt").write_text(
+        "\n".join(line.rstrip() for line in console.export_text(clear=False).splitlines()) + "\n"
+    )
+    console.save_svg(str(stem.with_suffix(".svg")), title="kvpilot demo")
+
+
 class LogPanel(logging.Handler):
     """Keeps the last lines logged, for the view's log panel, instead of writing them out."""
 
@@ -208,8 +220,9 @@ class LogPanel(logging.Handler):
 
 
 class DemoView:
-    """The alternate screen while in use; the root logger's handlers are swapped for the
-    log panel meanwhile and given back after, so no line is printed over the view."""
+    """The alternate screen while in use; the root logger's stream handlers are swapped for
+    the log panel meanwhile and given back after, so no line is printed over the view (a
+    file handler keeps writing)."""
 
     def __init__(self, console: Console | None = None) -> None:
         self.panel = LogPanel()
@@ -222,9 +235,10 @@ class DemoView:
     def __enter__(self) -> DemoView:
         root = logging.getLogger()
         self._saved = list(root.handlers)
-        for handler in self._saved:
+        terminal = [h for h in self._saved if _writes_to_terminal(h)]
+        for handler in terminal:
             self.panel.addFilter(_filters_of(handler))
-        root.handlers[:] = [self.panel]
+        root.handlers[:] = [h for h in self._saved if h not in terminal] + [self.panel]
         self._live.__enter__()
         return self
 
@@ -234,6 +248,13 @@ class DemoView:
 
     def show(self, snapshot: DemoSnapshot) -> None:
         self._live.update(render(snapshot), refresh=True)
+
+
+def _writes_to_terminal(handler: logging.Handler) -> bool:
+    """A stream handler other than a file's: it would print over the view."""
+    return isinstance(handler, logging.StreamHandler) and not isinstance(
+        handler, logging.FileHandler
+    )
 
 
 class _AllOf(logging.Filter):

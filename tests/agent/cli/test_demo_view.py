@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import logging
+from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from kvpilot.agent.alert_values import AlertView
@@ -17,6 +19,7 @@ from kvpilot.agent.cli.demo_view import (
     LogPanel,
     ServerRow,
     TrialRow,
+    export,
     render,
 )
 
@@ -109,13 +112,19 @@ def test_the_fragmentation_state_follows_its_alert() -> None:
 def test_log_lines_go_to_the_panel_while_the_view_is_on_and_nowhere_else() -> None:
     out = io.StringIO()
     root = logging.getLogger()
+    root.addHandler(logging.StreamHandler(out))
     before = list(root.handlers)
     view = DemoView(Console(file=out, width=WIDTH, height=HEIGHT, force_terminal=True))
     with view:
-        assert root.handlers == [view.panel]
+        assert view.panel in root.handlers
+        assert not [  # nothing else that writes to a terminal
+            h for h in root.handlers
+            if type(h) is logging.StreamHandler or getattr(h, "stream", None) is out
+        ]  # fmt: skip
         logging.getLogger("kvpilot.test").warning("a line for the panel")
         view.show(_snapshot())
     assert root.handlers == before
+    root.removeHandler(before[-1])
     assert any("a line for the panel" in line for line in view.panel.lines())
     screen = out.getvalue()
     assert "\x1b[?1049h" in screen and "\x1b[?1049l" in screen  # the alternate screen
@@ -129,3 +138,41 @@ def test_the_panel_formats_multiline_records_as_one_line() -> None:
     lines = panel.lines()
     assert len(lines) == 2
     assert lines[0].endswith("a | b1") and lines[1].endswith("a | b2")
+
+
+def test_frames_redraw_in_place_so_the_scrollback_keeps_no_copies() -> None:
+    pyte = pytest.importorskip("pyte")
+    out = io.StringIO()
+    view = DemoView(Console(file=out, width=WIDTH, height=HEIGHT, force_terminal=True))
+    with view:
+        for i in range(6):
+            logging.getLogger("kvpilot.test").warning("line %d", i)
+            view.show(_snapshot())
+    out.write("summary: done\n")
+    screen = pyte.HistoryScreen(WIDTH, HEIGHT, history=1000)
+    pyte.ByteStream(screen).feed(out.getvalue().replace("\n", "\r\n").encode())
+    history = ["".join(c.data for c in line.values()) for line in screen.history.top]
+    every = history + list(screen.display)
+    assert sum("kvpilot demo: http://127.0.0.1:8000" in line for line in every) == 1
+    assert not any("line 3" in line and "log line" not in line for line in history)
+
+
+def test_a_file_handler_keeps_writing_while_the_view_is_on(tmp_path: Path) -> None:
+    root = logging.getLogger()
+    handler = logging.FileHandler(tmp_path / "demo.log")
+    root.addHandler(handler)
+    try:
+        with DemoView(Console(file=io.StringIO(), width=WIDTH, height=HEIGHT)) as view:
+            assert handler in root.handlers and view.panel in root.handlers
+            logging.getLogger("kvpilot.test").warning("to the file too")
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+    assert "to the file too" in (tmp_path / "demo.log").read_text()
+
+
+def test_the_capture_is_one_screen_of_text_and_an_svg(tmp_path: Path) -> None:
+    export(_snapshot(), tmp_path / "view")
+    lines = (tmp_path / "view.txt").read_text().splitlines()
+    assert len(lines) == HEIGHT and "phase 2/4: burst" in lines[0]
+    assert (tmp_path / "view.svg").read_text().lstrip().startswith("<svg")
