@@ -156,7 +156,9 @@ class Scenario:
             steady_stop.set()
             await steady
         self.h.phase = "summary"
-        self._outcome(f"scenario took {time.monotonic() - start:.0f} s after the first scrape")
+        took = f"the scenario took {time.monotonic() - start:.0f} s after the server's first scrape"
+        log.info("%s", took)
+        self.h.outcomes.append(took)
 
     def _steps(self) -> tuple[Callable[[Phase], Awaitable[None]], ...]:
         return (self._steady, self._burst, self._tune, self._burst_again)
@@ -241,8 +243,9 @@ class Scenario:
             for row in self._trials():
                 if said.get(row.number) != row.state:
                     said[row.number] = row.state
-                    log.info("%s: trial %d (%s): %s", self.h.phase, row.number, row.candidate,
-                             row.state)  # fmt: skip
+                    verdict = f", {row.verdict}" if row.verdict else ""
+                    log.info("%s: trial %d (%s): %s%s", self.h.phase, row.number,
+                             row.candidate, row.state, verdict)  # fmt: skip
             await asyncio.sleep(POLL_S)
 
     async def _burst_again(self, phase: Phase) -> None:

@@ -66,21 +66,21 @@ PHASES = (
         "burst",
         "16 long requests at once on 64 KV blocks: vLLM preempts, PreemptionSpike goes pending "
         "then firing, the signed webhook arrives, the rule's restart drains, restarts, verifies",
-        240,
+        300,
     ),
     Phase(
         3,
         "tuning",
         "two trials, a parallel canary on the second core, replaying the burst: each verdict, "
         "then the better KV budget or --max-num-seqs promoted",
-        420,
+        720,
     ),
     Phase(
         4,
         "burst again",
         "the same burst on the promoted flags: no spike, or if one comes the ladder promotes "
         "instead of restarting",
-        120,
+        240,
     ),
 )
 

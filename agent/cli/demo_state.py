@@ -96,9 +96,14 @@ def _knob(name: str, value: object) -> str:
 
 
 def verdict_of(trial: Trial) -> str | None:
+    """The judge's verdict; for a trial that did not complete, why not first (the canary's
+    comparison may have passed while the trial itself was refused, e.g. over the SLO)."""
+    judged = None
     if trial.judgement is not None:
-        return f"{trial.judgement.classification.value}: {trial.judgement.reason}"
-    return trial.reason
+        judged = f"{trial.judgement.classification.value}: {trial.judgement.reason}"
+    if trial.state.value != "complete" and trial.reason:
+        return trial.reason if judged is None else f"{trial.reason} (judge: {judged})"
+    return judged or trial.reason
 
 
 def trial_rows(trials: Iterable[Trial]) -> tuple[TrialRow, ...]:

@@ -176,3 +176,21 @@ def test_the_capture_is_one_screen_of_text_and_an_svg(tmp_path: Path) -> None:
     lines = (tmp_path / "view.txt").read_text().splitlines()
     assert len(lines) == HEIGHT and "phase 2/4: burst" in lines[0]
     assert (tmp_path / "view.svg").read_text().lstrip().startswith("<svg")
+
+
+def test_a_trial_row_says_why_a_trial_did_not_complete_before_its_judgement() -> None:
+    from kvpilot.agent.cli.demo_state import trial_rows
+    from kvpilot.tuner.judge import Classification, Judgement
+    from kvpilot.tuner.trials import Trial, TrialState
+
+    judged = Judgement(Classification.PASS, 1.0, (), "score 100%")
+    values = (("kv_cache_memory_bytes", 3 * 2**20), ("max_num_seqs", 11))
+    trials = [
+        Trial("b", "f", 2, values, TrialState.COMPLETE, 0.0, 0.0, None, None, judged),
+        Trial("a", "f", 1, values, TrialState.INFEASIBLE, 0.0, 0.0, "ttft p95 over the SLO",
+              None, judged),
+    ]  # fmt: skip
+    first, second = trial_rows(trials)
+    assert first.number == 1 and first.candidate == "kv 3.0 MiB, seqs 11"
+    assert first.verdict == "ttft p95 over the SLO (judge: pass: score 100%)"
+    assert second.verdict == "pass: score 100%"
