@@ -64,13 +64,13 @@ async def run_sidecar(
     on_tuning: Callable[[ScheduledTuning], None] | None = None,
 ) -> None:
     """The sidecar to a signal. `config_sha256` (the YAML's hash) lets promoted flags hold
-        while the file is unchanged; without it the configured flags run. `on_tick` sees the
-        sidecar after each tick (the demo's live view). `reload_config` reads the configuration
-        again, for SIGHUP and `POST /-/reload` (without it a reload is refused). `on_tuning` gets
+    while the file is unchanged; without it the configured flags run. `on_tick` sees the
+    sidecar after each tick (the demo's live view). `reload_config` reads the configuration
+    again, for SIGHUP and `POST /-/reload` (without it a reload is refused). `on_tuning` gets
     the scheduled tuning once built, so that a caller can fire a session itself (the demo).
 
-        Raises ListenError before anything starts when the listen address cannot be bound, and
-        StartFailed, after a clean shutdown, when a local server exits before it was first ready.
+    Raises ListenError before anything starts when the listen address cannot be bound, and
+    StartFailed, after a clean shutdown, when a local server exits before it was first ready.
     """
     sock = bind_listener(config.listen.host, config.listen.port)
     failed: list[StartFailed] = []
