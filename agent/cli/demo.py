@@ -35,6 +35,7 @@ from kvpilot.agent.config import AgentConfig, validate_config
 from kvpilot.agent.state.trials import SqliteTrialStore
 from kvpilot.agent.tick.sidecar import Sidecar
 from kvpilot.agent.tuning.schedule import ScheduledTuning
+from kvpilot.collectors.kvpool.client import KvPoolScrape
 from kvpilot.collectors.vllm_metrics import VllmScrape
 from kvpilot.rig.server import free_port
 from kvpilot.tuner.loadgen import run_load
@@ -93,13 +94,15 @@ async def _loop_load(url: str, load: Load, stop: asyncio.Event, *, repeat: bool)
     return failed
 
 
-def _preemptions(sidecar: Sidecar) -> float | None:
+def _preemptions(sidecar: Sidecar, *, kvpool: bool = False) -> float | None:
+    """The stable server's `vllm:num_preemptions_total`, or the kvpool plugin's counter
+    (lag-free: the rule sees a spike there first)."""
     for view in sidecar.servers():
         if view.server != STABLE or view.state.latest is None:
             continue
-        vllm = view.state.latest.vllm
-        if isinstance(vllm, VllmScrape) and vllm.engines:
-            return vllm.engines[0].preemptions_total
+        source = view.state.latest.kvpool if kvpool else view.state.latest.vllm
+        if isinstance(source, VllmScrape | KvPoolScrape) and source.engines:
+            return source.engines[0].preemptions_total
     return None
 
 
@@ -125,7 +128,7 @@ class Scenario:
         self.h = handles
         self.config = config
         self.url = url
-        self._peak = 0.0
+        self._peak, self._peak_kvpool = 0.0, 0.0
 
     @property
     def sidecar(self) -> Sidecar:
@@ -189,7 +192,8 @@ class Scenario:
             stop.set()
             await burst
             peak.cancel()
-        self._outcome(f"vllm:num_preemptions_total rose from {before:.0f} to {self._peak:.0f}")
+        self._outcome(f"vllm:num_preemptions_total rose from {before:.0f} to {self._peak:.0f} "
+                      f"(the kvpool plugin counted {self._peak_kvpool:.0f})")  # fmt: skip
         await _until("the signed webhook", lambda: any(
             d.startswith(SPIKE) and "firing" in d for d in self.h.deliveries), 60)  # fmt: skip
         self._outcome(f"webhook received: {self._delivery(SPIKE, 'firing')}")
@@ -222,9 +226,11 @@ class Scenario:
 
     async def _peak_preemptions(self) -> None:
         """The highest counter read while the burst ran (the restart resets it)."""
-        self._peak = 0.0
+        self._peak, self._peak_kvpool = 0.0, 0.0
         while True:
             self._peak = max(self._peak, _preemptions(self.sidecar) or 0.0)
+            kvpool = _preemptions(self.sidecar, kvpool=True) or 0.0
+            self._peak_kvpool = max(self._peak_kvpool, kvpool)
             await asyncio.sleep(POLL_S)
 
     def _use_ladder(self) -> None:

@@ -152,7 +152,9 @@ def demo_config(
             "preemption_spike": {
                 "action": "restart",  # the card's literal action: first aid
                 "window_s": 10,
-                "for_s": 3,
+                # Long enough to see pending, and for vLLM's own counter (which lags the
+                # kvpool plugin's) to show the preemptions before the restart resets it.
+                "for_s": 8,
                 "floor_per_s": 0.2,
             },
         },
