@@ -94,6 +94,11 @@ async def _loop_load(url: str, load: Load, stop: asyncio.Event, *, repeat: bool)
     return failed
 
 
+async def _stop_load(load: tuple[asyncio.Event, asyncio.Task[int]]) -> None:
+    load[0].set()
+    await load[1]
+
+
 def _preemptions(sidecar: Sidecar, *, kvpool: bool = False) -> float | None:
     """The stable server's `vllm:num_preemptions_total`, or the kvpool plugin's counter
     (lag-free: the rule sees a spike there first)."""
@@ -146,18 +151,26 @@ class Scenario:
     async def play(self) -> None:
         start = time.monotonic()
         await _until("the server's first scrape", self._scraping, 300)
-        steady_stop = asyncio.Event()
-        steady = asyncio.create_task(_loop_load(self.url, STEADY, steady_stop, repeat=True))
+        steady: tuple[asyncio.Event, asyncio.Task[int]] | None = None
         try:
             for phase, step in zip(PHASES, self._steps(), strict=True):
+                if phase.steady_load and steady is None:
+                    stop = asyncio.Event()
+                    steady = (
+                        stop,
+                        asyncio.create_task(_loop_load(self.url, STEADY, stop, repeat=True)),
+                    )
+                elif not phase.steady_load and steady is not None:
+                    await _stop_load(steady)
+                    steady = None
                 self._enter(phase)
                 try:
                     await asyncio.wait_for(step(phase), timeout=phase.deadline_s)
                 except (PhaseTimeout, TimeoutError) as exc:
                     self._outcome(f"did not finish: {exc or 'deadline'}; moving on")
         finally:
-            steady_stop.set()
-            await steady
+            if steady is not None:
+                await _stop_load(steady)
         self.h.phase = "summary"
         took = f"the scenario took {time.monotonic() - start:.0f} s after the server's first scrape"
         log.info("%s", took)

@@ -57,6 +57,9 @@ class Phase:
     name: str
     story: str  # one line: what the viewer is about to see
     deadline_s: float  # the longest it may take before the demo says so and moves on
+    # The steady trickle goes on beside the phase; off while tuning measures, so that the
+    # stable side of each comparison serves the replayed burst alone, as the canary does.
+    steady_load: bool = True
 
 
 PHASES = (
@@ -71,9 +74,11 @@ PHASES = (
     Phase(
         3,
         "tuning",
-        "two trials, a parallel canary on the second core, replaying the burst: each verdict, "
+        "the trickle pauses; two trials, a parallel canary on the second core, replaying the "
+        "burst on both: each verdict, "
         "then the better KV budget or --max-num-seqs promoted",
         720,
+        steady_load=False,
     ),
     Phase(
         4,
