@@ -18,19 +18,23 @@ SHOWN_ALERT_STATES = ("pending", "firing", "resolved")
 
 
 def frag_state(
-    alerts: Iterable[AlertView], instance: str, ratio: float | None
+    alerts: Iterable[AlertView], instance: str, ratio: float | None, why: str | None = None
 ) -> tuple[str, str | None]:
-    """ok, pending or firing as the kv_blocks rule's alert says; unknown (with the rule's
-    reason) while the ratio cannot be computed."""
-    for alert in alerts:
-        if alert.rule != FRAG_RULE or dict(alert.labels).get("instance") != instance:
-            continue
-        if alert.state in ("pending", "firing"):
-            return alert.state, None
-        if alert.active is None:
-            return "unknown", alert.reason
-    if ratio is None:
-        return "unknown", "no free-list figures yet"
+    """ok, pending or firing as the kv_blocks rule's alert says; unknown, with the reason,
+    while the ratio cannot be computed (`why`: the plugin's; else the rule's)."""
+    alert = next(
+        (a for a in alerts
+         if a.rule == FRAG_RULE and dict(a.labels).get("instance") == instance),
+        None,
+    )  # fmt: skip
+    state = alert.state if alert is not None else None
+    if ratio is None or (alert is not None and alert.active is None):
+        reason = why or (alert.reason if alert is not None else None) or "no free-list figures"
+        if state in ("pending", "firing"):
+            reason += f" (alert {state})"
+        return "unknown", reason
+    if state in ("pending", "firing"):
+        return state, None
     return "ok", None
 
 
@@ -45,9 +49,7 @@ def server_rows(sidecar: Sidecar, alerts: list[AlertView]) -> tuple[ServerRow, .
         sample = pool.engines[0] if isinstance(pool, KvPoolScrape) and pool.engines else None
         frag = sample.fragmentation if sample is not None else None
         ratio = frag.ratio if frag is not None else None
-        state, reason = frag_state(alerts, view.server, ratio)
-        if state == "unknown" and reason is None and frag is not None:
-            reason = frag.reason
+        state, reason = frag_state(alerts, view.server, ratio, frag.reason if frag else None)
         try:
             up = sidecar.runtime.status(view.server).state
         except Exception:  # a runtime that cannot say is shown as such, never fatal

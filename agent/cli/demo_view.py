@@ -136,7 +136,7 @@ def _actions(rows: tuple[ActionRow, ...]) -> RenderableType:
     table = Table(expand=True, box=None, header_style="bold")
     for column in ("time", "action", "target", "decision", "reason"):
         table.add_column(column, no_wrap=True, overflow="ellipsis",
-                         ratio=6 if column == "reason" else 1)  # fmt: skip
+                         ratio={"reason": 6, "time": 1}.get(column, 2))  # fmt: skip
     for r in rows:
         table.add_row(_clock(r.wall_s), r.action, r.target, r.decision, r.reason)
     return table
@@ -179,7 +179,11 @@ def render(snapshot: DemoSnapshot, log_lines: int = 8) -> Layout:
         Layout(Panel(_actions(snapshot.actions), title="actions", title_align="left"), ratio=3),
         Layout(Panel(_trials(snapshot.trials), title="tuning", title_align="left"), ratio=2),
         Layout(
-            Panel(Text("\n".join(snapshot.logs[-log_lines:])), title="log", title_align="left"),
+            Panel(
+                Text("\n".join(snapshot.logs[-log_lines:]), no_wrap=True, overflow="ellipsis"),
+                title="log",
+                title_align="left",
+            ),
             name="log",
             size=log_lines + 2,
         ),
@@ -207,7 +211,7 @@ class LogPanel(logging.Handler):
     def __init__(self, keep: int = 200) -> None:
         super().__init__()
         self._lines: deque[str] = deque(maxlen=keep)
-        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
 
     def emit(self, record: logging.LogRecord) -> None:
         try:

@@ -99,14 +99,27 @@ def test_the_fragmentation_state_follows_its_alert() -> None:
     assert frag_state([], "demo", 0.1) == ("ok", None)
     assert frag_state([_alert(rule, "pending", True)], "demo", 0.5) == ("pending", None)
     assert frag_state([_alert(rule, "firing", True)], "demo", 0.5) == ("firing", None)
+    assert frag_state([_alert(rule, "firing", True)], "other", 0.1) == ("ok", None)
+    shown = alert_rows([_alert(rule, "inactive", False), _alert(rule, "firing", True)])
+    assert [a.state for a in shown] == ["firing"]
+
+
+def test_the_fragmentation_state_is_unknown_with_its_reason_while_it_cannot_be_computed() -> None:
+    rule = "fragmentation_kv_blocks"
     assert frag_state([_alert(rule, "inactive", None, "few free")], "demo", None) == (
         "unknown",
         "few free",
     )
-    assert frag_state([_alert(rule, "firing", True)], "other", 0.1) == ("ok", None)
-    assert frag_state([], "demo", None)[0] == "unknown"
-    shown = alert_rows([_alert(rule, "inactive", False), _alert(rule, "firing", True)])
-    assert [a.state for a in shown] == ["firing"]
+    assert frag_state([], "demo", None, "3 blocks free, fewer than 16") == (
+        "unknown",
+        "3 blocks free, fewer than 16",
+    )
+    assert frag_state([], "demo", None) == ("unknown", "no free-list figures")
+    # An alert still pending from before: the figure is unknown now, and the alert is said.
+    assert frag_state([_alert(rule, "pending", True)], "demo", None, "2 free") == (
+        "unknown",
+        "2 free (alert pending)",
+    )
 
 
 def test_log_lines_go_to_the_panel_while_the_view_is_on_and_nowhere_else() -> None:
