@@ -26,7 +26,7 @@ PREEMPTING = ServerSpec(port=0, kv_cache_memory_bytes=64 * KV_BYTES_PER_BLOCK)
 # What the suite needs from the machine; ./scripts/setup installs all of it.
 REQUIRED_COMMANDS = ("promtool", "prometheus")
 REQUIRED_ONE_OF = (("prometheus-alertmanager", "alertmanager"),)
-REQUIRED_MODULES = ("vllm", "jsonschema", "hypothesis")
+REQUIRED_MODULES = ("vllm", "jsonschema", "hypothesis", "pyte")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -68,11 +68,13 @@ async def run_sidecar(
     config_sha256: str | None = None,
     on_tick: Callable[[Sidecar], None] | None = None,
     reload_config: Callable[[], AgentConfig] | None = None,
+    on_tuning: Callable[[ScheduledTuning], None] | None = None,
 ) -> None:
     """The sidecar to a signal. `config_sha256` (the YAML's hash) lets promoted flags hold
     while the file is unchanged; without it the configured flags run. `on_tick` sees the
     sidecar after each tick (the demo's live view). `reload_config` reads the configuration
-    again, for SIGHUP and `POST /-/reload` (without it a reload is refused).
+    again, for SIGHUP and `POST /-/reload` (without it a reload is refused). `on_tuning` gets
+    the scheduled tuning once built, so that a caller can fire a session itself (the demo).
 
     Raises ListenError before anything starts when the listen address cannot be bound, and
     StartFailed, after a clean shutdown, when a local server exits before it was first ready.
@@ -81,7 +83,7 @@ async def run_sidecar(
     failed: list[StartFailed] = []
     try:
         await _run(config, sock, stop or asyncio.Event(), failed, config_sha256, on_tick,
-                   reload_config)  # fmt: skip
+                   reload_config, on_tuning)  # fmt: skip
     finally:
         sock.close()
     if failed:
@@ -96,6 +98,7 @@ async def _run(
     config_sha256: str | None,
     on_tick: Callable[[Sidecar], None] | None,
     reload_config: Callable[[], AgentConfig] | None,
+    on_tuning: Callable[[ScheduledTuning], None] | None = None,
 ) -> None:
     api_key = config.runtime.api_key.get_secret_value() if config.runtime.api_key else None
     timeout = httpx.Timeout(5.0, connect=2.0)
@@ -176,6 +179,8 @@ async def _run(
                 sidecar.event_sources.append(retune.take_events)
                 if tuning is not None:
                     tuning.on_tuned = retune.tuned
+            if tuning is not None and on_tuning is not None:
+                on_tuning(tuning)
             starting = sidecar.tasks.spawn(
                 _start_local(config, runtime, remediator, tuning, stop, failed), "start-servers"
             )

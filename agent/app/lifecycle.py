@@ -28,17 +28,6 @@ from kvpilot.agent.tick.overruns import TickOverruns
 log = logging.getLogger(__name__)
 
 
-class _SkippedRunFilter(logging.Filter):
-    """Drops APScheduler's per-run "maximum number of running instances" warning: a tick
-    that overruns is counted and reported by `TickOverruns` instead."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "maximum number of running instances reached" not in record.getMessage()
-
-
-_SKIPPED_RUNS = _SkippedRunFilter()
-
-
 NO_RELOAD = "reload is not supported; restart kvpilot to apply a new configuration"
 
 
@@ -135,10 +124,7 @@ async def serve_and_tick(
     )
     current: set[asyncio.Task[None]] = set()
 
-    async def tick_job() -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        current.add(task)
+    async def run_tick() -> None:
         started_s = time.monotonic()
         try:
             await tick()
@@ -146,13 +132,20 @@ async def serve_and_tick(
             # A tick that dies is logged loudly; the next one runs on schedule.
             log.exception("tick failed")
         finally:
-            current.discard(task)
             if overruns is not None:
                 overruns.record(time.monotonic() - started_s)
 
-    scheduler_log = logging.getLogger("apscheduler.scheduler")
-    if overruns is not None and _SKIPPED_RUNS not in scheduler_log.filters:
-        scheduler_log.addFilter(_SKIPPED_RUNS)
+    async def tick_job() -> None:
+        # The job only starts the tick, in a task of its own, and returns at once: a tick
+        # that overruns its interval (a slow server under load) never leaves a job instance
+        # running, so APScheduler has no run to skip and no warning to log each second.
+        # The overrun is counted by `TickOverruns`; the tick due meanwhile waits for the next.
+        if current:
+            return
+        task = loop.create_task(run_tick(), name="tick")
+        current.add(task)
+        task.add_done_callback(current.discard)
+
     scheduler = AsyncIOScheduler(event_loop=loop)
     scheduler.add_job(
         tick_job, "interval", seconds=settings.interval_s, max_instances=1, coalesce=True,

@@ -284,17 +284,32 @@ def demo(
     no_view: Annotated[
         bool, typer.Option("--no-view", help="Logs instead of the live view.")
     ] = False,
+    log_file: Annotated[
+        Path | None, typer.Option(help="Also write the whole log to this file.")
+    ] = None,
+    capture: Annotated[
+        Path | None,
+        typer.Option(help="Write the view's last screen to PATH.txt and PATH.svg at the end."),
+    ] = None,
 ) -> None:
-    """Start a local CPU vLLM with the kvpool plugin, load it, and watch it live."""
+    """The whole loop on a local CPU vLLM: steady load, a burst that preempts and is
+    restarted, a short tuning session, the burst again on the promoted flags."""
     from kvpilot.agent.app.lifecycle import ListenError
     from kvpilot.agent.cli.demo import DemoSettings, run_demo
+    from kvpilot.agent.runtimes.probe import StartFailed
 
     configure_logging(json_logs=False, level=logging.INFO)
-    settings = DemoSettings(duration_s=duration, listen_port=listen_port, live_view=not no_view)
+    settings = DemoSettings(
+        duration_s=duration, listen_port=listen_port, live_view=not no_view,
+        log_file=log_file, capture=capture,
+    )  # fmt: skip
     try:
         asyncio.run(run_demo(settings))
     except ListenError as exc:
         print(f"kvpilot: {exc}; choose another port with --listen-port", file=sys.stderr)
+        raise typer.Exit(1) from None
+    except StartFailed as exc:  # no vLLM in this Python, a port taken meanwhile
+        print(f"kvpilot: the demo's server did not start: {exc.headline}", file=sys.stderr)
         raise typer.Exit(1) from None
 
 
