@@ -26,7 +26,7 @@ from rich.live import Live
 from kvpilot.agent.app.parts import build_pod_runtime
 from kvpilot.agent.cli import workload_cmd as workload_cli
 from kvpilot.agent.cli.config_load import load_or_exit, open_state_or_exit
-from kvpilot.agent.cli.tune_report import report_context
+from kvpilot.agent.cli.tune_report import report
 from kvpilot.agent.config import AgentConfig, PodRuntimeConfig, secret_values
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes import LocalRuntime, RuntimeFailure
@@ -48,11 +48,17 @@ from kvpilot.agent.tuning.local import (
 )
 from kvpilot.agent.tuning.pod import PodTuner, pod_study
 from kvpilot.agent.tuning.promoted import tuned_instance
-from kvpilot.agent.tuning.study import Study, StudyError, build_study, make_session, read_gpu
+from kvpilot.agent.tuning.study import (
+    Study,
+    StudyError,
+    build_study,
+    make_session,
+    read_gpu,
+    with_version,
+)  # fmt: skip
 from kvpilot.agent.tuning.workload_record import remember_workload
 from kvpilot.collectors.secrets import mask_argv, mask_text
 from kvpilot.tuner.render import format_rate, summary_line, trials_table
-from kvpilot.tuner.report import write_report
 from kvpilot.tuner.rollout import Strategy
 from kvpilot.tuner.session import (
     Progress,
@@ -153,10 +159,7 @@ def tune(
         if dry:
             last = GroundStore(db).load(study.stable.name)  # the study of the last run's vLLM
             if pod is None and last is not None and last.ground.vllm_version is not None:
-                study = build_study(
-                    cfg, tuning, read_gpu(), vllm_version=last.ground.vllm_version,
-                    chosen=study.choice,
-                )  # fmt: skip
+                study = with_version(cfg, study, last.ground.vllm_version)
             told, planned = dry_run(
                 study.space, BayesianSuggester(study.space, seed=tuning.seed),
                 SqliteTrialStore(db), study.fingerprint, tuning.trials,
@@ -249,9 +252,7 @@ async def _run(
             url = next((i.url for i in runtime.instances() if i.name == name), None)
             version = await server_version(url, api_key=_api_key(cfg)) if url else None
             if version is not None:  # the fingerprint holds the version (a new one: a new study)
-                study = build_study(
-                    cfg, study.tuning, read_gpu(), vllm_version=version, chosen=study.choice
-                )
+                study = with_version(cfg, study, version)
             if study.choice is not None:
                 remember_workload(StateStore(db), study.choice, time.time())
             summary = await _run_with_progress(
@@ -385,25 +386,6 @@ def _pod_runtime_or_exit(cfg: AgentConfig) -> KubernetesRuntime | None:
         raise typer.Exit(1) from None
 
 
-@tune_app.command("report")
-def report(
-    config: ConfigOpt,
-    output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file.")] = Path(
-        "report.html"
-    ),
-) -> None:
-    """Write the tuning history as one self-contained HTML page: convergence, the knob map
-    with the planner's infeasible region, the stable beside each canary."""
-    cfg, config_sha256 = load_or_exit(config)
-    db = open_state_or_exit(cfg)
-    try:
-        context = report_context(cfg, db, config_sha256)
-        path = write_report(output, SqliteTrialStore(db).trials(), context=context)
-    finally:
-        db.close()
-    Console().print(f"wrote {path}")
-
-
 def trials_command(
     config: ConfigOpt,
     canary_port: Annotated[
@@ -450,5 +432,6 @@ def _recover_only(cfg: AgentConfig, config_sha256: str, db: Database, canary_por
 
 def register(app: typer.Typer) -> None:
     """Add `tune` (with `tune report`) and `trials` to the kvpilot CLI."""
+    tune_app.command("report")(report)
     app.add_typer(tune_app, name="tune")
     app.command("trials")(trials_command)

@@ -1,21 +1,28 @@
-"""What `kvpilot tune report` draws besides the trials: the study's search space with its
+"""`kvpilot tune report`, and what it draws besides the trials: the study's search space with its
 constraints (the planner's bounds among them) and the stable configuration's knob values
 (the promoted flags when they stand, else the configured ones)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated
 
+import typer
+from rich.console import Console
+
+from kvpilot.agent.cli.config_load import load_or_exit, open_state_or_exit
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.remediation.preflight import parse_human_int
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.store import StateStore
+from kvpilot.agent.state.trials import SqliteTrialStore
 from kvpilot.agent.tuning.promoted import PROMOTED_FACT, live_argv
 from kvpilot.agent.tuning.study import StudyError, build_study, read_gpu, stable_instance
 from kvpilot.agent.tuning.workload_record import ReplayedWorkload, last_workload
 from kvpilot.collectors.vllm_argv import flag_value
 from kvpilot.tuner.constraints import Value
-from kvpilot.tuner.report import ReportContext
+from kvpilot.tuner.report import ReportContext, write_report
 from kvpilot.tuner.space import KnobKind, SearchSpace
 
 
@@ -63,3 +70,21 @@ def stable_values(space: SearchSpace, argv: Sequence[str]) -> dict[str, Value]:
             except ValueError:
                 continue
     return values
+
+
+def report(
+    config: Annotated[Path, typer.Option("--config", "-c", help="The agent's YAML file.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file.")] = Path(
+        "report.html"
+    ),
+) -> None:
+    """Write the tuning history as one self-contained HTML page: convergence, the knob map
+    with the planner's infeasible region, the workload replayed, the stable beside each canary."""
+    cfg, config_sha256 = load_or_exit(config)
+    db = open_state_or_exit(cfg)
+    try:
+        context = report_context(cfg, db, config_sha256)
+        path = write_report(output, SqliteTrialStore(db).trials(), context=context)
+    finally:
+        db.close()
+    Console().print(f"wrote {path}")

@@ -150,6 +150,12 @@ def _default_workload(tuning: TuningConfig) -> WorkloadChoice:
         raise StudyError(str(exc)) from None
 
 
+def with_version(config: AgentConfig, study: Study, version: str) -> Study:
+    """The same study on the server's vLLM version (part of the fingerprint: a new version is
+    a new study), its workload kept."""
+    return build_study(config, study.tuning, read_gpu(), vllm_version=version, chosen=study.choice)
+
+
 def _fixed_args(argv: tuple[str, ...], space: SearchSpace) -> tuple[str, ...]:
     """The argv without the searched flags and the port: what the study holds fixed."""
     valued = [k.flag for k in space.knobs if k.kind is not KnobKind.FLAG]
