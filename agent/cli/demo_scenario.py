@@ -139,6 +139,8 @@ def demo_config(
         },
         "slo": {"ttft_p95_s": 30.0, "inter_token_p95_s": 2.0},
         "bake": False,
+        # The session replays the burst that hurt, not the trickle the window would learn.
+        "learn": {"enabled": False},
     }
     if cpus is not None:  # the stable server on one core, the canary on the other
         instance["cpus"] = [cpus[0]]
