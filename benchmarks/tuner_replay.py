@@ -52,15 +52,17 @@ class Cell:
 Table = dict[tuple[int, int], Cell]
 
 
-def load_table(path: Path) -> Table:
+def load_table(path: Path, passes: set[int] | None = None) -> Table:
     """(kv_cache_memory_bytes, max_num_seqs) -> cell, from the CSV (comment lines skipped).
 
-    A cell measured in several passes pools their windows: the median of every window's
-    goodput, feasible when most windows were.
+    A cell measured in several passes (of `passes`; default all) pools their windows: the
+    median of every window's goodput, feasible when most windows were.
     """
     lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
     rows: dict[tuple[int, int], list[dict[str, str]]] = {}
     for row in csv.DictReader(lines):
+        if passes is not None and int(row.get("pass") or 1) not in passes:
+            continue
         key = (int(row["kv_cache_memory_bytes"]), int(row["max_num_seqs"]))
         rows.setdefault(key, []).append(row)
     return {key: _pooled(group) for key, group in rows.items()}
@@ -261,14 +263,15 @@ def report(r: Replay, measured: tuple[float, float] | None) -> list[str]:
     ]
 
 
-def passes(path: Path) -> str:
-    """How many cells each measurement pass holds, e.g. 'pass 1: 25 cells, pass 2: 12 cells'."""
+def pass_cells(path: Path, grid: Sequence[tuple[int, int]]) -> dict[int, int]:
+    """How many of the grid's cells each measurement pass holds."""
     lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
     counts: dict[int, int] = {}
     for row in csv.DictReader(lines):
-        number = int(row.get("pass") or 1)
-        counts[number] = counts.get(number, 0) + 1
-    return ", ".join(f"pass {n}: {counts[n]} cells" for n in sorted(counts))
+        if (int(row["kv_cache_memory_bytes"]), int(row["max_num_seqs"])) in grid:
+            number = int(row.get("pass") or 1)
+            counts[number] = counts.get(number, 0) + 1
+    return counts
 
 
 def measured_seconds(path: Path) -> tuple[float, float] | None:
@@ -291,8 +294,16 @@ def replay_tables(
             why = f"table incomplete: not measured; measure with: {finish}"
             print(f"landscape {name}: no table at {path}\n  goal {name}: NOT met ({why})")
             continue
-        # Only the grid's cells: a table may hold more (a row measured in part, say).
-        table = {key: cell for key, cell in load_table(path).items() if key in grid}
+        # Only complete passes are pooled: a pass measured in part, at another time and
+        # load, would favour the cells it reached. Only the grid's cells are replayed.
+        counts = pass_cells(path, grid)
+        complete = {n for n, cells in counts.items() if cells == len(grid)}
+        passes_note = ", ".join(
+            f"pass {n}: {cells} of {len(grid)} cells{'' if n in complete else ', not used'}"
+            for n, cells in sorted(counts.items())
+        )
+        loaded = load_table(path, complete or None)
+        table = {key: cell for key, cell in loaded.items() if key in grid}
         missing = missing_cells(table, grid)
         if missing or not any(c.feasible for c in table.values()):
             why = (
@@ -303,7 +314,7 @@ def replay_tables(
             print(f"landscape {name}: {len(table)} cells\n  goal {name}: NOT met ({why})")
             continue
         lines = report(replay(name, table, seeds), measured_seconds(path))
-        lines.insert(1, f"  windows pooled per cell from {passes(path)}")
+        lines.insert(1, f"  windows per cell pooled over the complete passes ({passes_note})")
         for line in lines:
             print(line, flush=True)
     print(f"replayed {seeds} seeds per strategy in {time.monotonic() - started:.0f} s")
