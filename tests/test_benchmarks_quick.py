@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from kvpilot.tuner.objective import Outcome, TrialResult
+
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the tuner benchmark's modules
+
+import tuner_efficiency as bench  # noqa: E402
+import tuner_landscapes as landscapes  # noqa: E402
+import tuner_replay as replay  # noqa: E402
 
 
 def _run(script: str, *args: str) -> str:
@@ -26,10 +33,98 @@ def test_collect_cycle_costs_under_a_quarter_of_the_library_parser() -> None:
     assert ratio <= 0.25
 
 
-def test_tuner_replay_runs_on_the_measured_grid() -> None:
+def test_tuner_replay_gives_every_landscape_its_strategies_and_a_verdict() -> None:
     out = _run("tuner_efficiency.py", "--quick")
-    for method in ("bayesian", "random", "grid"):
-        assert f"{method}:" in out
+    sections = out.split("landscape ")[1:]
+    assert [s.split(":")[0] for s in sections] == [ls.name for ls in landscapes.LANDSCAPES]
+    for section, ls in zip(sections, landscapes.LANDSCAPES, strict=True):
+        # A complete table is replayed with every strategy; an incomplete one says so.
+        complete = "table incomplete" not in section
+        if complete:  # then truly so: every cell of the benchmark's grid is in the table
+            grid = [(b * landscapes.BYTES_PER_BLOCK, n) for n in bench._ints(bench.SEQS)
+                    for b in bench._ints(bench.KV_BLOCKS)]  # fmt: skip
+            assert not replay.missing_cells(replay.load_table(ls.table), grid)
+        for strategy in ("bayesian", "random", "grid", "auto_tune"):
+            assert (f"{strategy}: " in section) == complete, section
+        verdicts = [line.strip() for line in section.splitlines() if "goal " in line]
+        assert len(verdicts) == 1, section
+        assert verdicts[0] == f"goal {ls.name}: met" or verdicts[0].startswith(
+            f"goal {ls.name}: NOT met ("
+        )
+
+
+def _window(goodput: float, feasible: bool) -> TrialResult:
+    outcome = Outcome.FEASIBLE if feasible else Outcome.SLO_BROKEN
+    return TrialResult(outcome, goodput, None, None if feasible else "slow")
+
+
+def test_a_cell_is_the_median_window_and_feasible_by_majority() -> None:
+    windows = [_window(300.0, True), _window(50.0, False), _window(100.0, True)]
+    row = landscapes.cell_row(1024, 8, windows, [None, 0.5, 0.7], (12.0, 30.0))
+    assert row["goodput_tokens_per_s"] == "100"
+    assert row["feasible"] == "1"
+    assert (row["windows_feasible"], row["goodput_min"], row["goodput_max"]) == ("2/3", "50", "300")
+    assert row["goodput_windows"] == "300;50;100"
+    assert row["prefix_hit_ratio"] == "0.6"
+    one_of_three = landscapes.cell_row(1024, 8, windows[1:2] * 2 + windows[:1], [None] * 3, (0, 0))
+    assert (one_of_three["feasible"], one_of_three["reason"]) == ("0", "slow")
+
+
+def test_the_table_is_appended_cell_by_cell_and_a_rerun_sees_what_is_there(
+    tmp_path: Path,
+) -> None:
+    table = tmp_path / "t.csv"
+    assert landscapes.measured_cells(table) == set()
+    row = landscapes.cell_row(2048, 4, [_window(10.0, True)], [None], (1.0, 2.0))
+    landscapes.append_row(table, ("made by: the command",), row)
+    landscapes.append_row(table, ("made by: the command",), {**row, "max_num_seqs": "8"})
+    assert landscapes.measured_cells(table) == {(2048, 4), (2048, 8)}
+    text = table.read_text()
+    assert text.startswith("# made by: the command\n") and text.count("# made by") == 1
+    assert replay.load_table(table)[(2048, 8)].goodput_tokens_per_s == 10.0
+
+
+def test_a_second_pass_is_measured_apart_and_pooled_with_the_first(tmp_path: Path) -> None:
+    table = tmp_path / "t.csv"
+    first = [_window(100.0, True), _window(110.0, True), _window(120.0, True)]
+    second = [_window(10.0, False), _window(20.0, False), _window(400.0, True)]
+    landscapes.append_row(table, (), landscapes.cell_row(1, 4, first, [None] * 3, (0, 0), 1))
+    assert landscapes.measured_cells(table, 2) == set()
+    landscapes.append_row(table, (), landscapes.cell_row(1, 4, second, [None] * 3, (0, 0), 2))
+    assert landscapes.measured_cells(table, 2) == {(1, 4)}
+    cell = replay.load_table(table)[(1, 4)]
+    assert cell.goodput_tokens_per_s == 105.0  # the median of all six windows
+    assert cell.feasible  # 4 of 6 windows
+
+
+def test_the_prefix_landscape_shares_one_prefix_per_group_and_window() -> None:
+    ls = landscapes.BY_NAME["prefix"]
+    first, second = ls.plan(0), ls.plan(1)
+    n, groups = ls.prefix_len, ls.prefix_groups
+    heads = [item.prompt[:n] for item in first]
+    assert all(heads[i] == heads[i % groups] for i in range(len(heads)))
+    assert len(set(heads)) == groups
+    assert {item.prompt[:n] for item in second}.isdisjoint(heads)  # each window starts cold
+    # The suffix is the request's own: same length rule as the workload's prompt_len.
+    assert all(32 <= len(item.prompt) - n <= 96 for item in first)
+
+
+def _table(goodput: dict[tuple[int, int], float]) -> replay.Table:
+    return {key: replay.Cell(value, True, "") for key, value in goodput.items()}
+
+
+def test_auto_tune_walks_max_num_seqs_ascending_at_the_largest_budget() -> None:
+    table = _table({(k, s): 1.0 for k in (1, 2) for s in (8, 4)})
+    assert replay.auto_tune_order(table) == [(2, 4), (2, 8)]
+
+
+def test_a_best_cell_first_in_grid_order_is_a_miss_said_so() -> None:
+    cells = {(k, s): 100.0 for k in (1, 2, 4) for s in (1, 2, 4)}
+    table = _table({**cells, (1, 1): 1000.0})  # the grid's first cell is the only good one
+    result = replay.replay("flat", table, seeds=4)
+    assert result.grid == 1
+    line = replay.verdict(result)
+    assert line.startswith("goal flat: NOT met (") and "grid reaches 95 % early" in line
 
 
 @pytest.mark.slow
