@@ -270,6 +270,7 @@ class Scenario:
     async def _burst_again(self, phase: Phase) -> None:
         await _until("the promoted server", self._scraping, 240)
         before, restarts = _preemptions(self.sidecar) or 0.0, self._remediations()
+        since = time.time()
         seen = {"pending": False, "firing": False}
 
         async def watch() -> None:
@@ -290,7 +291,7 @@ class Scenario:
             self._outcome(f"no spike: preemptions {before:.0f} -> {after:.0f}")
         else:
             self._outcome(f"spike came ({after - before:.0f} preemptions); "
-                          f"ladder: {self._last_remediation()}")  # fmt: skip
+                          f"ladder: {self._ladder_since(since, restarts)}")  # fmt: skip
 
     def _remediations(self) -> int:
         return len(self.sidecar.store.remediations(limit=100))
@@ -306,8 +307,22 @@ class Scenario:
         r = records[0]
         return f"{r.action} {r.state} (pid {r.old_pid} -> {r.new_pid}): {r.reason}"
 
+    def _ladder_since(self, since_wall_s: float, restarts: int) -> str:
+        """What the ladder did about this phase's spike: a remediation it ran, else its
+        newest decision in the audit (a recommendation), never an earlier phase's."""
+        if self._remediations() > restarts:
+            return self._last_remediation()
+        for record in self.sidecar.store.audit_records(since_wall_s=since_wall_s):
+            if record.target == STABLE and record.action not in _NOT_THE_LADDER:
+                return f"{record.action} {record.decision}: {record.reason}"
+        return "no decision yet"
+
     def _delivery(self, name: str, status: str) -> str:
         return next(d for d in self.h.deliveries if d.startswith(name) and status in d)
+
+
+# Audit rows of this phase that are not the ladder's answer to the spike.
+_NOT_THE_LADDER = frozenset({"alert", "circuit_breaker", "retune", "tune", "adopt"})
 
 
 def _memory_flags(argv: tuple[str, ...]) -> str:

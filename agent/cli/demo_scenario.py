@@ -20,6 +20,11 @@ BLOCK_TOKENS = 32
 # The tiny model keeps 1 KiB of KV per token: 2 MiB is 64 blocks of 32 tokens.
 KV_BYTES = 2 * 1024 * 1024
 KV_MAX_BYTES = 12 * 1024 * 1024  # tuning may go up to 384 blocks
+# Two trials are few: the search starts where the burst's 192 blocks fit, and at the
+# burst's own concurrency or near it, where a candidate can beat the stable server. A
+# wider space is searched the same way; it needs more trials to find the cure.
+KV_MIN_BYTES = 6 * 1024 * 1024
+MIN_NUM_SEQS = 12
 WEBHOOK_SECRET_BYTES = 24
 
 
@@ -127,9 +132,9 @@ def demo_config(
         "strategy": "parallel",
         "canary_port": canary_port,
         "memory_knob": "kv_cache_memory_bytes",
-        "kv_min_bytes": KV_BYTES,
+        "kv_min_bytes": KV_MIN_BYTES,
         "kv_max_bytes": KV_MAX_BYTES,
-        "min_num_seqs": 4,
+        "min_num_seqs": MIN_NUM_SEQS,
         "max_num_seqs": 16,
         "workload": {
             "requests": BURST.requests,

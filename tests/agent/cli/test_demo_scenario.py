@@ -8,6 +8,7 @@ from kvpilot.agent.cli.demo_scenario import (
     BURST,
     KV_BYTES,
     KV_MAX_BYTES,
+    KV_MIN_BYTES,
     PHASES,
     STABLE,
     STEADY,
@@ -40,11 +41,15 @@ def test_the_steady_load_fits_and_the_burst_does_not() -> None:
     assert BURST.concurrency * BURST.blocks_each() > 2 * blocks
 
 
-def test_tuning_can_reach_a_budget_the_burst_fits_in() -> None:
+def test_every_budget_tuning_tries_holds_the_burst_the_stable_cannot() -> None:
     space = build_study(_config(), _config().tuning).space
     memory = next(k for k in space.knobs if k.name == "kv_cache_memory_bytes")
-    assert memory.low == KV_BYTES and memory.high == KV_MAX_BYTES
-    assert BURST.concurrency * BURST.blocks_each() <= _blocks(KV_MAX_BYTES)
+    seqs = next(k for k in space.knobs if k.name == "max_num_seqs")
+    assert memory.low == KV_MIN_BYTES and memory.high == KV_MAX_BYTES
+    assert BURST.concurrency * BURST.blocks_each() <= _blocks(KV_MIN_BYTES)
+    assert BURST.concurrency * BURST.blocks_each() > _blocks(KV_BYTES)
+    assert seqs.low is not None and seqs.high is not None
+    assert seqs.low <= BURST.concurrency <= seqs.high  # it can run the burst at once
 
 
 def test_the_configuration_restarts_on_a_spike_and_pins_the_canary_apart() -> None:
