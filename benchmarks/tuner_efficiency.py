@@ -65,6 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seqs", default=SEQS, help="max_num_seqs values")
     parser.add_argument("--repeats", type=int, default=3, help="windows per landscape and cell")
     parser.add_argument("--pass", dest="pass_", type=int, default=1, help="1, 2, ...: again")
+    parser.add_argument(
+        "--shuffled", action="store_true", help="measure the cells in an order shuffled by pass"
+    )
     parser.add_argument("--server-cpus", default="0", help="the server's cores ('' = unpinned)")
     parser.add_argument("--loadgen-cpus", default="1", help="the load generator's cores")
     parser.add_argument("--seeds", type=int, default=50, help="replay: seeds per strategy")
@@ -83,11 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "benchmarks/tuner_efficiency.py", "--measure", "--landscapes", ",".join(names),
             "--kv-blocks", args.kv_blocks, "--seqs", args.seqs, "--repeats", str(args.repeats),
             "--server-cpus", args.server_cpus, "--loadgen-cpus", args.loadgen_cpus,
-            "--pass", str(args.pass_),
+            "--pass", str(args.pass_), *(["--shuffled"] if args.shuffled else []),
         ]  # fmt: skip
         command = " ".join(shlex.quote(a) for a in explicit)
         measure(chosen, _ints(args.kv_blocks), _ints(args.seqs), args.repeats, pinning,
-                f".venv/bin/python {command}", args.pass_)  # fmt: skip
+                f".venv/bin/python {command}", args.pass_, args.shuffled)  # fmt: skip
         return 0
     finish = (
         f".venv/bin/python benchmarks/tuner_efficiency.py --measure --kv-blocks {args.kv_blocks} "

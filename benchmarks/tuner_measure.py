@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -164,45 +165,54 @@ def measure(
     pinning: Pinning,
     command: str,
     pass_: int = 1,
+    shuffled: bool = False,
 ) -> None:
-    """Every cell (max_num_seqs outer, KV inner) that some landscape lacks in this pass."""
+    """Every cell that some landscape lacks in this pass: max_num_seqs outer, KV inner, or in
+    an order shuffled by the pass number, so that a drift in the machine's load over the pass
+    does not follow the grid's rows and columns."""
     if pinning.loadgen_cpus:
         os.sched_setaffinity(0, pinning.loadgen_cpus)
-    for n_seqs in seqs:
-        for blocks in kv_blocks:
-            kv_bytes = blocks * BYTES_PER_BLOCK
-            key = (kv_bytes, n_seqs)
-            todo = [ls for ls in landscapes if key not in measured_cells(ls.table, pass_)]
-            if not todo:
-                continue
-            started = time.monotonic()
-            cell = measure_cell(kv_bytes, n_seqs, todo, repeats, pinning)
-            for landscape in todo:
-                w = cell[landscape.name]
-                row = cell_row(
-                    kv_bytes,
-                    n_seqs,
-                    w.results,
-                    w.hit_ratios,
-                    (w.measure_s, w.server_start_s),
-                    pass_,
-                )
-                header = (
-                    f"made by: {command}",
-                    f"landscape: {landscape.name}; prefix {landscape.prefix_len} tokens "
-                    f"shared by {landscape.prefix_groups} groups",
-                    f"workload: {landscape.workload}",
-                    f"slo: {landscape.slo}",
-                    f"server: --max-num-batched-tokens max({MAX_NUM_BATCHED_TOKENS}, seqs) "
-                    f"--enable-prefix-caching; pinned {pinning}",
-                )
-                append_row(landscape.table, header, row)
-                print(
-                    f"{landscape.name} kv={blocks} blocks seqs={n_seqs} pass {pass_}: "
-                    f"goodput {row['goodput_tokens_per_s']} "
-                    f"[{row['goodput_windows']}] feasible {row['windows_feasible']} "
-                    f"{row['reason'][:80]}",
-                    flush=True,
-                )
-            spent = time.monotonic() - started
-            print(f"cell kv={blocks} seqs={n_seqs} pass {pass_}: {spent:.0f} s", flush=True)
+    cells = [(n_seqs, blocks) for n_seqs in seqs for blocks in kv_blocks]
+    if shuffled:
+        random.Random(pass_).shuffle(cells)
+    for n_seqs, blocks in cells:
+        kv_bytes = blocks * BYTES_PER_BLOCK
+        key = (kv_bytes, n_seqs)
+        todo = [ls for ls in landscapes if key not in measured_cells(ls.table, pass_)]
+        if not todo:
+            continue
+        started = time.monotonic()
+        cell = measure_cell(kv_bytes, n_seqs, todo, repeats, pinning)
+        for landscape in todo:
+            w = cell[landscape.name]
+            row = cell_row(
+                kv_bytes,
+                n_seqs,
+                w.results,
+                w.hit_ratios,
+                (w.measure_s, w.server_start_s),
+                pass_,
+            )
+            header = (
+                f"made by: {command}",
+                f"landscape: {landscape.name}; prefix {landscape.prefix_len} tokens "
+                f"shared by {landscape.prefix_groups} groups",
+                f"workload: {landscape.workload}",
+                f"slo: {landscape.slo}",
+                f"server: --max-num-batched-tokens max({MAX_NUM_BATCHED_TOKENS}, seqs) "
+                f"--enable-prefix-caching; pinned {pinning}",
+            )
+            append_row(landscape.table, header, row)
+            print(
+                f"{landscape.name} kv={blocks} blocks seqs={n_seqs} pass {pass_}: "
+                f"goodput {row['goodput_tokens_per_s']} "
+                f"[{row['goodput_windows']}] feasible {row['windows_feasible']} "
+                f"{row['reason'][:80]}",
+                flush=True,
+            )
+        spent = time.monotonic() - started
+        load = os.getloadavg()[0]
+        print(
+            f"cell kv={blocks} seqs={n_seqs} pass {pass_}: {spent:.0f} s, load {load:.1f}",
+            flush=True,
+        )

@@ -20,6 +20,7 @@ A trial is a lookup of the asked cell; a cell is feasible when most of its windo
 from __future__ import annotations
 
 import csv
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -276,6 +277,17 @@ def pass_cells(path: Path, grid: Sequence[tuple[int, int]]) -> dict[int, int]:
     return counts
 
 
+def excluded_passes(path: Path) -> dict[int, str]:
+    """Passes the table's header sets aside, each with its reason: a comment line
+    `# pass N: ...; not replayed: WHY` (the rows stay, for the record)."""
+    found: dict[int, str] = {}
+    for line in path.read_text().splitlines():
+        match = re.match(r"# pass (\d+):.*; not replayed: (.+)$", line)
+        if match:
+            found[int(match.group(1))] = match.group(2).strip()
+    return found
+
+
 def measured_seconds(path: Path, passes: set[int]) -> tuple[float, float] | None:
     """These passes' measurement wall time: the windows, and the server starts of the cells."""
     lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
@@ -298,10 +310,13 @@ def replay_tables(
             continue
         # Only complete passes are pooled: a pass measured in part, at another time and
         # load, would favour the cells it reached. Only the grid's cells are replayed.
+        # A pass the header sets aside (measured under another load) is not pooled either.
         counts = pass_cells(path, grid)
-        complete = {n for n, cells in counts.items() if cells == len(grid)}
+        excluded = excluded_passes(path)
+        complete = {n for n, c in counts.items() if c == len(grid) and n not in excluded}
         passes_note = ", ".join(
-            f"pass {n}: {cells} of {len(grid)} cells{'' if n in complete else ', not used'}"
+            f"pass {n}: {cells} of {len(grid)} cells"
+            + ("" if n in complete else f", not used ({excluded.get(n, 'incomplete')})")
             for n, cells in sorted(counts.items())
         )
         loaded = load_table(path, complete or None)

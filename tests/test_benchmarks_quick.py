@@ -97,6 +97,24 @@ def test_a_second_pass_is_measured_apart_and_pooled_with_the_first(tmp_path: Pat
     assert cell.feasible  # 4 of 6 windows
 
 
+def test_a_pass_the_header_sets_aside_is_named_and_not_pooled(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = tmp_path / "t.csv"
+    loaded = [_window(900.0, True)] * 3
+    quiet = [_window(100.0, True)] * 3
+    header = ("pass 1: 18:38-19:24 UTC; not replayed: measured under load average 4-19",)
+    landscapes.append_row(table, header, landscapes.cell_row(1, 4, loaded, [None] * 3, (0, 0), 1))
+    landscapes.append_row(table, header, landscapes.cell_row(1, 4, quiet, [None] * 3, (0, 0), 2))
+    assert replay.excluded_passes(table) == {1: "measured under load average 4-19"}
+    # The replay pools the complete passes it may use: here pass 2 only.
+    assert replay.load_table(table, {2})[(1, 4)].goodput_tokens_per_s == 100.0
+    replay.replay_tables([("t", table, "finish")], [(1, 4)], seeds=1)
+    out = capsys.readouterr().out
+    assert "best 100 tok/s" in out
+    assert "pass 1: 1 of 1 cells, not used (measured under load average 4-19)" in out
+
+
 def test_the_prefix_landscape_shares_one_prefix_per_group_and_window() -> None:
     ls = landscapes.BY_NAME["prefix"]
     first, second = ls.plan(0), ls.plan(1)
@@ -129,7 +147,7 @@ def test_a_best_cell_first_in_grid_order_is_a_miss_said_so() -> None:
 
 @pytest.mark.slow
 def test_soak_runs_against_every_kind_of_flapping_server() -> None:
-    # 90 s: the agent must survive every mode and report each goal; the figures are for
+    # 45 s: the agent must survive every mode and report each goal; the figures are for
     # the 30-minute run, not asserted here (the machine is shared).
     out = _run("soak.py", "--quick")
     assert "modes ok, restart, garbage, drip, huge, refused, nan" in out

@@ -104,11 +104,18 @@ def summary_line(summary: SessionSummary) -> str:
         f" {format_bytes_or(cand.memory_bytes, 'memory unknown')})"
     )
     if base is None:
-        return text + "; baseline unknown"
-    return (
-        f"{text}; baseline {_tok_s(base.goodput_tokens_per_s)},"
-        f" {format_bytes_or(base.memory_bytes, 'memory unknown')}"
-    )
+        text += "; baseline unknown"
+    else:
+        text += (
+            f"; baseline {_tok_s(base.goodput_tokens_per_s)},"
+            f" {format_bytes_or(base.memory_bytes, 'memory unknown')}"
+        )
+    # Each promotion passed against the stable of its time, so the stable ends on the last
+    # one, which need not be the trial with the highest goodput: say which it is.
+    promoted = summary.promoted
+    if promoted and promoted[-1] is not top:
+        text += f"; the stable runs trial {promoted[-1].trial.number}'s flags (last promoted)"
+    return text
 
 
 def _tok_s(value: float | None) -> str:

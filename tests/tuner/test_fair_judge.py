@@ -194,6 +194,20 @@ def test_the_summary_line_is_rounded_and_names_the_baseline() -> None:
     )
 
 
+def test_the_summary_line_names_the_last_promoted_trial_when_it_is_not_the_best() -> None:
+    from kvpilot.tuner.rollout import Phase, RolloutOutcome, RolloutRecord
+
+    old, best = _trials()
+    promoted = RolloutRecord("t1", Strategy.PARALLEL, Phase.PROMOTED, (), (), 5.0)
+    passed = RolloutRecord("t2", Strategy.PARALLEL, Phase.PROMOTED, (), (), 6.0)
+    # Trial 1 promoted last (say, a later run's order): the stable runs its flags.
+    outcomes = (RolloutOutcome(best, passed, None), RolloutOutcome(old, promoted, None))
+    line = summary_line(SessionSummary(outcomes, 0, "2 trials run", 1034.0))
+    assert line.endswith("; the stable runs trial 1's flags (last promoted)"), line
+    same = SessionSummary(outcomes[::-1], 0, "2 trials run", 1034.0)
+    assert "last promoted" not in summary_line(same)
+
+
 def test_the_summary_line_without_a_baseline_says_unknown() -> None:
     old = _trials()[0]
     line = summary_line(_summary([old], None))
