@@ -168,6 +168,7 @@ async def _run(
                 tuning = pod_scheduled_tuning(
                     config, runtime, remediator, store, api_key=api_key,
                     vllm_version=lambda: _version(sidecar, stable_name(runtime.instances())),
+                    workload=workload_now,
                 )  # fmt: skip
             retune = retune_watch(
                 config.tuning.retune, store, instances=runtime.instances,

@@ -144,8 +144,12 @@ def tune(
             chosen = workload_cli.choose_for_tune(cfg, tuning, sidecar_url, observe_s)
             study = build_study(cfg, tuning, read_gpu(), chosen=chosen)
         else:
+            if tuning.canary.traffic == "replay":  # live traffic is its own workload
+                chosen = workload_cli.choose_for_tune(cfg, tuning, sidecar_url, observe_s)
             with strict_reads():  # the Deployment's flags, never the process's view of them
-                study = pod_study(cfg, pod, tuning)
+                stable_url = next(i.url for i in pod.instances() if i.role == "stable")
+                version = asyncio.run(server_version(stable_url, api_key=_api_key(cfg)))
+                study = pod_study(cfg, pod, tuning, version, chosen)
     except (ValueError, StudyError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--config") from exc
     except RuntimeFailure as exc:  # the API server refused or did not answer

@@ -42,6 +42,7 @@ from kvpilot.agent.tuning.study import (
     make_session,
     read_gpu,
 )
+from kvpilot.agent.tuning.workload_choice import WorkloadChoice
 from kvpilot.tuner.rollout import Recovered, RolloutSettings, recover
 from kvpilot.tuner.session import TuningBlocked, TuningSession
 from kvpilot.tuner.trials import trial_from_dict, trial_to_dict
@@ -75,9 +76,12 @@ def pod_study(
     runtime: KubernetesRuntime,
     tuning: TuningConfig,
     vllm_version: str | None = None,
+    chosen: WorkloadChoice | None = None,
 ) -> Study:
     stable = pod_stable_spec(config, runtime)
-    return build_study(config, tuning, read_gpu(), stable=stable, vllm_version=vllm_version)
+    return build_study(
+        config, tuning, read_gpu(), stable=stable, vllm_version=vllm_version, chosen=chosen
+    )
 
 
 def pod_adapter(
@@ -132,13 +136,16 @@ class PodTuner:
         self.journal: HandoverJournal | None = None  # the current session's
         self._map = runtime.handover_map if isinstance(runtime, PodRuntime) else None
         self.vllm_version: Callable[[], str | None] = lambda: None  # the stable server's
+        # What a replay would send (the learned workload once its window is full).
+        self.workload: Callable[[], WorkloadChoice | None] = lambda: None
 
     async def study(self, tuning: TuningConfig | None = None) -> Study:
         tuning = tuning or self.config.tuning
         with strict_reads():  # the Deployment's flags, never the process's view of them
             study = await asyncio.to_thread(
-                pod_study, self.config, self.runtime, tuning, self.vllm_version()
-            )
+                pod_study, self.config, self.runtime, tuning, self.vllm_version(),
+                self.workload() if tuning.canary.traffic == "replay" else None,
+            )  # fmt: skip
             if tuning.canary.traffic != "replay" and self.traffic is None:
                 # The split of live traffic reads the stable Deployment's canary selector.
                 self.traffic = await asyncio.to_thread(

@@ -248,16 +248,19 @@ def pod_scheduled_tuning(
     *,
     api_key: str | None = None,
     vllm_version: Callable[[], str | None] = lambda: None,
+    workload: Callable[[], WorkloadChoice | None] = lambda: None,
 ) -> ScheduledTuning:
     """The pod's scheduled tuning: canary Deployments, promotion by patching the Deployment,
     one tuner per Deployment through its Lease (a firing that finds it held is skipped). The
-    study is read from the Deployment's live flags at each run."""
+    study is read from the Deployment's live flags at each run; a replay sends `workload`
+    (the learned one once its window is full), live traffic is its own workload."""
     tuning = config.tuning
     assert tuning.schedule is not None
     name = runtime.target.stable_name
     tuner = PodTuner(config, runtime, store.db, remediation_in_progress=remediator.in_progress,
                      api_key=api_key)  # fmt: skip
     tuner.vllm_version = vllm_version  # into the study's fingerprint
+    tuner.workload = workload
 
     def audit(decision: str, reason: str) -> None:
         store.record_audit(
@@ -288,9 +291,12 @@ def pod_scheduled_tuning(
             note(await tuner.recover(study))
             if remediator.config.dry_run:
                 return _plan(study, store)
+            replayed = study.choice if tuning.canary.traffic == "replay" else None
+            if replayed is not None:
+                remember_workload(store, replayed, time.time())
             summary = await tuner.session(study).run(tuning.trials)
         scheduled.on_tuned()
-        return summary_line(summary)
+        return summary_line(summary) + (f"; {replayed.describe()}" if replayed else "")
 
     scheduled = ScheduledTuning(
         tuning.schedule, run_once, remediation_in_progress=remediator.in_progress, audit=audit,

@@ -99,3 +99,46 @@ def test_a_pod_tuner_on_live_traffic_splits_it_through_the_configured_route(fake
     observer, _ = make_observer(asyncio.run(tuner.study()), traffic=tuner.traffic)
     assert isinstance(observer, LiveTrafficObserver)
     store.close()
+
+
+def test_a_pod_replay_sends_the_learned_workload_live_traffic_does_not(fake, tmp_path) -> None:
+    from kvpilot.agent.config.tuning import TuningConfig
+    from kvpilot.agent.tuning.workload_choice import choose_workload
+    from kvpilot.agent.tuning.workload_window import WorkloadWindow
+    from tests.agent.tuning.workload_scrapes import served
+
+    fake.add_deployment(base_deployment(8000))
+    store = StateStore.open(tmp_path / "state")
+    window = WorkloadWindow(3600)
+    window.observe(served(0, at_s=0.0, prompt=300))
+    window.observe(served(400, at_s=400.0, prompt=300))
+    learned = choose_workload(TuningConfig(), window.shape())
+    assert learned.source == "learned"
+    replay = _config(fake, tmp_path, "replay")
+    tuner = PodTuner(replay, build_pod_runtime(replay, replay.runtime, {"POD_NAME": "a"}), store.db)
+    configured = asyncio.run(tuner.study())
+    tuner.workload = lambda: learned
+    study = asyncio.run(tuner.study())
+    assert study.choice == learned and study.workload == learned.workload
+    assert study.fingerprint != configured.fingerprint  # the coarse shape is in it
+
+    live = _config(fake, tmp_path, "gateway")
+    tuner = PodTuner(live, build_pod_runtime(live, live.runtime, {"POD_NAME": "a"}), store.db)
+    tuner.workload = lambda: learned
+    assert asyncio.run(tuner.study()).choice != learned  # live traffic is its own workload
+    store.close()
+
+
+def _config(fake, tmp_path: Path, traffic: str):  # type: ignore[no-untyped-def]
+    canary = {"traffic": traffic}
+    if traffic == "gateway":
+        canary |= {"gateway": {"httproute": "vllm", "stable_service": "vllm",
+                               "canary_service": "vllm-kvpilot-canary"}}  # fmt: skip
+    config = validate_config({
+        "state_dir": str(tmp_path / "state"),
+        "runtime": {"kind": "pod", "port": 8000, "model_config": str(TINY),
+                    "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host}},
+        "tuning": {"trials": 1, "memory_knob": "kv_cache_memory_bytes", "canary": canary},
+    }, warn=False)  # fmt: skip
+    assert isinstance(config.runtime, PodRuntimeConfig)
+    return config

@@ -64,3 +64,42 @@ def test_a_refused_read_names_the_role(fake, tmp_path) -> None:
     assert result.exit_code == 1
     assert "may not 'get' deployments.apps" in result.output
     assert "the Role 'kvpilot' grants it" in result.output
+
+
+def test_the_study_holds_the_stable_servers_vllm_version(fake, tmp_path) -> None:
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Version(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"version": "0.32.0"}).encode()
+            self.send_response(200 if self.path == "/version" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Version)
+    port = server.server_address[1]
+    fake.add_deployment(base_deployment(port))
+    path = pod_yaml(fake, tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["runtime"]["port"] = port
+    path.write_text(yaml.safe_dump(data))
+
+    def study() -> str:
+        result = tune("--config", str(path), "--dry-run")
+        assert result.exit_code == 0, result.output
+        return next(line for line in result.output.splitlines() if line.startswith("study "))
+
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        known = study()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert study() != known  # refused: the study without the version, another fingerprint
