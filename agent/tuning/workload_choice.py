@@ -32,7 +32,10 @@ class WorkloadChoice:
     def served(self) -> str:
         """The study fingerprint's workload part."""
         if self.source == "learned" and self.key is not None:
-            return "learned:" + self.key
+            # The burst factor is the configuration's, not the traffic's: bursts are another
+            # load, so another study (plain Poisson keeps the key alone, as before).
+            burst = getattr(self.workload, "burst_factor", 1.0)
+            return "learned:" + self.key + (f";burst={burst:g}" if burst != 1.0 else "")
         return workload_hash(self.workload)
 
     def describe(self) -> str:

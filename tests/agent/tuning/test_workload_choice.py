@@ -45,6 +45,14 @@ def test_at_the_floor_the_learned_workload_with_its_key() -> None:
     assert "200 requests" in choice.reason
 
 
+def test_a_burst_factor_is_another_study_and_plain_poisson_keeps_the_key() -> None:
+    plain = choose_workload(TuningConfig(), _shape(200))
+    bursty = choose_workload(TuningConfig(learn={"burst_factor": 4}), _shape(200))
+    assert plain.served() == "learned:" + (plain.key or "")
+    assert bursty.key == plain.key  # the traffic's shape is the same
+    assert bursty.served() == plain.served() + ";burst=4"
+
+
 def test_no_window_disabled_or_a_configured_floor() -> None:
     none = choose_workload(TuningConfig(), None, no_shape="no sidecar answered")
     assert (none.source, none.reason) == ("configured", "no learned workload: no sidecar answered")
