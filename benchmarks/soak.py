@@ -1,7 +1,7 @@
 """Soak: one `kvpilot run` at 1 Hz against servers that flap in rotation, for half an hour.
 
     .venv/bin/python benchmarks/soak.py                  # 30 minutes, 7 servers
-    .venv/bin/python benchmarks/soak.py --quick          # 90 s, every mode seen at least once
+    .venv/bin/python benchmarks/soak.py --quick          # 45 s, every mode seen at least once
     .venv/bin/python benchmarks/soak.py --minutes 10 --rotate-s 15
 
 The servers are stand-ins on loopback, all served by one helper process (this file with
@@ -310,10 +310,10 @@ def main() -> None:
     parser.add_argument("--rotate-s", type=float, default=20.0)
     # The windows keep 600 s of samples: growth is measured once they are full.
     parser.add_argument("--warmup-s", type=float, default=620.0)
-    parser.add_argument("--quick", action="store_true", help="90 s, rotating every 5 s")
+    parser.add_argument("--quick", action="store_true", help="45 s, rotating every 3 s")
     args = parser.parse_args()
     if args.quick:
-        args.minutes, args.rotate_s, args.warmup_s = 1.5, 5.0, 10.0
+        args.minutes, args.rotate_s, args.warmup_s = 0.6, 3.0, 8.0
     raise SystemExit(run(args.minutes, args.servers, args.rotate_s, args.warmup_s))
 
 
