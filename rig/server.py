@@ -64,10 +64,6 @@ class ServerSpec:
     extra_env: tuple[tuple[str, str], ...] = ()
     # Pin the server to these CPUs (os.sched_setaffinity in the child); empty = no pinning.
     cpus: tuple[int, ...] = ()
-    # "uni": the worker runs inside the engine core, as vLLM does on a GPU with one device,
-    # one process (and one import of vLLM and torch) fewer per start than the CPU build's
-    # default, a worker process of its own (None; benchmarks/server_start.py compares them).
-    executor: str | None = "uni"
 
     @property
     def url(self) -> str:
@@ -89,8 +85,6 @@ def build_argv(spec: ServerSpec, python: str = sys.executable) -> list[str]:
         "--max-model-len", str(spec.max_model_len),
         "--block-size", str(spec.block_size),
     ]  # fmt: skip
-    if spec.executor is not None:
-        argv += ["--distributed-executor-backend", spec.executor]
     if spec.max_num_seqs is not None:
         argv += ["--max-num-seqs", str(spec.max_num_seqs)]
     if spec.kv_cache_memory_bytes is not None:

@@ -42,6 +42,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         )
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that want the machine quiet go last (a stable sort keeps each group's
+    order): the shared servers are then closed once, not started again after each of them."""
+    items.sort(key=lambda item: "quiet_machine" in getattr(item, "fixturenames", ()))
+
+
 class ServerPool:
     """Starts each configuration once per session and keeps at most `keep` of them alive."""
 

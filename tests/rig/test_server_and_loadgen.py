@@ -64,10 +64,6 @@ def test_argv_is_a_list_and_env_controls_the_plugin() -> None:
     assert argv[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
     assert argv[argv.index("--port") + 1] == "1234"
     assert argv[argv.index("--api-key") + 1] == "secret"
-    # The worker inside the engine core by default; None keeps the CPU build's own default.
-    assert argv[argv.index("--distributed-executor-backend") + 1] == "uni"
-    default = build_argv(dataclasses.replace(spec, executor=None), python="python")
-    assert "--distributed-executor-backend" not in default
     env = build_env(spec, base={"PATH": "/bin", "VLLM_PLUGINS": "x"})
     assert env["KVPILOT_KVPOOL_PORT"] == "5678"
     assert "kvpilot_kvpool" not in env["VLLM_PLUGINS"].split(",")

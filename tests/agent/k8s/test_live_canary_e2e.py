@@ -69,8 +69,7 @@ def deployment(port: int) -> dict:
         "--model", str(TINY_MODEL_DIR), "--served-model-name", "tiny-llama",
         "--host", "0.0.0.0", f"--port={port}", "--load-format", "dummy",
         "--skip-tokenizer-init", "--dtype", "bfloat16", "--enforce-eager",
-        "--distributed-executor-backend", "uni", "--max-model-len", "1024", "--block-size", "32",
-        f"--kv-cache-memory-bytes={POOR}",
+        "--max-model-len", "1024", "--block-size", "32", f"--kv-cache-memory-bytes={POOR}",
     ]  # fmt: skip
     vllm["ports"][0]["containerPort"] = port
     return body
