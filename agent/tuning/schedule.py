@@ -1,6 +1,7 @@
 """Tuning on a schedule inside `kvpilot run`, its restarts through the remediator.
 
-A firing of `tuning.schedule` runs one tuning session beside the collection loop. It is
+A firing of `tuning.schedule` runs one tuning session beside the collection loop. One that
+comes while kvpilot is still starting its servers is deferred until they are up. It is
 skipped, with an audit record, while a remediation is planned or running, within the
 remediation cooldown of the last restart of the stable instance (a run there would measure a
 server still warming up, and could not promote anyway) or while the last run is still going; a
@@ -89,6 +90,7 @@ class ScheduledTuning:
         self._run_once = run_once
         self._recover = recover or _nothing
         self._started = False
+        self._deferred = False  # a firing came while the servers were starting
         self._remediating = remediation_in_progress
         self._cooling_down = cooling_down
         self._audit = audit
@@ -110,16 +112,24 @@ class ScheduledTuning:
 
     async def start_up(self) -> None:
         """Once the servers have started: recover a trial an earlier kvpilot left open, then
-        let firings run (one before this would race the recovery and a starting server)."""
+        let firings run (one before this would race the recovery and a starting server). A
+        firing that came meanwhile runs now, rather than waiting for the next one (a day,
+        with a daily schedule)."""
         try:
             await self._recover()
         finally:
             self._started = True
+        if self._deferred:
+            self._deferred = False
+            await self.fire()
 
     async def fire(self) -> str:
         """One firing: run a session unless something says not now; returns what happened."""
         if not self._started:
-            return self._note("skipped", "kvpilot is still starting its servers")
+            self._deferred = True
+            return self._note(
+                "deferred", "kvpilot is still starting its servers: the run follows once they are"
+            )
         if self.running:
             return self._note("skipped", "the previous tuning run is still going")
         if self._remediating():

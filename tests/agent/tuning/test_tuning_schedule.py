@@ -52,14 +52,19 @@ def test_the_schedule_is_a_crontab_line_in_utc() -> None:
     assert at == datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
 
 
-def test_no_run_starts_before_the_servers_have_started() -> None:
+def test_a_firing_before_the_servers_have_started_runs_once_they_are() -> None:
     async def main() -> None:
         s = Scheduled()
-        assert await s.tuning.fire() == "skipped: kvpilot is still starting its servers"
+        deferred = "deferred: kvpilot is still starting its servers: the run follows once they are"
+        assert await s.tuning.fire() == deferred
+        assert await s.tuning.fire() == deferred  # two firings meanwhile: one run
         assert s.runs == 0
-        await s.tuning.start_up()
         s.release.set()
-        assert await s.tuning.fire() == "finished: ran 3 trials"
+        await s.tuning.start_up()
+        assert s.runs == 1
+        assert [d for d, _ in s.audits] == ["deferred", "deferred", "started", "finished"]
+        await s.tuning.start_up()  # nothing deferred any more
+        assert s.runs == 1
 
     asyncio.run(main())
 
