@@ -3,7 +3,7 @@
 watching 1, 8 and 32 servers, for a baseline commit and the current tree, in the same run.
 
     .venv/bin/python benchmarks/agent_footprint.py                    # 1, 8, 32 servers, 60 s
-    .venv/bin/python benchmarks/agent_footprint.py --quick            # 1, 2 servers, 8 s
+    .venv/bin/python benchmarks/agent_footprint.py --quick            # 1, 2 servers, 4 s
     .venv/bin/python benchmarks/agent_footprint.py --servers 1,8 --span 120 --baseline REV
 
 The servers are stand-ins. One helper process (its CPU is not counted) serves on loopback,
@@ -668,7 +668,7 @@ def _servers(text: str) -> list[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="8 s, 1 and 2 servers, one round")
+    parser.add_argument("--quick", action="store_true", help="4 s, 1 and 2 servers, one round")
     parser.add_argument("--span", type=float, help="measured seconds per run (default 60)")
     parser.add_argument("--servers", type=_servers, help="server counts (default 1,8,32)")
     parser.add_argument("--baseline", default=DEFAULT_BASELINE, help="the baseline commit")
@@ -680,7 +680,7 @@ def main() -> None:
         serve_payloads(args.serve_payloads)
         return
     quick = args.quick
-    args.span = args.span if args.span is not None else (8.0 if quick else 60.0)
+    args.span = args.span if args.span is not None else (4.0 if quick else 60.0)
     args.servers = args.servers or ([1, 2] if quick else [1, 8, 32])
     args.rounds = args.rounds if args.rounds is not None else (1 if quick else 2)
     args.warmup = args.warmup if args.warmup is not None else (2 if quick else 10)
