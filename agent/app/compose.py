@@ -47,6 +47,7 @@ from kvpilot.agent.tuning.schedule import (
 )
 from kvpilot.agent.tuning.study import StudyError
 from kvpilot.agent.tuning.workload_choice import WorkloadChoice, window_choice
+from kvpilot.agent.tuning.workload_keep import WindowKeeper
 from kvpilot.agent.tuning.workload_window import WorkloadWindow
 from kvpilot.collectors.nvml import NvmlCollector
 from kvpilot.collectors.procfs import read_mem_available_bytes
@@ -113,6 +114,9 @@ async def _run(
                 margin_ratio=section.preflight.margin_ratio,
             )
             learned = WorkloadWindow(config.tuning.learn.window_s)  # the stable server's traffic
+            keeper = WindowKeeper(learned, store)  # the window outlives a restart of kvpilot
+            if config.tuning.learn.enabled:
+                log.info("learned workload: %s", keeper.restore())
 
             def workload_now() -> WorkloadChoice | None:  # what a tuning run would replay now
                 return window_choice(config, learned.shape())
@@ -220,6 +224,8 @@ async def _run(
                 if retune is not None:
                     retune.check()  # its alert reaches the tracker at the next tick
                 feed_window(learned, sidecar)
+                if config.tuning.learn.enabled:
+                    keeper.maybe_save()
                 if on_tick is not None:
                     on_tick(sidecar)
 
@@ -235,6 +241,8 @@ async def _run(
                     reload=reloader.reload if reloader else None,  # it logs its outcome
                 )
             finally:
+                if config.tuning.learn.enabled:
+                    keeper.save()
                 if tuning is not None:
                     await tuning.aclose()  # its rollout stops the canary, restores the stable
                 starting.cancel()

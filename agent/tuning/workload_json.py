@@ -20,6 +20,11 @@ def _buckets(h: Histogram) -> list[list[Any]]:
     return [["+Inf" if math.isinf(le) else le, count] for le, count in h.buckets]
 
 
+def histogram_json(h: Histogram) -> dict[str, Any]:
+    """A histogram as JSON (+Inf as the string "+Inf"); `histogram_from_json` reads it."""
+    return {"buckets": _buckets(h), "sum": h.sum, "count": h.count}
+
+
 def shape_json(shape: WorkloadShape) -> dict[str, Any]:
     """The shape with its quantiles and coarse key, for people and for `shape_from_json`."""
     return {
@@ -30,16 +35,8 @@ def shape_json(shape: WorkloadShape) -> dict[str, Any]:
         "block_size": shape.block_size,
         "coarse_key": coarse_key(shape),
         "quantiles": shape.quantiles(),
-        "prompt_tokens": {
-            "buckets": _buckets(shape.prompt_tokens),
-            "sum": shape.prompt_tokens.sum,
-            "count": shape.prompt_tokens.count,
-        },
-        "generation_tokens": {
-            "buckets": _buckets(shape.generation_tokens),
-            "sum": shape.generation_tokens.sum,
-            "count": shape.generation_tokens.count,
-        },
+        "prompt_tokens": histogram_json(shape.prompt_tokens),
+        "generation_tokens": histogram_json(shape.generation_tokens),
     }
 
 
@@ -71,6 +68,12 @@ def workload_json(
         "configured": tuning.workload.model_dump(mode="json"),
         "choice": chosen,
     }
+
+
+def histogram_from_json(data: Any) -> Histogram:
+    """A histogram `histogram_json` wrote; ShapeJsonError (or KeyError, TypeError,
+    ValueError) when it is not one."""
+    return _histogram(data)
 
 
 def _histogram(data: Any) -> Histogram:

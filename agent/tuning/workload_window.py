@@ -19,8 +19,8 @@ from kvpilot.tuner.learned import WorkloadShape
 
 
 @dataclass(frozen=True, slots=True)
-class _Increase:
-    """What one engine served between two scrapes."""
+class Increase:
+    """What one engine served between two scrapes (or, restored, within one minute)."""
 
     at_s: float
     prompt: Histogram | None
@@ -52,7 +52,7 @@ class WorkloadWindow:
             raise ValueError("window_s must be positive")
         self.window_s = window_s
         self._last: dict[EngineKey, EngineSample] = {}
-        self._increases: deque[_Increase] = deque()
+        self._increases: deque[Increase] = deque()
         self._first_s: float | None = None  # the oldest scrape the window still covers
         self._latest_s: float | None = None
         self._block_size: int | None = None
@@ -82,12 +82,43 @@ class WorkloadWindow:
         if self._first_s is not None and self._first_s < horizon:
             self._first_s = horizon
 
+    @property
+    def first_s(self) -> float | None:
+        """The oldest moment the window still covers (monotonic), None before any scrape."""
+        return self._first_s
+
+    @property
+    def block_size(self) -> int | None:
+        """The KV block size the stable server reported last."""
+        return self._block_size
+
+    def increases(self) -> tuple[Increase, ...]:
+        """What the window holds, oldest first (for `agent.tuning.workload_keep`)."""
+        return tuple(self._increases)
+
+    def restore(
+        self, increases: Iterable[Increase], first_s: float, block_size: int | None, now: float
+    ) -> None:
+        """Take back what an earlier kvpilot's window held (times already on this process's
+        monotonic clock), into a window that has seen nothing yet; what is older than the
+        window is dropped. The next scrape of each engine sets its base, as after a restart."""
+        if self._latest_s is not None:
+            raise RuntimeError("restore into a window that has already seen a scrape")
+        kept = sorted((i for i in increases if now - self.window_s < i.at_s <= now),
+                      key=lambda i: i.at_s)  # fmt: skip
+        if not kept:
+            return
+        self._increases.extend(kept)
+        self._first_s = max(min(first_s, kept[0].at_s), now - self.window_s)
+        self._latest_s = kept[-1].at_s
+        self._block_size = block_size
+
     def requests(self) -> int:
         """Requests finished within the window."""
         return round(sum(self._finished(i) for i in self._increases))
 
     @staticmethod
-    def _finished(i: _Increase) -> float:
+    def _finished(i: Increase) -> float:
         """Finished requests: the success counter, else the length histogram's count."""
         if i.finished > 0 or i.prompt is None:
             return i.finished
@@ -116,8 +147,8 @@ class WorkloadWindow:
         )
 
 
-def _increase(now: float, engine: EngineSample, before: EngineSample) -> _Increase:
-    return _Increase(
+def _increase(now: float, engine: EngineSample, before: EngineSample) -> Increase:
+    return Increase(
         at_s=now,
         prompt=_hist_increase(engine.request_prompt_tokens, before.request_prompt_tokens),
         generation=_hist_increase(
