@@ -52,7 +52,7 @@ class WindowKeeper:
         """Read the window back; returns what happened, for the log."""
         try:
             data = self._store.get_fact(WINDOW_FACT)
-        except ValueError as exc:  # a damaged JSON text in the row
+        except Exception as exc:  # a damaged JSON text, a locked database: start empty
             return f"the kept window is unreadable ({exc}); it starts empty"
         if data is None:
             return "no kept window; it starts empty"

@@ -221,3 +221,16 @@ def test_kvpilot_run_keeps_the_window_across_its_restart(tmp_path: Path) -> None
     assert learned > 0
     kept = asyncio.run(run(config(f"http://127.0.0.1:{free_port()}"), lambda: True))
     assert kept >= learned  # the ticks after the first's last answer are kept too
+
+
+def test_a_row_that_is_not_json_leaves_the_window_empty(tmp_path: Path) -> None:
+    store = StateStore.open(tmp_path)
+    with store.db.transaction() as conn:  # what a torn write could leave
+        conn.execute(
+            "INSERT INTO kv (key, value_json, updated_wall_s) VALUES (?, ?, ?)",
+            (WINDOW_FACT, "{not json", WALL0),
+        )
+    window = WorkloadWindow(3600)
+    said = WindowKeeper(window, store).restore()
+    assert said.startswith("the kept window is unreadable (") and window.requests() == 0
+    store.close()
