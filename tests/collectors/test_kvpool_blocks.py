@@ -16,14 +16,18 @@ from kvpilot.collectors.kvpool.blocks import (
     snapshot,
 )
 
-block_pool = pytest.importorskip("vllm.v1.core.block_pool")
-kv_cache_utils = pytest.importorskip("vllm.v1.core.kv_cache_utils")
+
+def _vllm(module: str):  # type: ignore[no-untyped-def]
+    """vLLM's module, imported by the first test that needs it: importing vLLM takes
+    seconds, which every collection of the suite would pay otherwise."""
+    return pytest.importorskip(module)
+
 
 BLOCK_SIZE = 16
 
 
 def new_pool(num_gpu_blocks: int, *, caching: bool = True):
-    return block_pool.BlockPool(num_gpu_blocks, caching, BLOCK_SIZE)
+    return _vllm("vllm.v1.core.block_pool").BlockPool(num_gpu_blocks, caching, BLOCK_SIZE)
 
 
 def allocate_all(pool) -> list:
@@ -84,7 +88,7 @@ def test_few_free_is_guarded() -> None:
 def test_free_cached_and_empty() -> None:
     pool = new_pool(41)
     blocks = pool.get_new_blocks(6)
-    hashes = [kv_cache_utils.BlockHash(bytes([i]) * 32) for i in range(6)]
+    hashes = [_vllm("vllm.v1.core.kv_cache_utils").BlockHash(bytes([i]) * 32) for i in range(6)]
     request = SimpleNamespace(block_hashes=hashes, request_id="r0")
     # The real prefix-caching path: the first four blocks become full and cached.
     pool.cache_full_blocks(request, blocks, 0, 4, BLOCK_SIZE, 0)
