@@ -53,6 +53,7 @@ class DemoSettings:
     pin_cpus: bool = True  # the stable server on core 0, the canary on core 1
     log_file: Path | None = None  # the whole log, beside the view's panel
     capture: Path | None = None  # the view's last screen as .txt and .svg (the README's)
+    trials: int = 2  # the tuning session's
 
 
 @dataclass(slots=True)
@@ -366,7 +367,7 @@ async def _run_demo(settings: DemoSettings) -> list[str]:
                     listen_port=settings.listen_port, server_port=server_port,
                     kvpool_port=free_port(), canary_port=free_port(), state_dir=state_dir,
                     webhook_url=receiver.url, webhook_secret=secret,
-                    cpus=(0, 1) if settings.pin_cpus else None,
+                    cpus=(0, 1) if settings.pin_cpus else None, trials=settings.trials,
                 )
             )  # fmt: skip
             view = DemoView() if settings.live_view else None

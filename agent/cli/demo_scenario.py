@@ -117,6 +117,7 @@ def demo_config(
     webhook_url: str,
     webhook_secret: str,
     cpus: tuple[int, int] | None,
+    trials: int = 2,
 ) -> dict[str, Any]:
     """The embedded default's sections, sized for the story; validated by the caller."""
     instance: dict[str, Any] = {
@@ -128,7 +129,7 @@ def demo_config(
     }
     tuning: dict[str, Any] = {
         "schedule": "0 0 1 1 *",  # the demo fires its session itself; the year's first minute
-        "trials": 2,
+        "trials": trials,
         "strategy": "parallel",
         "canary_port": canary_port,
         "memory_knob": "kv_cache_memory_bytes",

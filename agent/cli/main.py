@@ -291,6 +291,9 @@ def demo(
         Path | None,
         typer.Option(help="Write the view's last screen to PATH.txt and PATH.svg at the end."),
     ] = None,
+    trials: Annotated[
+        int, typer.Option(min=1, max=5, help="Trials of the tuning session (phase 3).")
+    ] = 2,
 ) -> None:
     """The whole loop on a local CPU vLLM: steady load, a burst that preempts and is
     restarted, a short tuning session, the burst again on the promoted flags."""
@@ -301,7 +304,7 @@ def demo(
     configure_logging(json_logs=False, level=logging.INFO)
     settings = DemoSettings(
         duration_s=duration, listen_port=listen_port, live_view=not no_view,
-        log_file=log_file, capture=capture,
+        log_file=log_file, capture=capture, trials=trials,
     )  # fmt: skip
     try:
         asyncio.run(run_demo(settings))
