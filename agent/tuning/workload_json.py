@@ -73,10 +73,6 @@ def workload_json(
 def histogram_from_json(data: Any) -> Histogram:
     """A histogram `histogram_json` wrote; ShapeJsonError (or KeyError, TypeError,
     ValueError) when it is not one."""
-    return _histogram(data)
-
-
-def _histogram(data: Any) -> Histogram:
     buckets = []
     for le, count in data["buckets"]:
         bound = math.inf if le == "+Inf" else float(le)
@@ -98,8 +94,8 @@ def shape_from_json(data: Any) -> WorkloadShape | None:
         ratio = learned["prefix_hit_ratio"]
         block = learned["block_size"]
         return WorkloadShape(
-            prompt_tokens=_histogram(learned["prompt_tokens"]),
-            generation_tokens=_histogram(learned["generation_tokens"]),
+            prompt_tokens=histogram_from_json(learned["prompt_tokens"]),
+            generation_tokens=histogram_from_json(learned["generation_tokens"]),
             rate_rps=float(learned["rate_rps"]),
             prefix_hit_ratio=None if ratio is None else float(ratio),
             requests=int(learned["requests"]),

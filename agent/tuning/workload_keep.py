@@ -10,6 +10,7 @@ cannot be read is logged with its reason and ignored: the window starts empty, a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -62,7 +63,7 @@ class WindowKeeper:
         except (KeyError, TypeError, ValueError) as exc:
             return f"the kept window is unreadable ({exc}); it starts empty"
         now = self._clock()
-        moved = [_shifted(i, -offset) for i in increases]
+        moved = [dataclasses.replace(i, at_s=i.at_s - offset) for i in increases]
         self._window.restore(moved, first_wall - offset, block, now)
         return f"restored {self._window.requests()} requests of the kept window"
 
@@ -173,7 +174,3 @@ def _checked(h: Histogram) -> Histogram:
     if any(not math.isfinite(c) or c < 0 for c in [*counts, h.count]) or not math.isfinite(h.sum):
         raise ValueError("a histogram with a negative or non-finite count")
     return h
-
-
-def _shifted(i: Increase, by_s: float) -> Increase:
-    return Increase(i.at_s + by_s, i.prompt, i.generation, i.finished, i.hits, i.queries)
