@@ -15,11 +15,14 @@ Two modes:
   the trials to reach 95 % of the table's best feasible goodput (median and spread over
   seeds), a one-sided Mann-Whitney U test of Bayesian against random search, and a verdict.
   Each cell pools the windows of the complete passes, except a pass the table's header sets
-  aside with a comment `# pass N: ...; not replayed: why`.
+  aside with a comment `# pass N: ...; not replayed: why`. `--reversed-kv` replays each
+  table with its KV budgets in reverse order (goodput falling as memory grows): what the
+  Bayesian suggester's rising-memory prior costs where it is wrong.
 
     .venv/bin/python benchmarks/tuner_efficiency.py --measure   # the committed tables
     .venv/bin/python benchmarks/tuner_efficiency.py             # replay every landscape
     .venv/bin/python benchmarks/tuner_efficiency.py --quick     # CI: a few seeds
+    .venv/bin/python benchmarks/tuner_efficiency.py --reversed-kv   # the prior's adversary
 
 `MEASURE_WORKLOAD`, `MEASURE_SLO`, `load_table` and `table_space` also describe the older
 single grid (`data/tuner_grid.csv`) that `scripts/record_tuning_fixture.py` replays.
@@ -76,6 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--loadgen-cpus", default="1", help="the load generator's cores")
     parser.add_argument("--seeds", type=int, default=50, help="replay: seeds per strategy")
     parser.add_argument("--quick", action="store_true", help="a short replay for CI")
+    parser.add_argument(
+        "--reversed-kv", action="store_true", help="replay with the KV budgets reversed"
+    )
     args = parser.parse_args(args_list)
     names = [n.strip() for n in args.landscapes.split(",") if n.strip()]
     unknown = [n for n in names if n not in BY_NAME]
@@ -102,7 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     tables = [(ls.name, ls.table, finish + ls.name) for ls in chosen]
     grid = [(b * BYTES_PER_BLOCK, n) for n in _ints(args.seqs) for b in _ints(args.kv_blocks)]
-    return replay_tables(tables, grid, seeds=5 if args.quick else args.seeds)
+    seeds = 5 if args.quick else args.seeds
+    return replay_tables(tables, grid, seeds, reverse_kv=args.reversed_kv)
 
 
 if __name__ == "__main__":

@@ -81,6 +81,18 @@ def _pooled(rows: list[dict[str, str]]) -> Cell:
     return Cell(statistics.median(windows), feasible, reason)
 
 
+def reversed_kv(table: Table) -> Table:
+    """The table with its KV budgets in reverse order: goodput falling as memory grows.
+
+    No engine behaves so; it is the adversary of the Bayesian suggester's prior (a trend
+    along the memory knob that may rise, never fall), replayed to show what that prior costs
+    where it is wrong.
+    """
+    kv = sorted({k for k, _ in table})
+    mirror = dict(zip(kv, reversed(kv), strict=True))
+    return {(mirror[k], s): cell for (k, s), cell in table.items()}
+
+
 def table_space(table: Table) -> SearchSpace:
     """The two knobs restricted to the measured levels (log scale, as the tuner uses them)."""
     kv = sorted({k for k, _ in table})
@@ -299,9 +311,14 @@ def measured_seconds(path: Path, passes: set[int]) -> tuple[float, float] | None
 
 
 def replay_tables(
-    tables: Sequence[tuple[str, Path, str]], grid: Sequence[tuple[int, int]], seeds: int
+    tables: Sequence[tuple[str, Path, str]],
+    grid: Sequence[tuple[int, int]],
+    seeds: int,
+    reverse_kv: bool = False,
 ) -> int:
-    """Replay each (name, table, command to finish it) measured over `grid`; one verdict each."""
+    """Replay each (name, table, command to finish it) measured over `grid`; one verdict each.
+
+    `reverse_kv` replays every table with its KV budgets reversed (`reversed_kv`)."""
     started = time.monotonic()
     for name, path, finish in tables:
         if not path.is_file():
@@ -321,6 +338,8 @@ def replay_tables(
         )
         loaded = load_table(path, complete or None)
         table = {key: cell for key, cell in loaded.items() if key in grid}
+        if reverse_kv:
+            table, name = reversed_kv(table), f"{name}-reversed-kv"
         missing = missing_cells(table, grid)
         if missing or not any(c.feasible for c in table.values()):
             why = (

@@ -165,3 +165,9 @@ def test_agent_footprint_runs_the_baseline_and_the_candidate() -> None:
         assert f"\n{servers} server(s)\n" in out
     assert out.count("ratio candidate / baseline") == 2
     assert "goal 1 server(s), CPU under 0.25 % of a core at 1 Hz: " in out
+
+
+def test_reversed_kv_mirrors_the_budgets_and_keeps_every_cell() -> None:
+    a, b, c = (replay.Cell(float(g), True, "") for g in (1, 2, 3))
+    table = {(1024, 8): a, (2048, 8): b, (4096, 8): c, (4096, 16): a}
+    assert replay.reversed_kv(table) == {(4096, 8): a, (2048, 8): b, (1024, 8): c, (1024, 16): a}

@@ -13,6 +13,7 @@ from kvpilot.tuner.suggest import (
     row_major_order,
     warm_start,
 )
+from kvpilot.tuner.suggest.bayes import MemoryTrend
 
 from .suggester_contract import (
     VALID_FINITE,
@@ -81,28 +82,69 @@ def test_first_points_come_from_the_safe_region() -> None:
 def test_infeasible_trials_are_never_told_to_the_optimiser(monkeypatch) -> None:
     import skopt
 
-    told: list[float] = []
+    told: list[tuple[float, ...]] = []
     original = skopt.Optimizer.tell
 
     def spy(self, x, y, fit=True):
-        told.extend(y if isinstance(y, list) else [y])
+        told.extend(tuple(point) for point in x)
         return original(self, x, y, fit)
 
     monkeypatch.setattr(skopt.Optimizer, "tell", spy)
-    suggester = BayesianSuggester(cliff_space(), seed=5, pool_size=300)
-    goodputs: set[float] = set()
+    space = cliff_space()
+    suggester = BayesianSuggester(space, seed=5, pool_size=300)
+    feasible: set[tuple[float, ...]] = set()
     infeasible = 0
     for _ in range(10):
         candidate = suggester.ask()
         result = cliff(candidate.as_dict())
         suggester.tell(candidate, result)
         if result.feasible:
-            goodputs.add(-(result.goodput_tokens_per_s or 0.0))
+            feasible.add(tuple(round(u, 9) for u in space.to_unit(candidate)))
         else:
             infeasible += 1
     assert told, "the optimiser was used"
-    assert set(told) <= goodputs
+    assert {tuple(round(u, 9) for u in point) for point in told} <= feasible
     assert infeasible >= 1, "the test needs an infeasible trial to mean anything"
+
+
+def test_the_memory_trend_may_rise_with_the_kv_budget_but_never_fall() -> None:
+    import numpy as np
+
+    xs = np.asarray([[0.2, 0.5], [0.5, 0.1], [0.8, 0.9]])
+    rising = np.asarray([-100.0, -200.0, -300.0])  # -goodput: goodput rises with memory
+    trend = MemoryTrend.fit(xs, rising, axis=0)
+    assert trend.slope == pytest.approx(-1000 / 3)
+    assert list(trend.at(xs)) == pytest.approx(list(rising))
+    falling = MemoryTrend.fit(xs, -rising, axis=0)
+    assert falling.slope == 0.0
+    assert list(falling.at(xs)) == pytest.approx([200.0] * 3)  # flat, at the trials' mean
+    assert MemoryTrend.fit(xs, rising, axis=None).slope == 0.0  # no memory knob: flat
+
+
+def test_a_rising_kv_trend_sends_the_search_to_the_memory_bound() -> None:
+    """After the first points show goodput rising with memory, the next trial tries the
+    largest budget the constraints allow rather than another uncertain edge."""
+    space = SearchSpace(
+        (
+            Knob("kv_cache_memory_bytes", KnobKind.INTEGER, 1 << 20, 1 << 24, log_scale=True,
+                 levels=tuple(1 << n for n in range(20, 25))),
+            Knob("max_num_seqs", KnobKind.INTEGER, 8, 128, log_scale=True,
+                 levels=(8, 16, 32, 64, 128)),
+        )
+    )  # fmt: skip
+
+    def goodput(values: dict) -> TrialResult:
+        memory = space.knobs[0].to_unit(values["kv_cache_memory_bytes"])
+        seqs = space.knobs[1].to_unit(values["max_num_seqs"])
+        return TrialResult(Outcome.FEASIBLE, 1000 + 1000 * memory - 200 * abs(seqs - 0.75),
+                           None, None)  # fmt: skip
+
+    for seed in range(5):
+        suggester = BayesianSuggester(space, seed=seed)
+        for _ in range(3):  # the initial points, from the safe region
+            candidate = suggester.ask()
+            suggester.tell(candidate, goodput(candidate.as_dict()))
+        assert suggester.ask()["kv_cache_memory_bytes"] == 1 << 24, f"seed {seed}"
 
 
 def test_the_feasibility_model_learns_a_memory_cliff_across_the_other_knob() -> None:

@@ -6,9 +6,18 @@ vLLM fails to start, crashes or breaks the SLO; the acquisition is expected impr
 times the probability of being feasible, evaluated on a pool of untried candidates that
 meet the constraints. No made-up value is ever told.
 
-The first points come from the planner's safe region (the memory knob pulled away from both
-bounds), stratified over every knob. numpy, scikit-learn and scikit-optimize are imported
-when a model is first needed, never at import time.
+The goodput model's prior mean is a trend along the memory knob that may rise but never
+fall: at equal other flags a larger KV budget holds more sequences with fewer preemptions,
+so goodput does not drop as it grows (the price of memory is the planner's and the
+feasibility model's business, and ties go to less memory). The trend is fitted to the
+trials; the Gaussian process models what it leaves. Without it the GP's mean reverts to the
+trials' average away from them, and expected improvement spends trials on every uncertain
+edge before the memory bound, where the best configuration usually lies.
+
+The first points (one more than the knobs: enough to fit the trend) come from the
+planner's safe region (the memory knob pulled away from both bounds), stratified over every
+knob. numpy, scikit-learn and scikit-optimize are imported when a model is first needed,
+never at import time.
 """
 
 from __future__ import annotations
@@ -17,9 +26,11 @@ import math
 import random
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from kvpilot.tuner.objective import TrialResult
-from kvpilot.tuner.space import Candidate, SearchSpace
+from kvpilot.tuner.space import MEMORY_KNOBS, Candidate, SearchSpace
 from kvpilot.tuner.suggest.base import SearchExhausted, objective_value
 
 Point = tuple[float, ...]
@@ -42,7 +53,10 @@ class BayesianSuggester:
         self._space = space
         self._seed = seed
         self._rng = random.Random(seed)
-        self._n_initial = n_initial_points or len(space.knobs) + 2
+        self._n_initial = n_initial_points or len(space.knobs) + 1
+        self._memory_axis = next(
+            (i for i, knob in enumerate(space.knobs) if knob.name in MEMORY_KNOBS), None
+        )
         self._initial = space.safe_region(safe_margin_ratio).latin_hypercube(
             self._n_initial, self._rng
         )
@@ -134,12 +148,13 @@ class BayesianSuggester:
             acq_optimizer_kwargs={"n_points": 64},
             random_state=self._seed,
         )
-        xs = [list(x) for x, _ in feasible]
-        ys = [-y for _, y in feasible]  # skopt minimises
-        optimizer.tell(xs, ys)
-        model = optimizer.models[-1]
+        xs = np.asarray(optimizer.space.transform([list(x) for x, _ in feasible]))
+        ys = np.asarray([-y for _, y in feasible])  # skopt minimises
+        trend = MemoryTrend.fit(xs, ys, self._memory_axis)
+        optimizer.tell(xs.tolist(), (ys - trend.at(xs)).tolist())
+        model = _Trended(optimizer.models[-1], trend)
         grid = np.asarray(optimizer.space.transform([list(u) for u in units]))
-        return [float(v) for v in gaussian_ei(grid, model, y_opt=min(ys), xi=self._xi)]
+        return [float(v) for v in gaussian_ei(grid, model, y_opt=float(ys.min()), xi=self._xi)]
 
     def _feasibility(self, units: Sequence[Point]) -> list[float]:
         labels = [y is not None for _, y in self._observed]
@@ -182,3 +197,44 @@ class BayesianSuggester:
         if not self._observed:
             return 1.0
         return min(math.dist(unit, x) for x, _ in self._observed)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryTrend:
+    """The prior mean of the minimised objective (-goodput): a line along the memory knob
+    that never rises, so goodput may grow with the KV budget but is never assumed to fall."""
+
+    intercept: float
+    slope: float  # <= 0
+    axis: int | None
+
+    @classmethod
+    def fit(cls, xs: Any, ys: Any, axis: int | None) -> MemoryTrend:
+        """Least squares on the memory coordinate; a rising fit (goodput falling) is flat."""
+        import numpy as np
+
+        if axis is None or len(ys) < 2 or float(np.ptp(xs[:, axis])) == 0.0:
+            return cls(float(np.mean(ys)), 0.0, None)
+        slope = min(0.0, float(np.polyfit(xs[:, axis], ys, 1)[0]))
+        return cls(float(np.mean(ys - slope * xs[:, axis])), slope, axis)
+
+    def at(self, xs: Any) -> Any:
+        import numpy as np
+
+        if self.axis is None:
+            return np.full(len(xs), self.intercept)
+        return self.intercept + self.slope * xs[:, self.axis]
+
+
+@dataclass(frozen=True, slots=True)
+class _Trended:
+    """The GP fitted to what the trend leaves, plus the trend: the model `gaussian_ei` asks."""
+
+    residual_model: Any
+    trend: MemoryTrend
+
+    def predict(self, xs: Any, return_std: bool = False) -> Any:
+        if not return_std:
+            return self.residual_model.predict(xs) + self.trend.at(xs)
+        mean, std = self.residual_model.predict(xs, return_std=True)
+        return mean + self.trend.at(xs), std
