@@ -17,7 +17,8 @@ Two modes:
   Each cell pools the windows of the complete passes, except a pass the table's header sets
   aside with a comment `# pass N: ...; not replayed: why`. `--reversed-kv` replays each
   table with its KV budgets in reverse order (goodput falling as memory grows): what the
-  Bayesian suggester's rising-memory prior costs where it is wrong.
+  Bayesian suggester's rising-memory prior costs where it is wrong. `--passes 3` replays
+  one pass alone.
 
     .venv/bin/python benchmarks/tuner_efficiency.py --measure   # the committed tables
     .venv/bin/python benchmarks/tuner_efficiency.py             # replay every landscape
@@ -79,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--loadgen-cpus", default="1", help="the load generator's cores")
     parser.add_argument("--seeds", type=int, default=50, help="replay: seeds per strategy")
     parser.add_argument("--quick", action="store_true", help="a short replay for CI")
+    parser.add_argument("--passes", default="", help="replay: only these passes (e.g. 3,4)")
     parser.add_argument(
         "--reversed-kv", action="store_true", help="replay with the KV budgets reversed"
     )
@@ -109,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     tables = [(ls.name, ls.table, finish + ls.name) for ls in chosen]
     grid = [(b * BYTES_PER_BLOCK, n) for n in _ints(args.seqs) for b in _ints(args.kv_blocks)]
     seeds = 5 if args.quick else args.seeds
-    return replay_tables(tables, grid, seeds, reverse_kv=args.reversed_kv)
+    passes = set(_ints(args.passes)) or None
+    return replay_tables(tables, grid, seeds, reverse_kv=args.reversed_kv, passes=passes)
 
 
 if __name__ == "__main__":

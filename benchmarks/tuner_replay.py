@@ -315,10 +315,12 @@ def replay_tables(
     grid: Sequence[tuple[int, int]],
     seeds: int,
     reverse_kv: bool = False,
+    passes: set[int] | None = None,
 ) -> int:
     """Replay each (name, table, command to finish it) measured over `grid`; one verdict each.
 
-    `reverse_kv` replays every table with its KV budgets reversed (`reversed_kv`)."""
+    `reverse_kv` replays every table with its KV budgets reversed (`reversed_kv`); `passes`
+    pools only those of the complete passes (default: every complete one)."""
     started = time.monotonic()
     for name, path, finish in tables:
         if not path.is_file():
@@ -330,12 +332,18 @@ def replay_tables(
         # A pass the header sets aside (measured under another load) is not pooled either.
         counts = pass_cells(path, grid)
         excluded = excluded_passes(path)
+        if passes is not None:
+            excluded |= {n: "not asked for" for n in counts if n not in passes}
         complete = {n for n, c in counts.items() if c == len(grid) and n not in excluded}
         passes_note = ", ".join(
             f"pass {n}: {cells} of {len(grid)} cells"
             + ("" if n in complete else f", not used ({excluded.get(n, 'incomplete')})")
             for n, cells in sorted(counts.items())
         )
+        if passes is not None and not complete:
+            print(f"landscape {name}: {passes_note}")
+            print(f"  goal {name}: NOT met (no complete pass among those asked for)")
+            continue
         loaded = load_table(path, complete or None)
         table = {key: cell for key, cell in loaded.items() if key in grid}
         if reverse_kv:

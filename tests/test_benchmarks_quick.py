@@ -171,3 +171,11 @@ def test_reversed_kv_mirrors_the_budgets_and_keeps_every_cell() -> None:
     a, b, c = (replay.Cell(float(g), True, "") for g in (1, 2, 3))
     table = {(1024, 8): a, (2048, 8): b, (4096, 8): c, (4096, 16): a}
     assert replay.reversed_kv(table) == {(4096, 8): a, (2048, 8): b, (1024, 8): c, (1024, 16): a}
+
+
+def test_passes_replays_only_the_passes_asked_for() -> None:
+    out = _run("tuner_efficiency.py", "--quick", "--landscapes", "chat", "--passes", "4")
+    assert "pass 3: 25 of 25 cells, not used (not asked for)" in out, out
+    assert "pass 4: 25 of 25 cells" in out and "pass 4: 25 of 25 cells, not" not in out, out
+    nothing = _run("tuner_efficiency.py", "--quick", "--landscapes", "chat", "--passes", "9")
+    assert "goal chat: NOT met (no complete pass among those asked for)" in nothing, nothing
