@@ -3,13 +3,13 @@
 Two modes:
 
 * `--measure`: offline, on the real CPU vLLM, measure the landscapes (`tuner_landscapes.py`:
-  short chat, long prompts, a mix with prefix reuse) over a grid of
-  `--kv-cache-memory-bytes` x `--max-num-seqs`, one server start per cell, several windows
-  per landscape and cell, on pinned cores (`tuner_measure.py`). Each landscape's table is
-  appended cell by cell under `benchmarks/data/`, with the command in a header comment; a
-  rerun measures only the cells a table lacks. `--pass N` measures the grid again apart;
-  `--shuffled` takes its cells in an order shuffled by N, so that a change in the machine's
-  load during the pass falls on random cells, not on a row of the grid.
+  short chat, long prompts, a mix with prefix reuse, long answers under a tight inter-token
+  SLO) over a grid of `--kv-cache-memory-bytes` x `--max-num-seqs`, one server start per
+  cell, several windows per landscape and cell, on pinned cores (`tuner_measure.py`). Each
+  landscape's table is appended cell by cell under `benchmarks/data/`, with the command in a
+  header comment; a rerun measures only the cells a table lacks. `--pass N` measures the
+  grid again apart; `--shuffled` takes its cells in an order shuffled by N, so that a change
+  in the machine's load during the pass falls on random cells, not on a row of the grid.
 * replay (the default): run each strategy over each table many times (`tuner_replay.py`). A
   trial is a lookup of the cell the strategy asked for. Prints, per landscape and strategy,
   the trials to reach 95 % of the table's best feasible goodput (median and spread over
