@@ -10,8 +10,10 @@ baseline pod would need a third server). `observe` scrapes both pods every
 error limits, or preemptions per request above the SLO's over the analysis so far (once it
 holds enough finished requests to say), sends the traffic back to the stable pod at once and
 raises `CanaryAborted`. With one URL (the bake,
-after a promotion) it watches the stable pod for `bake_s`. Each observation states the share
-each side was given and the share of finished requests each side served.
+after a promotion) it waits `warmup_s`, then watches the stable pod for `bake_s`: the rolling
+update has just replaced that pod, its caches are as cold as a canary's were, and the users
+who queued during the update arrive at once. Each observation states the share each side was
+given and the share of finished requests each side served.
 """
 
 from __future__ import annotations
@@ -127,12 +129,13 @@ class LiveTrafficObserver:
             raise LiveTrafficError(
                 f"the stable pod gets no traffic to bake on ({describe(shares)})"
             )
+        await self._sleep(self._canary.warmup_s)
         count = max(1, round(self._canary.bake_s / self._canary.analysis_interval_s))
         readings: list[PodReading] = []
         async with httpx.AsyncClient() as client:
             async for _ in self._ticks(count):
                 _append(readings, await self._read(client, url))
-        said = f"bake: {describe(shares)}"
+        said = f"bake after a {self._canary.warmup_s:g} s warm-up: {describe(shares)}"
         return self._observation(url, readings, shares.stable_percent, said)
 
     async def _ticks(self, count: int) -> AsyncIterator[int]:

@@ -292,16 +292,20 @@ def test_a_rollout_on_live_traffic_ends_an_aborted_canary_infeasible_and_removes
     assert [c[0] for c in runtime.calls].count("set_stable") == 0
 
 
-def test_bake_watches_the_stable_alone_for_bake_s(pods) -> None:
+def test_bake_warms_the_new_pod_then_watches_the_stable_alone_for_bake_s(pods) -> None:
     stable, canary = pods
     stable.metrics = PodScript([Step(10)]).render
     split, clock = RecordingSplit(canary), SteppedClock()
 
     (window,) = asyncio.run(observer(split, clock).observe([url(stable)]))
 
-    assert stable.metrics_scrapes == round(CONFIG.bake_s / INTERVAL_S) + 1
+    intervals = round(CONFIG.bake_s / INTERVAL_S)
+    assert clock.slept == [CONFIG.warmup_s] + [INTERVAL_S] * intervals
+    assert stable.metrics_scrapes == intervals + 1
     assert canary.metrics_scrapes == 0
-    assert window.traffic == "bake: stable 100 %, canary 0 % (HTTPRoute vllm weights)"
+    assert window.traffic == (
+        "bake after a 30 s warm-up: stable 100 %, canary 0 % (HTTPRoute vllm weights)"
+    )
     assert evaluate(window.measurement, SLO).goodput_tokens_per_s == pytest.approx(10.0)
 
 
