@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -117,7 +118,11 @@ def test_collect_with_span_computes_rates_between_two_scrapes(vllm_server: VllmS
 
 
 def test_collect_reports_an_unreachable_server_clearly() -> None:
-    result = _collect("--vllm-url", f"http://127.0.0.1:{free_port()}")
+    # A port bound and never listened on refuses connections, and no other test's server
+    # can take it meanwhile (a merely free port can be taken by the next server that starts).
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        result = _collect("--vllm-url", f"http://127.0.0.1:{held.getsockname()[1]}")
     assert result.returncode == 1
     assert "vllm: refused" in result.stdout
 
