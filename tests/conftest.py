@@ -42,10 +42,30 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         )
 
 
+# The fixtures that hand out the session's shared servers (each xdist worker has its own pool).
+SHARED_SERVER_FIXTURES = frozenset({"server_pool", "vllm_server", "preempting_vllm_server"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects: `-m quiet` sees the marks added here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests that want the machine quiet go last (a stable sort keeps each group's
-    order): the shared servers are then closed once, not started again after each of them."""
-    items.sort(key=lambda item: "quiet_machine" in getattr(item, "fixturenames", ()))
+    """Marks the tests that want the machine quiet `quiet`, and gives every other test an
+    xdist group for `-n 2 --dist loadgroup`: its module's (a module's fixtures start once,
+    and its tests keep their order), or one group for every module that uses the shared
+    servers (each of those starts once, in one worker). The quiet tests go last (a stable
+    sort keeps each group's order): the shared servers then close once, not after each."""
+    fixtures = {item: set(getattr(item, "fixturenames", ())) for item in items}
+    sharing = {_module(i) for i, names in fixtures.items() if names & SHARED_SERVER_FIXTURES}
+    for item, names in fixtures.items():
+        if "quiet_machine" in names:
+            item.add_marker(pytest.mark.quiet)
+        else:
+            group = "shared_servers" if _module(item) in sharing else _module(item)
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.get_closest_marker("quiet") is not None)
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
 
 
 class ServerPool:

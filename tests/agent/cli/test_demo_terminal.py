@@ -71,6 +71,9 @@ def _run_in_pty(argv: list[str], screen: object, stream: object) -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+# Quiet: the demo pins its servers to both cores, and no other test's vLLM may start
+# beside it while it checks that it left none of its own behind.
+@pytest.mark.usefixtures("quiet_machine")
 def test_the_demo_in_a_terminal_plays_four_phases_and_leaves_no_debris(tmp_path: Path) -> None:
     pyte = pytest.importorskip("pyte")
     before = _our_vllms()
