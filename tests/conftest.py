@@ -54,9 +54,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     servers (each of those starts once, in one worker). The quiet tests go last (a stable
     sort keeps each group's order): the shared servers then close once, not after each."""
     fixtures = {item: set(getattr(item, "fixturenames", ())) for item in items}
-    sharing = {_module(i) for i, names in fixtures.items() if names & SHARED_SERVER_FIXTURES}
-    for item, names in fixtures.items():
-        if "quiet_machine" in names:
+    quiet = {item for item, names in fixtures.items() if "quiet_machine" in names}
+    # quiet_machine asks for the pool only to close it: its tests share no server.
+    sharing = {
+        _module(item)
+        for item, names in fixtures.items()
+        if item not in quiet and names & SHARED_SERVER_FIXTURES
+    }
+    for item in items:
+        if item in quiet:
             item.add_marker(pytest.mark.quiet)
         else:
             group = "shared_servers" if _module(item) in sharing else _module(item)
