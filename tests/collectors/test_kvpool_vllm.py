@@ -92,7 +92,16 @@ def test_free_blocks_agree_with_vllm_under_load(vllm_server: VllmServer) -> None
             return report, pairs, await wait_idle(client, vllm_server)
 
     report, pairs, idle = asyncio.run(go())
-    assert not report.failed
+    # The load is the means here, not the subject. One request lost to a connection reset
+    # (seen once in CI with both cores busy: "ReadError", no byte of the response, the server
+    # serving on) does not change what the blocks say, and vLLM frees an aborted request's
+    # blocks, which wait_idle checks below. Any other failure, or a second one, fails the test.
+    lost = [
+        r
+        for r in report.failed
+        if r.first_token_s is None and (r.error or "").startswith("ReadError")
+    ]
+    assert len(lost) == len(report.failed) <= 1, report.failed
     assert len(pairs) >= 5, "too few readings under load"
     # One step of this load moves at most: a block per running request, the prompt blocks
     # of newly admitted requests, and the blocks of requests that finished.
