@@ -9,6 +9,11 @@ fingerprint) as its own lane, oldest first. Once a lane fails, the worker holds 
 items until its backoff expires, so a resolved event never overtakes the firing one it
 follows. Lanes run concurrently (a bounded number per notifier) and a pass does not wait for
 a slow one, so one slow or failing receiver, or alert, never holds up another.
+
+The backoff belongs to the worker, not to the rows: a new worker (the agent started again)
+makes every pending row due on its first pass. What it owes goes out at once, one attempt
+per start, instead of waiting out up to `Backoff.max_s` that an earlier process set against
+a receiver that may since have been mended.
 """
 
 from __future__ import annotations
@@ -80,6 +85,10 @@ class Outbox(Protocol):
 
     def backlog(self) -> int:
         """Pending rows, due or not."""
+        ...
+
+    def make_pending_due(self, now_wall_s: float) -> int:
+        """Every pending row held for later becomes due at `now_wall_s`; returns how many."""
         ...
 
 
@@ -174,6 +183,7 @@ class DeliveryWorker:
         self._lanes_per_notifier = lanes_per_notifier
         self._pass_wait_s = pass_wait_s
         self._states: dict[LaneKey, _LaneState] = {}
+        self._owed_made_due = False  # the first pass makes what earlier processes held due
         self._running: dict[LaneKey, tuple[asyncio.Task[None], int]] = {}  # task, items
         self._counts: Counter[tuple[str, Outcome]] = Counter()
         self._errors: list[tuple[str, str]] = []
@@ -191,6 +201,11 @@ class DeliveryWorker:
         """One pass over the due items; never raises."""
         now = self._clock()
         try:
+            if not self._owed_made_due:
+                made_due = self._outbox.make_pending_due(now)
+                self._owed_made_due = True
+                if made_due:
+                    log.info("delivery: %d items owed from before the start are due now", made_due)
             lanes = self._startable_lanes(now)
         except Exception as exc:
             log.exception("outbox: reading due items failed")

@@ -122,6 +122,15 @@ class SqliteOutbox:
                  *item_ids),
             )  # fmt: skip
 
+    def make_pending_due(self, now_wall_s: float) -> int:
+        with self._db.transaction() as conn:
+            cursor = conn.execute(
+                "UPDATE outbox SET next_attempt_wall_s = ? "
+                "WHERE state = 'pending' AND next_attempt_wall_s > ?",
+                (now_wall_s, now_wall_s),
+            )
+            return int(cursor.rowcount)
+
     def backlog(self) -> int:
         return int(self._db.read("SELECT count(*) FROM outbox WHERE state = 'pending'")[0][0])
 

@@ -86,6 +86,12 @@ class MemoryOutbox:
     def backlog(self) -> int:
         return len(self._pending)
 
+    def make_pending_due(self, now_wall_s: float) -> int:
+        held = [i for i in self._pending.values() if i.next_attempt_wall_s > now_wall_s]
+        for item in held:
+            self._pending[item.id] = dataclasses.replace(item, next_attempt_wall_s=now_wall_s)
+        return len(held)
+
     def pending(self) -> list[OutboxItem]:
         """Every pending row, due or not, oldest first (as `SqliteOutbox.pending`)."""
         return sorted(self._pending.values(), key=lambda i: (i.created_wall_s, i.id))

@@ -301,6 +301,32 @@ def test_duplicates_carry_the_same_dedup_key(receiver: Receiver) -> None:
         assert len(set(bodies)) == 1  # a duplicate is the same notification
 
 
+def test_a_new_worker_sends_at_once_what_an_earlier_one_held_back(receiver: Receiver) -> None:
+    """The agent started again owes its backlog now, not after the last process's backoff."""
+    clock, outbox = FakeClock(), MemoryOutbox()
+    receiver.answer(503, times=6)
+    firing, resolved = make_event(), make_event(status="resolved")
+    outbox.enqueue("hook", firing, clock())
+
+    async def body(client: httpx.AsyncClient) -> None:
+        notifiers = {"hook": WebhookNotifier("hook", receiver.url, client)}
+        first = worker_for(outbox, notifiers, clock)
+        for _ in range(6):  # refused six times: the next try is 32 s (less jitter) away
+            assert (await first.deliver_due()).count("hook", "retry") == 1
+            clock.now_wall_s = outbox.pending()[0].next_attempt_wall_s
+        clock.now_wall_s -= 10.0
+        outbox.enqueue("hook", resolved, clock())
+        assert outbox.due(clock()) == [outbox.pending()[1]]  # the firing one is held back
+        assert (await first.deliver_due()).count("hook", "deferred") == 1
+        # The agent starts again before the held-back time: the new worker sends both, in order.
+        again = worker_for(outbox, notifiers, clock)
+        assert (await again.deliver_due()).count("hook", "delivered") == 2
+
+    with_client(body)
+    assert keys_arrived(receiver) == [firing.dedup_key, resolved.dedup_key]
+    assert outbox.backlog() == 0
+
+
 def test_unknown_notifier_is_given_up_and_recorded() -> None:
     clock, outbox = FakeClock(), MemoryOutbox()
     outbox.enqueue("gone", make_event(), clock())

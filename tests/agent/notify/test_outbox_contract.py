@@ -234,6 +234,24 @@ def test_backlog_counts_rows_not_yet_due(outbox: InspectableOutbox) -> None:
     assert outbox.backlog() == 1
 
 
+def test_make_pending_due_brings_held_rows_forward_only(outbox: InspectableOutbox) -> None:
+    held = outbox.enqueue("hook", event(1), T)
+    outbox.mark_failed([held], "HTTP 503", T + 300)
+    waiting = outbox.enqueue("hook", event(2), T + 5)  # due since T + 5: left as it is
+    ended = outbox.enqueue("hook", event(3), T)
+    outbox.mark_failed([ended], "HTTP 400", T, give_up=True)
+    sent = outbox.enqueue("hook", event(4), T)
+    outbox.mark_delivered([sent], T + 1)
+    assert outbox.make_pending_due(T + 10) == 1
+    assert [(i.id, i.next_attempt_wall_s) for i in outbox.due(T + 10)] == [
+        (held, T + 10),
+        (waiting, T + 5),
+    ]
+    (first, _) = outbox.pending()
+    assert (first.attempts, first.last_error, first.created_wall_s) == (1, "HTTP 503", T)
+    assert outbox.make_pending_due(T + 10) == 0
+
+
 # --- the in-memory double's own record -----------------------------------------------
 
 
