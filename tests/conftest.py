@@ -42,36 +42,20 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         )
 
 
-# The fixtures that hand out the session's shared servers (each xdist worker has its own pool).
-SHARED_SERVER_FIXTURES = frozenset({"server_pool", "vllm_server", "preempting_vllm_server"})
-
-
 @pytest.hookimpl(tryfirst=True)  # before -m selects: `-m quiet` sees the marks added here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Marks the tests that want the machine quiet `quiet`, and gives every other test an
-    xdist group for `-n 2 --dist loadgroup`: its module's (a module's fixtures start once,
-    and its tests keep their order), or one group for every module that uses the shared
-    servers (each of those starts once, in one worker). The quiet tests go last (a stable
-    sort keeps each group's order): the shared servers then close once, not after each."""
-    fixtures = {item: set(getattr(item, "fixturenames", ())) for item in items}
-    quiet = {item for item, names in fixtures.items() if "quiet_machine" in names}
-    # quiet_machine asks for the pool only to close it: its tests share no server.
-    sharing = {
-        _module(item)
-        for item, names in fixtures.items()
-        if item not in quiet and names & SHARED_SERVER_FIXTURES
-    }
+    """Marks the tests that want the machine quiet `quiet` and puts them last (a stable sort
+    keeps every module's order): the shared servers then close once, not after each.
+
+    `scripts/test` runs the others on two workers with `--dist loadscope`, which keeps each
+    module's tests (a class's, in a class) together and in order, in one worker that starts
+    their fixtures once. Not `loadgroup`: with pytest 9.2 its `xdist_group` marks no longer
+    take effect (xdist 3.8 writes the group into `item._nodeid`, which pytest no longer
+    reads; pytest-xdist issue 1386), so one module's tests were dealt to both workers."""
     for item in items:
-        if item in quiet:
+        if "quiet_machine" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.quiet)
-        else:
-            group = "shared_servers" if _module(item) in sharing else _module(item)
-            item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: item.get_closest_marker("quiet") is not None)
-
-
-def _module(item: pytest.Item) -> str:
-    return item.nodeid.split("::", 1)[0]
 
 
 class ServerPool:
