@@ -16,7 +16,12 @@ import httpx
 from kvpilot.agent.app.api import api_routes
 from kvpilot.agent.app.exposition import build_registry, sidecar_families, tuning_families
 from kvpilot.agent.app.http import build_app
-from kvpilot.agent.app.lifecycle import LoopSettings, bind_listener, serve_and_tick
+from kvpilot.agent.app.lifecycle import (
+    LoopSettings,
+    bind_listener,
+    own_signals,
+    serve_and_tick,
+)
 from kvpilot.agent.app.parts import build_notifiers, build_runtime
 from kvpilot.agent.app.reload import Reloader, reload_routes
 from kvpilot.agent.config import AgentConfig, LocalRuntimeConfig
@@ -80,11 +85,12 @@ async def run_sidecar(
     Raises ListenError before anything starts when the listen address cannot be bound, and
     StartFailed, after a clean shutdown, when a local server exits before it was first ready.
     """
+    stop = stop or asyncio.Event()
+    own_signals(stop)  # before a server is adopted or started: a signal then stops it
     sock = bind_listener(config.listen.host, config.listen.port)
     failed: list[StartFailed] = []
     try:
-        await _run(config, sock, stop or asyncio.Event(), failed, config_sha256, on_tick,
-                   reload_config, on_tuning)  # fmt: skip
+        await _run(config, sock, stop, failed, config_sha256, on_tick, reload_config, on_tuning)
     finally:
         sock.close()
     if failed:
@@ -103,154 +109,152 @@ async def _run(
 ) -> None:
     api_key = config.runtime.api_key.get_secret_value() if config.runtime.api_key else None
     timeout = httpx.Timeout(5.0, connect=2.0)
-    async with httpx.AsyncClient(timeout=timeout) as client:
-        with _own_state_or_exit(config) as store:
-            runtime = _runtime_or_exit(config, promoted_argv(config, store, config_sha256))
-            late = _Late()
-            section = config.remediation
-            preflight = MemoryPreflight(
-                latest_nvml=lambda: late.sidecar.latest_nvml() if late.sidecar else None,
-                cache_config=lambda name: late.sidecar.cache_config(name) if late.sidecar else None,
-                margin_ratio=section.preflight.margin_ratio,
-            )
-            learned = WorkloadWindow(config.tuning.learn.window_s)  # the stable server's traffic
-            keeper = WindowKeeper(learned, store)  # the window outlives a restart of kvpilot
-            if config.tuning.learn.enabled:
-                log.info("learned workload: %s", keeper.restore())
+    async with httpx.AsyncClient(timeout=timeout) as client, contextlib.AsyncExitStack() as ends:
+        store = ends.enter_context(_own_state_or_exit(config))  # closed after all the rest
+        runtime = _runtime_or_exit(config, promoted_argv(config, store, config_sha256))
+        # Each clean-up is owed from the moment its part exists (they run in reverse):
+        # a failure while composing still stops a server adopted or started by then.
+        ends.push_async_callback(runtime.aclose, drain_timeout_s=config.runtime.drain_timeout_s)
+        late = _Late()
+        section = config.remediation
+        preflight = MemoryPreflight(
+            latest_nvml=lambda: late.sidecar.latest_nvml() if late.sidecar else None,
+            cache_config=lambda name: late.sidecar.cache_config(name) if late.sidecar else None,
+            margin_ratio=section.preflight.margin_ratio,
+        )
+        learned = WorkloadWindow(config.tuning.learn.window_s)  # the stable server's traffic
+        keeper = WindowKeeper(learned, store)  # the window outlives a restart of kvpilot
+        if config.tuning.learn.enabled:
+            log.info("learned workload: %s", keeper.restore())
 
-            def workload_now() -> WorkloadChoice | None:  # what a tuning run would replay now
-                return window_choice(config, learned.shape())
+        def workload_now() -> WorkloadChoice | None:  # what a tuning run would replay now
+            return window_choice(config, learned.shape())
 
-            better = best_config(
-                config, store.db, runtime, lambda n: _version(late.sidecar, n), workload_now
-            )
-            light_step = (
-                HttpPrefixCacheReset(api_key=api_key)
-                if section.light_step_reset_prefix_cache
-                else None
-            )
-            remediator = Remediator(
-                runtime, store, section, preflight=preflight, light_step=light_step,
-                runtime_drain_timeout_s=config.runtime.drain_timeout_s,
-                better_config=better,  # the ladder's promote
-                on_promoted=remember_promotion(config, store, config_sha256),
-                oom=_oom_guard(config, runtime, late),
-            )  # fmt: skip
-            external_url = f"http://{config.listen.host}:{config.listen.port}"
-            sidecar = Sidecar(
-                config,
-                store=store,
-                runtime=runtime,
-                notifiers=build_notifiers(config.notifiers, client, external_url),
-                remediator=remediator,
-                client=client,
-                nvml=NvmlCollector(server_pids=lambda: _all_pids(runtime)),
-            )
-            late.sidecar = sidecar
-            sidecar.reconcile()
-            if isinstance(runtime, LocalRuntime):
-                for name in runtime.adopt_orphans():
-                    log.warning(
-                        "instance %s: adopted the server an earlier kvpilot left running", name
-                    )
-                    store.record_audit(
-                        wall_s=sidecar.now_wall_s(), actor="agent", action="adopt", target=name,
-                        decision="adopted", reason="a server started by an earlier kvpilot "
-                        "still runs with this instance's argv",
-                    )  # fmt: skip
-            tuning = None
-            if config.tuning.schedule is not None and isinstance(runtime, LocalRuntime):
-                try:
-                    tuning = scheduled_tuning(
-                        config, config_sha256 or "", runtime, remediator, store, api_key=api_key,
-                        vllm_version=lambda: _version(sidecar, stable_name(runtime.instances())),
-                        workload=workload_now,
-                    )  # fmt: skip
-                except StudyError as exc:  # collecting and alerting go on without it
-                    log.error("scheduled tuning is off: %s", exc)
-            elif config.tuning.schedule is not None and isinstance(runtime, KubernetesRuntime):
-                tuning = pod_scheduled_tuning(
-                    config, runtime, remediator, store, api_key=api_key,
+        better = best_config(
+            config, store.db, runtime, lambda n: _version(late.sidecar, n), workload_now
+        )
+        light_step = (
+            HttpPrefixCacheReset(api_key=api_key) if section.light_step_reset_prefix_cache else None
+        )
+        remediator = Remediator(
+            runtime, store, section, preflight=preflight, light_step=light_step,
+            runtime_drain_timeout_s=config.runtime.drain_timeout_s,
+            better_config=better,  # the ladder's promote
+            on_promoted=remember_promotion(config, store, config_sha256),
+            oom=_oom_guard(config, runtime, late),
+        )  # fmt: skip
+        external_url = f"http://{config.listen.host}:{config.listen.port}"
+        sidecar = Sidecar(
+            config,
+            store=store,
+            runtime=runtime,
+            notifiers=build_notifiers(config.notifiers, client, external_url),
+            remediator=remediator,
+            client=client,
+            nvml=NvmlCollector(server_pids=lambda: _all_pids(runtime)),
+        )
+        ends.push_async_callback(sidecar.delivery.aclose)
+        ends.push_async_callback(sidecar.aclose)  # running remediations record themselves
+        late.sidecar = sidecar
+        sidecar.reconcile()
+        if isinstance(runtime, LocalRuntime):
+            for name in runtime.adopt_orphans():
+                log.warning("instance %s: adopted the server an earlier kvpilot left running", name)
+                store.record_audit(
+                    wall_s=sidecar.now_wall_s(), actor="agent", action="adopt", target=name,
+                    decision="adopted", reason="a server started by an earlier kvpilot "
+                    "still runs with this instance's argv",
+                )  # fmt: skip
+        tuning = None
+        if config.tuning.schedule is not None and isinstance(runtime, LocalRuntime):
+            try:
+                tuning = scheduled_tuning(
+                    config, config_sha256 or "", runtime, remediator, store, api_key=api_key,
                     vllm_version=lambda: _version(sidecar, stable_name(runtime.instances())),
                     workload=workload_now,
                 )  # fmt: skip
-            retune = retune_watch(
-                config.tuning.retune, store, instances=runtime.instances,
-                latest_vllm=sidecar.latest_vllm, better=better, schedule=tuning,
-                restored=sidecar.tracker.alerts(),
-                workload_key=lambda: (chosen.key if (chosen := workload_now()) else None),
+            except StudyError as exc:  # collecting and alerting go on without it
+                log.error("scheduled tuning is off: %s", exc)
+        elif config.tuning.schedule is not None and isinstance(runtime, KubernetesRuntime):
+            tuning = pod_scheduled_tuning(
+                config, runtime, remediator, store, api_key=api_key,
+                vllm_version=lambda: _version(sidecar, stable_name(runtime.instances())),
+                workload=workload_now,
             )  # fmt: skip
+        retune = retune_watch(
+            config.tuning.retune, store, instances=runtime.instances,
+            latest_vllm=sidecar.latest_vllm, better=better, schedule=tuning,
+            restored=sidecar.tracker.alerts(),
+            workload_key=lambda: (chosen.key if (chosen := workload_now()) else None),
+        )  # fmt: skip
+        if retune is not None:
+            sidecar.event_sources.append(retune.take_events)
+            if tuning is not None:
+                tuning.on_tuned = retune.tuned
+        if tuning is not None and on_tuning is not None:
+            on_tuning(tuning)
+        starting = sidecar.tasks.spawn(
+            _start_local(config, runtime, remediator, tuning, stop, failed), "start-servers"
+        )
+        own = sidecar_families(sidecar.counters)
+
+        def extra(out: Any) -> None:
+            own(out)
+            tuning_families(sidecar.tuning_families())(out)
+
+        registry = build_registry(sidecar.servers, extra)
+        token = config.api.control_token()
+        reloader = None
+        if reload_config is not None:
+            reloader = Reloader(
+                reload_config, config, sidecar,
+                lambda cfgs: build_notifiers(cfgs, client, external_url),
+            )  # fmt: skip
+        app = build_app(
+            sidecar,
+            registry,
+            clock=sidecar.clock,
+            stale_after_s=max(10.0, 5 * config.interval_s),
+            extra_routes=[
+                *api_routes(sidecar, token, window=learned),
+                *(reload_routes(reloader, token) if reloader else ()),
+            ],
+        )
+        loop = LoopSettings(
+            listen_host=config.listen.host,
+            listen_port=config.listen.port,
+            interval_s=config.interval_s,
+        )
+
+        async def tick() -> None:
+            await sidecar.tick()
             if retune is not None:
-                sidecar.event_sources.append(retune.take_events)
-                if tuning is not None:
-                    tuning.on_tuned = retune.tuned
-            if tuning is not None and on_tuning is not None:
-                on_tuning(tuning)
-            starting = sidecar.tasks.spawn(
-                _start_local(config, runtime, remediator, tuning, stop, failed), "start-servers"
+                retune.check()  # its alert reaches the tracker at the next tick
+            feed_window(learned, sidecar)
+            if config.tuning.learn.enabled:
+                keeper.maybe_save()
+            if on_tick is not None:
+                on_tick(sidecar)
+
+        try:
+            await serve_and_tick(
+                tick,
+                app,
+                loop,
+                stop=stop,
+                add_jobs=tuning.add_to if tuning else None,
+                overruns=sidecar.overruns,
+                sock=sock,
+                reload=reloader.reload if reloader else None,  # it logs its outcome
             )
-            own = sidecar_families(sidecar.counters)
-
-            def extra(out: Any) -> None:
-                own(out)
-                tuning_families(sidecar.tuning_families())(out)
-
-            registry = build_registry(sidecar.servers, extra)
-            token = config.api.control_token()
-            reloader = None
-            if reload_config is not None:
-                reloader = Reloader(
-                    reload_config, config, sidecar,
-                    lambda cfgs: build_notifiers(cfgs, client, external_url),
-                )  # fmt: skip
-            app = build_app(
-                sidecar,
-                registry,
-                clock=sidecar.clock,
-                stale_after_s=max(10.0, 5 * config.interval_s),
-                extra_routes=[
-                    *api_routes(sidecar, token, window=learned),
-                    *(reload_routes(reloader, token) if reloader else ()),
-                ],
-            )
-            loop = LoopSettings(
-                listen_host=config.listen.host,
-                listen_port=config.listen.port,
-                interval_s=config.interval_s,
-            )
-
-            async def tick() -> None:
-                await sidecar.tick()
-                if retune is not None:
-                    retune.check()  # its alert reaches the tracker at the next tick
-                feed_window(learned, sidecar)
-                if config.tuning.learn.enabled:
-                    keeper.maybe_save()
-                if on_tick is not None:
-                    on_tick(sidecar)
-
-            try:
-                await serve_and_tick(
-                    tick,
-                    app,
-                    loop,
-                    stop=stop,
-                    add_jobs=tuning.add_to if tuning else None,
-                    overruns=sidecar.overruns,
-                    sock=sock,
-                    reload=reloader.reload if reloader else None,  # it logs its outcome
-                )
-            finally:
-                if config.tuning.learn.enabled:
-                    keeper.save()
-                if tuning is not None:
-                    await tuning.aclose()  # its rollout stops the canary, restores the stable
-                starting.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await starting
-                await sidecar.aclose()  # running remediations record themselves interrupted
-                await sidecar.delivery.aclose()
-                await runtime.aclose(drain_timeout_s=config.runtime.drain_timeout_s)
+        finally:
+            if config.tuning.learn.enabled:
+                keeper.save()
+            if tuning is not None:
+                await tuning.aclose()  # its rollout stops the canary, restores the stable
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await starting
 
 
 def _runtime_or_exit(config: AgentConfig, promoted: dict[str, tuple[str, ...]]) -> Runtime:

@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 
 
 NO_RELOAD = "reload is not supported; restart kvpilot to apply a new configuration"
+SIGHUP_WHILE_STARTING = (
+    "received SIGHUP while starting: the configuration read at the start stays; "
+    "send SIGHUP again once kvpilot serves to reload"
+)
 
 
 class ListenError(Exception):
@@ -105,10 +109,8 @@ async def serve_and_tick(
     `reload` runs on SIGHUP; without it SIGHUP is logged and otherwise ignored."""
     sock = sock or bind_listener(settings.listen_host, settings.listen_port)
     stop = stop or asyncio.Event()
+    own_signals(stop)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, _on_signal, stop, sig)
     reloads = _Reloads(reload)
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGHUP, reloads.on_sighup)
@@ -183,6 +185,18 @@ async def serve_and_tick(
             await asyncio.wait_for(serving, timeout=settings.shutdown_grace_s)
         sock.close()
         log.info("stopped")
+
+
+def own_signals(stop: asyncio.Event) -> None:
+    """From now on SIGTERM and SIGINT set `stop`, and SIGHUP is answered, instead of the
+    default action that kills the process. Called before anything is started or adopted: a
+    signal during start-up then ends in the same clean shutdown (servers stopped, state saved)
+    as one while serving. The loop takes SIGHUP over once it serves (a reload)."""
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, _on_signal, stop, sig)
+        loop.add_signal_handler(signal.SIGHUP, log.warning, SIGHUP_WHILE_STARTING)
 
 
 def _on_signal(stop: asyncio.Event, sig: signal.Signals) -> None:

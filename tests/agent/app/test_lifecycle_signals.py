@@ -1,4 +1,5 @@
-"""The loop's edges: the listen address bound before anything runs, SIGHUP handled."""
+"""The loop's edges: the listen address bound before anything runs, signals owned from the
+start (SIGTERM stops, SIGHUP reloads or is answered)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from starlette.applications import Starlette
 
 from kvpilot.agent.app.lifecycle import (
     NO_RELOAD,
+    SIGHUP_WHILE_STARTING,
     ListenError,
     LoopSettings,
     bind_listener,
+    own_signals,
     serve_and_tick,
 )
 
@@ -95,3 +98,22 @@ def test_a_reload_that_raises_keeps_the_agent_running(caplog: pytest.LogCaptureF
 
     _run_with_sighups(reload, 1, caplog)
     assert "reload failed; still running the configuration loaded before" in caplog.messages
+
+
+def test_signals_before_serving_are_answered_and_sigterm_sets_stop(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> bool:
+        stop = asyncio.Event()
+        own_signals(stop)  # what `kvpilot run` does first, before it adopts or starts anything
+        os.kill(os.getpid(), signal.SIGHUP)
+        await asyncio.sleep(0.1)  # the loop reads the signal
+        assert not stop.is_set()  # a SIGHUP while starting never stops it
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(stop.wait(), 10)
+        return stop.is_set()
+
+    with caplog.at_level(logging.INFO):
+        assert asyncio.run(main())
+    assert SIGHUP_WHILE_STARTING in caplog.messages
+    assert "received SIGTERM, shutting down" in caplog.messages
