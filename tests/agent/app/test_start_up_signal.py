@@ -49,26 +49,25 @@ def test_signals_while_composing_are_the_agents_a_sigterm_stops_it_cleanly(
     config = validate_config(data, {}, warn=False)
     reconcile = Sidecar.reconcile
 
-    def reconcile_then_sigterm(self: Sidecar) -> None:
+    def reconcile_then_signal(self: Sidecar) -> None:
         reconcile(self)  # where a local runtime then adopts what an earlier kvpilot left
         os.kill(os.getpid(), signal.SIGHUP)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(Sidecar, "reconcile", reconcile_then_sigterm)
+    monkeypatch.setattr(Sidecar, "reconcile", reconcile_then_signal)
     taken_by_the_test: list[int] = []
     before = {
         sig: signal.signal(sig, lambda sig, _frame: taken_by_the_test.append(sig))
         for sig in (signal.SIGTERM, signal.SIGHUP)
     }
     try:
-        ticks: list[Sidecar] = []
-        asyncio.run(asyncio.wait_for(run_sidecar(config, on_tick=ticks.append), STOP_S))
+        asyncio.run(asyncio.wait_for(run_sidecar(config), STOP_S))
     except TimeoutError:
         pytest.fail(f"the agent did not stop on a SIGTERM sent while composing ({STOP_S:g} s)")
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
-    assert taken_by_the_test == [], "a signal reached the default, not the agent"
+    assert taken_by_the_test == [], "a signal reached the test's handler, not the agent"
     # Answered (said too early, or as a reload by the time the loop reads it), never obeyed.
     assert any(m.startswith("received SIGHUP") for m in caplog.messages), caplog.messages
     assert "received SIGTERM, shutting down" in caplog.messages
