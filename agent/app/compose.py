@@ -154,7 +154,7 @@ async def _run(
             nvml=NvmlCollector(server_pids=lambda: _all_pids(runtime)),
         )
         ends.push_async_callback(sidecar.delivery.aclose)
-        ends.push_async_callback(sidecar.aclose)  # running remediations record themselves
+        ends.push_async_callback(sidecar.aclose)  # remediations under way: recorded interrupted
         late.sidecar = sidecar
         sidecar.reconcile()
         if isinstance(runtime, LocalRuntime):
