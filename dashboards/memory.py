@@ -50,8 +50,9 @@ def _gpu_row() -> list[Item]:
             "GPU (time-slicing neighbours).",
             [
                 Query(
-                    f"sum by (instance, gpu, role) (kvpilot_gpu_process_memory_bytes{{{GPU}}})",
-                    "GPU {{gpu}} {{role}} ({{instance}})",
+                    "sum by (instance, gpu, owner, server) "
+                    f"(kvpilot_gpu_process_memory_bytes{{{GPU}}})",
+                    "GPU {{gpu}} {{owner}} {{server}} ({{instance}})",
                 )
             ],
             unit="bytes",

@@ -285,10 +285,11 @@ def _engine_alerts(settings: RuleSettings, runbooks: Mapping[str, str]) -> list[
                 "GpuMemoryGrowth",
                 f"deriv({SERVER_GPU_MEMORY}[{window}]) "
                 f"> {number(growth.slope_threshold_bytes_per_s)} "
-                f"and on (instance, job, gpu) "
+                f"and on (instance, job, gpu, server) "
                 f"delta({SERVER_GPU_MEMORY}[{window}]) >= {growth.min_growth_bytes}",
                 growth,
-                "vLLM's GPU memory on GPU {{ $labels.gpu }} of {{ $labels.instance }} grows "
+                "GPU memory of server {{ $labels.server }} on GPU {{ $labels.gpu }} of "
+                "{{ $labels.instance }} grows "
                 "{{ $value | humanize1024 }}B/s",
                 runbooks,
             )
@@ -359,7 +360,8 @@ def build_rules(
         *_preemption_recording(settings.preemption_spike),
         {
             "record": SERVER_GPU_MEMORY,
-            "expr": 'sum by (instance, job, gpu) (kvpilot_gpu_process_memory_bytes{role="server"})',
+            "expr": "sum by (instance, job, gpu, server) "
+            '(kvpilot_gpu_process_memory_bytes{owner="server"})',
         },
     ]
     groups = (

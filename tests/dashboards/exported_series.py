@@ -1,0 +1,229 @@
+"""The series kvpilot really exports, rendered by the agent's own exposition module from
+sample values, and vLLM's from recorded payloads: the input of the rule and panel tests.
+
+Nothing here names a label: the label sets are those the exposition writes and Prometheus
+adds on scraping (`job`, `instance`). A test chooses which exported series to use and the
+values they take over time, never their names or labels.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvpilot.agent.app.exposition import (
+    ServerView,
+    SidecarCounters,
+    build_registry,
+    sidecar_families,
+    tuning_families,
+)
+from kvpilot.agent.tick.derive import EngineFigures
+from kvpilot.agent.tick.snapshot import Snapshot
+from kvpilot.agent.tick.ticker import TickState
+from kvpilot.collectors.fragmentation import kv_blocks_fragmentation
+from kvpilot.collectors.gpu_samples import GpuProcess, GpuSample, NvmlSnapshot
+from kvpilot.collectors.kvpool.client import AllocatorSample, KvBlockSample, KvPoolScrape
+from kvpilot.collectors.vllm_metrics import VllmScrape, parse_vllm_metrics
+from kvpilot.dashboards import tuning_metrics
+from kvpilot.tuner.trials import trial_from_dict
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+VLLM_PAYLOAD = FIXTURES / "vllm" / "v0_32_under_load.prom"
+TRIALS = FIXTURES / "tuning_live" / "trials.jsonl"  # a real session, judged
+SERVER_PID, NEIGHBOUR_PID = 4100, 5200
+GIB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One exported series: its metric name and every label, as Prometheus stores them."""
+
+    name: str
+    labels: tuple[tuple[str, str], ...]
+
+    def label(self, name: str) -> str:
+        return dict(self.labels)[name]
+
+    def promtool(self) -> str:
+        """The series in promtool's `input_series` notation."""
+        inner = ",".join(f'{k}="{_escape(v)}"' for k, v in self.labels)
+        return f"{self.name}{{{inner}}}"
+
+    def alert_labels(self, **extra: str) -> dict[str, str]:
+        """The labels an alert over this series carries (the name dropped), plus `extra`."""
+        return {**dict(self.labels), **extra}
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _kv_block() -> KvBlockSample:
+    return KvBlockSample(
+        engine="0",
+        model_name="tiny-llama",
+        taken_at_s=10.0,
+        blocks_total=1023,
+        blocks_free=200,
+        blocks_free_cached=3,
+        blocks_empty=197,
+        longest_free_run_blocks=50,
+        fragmentation=kv_blocks_fragmentation(200, 50, 1023),
+        internal_fragmentation_slots=17,
+        internal_fragmentation_ratio=0.02,
+        requests_running=33,
+        block_size_tokens=32,
+        preemptions_total=21,
+        last_preemption_wall_s=1_700_000_000.0,
+        scheduler_steps_total=900,
+        snapshot_age_s=0.01,
+    )
+
+
+def _allocator() -> AllocatorSample:
+    return AllocatorSample(
+        device="0",
+        rank="0",
+        reserved_bytes=2 * GIB,
+        allocated_bytes=GIB,
+        active_bytes=GIB,
+        inactive_split_bytes=64 << 20,
+        free_in_reserved_bytes=GIB,
+        largest_free_block_bytes=512 << 20,
+        segments=12,
+        fragmentation_ratio=0.5,
+    )
+
+
+def _gpu() -> GpuSample:
+    processes = (
+        GpuProcess(SERVER_PID, SERVER_PID, 24 * GIB, is_server=True),
+        GpuProcess(NEIGHBOUR_PID, None, 6 * GIB, is_server=False),
+    )
+    return GpuSample(
+        index=0,
+        uuid="GPU-0",
+        name="H100",
+        total_bytes=80 * GIB,
+        used_bytes=30 * GIB,
+        free_bytes=50 * GIB,
+        reserved_bytes=512 << 20,
+        utilization_gpu_ratio=0.55,
+        utilization_memory_ratio=0.2,
+        processes=processes,
+        mig_instances=(),
+    )
+
+
+def _state(*, kvpool: bool) -> TickState:
+    engines = parse_vllm_metrics(VLLM_PAYLOAD.read_text(), taken_at_s=10.0, wall_time_s=1e9)
+    snapshot = Snapshot(
+        taken_at_s=10.0,
+        wall_time_s=1e9,
+        vllm=VllmScrape(10.0, 1e9, engines, "0.32.0"),
+        kvpool=KvPoolScrape(10.0, 1e9, (_kv_block(),), (_allocator(),)) if kvpool else None,
+        nvml=NvmlSnapshot(10.0, 1e9, "550.54", (_gpu(),)),
+        durations_s=(("vllm", 0.004), ("nvml", 0.001), ("kvpool", 0.002)),
+    )
+    figures = tuple(
+        EngineFigures(
+            model_name=e.model_name,
+            engine=e.engine,
+            span_s=30.0,
+            preemption_rate_per_s=0.5,
+            kvpool_preemption_rate_per_s=0.7 if kvpool else None,
+            prefix_cache_hit_ratio=0.3,
+            generation_tokens_per_s=120.0,
+            iterations_per_s=8.0,
+            latency_quantiles_s=(("ttft", 0.5, 0.04), ("inter_token", 0.95, 0.02)),
+        )
+        for e in engines
+    )
+    state = TickState(latest=snapshot, figures=figures, ticks_total=5, last_tick_at_s=10.0)
+    state.errors_total[("vllm", "timeout")] = 2
+    state.errors_total[("nvml", "unavailable")] = 1
+    return state
+
+
+def _counters() -> SidecarCounters:
+    return SidecarCounters(
+        alerts_by_state=((("KvCacheSaturated", "firing", "warning"), 1),),
+        outbox_backlog=3,
+        notifications_total=((("webhook", "delivered"), 4), (("webhook", "given_up"), 1)),
+        remediations_total=((("vllm", "succeeded"), 1),),
+        breakers_open=(("vllm", False),),
+        remediation_in_progress=False,
+        tick_overruns_total=2,
+        task_failures_total=(("delivery", 1),),
+        state_write_errors_total=(("disk_full", 1),),
+    )
+
+
+def agent_exposition(*, kvpool: bool = True) -> str:
+    """The agent's /metrics text for one stable server, as `kvpilot run` serves it."""
+    state = _state(kvpool=kvpool)
+    views = (ServerView("vllm", "stable", state, frozenset({SERVER_PID})),)
+    trials = [trial_from_dict(json.loads(line)) for line in TRIALS.read_text().splitlines()]
+    live = [
+        tuning_metrics.LiveFlags("vllm", "--max-num-seqs 16", tuning_metrics.FlagSource.PROMOTED)
+    ]
+    families = tuning_metrics.tuning_families(trials, live)
+    own = sidecar_families(_counters)
+
+    def extra(out: object) -> None:
+        own(out)  # type: ignore[arg-type]
+        tuning_families(families)(out)  # type: ignore[arg-type]
+
+    return generate_latest(build_registry(lambda: views, extra)).decode()
+
+
+def scraped(text: str, target: Mapping[str, str]) -> tuple[Series, ...]:
+    """The series of an exposition as Prometheus stores them after scraping `target`."""
+    out = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            # Prometheus stores a label with an empty value as no label at all.
+            labels = {k: v for k, v in {**sample.labels, **target}.items() if v}
+            out.append(Series(sample.name, tuple(sorted(labels.items()))))
+    return tuple(out)
+
+
+def kvpilot_series(instance: str = "a:9400", *, kvpool: bool = True) -> tuple[Series, ...]:
+    """kvpilot's series as Prometheus's `kvpilot` job stores them."""
+    return scraped(agent_exposition(kvpool=kvpool), {"job": "kvpilot", "instance": instance})
+
+
+def vllm_series(instance: str = "a:8000") -> tuple[Series, ...]:
+    """vLLM's series, from a recorded vLLM 0.32 payload, as the `vllm` job stores them."""
+    return scraped(VLLM_PAYLOAD.read_text(), {"job": "vllm", "instance": instance})
+
+
+def up_series(job: str, instance: str) -> Series:
+    """Prometheus's own `up` of a target."""
+    return Series("up", (("instance", instance), ("job", job)))
+
+
+def pick(series: Iterable[Series], name: str, **match: str) -> Series:
+    """The one exported series named `name` whose labels include `match`; fails loudly."""
+    found = [
+        s
+        for s in series
+        if s.name == name and all(dict(s.labels).get(k) == v for k, v in match.items())
+    ]
+    if len(found) != 1:
+        raise LookupError(f"{len(found)} exported series match {name} {match}, not one")
+    return found[0]
+
+
+def label_sets(series: Iterable[Series]) -> dict[str, frozenset[str]]:
+    """Every label name each metric name carries on some exported series."""
+    out: dict[str, set[str]] = {}
+    for s in series:
+        out.setdefault(s.name, set()).update(k for k, _ in s.labels)
+    return {name: frozenset(labels) for name, labels in out.items()}
