@@ -90,7 +90,16 @@ async def run_sidecar(
     sock = bind_listener(config.listen.host, config.listen.port)
     failed: list[StartFailed] = []
     try:
-        await _run(config, sock, stop, failed, config_sha256, on_tick, reload_config, on_tuning)
+        api = config.api.listen
+        control_sock = bind_listener(api.host, api.port) if api is not None else None
+        try:
+            listeners = (sock, control_sock)
+            await _run(
+                config, listeners, stop, failed, config_sha256, on_tick, reload_config, on_tuning
+            )
+        finally:
+            if control_sock is not None:
+                control_sock.close()
     finally:
         sock.close()
     if failed:
@@ -99,7 +108,7 @@ async def run_sidecar(
 
 async def _run(
     config: AgentConfig,
-    sock: socket.socket,
+    listeners: tuple[socket.socket, socket.socket | None],
     stop: asyncio.Event,
     failed: list[StartFailed],
     config_sha256: str | None,
@@ -143,7 +152,8 @@ async def _run(
             on_promoted=remember_promotion(config, store, config_sha256),
             oom=_oom_guard(config, runtime, late),
         )  # fmt: skip
-        external_url = f"http://{config.listen.host}:{config.listen.port}"
+        api_at = config.api_listen()
+        external_url = f"http://{api_at.host}:{api_at.port}"
         sidecar = Sidecar(
             config,
             store=store,
@@ -210,16 +220,32 @@ async def _run(
                 reload_config, config, sidecar,
                 lambda cfgs: build_notifiers(cfgs, client, external_url),
             )  # fmt: skip
+        stale_after_s = max(10.0, 5 * config.interval_s)
+        control_routes = [
+            *api_routes(sidecar, token, window=learned),
+            *(reload_routes(reloader, token) if reloader else ()),
+        ]
+        sock, control_sock = listeners
+        # With a listener of its own, the API answers only there: the port that Prometheus
+        # scrapes through the Service serves /metrics and /healthz alone.
+        shared = control_routes if control_sock is None else []
         app = build_app(
             sidecar,
             registry,
             clock=sidecar.clock,
-            stale_after_s=max(10.0, 5 * config.interval_s),
-            extra_routes=[
-                *api_routes(sidecar, token, window=learned),
-                *(reload_routes(reloader, token) if reloader else ()),
-            ],
+            stale_after_s=stale_after_s,
+            extra_routes=shared,
         )
+        control = None
+        if control_sock is not None:
+            control_app = build_app(
+                sidecar,
+                registry,
+                clock=sidecar.clock,
+                stale_after_s=stale_after_s,
+                extra_routes=control_routes,
+            )
+            control = (control_app, control_sock)
         loop = LoopSettings(
             listen_host=config.listen.host,
             listen_port=config.listen.port,
@@ -246,6 +272,7 @@ async def _run(
                 overruns=sidecar.overruns,
                 sock=sock,
                 reload=reloader.reload if reloader else None,  # it logs its outcome
+                control=control,
             )
         finally:
             if config.tuning.learn.enabled:

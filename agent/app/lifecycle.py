@@ -23,6 +23,7 @@ import uvicorn
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from starlette.applications import Starlette
 
+from kvpilot.agent.config.agent import DEFAULT_PORT
 from kvpilot.agent.tick.overruns import TickOverruns
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ def bind_listener(host: str, port: int) -> socket.socket:
 @dataclass(frozen=True, slots=True)
 class LoopSettings:
     listen_host: str = "127.0.0.1"
-    listen_port: int = 9400
+    listen_port: int = DEFAULT_PORT
     interval_s: float = 1.0
     shutdown_grace_s: float = 10.0
 
@@ -101,12 +102,14 @@ async def serve_and_tick(
     overruns: TickOverruns | None = None,
     sock: socket.socket | None = None,
     reload: Callable[[], Awaitable[object]] | None = None,
+    control: tuple[Starlette, socket.socket] | None = None,
 ) -> None:
     """Run `tick` every interval and serve `app` until `stop` is set or SIGTERM/SIGINT.
 
     `sock` is the bound listen socket (bound here when not given: ListenError before anything
     starts). `add_jobs` may put more jobs on the same scheduler (the scheduled tuning run).
-    `reload` runs on SIGHUP; without it SIGHUP is logged and otherwise ignored."""
+    `reload` runs on SIGHUP; without it SIGHUP is logged and otherwise ignored. `control` is
+    the control API's own app and bound socket, served beside `app` when given."""
     sock = sock or bind_listener(settings.listen_host, settings.listen_port)
     stop = stop or asyncio.Event()
     own_signals(stop)
@@ -114,16 +117,11 @@ async def serve_and_tick(
     reloads = _Reloads(reload)
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGHUP, reloads.on_sighup)
-    server = _Server(
-        uvicorn.Config(
-            app,
-            host=settings.listen_host,
-            port=settings.listen_port,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-        )
-    )
+    listeners = [(app, sock), *([control] if control else [])]
+    servers = [
+        _Server(uvicorn.Config(each, log_level="warning", access_log=False, lifespan="off"))
+        for each, _ in listeners
+    ]
     current: set[asyncio.Task[None]] = set()
 
     async def run_tick() -> None:
@@ -155,19 +153,23 @@ async def serve_and_tick(
     )  # fmt: skip
     if add_jobs is not None:
         add_jobs(scheduler)
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    serving = [
+        asyncio.create_task(server.serve(sockets=[bound]))
+        for server, (_, bound) in zip(servers, listeners, strict=True)
+    ]
     scheduler.start()
     log.info(
-        "kvpilot agent listening on http://%s:%d, ticking every %.1f s",
-        settings.listen_host, sock.getsockname()[1], settings.interval_s,
+        "kvpilot agent listening on %s, ticking every %.1f s",
+        " and ".join(_address(bound) for _, bound in listeners), settings.interval_s,
     )  # fmt: skip
     try:
         stopped = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait({stopped, serving}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({stopped, *serving}, return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
-        if serving in done and not stop.is_set():
-            serving.result()  # the HTTP server failed: raise it
-            raise RuntimeError("the HTTP server stopped on its own")
+        for failed in done - {stopped}:
+            if not stop.is_set():
+                failed.result()  # the HTTP server failed: raise it
+                raise RuntimeError("the HTTP server stopped on its own")
     finally:
         log.info("stopping: no new ticks")
         scheduler.shutdown(wait=False)
@@ -180,11 +182,18 @@ async def serve_and_tick(
                 log.warning("stopping: tick did not finish in time, cancelling it")
                 task.cancel()
         await reloads.aclose()
-        server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(serving, timeout=settings.shutdown_grace_s)
-        sock.close()
+        for server in servers:
+            server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*serving), timeout=settings.shutdown_grace_s)
+        for _, bound in listeners:
+            bound.close()
         log.info("stopped")
+
+
+def _address(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def own_signals(stop: asyncio.Event) -> None:

@@ -20,6 +20,7 @@ from kvpilot.agent.config import (
     SlackNotifierConfig,
     config_warnings,
 )
+from kvpilot.agent.config.extras import missing_extras, needed_extras
 from kvpilot.collectors.vllm_argv import launch_form
 
 
@@ -146,6 +147,9 @@ def register(app: typer.Typer) -> None:
             print(line)
         for note in config_warnings(config):
             print(f"warning: {note}")
+        missing = missing_extras(needed_extras(config))
+        if missing is not None:  # this machine's install, not the file: `run` refuses it
+            print(f"warning: {missing}")
 
     @config_app.command("schema")
     def schema() -> None:

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 import typer
 
 from kvpilot.agent.config import AgentConfig, ConfigError, load_config, validate_config
+from kvpilot.agent.config.extras import missing_extras, needed_extras
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.migrations import SchemaTooNewError
 from kvpilot.agent.tuning.promoted import yaml_hash
@@ -30,6 +31,14 @@ def exit_invalid(path: Path | str, problems: Iterable[str]) -> NoReturn:
     for problem in problems:
         print(f"  {problem}", file=sys.stderr)
     raise typer.Exit(INVALID_CONFIG_EXIT)
+
+
+def exit_missing_extras(config: AgentConfig, *, tuning: bool = False) -> None:
+    """Exit 2 with the pip command when `config` needs an extra that is not installed."""
+    missing = missing_extras(needed_extras(config, tuning=tuning))
+    if missing is not None:
+        print(f"kvpilot: {missing}", file=sys.stderr)
+        raise typer.Exit(INVALID_CONFIG_EXIT)
 
 
 def _read_token(config: AgentConfig) -> None:

@@ -48,7 +48,7 @@ POLL_S = 0.5
 @dataclass(frozen=True, slots=True)
 class DemoSettings:
     duration_s: float | None = None
-    listen_port: int = 9400
+    listen_port: int = 8474
     live_view: bool = True
     pin_cpus: bool = True  # the stable server on core 0, the canary on core 1
     log_file: Path | None = None  # the whole log, beside the view's panel

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -21,6 +23,8 @@ from kvpilot.agent.cli import plan_cmd as plan_cli
 from kvpilot.agent.cli import state_cmd as state_cli
 from kvpilot.agent.cli import tune_cmd as tune_cli
 from kvpilot.agent.cli import workload_cmd as workload_cli
+from kvpilot.agent.cli.config_load import INVALID_CONFIG_EXIT
+from kvpilot.agent.config.agent import DEFAULT_PORT, parse_host_port
 from kvpilot.agent.tick.snapshot import read_nvml
 from kvpilot.agent.tick.wiring import CollectSettings, build_ticker
 from kvpilot.collectors.limits import (
@@ -185,7 +189,7 @@ def run(
     api_key: ApiKey = None,
     listen: Annotated[
         str, typer.Option(help="HOST:PORT for /metrics and /healthz (without --config).")
-    ] = "127.0.0.1:9400",
+    ] = f"127.0.0.1:{DEFAULT_PORT}",
     interval: Annotated[float, typer.Option(min=0.1, help="Seconds between ticks.")] = 1.0,
     server_pid: Annotated[
         list[int] | None,
@@ -199,9 +203,10 @@ def run(
     if config is not None:
         _run_sidecar(config)
         return
-    host, _, port = listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise typer.BadParameter(f"expected HOST:PORT, got {listen!r}", param_hint="--listen")
+    try:
+        listen_section = parse_host_port(listen)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--listen") from None
     server: dict[str, object] = {"name": "vllm", "url": vllm_url, "kvpool_url": kvpool_url}
     if server_pid:
         server["pids"] = list(server_pid)
@@ -211,7 +216,7 @@ def run(
     if api_key:
         runtime["api_key"] = api_key
     data = {
-        "listen": {"host": host, "port": int(port)},
+        "listen": listen_section,
         "interval_s": interval,
         "runtime": runtime,
     }
@@ -223,16 +228,14 @@ def _run_sidecar(path: Path | None, data: dict[str, object] | None = None) -> No
     agent stops unless KVPILOT_STATE_DIR names a state directory. A listen address that is
     taken, or a server that exits before it was first ready, ends it with a plain message
     and exit code 1, never a traceback."""
-    import tempfile
-
     from kvpilot.agent.app.compose import run_sidecar
     from kvpilot.agent.app.lifecycle import ListenError
-    from kvpilot.agent.cli.config_load import load_or_exit, validate_or_exit
+    from kvpilot.agent.cli.config_load import exit_missing_extras, load_or_exit, validate_or_exit
     from kvpilot.agent.config import secret_values
     from kvpilot.agent.runtimes.probe import StartFailed
 
     configure_logging(json_logs=True)
-    with tempfile.TemporaryDirectory(prefix="kvpilot-state-") as scratch:
+    with _scratch_state_dir(needed=path is None) as scratch:
         reload_config = None
         if path is not None:
             config, sha256 = load_or_exit(path, read_token=True)
@@ -240,6 +243,7 @@ def _run_sidecar(path: Path | None, data: dict[str, object] | None = None) -> No
         else:
             config = validate_or_exit({"state_dir": scratch, **(data or {})})
             sha256 = None
+        exit_missing_extras(config)
         configure_logging(json_logs=True, secrets=secret_values(config))
         try:
             asyncio.run(run_sidecar(config, config_sha256=sha256, reload_config=reload_config))
@@ -254,6 +258,29 @@ def _run_sidecar(path: Path | None, data: dict[str, object] | None = None) -> No
         except StartFailed as exc:
             print(exc.explain(), file=sys.stderr)
             raise typer.Exit(1) from None
+
+
+@contextlib.contextmanager
+def _scratch_state_dir(*, needed: bool) -> Iterator[str]:
+    """A temporary state directory for `run` without --config, made only when it is used:
+    a container with a read-only root and no /tmp (Kubernetes' readOnlyRootFilesystem) runs
+    `run --config` or sets KVPILOT_STATE_DIR, and needs no temporary directory at all."""
+    import tempfile
+
+    if not needed or os.environ.get("KVPILOT_STATE_DIR"):
+        yield ""  # never used: the file's state_dir or KVPILOT_STATE_DIR decides
+        return
+    try:
+        scratch = tempfile.TemporaryDirectory(prefix="kvpilot-state-")
+    except OSError as exc:  # FileNotFoundError: no usable temporary directory
+        print(
+            f"kvpilot: no writable temporary directory for the state ({exc}): set "
+            "KVPILOT_STATE_DIR to a writable directory (a volume), or mount one on /tmp",
+            file=sys.stderr,
+        )
+        raise typer.Exit(INVALID_CONFIG_EXIT) from None
+    with scratch as path:
+        yield path
 
 
 def _reloader(path: Path, secrets: tuple[str, ...]) -> Callable[[], AgentConfig]:
@@ -280,7 +307,7 @@ def demo(
     duration: Annotated[
         float | None, typer.Option(help="Stop after this many seconds (default: Ctrl-C).")
     ] = None,
-    listen_port: Annotated[int, typer.Option(help="Port for kvpilot's /metrics.")] = 9400,
+    listen_port: Annotated[int, typer.Option(help="Port for kvpilot's /metrics.")] = DEFAULT_PORT,
     no_view: Annotated[
         bool, typer.Option("--no-view", help="Logs instead of the live view.")
     ] = False,

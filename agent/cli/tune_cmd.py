@@ -25,7 +25,7 @@ from rich.live import Live
 
 from kvpilot.agent.app.parts import build_pod_runtime
 from kvpilot.agent.cli import workload_cmd as workload_cli
-from kvpilot.agent.cli.config_load import load_or_exit, open_state_or_exit
+from kvpilot.agent.cli.config_load import exit_missing_extras, load_or_exit, open_state_or_exit
 from kvpilot.agent.cli.tune_report import report
 from kvpilot.agent.config import AgentConfig, PodRuntimeConfig, secret_values
 from kvpilot.agent.config.tuning import TuningConfig
@@ -122,6 +122,7 @@ def tune(
     if config is None:
         raise typer.BadParameter("--config is required", param_hint="--config")
     cfg, config_sha256 = load_or_exit(config)
+    exit_missing_extras(cfg, tuning=True)
     base = cfg.tuning
     overrides = {
         "trials": trials, "strategy": strategy.value if strategy else None,

@@ -75,11 +75,10 @@ def choose_for_tune(
 
 
 def _listen_url(cfg: AgentConfig) -> str:
-    host = cfg.listen.host
-    host = "127.0.0.1" if host in WILDCARD_HOSTS else host  # a wildcard answers on loopback
-    return (
-        f"http://[{host}]:{cfg.listen.port}" if ":" in host else f"http://{host}:{cfg.listen.port}"
-    )
+    """Where the running agent's API answers (its own listener, when it has one)."""
+    listen = cfg.api_listen()
+    host = "127.0.0.1" if listen.host in WILDCARD_HOSTS else listen.host  # answers on loopback
+    return f"http://[{host}]:{listen.port}" if ":" in host else f"http://{host}:{listen.port}"
 
 
 def _fmt(value: float | None, digits: int = 0) -> str:

@@ -29,11 +29,38 @@ from kvpilot.collectors.secrets import argv_secrets, env_secrets, url_secrets
 log = logging.getLogger(__name__)
 
 
+# No exporter in Prometheus's port registry (9100-9999, where dcgm-exporter's 9400 runs on
+# the same GPU nodes) and no common serving or observability component claims these two.
+DEFAULT_PORT = 8474
+DEFAULT_API_PORT = 8475
+
+
 class ListenConfig(Model):
-    """Where the agent serves /metrics, health and its HTTP API."""
+    """Where the agent serves /metrics, health and its HTTP API.
+
+    Also given as one string, `HOST:PORT` (`[::1]:8474` for IPv6), as in
+    `KVPILOT_LISTEN=0.0.0.0:8474`."""
 
     host: str = Field("127.0.0.1", description="Address to bind; loopback unless you mean it.")
-    port: Port = Field(9400, description="TCP port for /metrics, /healthz and /api/v1.")
+    port: Port = Field(
+        DEFAULT_PORT,
+        description="TCP port for /metrics and /healthz (and /api/v1 unless api.listen is set).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _host_port_string(cls, value: Any) -> Any:
+        return parse_host_port(value) if isinstance(value, str) else value
+
+
+def parse_host_port(text: str) -> dict[str, Any]:
+    """`HOST:PORT` or `[V6]:PORT` as the listen section's mapping; ValueError says the form."""
+    host, sep, port = text.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isascii() or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT (e.g. 0.0.0.0:{DEFAULT_PORT}), got {text!r}")
+    return {"host": host, "port": int(port)}
 
 
 class ApiConfig(Model):
@@ -44,6 +71,12 @@ class ApiConfig(Model):
     )
     token_file: Path | None = Field(
         None, description="A file holding the token (e.g. a mounted Kubernetes Secret)."
+    )
+    listen: ListenConfig | None = Field(
+        None,
+        description="A listener of its own for /api/v1 and /-/reload (e.g. 127.0.0.1:"
+        f"{DEFAULT_API_PORT}), so that the port Prometheus scrapes serves /metrics and "
+        "/healthz only. Default: the API shares the main listener.",
     )
 
     @model_validator(mode="after")
@@ -132,6 +165,17 @@ class AgentConfig(Model):
         default_factory=ScrapeConfig, description="Limits on every read of a source."
     )
 
+    def api_listen(self) -> ListenConfig:
+        """Where the control API answers: its own listener, or the main one."""
+        return self.api.listen or self.listen
+
+    @model_validator(mode="after")
+    def _distinct_listeners(self) -> AgentConfig:
+        api = self.api.listen
+        if api is not None and api.port == self.listen.port:
+            raise ValueError(f"api.listen and listen both want port {api.port}")
+        return self
+
     @model_validator(mode="after")
     def _distinct_notifiers(self) -> AgentConfig:
         require_unique("notifier name", [n.name for n in self.notifiers])
@@ -165,8 +209,10 @@ def config_warnings(config: AgentConfig) -> tuple[str, ...]:
                     f"runtime.instances[{instance.name}]: --api-key in argv is visible to "
                     "every user of the machine; set runtime.api_key instead"
                 )
-    if config.listen.host not in {"127.0.0.1", "::1", "localhost"}:
-        notes.append(f"listen.host {config.listen.host!r} exposes the API beyond loopback")
+    api = config.api_listen()
+    if api.host not in {"127.0.0.1", "::1", "localhost"}:
+        where = "api.listen.host" if config.api.listen else "listen.host"
+        notes.append(f"{where} {api.host!r} exposes the API beyond loopback")
     return tuple(notes)
 
 

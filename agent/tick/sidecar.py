@@ -126,7 +126,8 @@ class Sidecar:
 
     def _restore_tracker(self) -> AlertTracker:
         repeat_s = min((n.repeat_interval_s for n in self.config.notifiers), default=4 * 3600.0)
-        external = f"http://{self.config.listen.host}:{self.config.listen.port}/api/v1/alerts"
+        api = self.config.api_listen()
+        external = f"http://{api.host}:{api.port}/api/v1/alerts"
         rows = self.store.load_alerts()
         silences = self.store.load_silences(self._wall_clock())
         return AlertTracker.from_rows(

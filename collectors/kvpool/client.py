@@ -293,7 +293,7 @@ def _allocator(figures: _Figures, device: str, rank: str) -> AllocatorSample:
 
 
 class KvPoolSource:
-    """Scrapes one plugin port (`url`, e.g. http://127.0.0.1:9400/metrics) within its limits."""
+    """Scrapes one plugin port (`url`, e.g. http://127.0.0.1:8474/metrics) within its limits."""
 
     def __init__(
         self,

@@ -83,12 +83,11 @@ def test_sidecar_pod_shares_processes_and_uid() -> None:
     env = {e["name"]: e.get("value") for e in containers["vllm"]["env"]}
     assert env["KVPILOT_KVPOOL_PORT"] == "9500"
     assert env["PYTHONPATH"] == "/opt/kvpilot-plugin"
-    args = " ".join(containers["kvpilot"]["args"])
-    assert "--kvpool-url=http://127.0.0.1:9500" in args
+    assert containers["kvpilot"]["args"] == ["run"]  # kvpilot.yaml decides the rest
     mounts = {m["name"]: m["mountPath"] for m in containers["kvpilot"]["volumeMounts"]}
     assert mounts["state"] == "/var/lib/kvpilot"
+    assert containers["vllm"]["readinessProbe"] and containers["vllm"]["livenessProbe"]
     for container in containers.values():
-        assert container["readinessProbe"] and container["livenessProbe"]
         assert container["resources"]["requests"]
 
 

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,9 @@ def test_layer_builds_with_its_kinds_labels_and_images(layer: str) -> None:
         assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "kvpilot", doc["kind"]
     pod = named(docs, "Deployment", "vllm")["spec"]["template"]["spec"]
     images = {c["image"] for c in pod["containers"] + pod["initContainers"]}
-    assert images == {"vllm/vllm-openai:v0.32.0", "kvpilot:0.1.0"}
+    # The sidecar's tag is the package's version: pyproject.toml is where it is written.
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert images == {"vllm/vllm-openai:v0.32.0", f"ghcr.io/kvpilot/kvpilot:{version}"}
 
 
 @pytest.mark.parametrize("layer", LAYERS)
