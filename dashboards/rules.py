@@ -15,7 +15,9 @@ uses; Prometheus evaluates them on the series the agent and vLLM export:
   window, with the growth over the window (`delta`) at least the minimum.
 
 `GpuNeighbourPressure` needs the server's `gpu_memory_utilization`, which only the agent
-knows; it stays the agent's alone. The self-watch rules alert on kvpilot itself.
+knows; it stays the agent's alone. The self-watch rules alert on kvpilot itself: no target
+up, one target down, a collector down, the outbox, the circuit breaker, and its failure
+counters. Windows hold at least four scrapes and every alert waits at least two (`Timing`).
 """
 
 from __future__ import annotations
@@ -98,16 +100,49 @@ class RuleSettings(Protocol):
     def gpu_memory_growth(self) -> _GpuMemoryGrowth: ...
 
 
+# The shipped ServiceMonitor's interval (deploy/base/servicemonitor.yaml; a test keeps them equal).
+SCRAPE_INTERVAL_S = 15.0
+# A range holds at least this many scrapes: rate() over two samples jumps with one late scrape,
+# and Prometheus 3's left-open ranges hold one sample fewer than 2's.
+MIN_SCRAPES_PER_WINDOW = 4
+# An alert's condition holds over at least this many scrapes before it fires.
+MIN_SCRAPES_PER_FOR = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Windows and `for` durations sized to the scrape interval of the series they read."""
+
+    scrape_interval_s: float = SCRAPE_INTERVAL_S
+
+    def __post_init__(self) -> None:
+        if not self.scrape_interval_s > 0:
+            raise ValueError(f"scrape interval {self.scrape_interval_s} s: must be above 0")
+
+    def window_s(self, wanted_s: float) -> float:
+        """`wanted_s`, or four scrapes when that is longer."""
+        return max(wanted_s, MIN_SCRAPES_PER_WINDOW * self.scrape_interval_s)
+
+    def for_s(self, wanted_s: float) -> float:
+        """`wanted_s`, or two scrapes when that is longer (never `0s`)."""
+        return max(wanted_s, MIN_SCRAPES_PER_FOR * self.scrape_interval_s)
+
+
 @dataclass(frozen=True, slots=True)
 class SelfWatch:
     """Thresholds of the rules that watch kvpilot itself."""
 
     job: str = "kvpilot"
     absent_for_s: float = 300.0
+    down_for_s: float = 300.0
     collector_down_for_s: float = 300.0
     outbox_backlog_rows: int = 100
     outbox_backlog_for_s: float = 900.0
     circuit_open_for_s: float = 0.0
+    failures_window_s: float = 600.0  # an error counter that moved within it alerts
+    overrun_ratio: float = 0.1  # of ticks
+    overrun_for_s: float = 600.0
+    reload_failed_for_s: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +194,11 @@ def dump_yaml(data: Any) -> str:
 PREEMPTION_RATE = "kvpilot:preemption_rate_per_second:short"
 PREEMPTION_BASELINE = "kvpilot:preemption_rate_per_second:baseline"
 SERVER_GPU_MEMORY = "kvpilot:gpu_server_memory_bytes"
-ENGINE_KEY = "instance, job, model_name, engine"
+# An engine on kvpilot's series (one agent may watch several servers) and on vLLM's own.
+ENGINE_KEY = "instance, job, server, model_name, engine"
+VLLM_ENGINE_KEY = "instance, job, model_name, engine"
+# Where `runbook_url` points; `kvpilot rules --runbook-url-base` sets where the docs are served.
+RUNBOOK_URL_BASE = "docs/runbooks/"
 
 
 def duration(seconds: float) -> str:
@@ -176,29 +215,42 @@ def number(value: float) -> str:
     return format(value, ".12g")
 
 
+@dataclass(frozen=True, slots=True)
+class _Context:
+    timing: Timing
+    descriptions: Mapping[str, str]
+    runbook_url_base: str
+
+    def annotations(self, name: str, summary: str, description: str = "") -> dict[str, str]:
+        text = self.descriptions.get(name) or description
+        return {
+            "summary": summary,
+            "description": text,
+            "runbook_url": f"{self.runbook_url_base}{name}.md",
+        }
+
+
 def _alert(
+    ctx: _Context,
     name: str,
     expr: str,
     rule: _Rule,
     summary: str,
-    runbooks: Mapping[str, str],
     labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    annotations = {"summary": summary}
-    if name in runbooks:
-        annotations["runbook"] = runbooks[name]
     return {
         "alert": name,
         "expr": expr,
-        "for": duration(rule.for_s),
+        "for": duration(ctx.timing.for_s(rule.for_s)),
         "labels": {**_labels(rule), **(labels or {})},
-        "annotations": annotations,
+        "annotations": ctx.annotations(name, summary),
     }
 
 
-def _preemption_recording(cfg: _PreemptionSpike) -> list[dict[str, Any]]:
-    short = duration(cfg.window_s)
-    baseline = duration(cfg.baseline_window_s - cfg.window_s)
+def _preemption_recording(cfg: _PreemptionSpike, timing: Timing) -> list[dict[str, Any]]:
+    short_s = timing.window_s(cfg.window_s)
+    short = duration(short_s)
+    baseline = duration(timing.window_s(cfg.baseline_window_s - short_s))
 
     def preferred(range_and_offset: str) -> str:
         # `or` matches on every label but `counter`: vLLM's counts where the plugin's is absent.
@@ -216,7 +268,7 @@ def _preemption_recording(cfg: _PreemptionSpike) -> list[dict[str, Any]]:
     ]
 
 
-def _engine_alerts(settings: RuleSettings, runbooks: Mapping[str, str]) -> list[dict[str, Any]]:
+def _engine_alerts(settings: RuleSettings, ctx: _Context) -> list[dict[str, Any]]:
     rules: list[dict[str, Any]] = []
     frag = settings.fragmentation
     for source, cfg in (("kv_blocks", frag.kv_blocks), ("allocator", frag.allocator)):
@@ -224,12 +276,12 @@ def _engine_alerts(settings: RuleSettings, runbooks: Mapping[str, str]) -> list[
             continue
         rules.append(
             _alert(
+                ctx,
                 "KvFragmentationHigh",
                 f'kvpilot_fragmentation_ratio{{source="{source}"}} > {number(cfg.threshold_ratio)}',
                 cfg,
                 f"{source} fragmentation {{{{ $value | humanizePercentage }}}} above "
                 f"{cfg.threshold_ratio:g} on {{{{ $labels.instance }}}}",
-                runbooks,
                 # The series carries it too; as a rule label it keeps the two rules apart.
                 labels={"source": source},
             )
@@ -238,19 +290,21 @@ def _engine_alerts(settings: RuleSettings, runbooks: Mapping[str, str]) -> list[
     if spike.enabled:
         rules.append(
             _alert(
+                ctx,
                 "PreemptionSpike",
                 f"{PREEMPTION_RATE} > {number(spike.floor_per_s)} unless on ({ENGINE_KEY}) "
                 f"{PREEMPTION_RATE} <= {number(spike.baseline_multiple)} * {PREEMPTION_BASELINE}",
                 spike,
-                f"{{{{ $value | humanize }}}} preemptions/s over {duration(spike.window_s)} on "
+                f"{{{{ $value | humanize }}}} preemptions/s over "
+                f"{duration(ctx.timing.window_s(spike.window_s))} on "
                 "{{ $labels.instance }} engine {{ $labels.engine }}",
-                runbooks,
             )
         )
     sat = settings.kv_saturation
     if sat.enabled:
         rules.append(
             _alert(
+                ctx,
                 "KvCacheSaturated",
                 f"kvpilot_kv_usage_ratio >= {number(sat.usage_threshold_ratio)} "
                 f"and on ({ENGINE_KEY}) "
@@ -258,30 +312,30 @@ def _engine_alerts(settings: RuleSettings, runbooks: Mapping[str, str]) -> list[
                 sat,
                 "KV cache {{ $value | humanizePercentage }} full with requests waiting on "
                 "{{ $labels.instance }} engine {{ $labels.engine }}",
-                runbooks,
             )
         )
     stall = settings.engine_stall
     if stall.enabled:
-        window = duration(stall.stall_s)
+        window = duration(ctx.timing.window_s(stall.stall_s))
         rules.append(
             _alert(
+                ctx,
                 "EngineStalled",
                 f"(min_over_time(vllm:num_requests_running[{window}]) "
                 f"+ min_over_time(vllm:num_requests_waiting[{window}])) > 0 "
-                f"and on ({ENGINE_KEY}) "
+                f"and on ({VLLM_ENGINE_KEY}) "
                 f"changes(vllm:iteration_tokens_total_count[{window}]) == 0",
                 stall,
                 f"no engine step for {window} with {{{{ $value }}}} requests present on "
                 "{{ $labels.instance }} engine {{ $labels.engine }}",
-                runbooks,
             )
         )
     growth = settings.gpu_memory_growth
     if growth.enabled:
-        window = duration(growth.window_s)
+        window = duration(ctx.timing.window_s(growth.window_s))
         rules.append(
             _alert(
+                ctx,
                 "GpuMemoryGrowth",
                 f"deriv({SERVER_GPU_MEMORY}[{window}]) "
                 f"> {number(growth.slope_threshold_bytes_per_s)} "
@@ -289,57 +343,115 @@ def _engine_alerts(settings: RuleSettings, runbooks: Mapping[str, str]) -> list[
                 f"delta({SERVER_GPU_MEMORY}[{window}]) >= {growth.min_growth_bytes}",
                 growth,
                 "GPU memory of server {{ $labels.server }} on GPU {{ $labels.gpu }} of "
-                "{{ $labels.instance }} grows "
-                "{{ $value | humanize1024 }}B/s",
-                runbooks,
+                "{{ $labels.instance }} grows {{ $value | humanize1024 }}B/s",
             )
         )
     return rules
 
 
-def _self_watch(watch: SelfWatch) -> list[dict[str, Any]]:
-    def rule(name: str, expr: str, for_s: float, severity: str, summary: str) -> dict[str, Any]:
+def _moved(counter: str, window: str) -> str:
+    """A counter that rose within `window`, or appeared within it (its first sample is
+    already at least 1, which `increase` alone does not see)."""
+    return f"increase({counter}[{window}]) > 0 or ({counter} unless {counter} offset {window})"
+
+
+def _self_watch(watch: SelfWatch, ctx: _Context) -> list[dict[str, Any]]:
+    timing = ctx.timing
+
+    def rule(
+        name: str, expr: str, for_s: float, severity: str, summary: str, description: str
+    ) -> dict[str, Any]:
         return {
             "alert": name,
             "expr": expr,
-            "for": duration(for_s),
+            "for": duration(timing.for_s(for_s)),
             "labels": {"severity": severity},
-            "annotations": {"summary": summary},
+            "annotations": ctx.annotations(name, summary, description),
         }
 
+    failures = duration(timing.window_s(watch.failures_window_s))
+    unavailable = duration(timing.window_s(watch.collector_down_for_s))
+    overruns = duration(timing.window_s(watch.overrun_for_s))
     return [
         rule(
             "KvpilotAbsent",
             f'absent(up{{job="{watch.job}"}} == 1)',
             watch.absent_for_s,
             "critical",
-            f'No kvpilot target of job "{watch.job}" is up: nothing watches vLLM\'s memory.',
+            f'No kvpilot target of job "{watch.job}" is up',
+            "Nothing watches vLLM's memory: no alert, remediation or tuning runs.",
+        ),
+        rule(
+            "KvpilotDown",
+            f'up{{job="{watch.job}"}} == 0',
+            watch.down_for_s,
+            "warning",
+            "kvpilot on {{ $labels.instance }} is not scraped",
+            "Prometheus cannot scrape this kvpilot: the vLLM server beside it is not watched.",
         ),
         rule(
             "KvpilotCollectorDown",
-            # A source that is not on this machine (NVML without a driver) is not down.
-            "kvpilot_collector_up == 0 unless on (instance, job, source) "
-            'kvpilot_collector_errors_total{reason="unavailable"}',
+            # A source that is not on this machine (NVML without a driver) counts
+            # `unavailable` on every read: it is not down. An old `unavailable` is forgotten.
+            "kvpilot_collector_up == 0 unless on (instance, job, server, source) "
+            f'increase(kvpilot_collector_errors_total{{reason="unavailable"}}[{unavailable}]) > 0',
             watch.collector_down_for_s,
             "warning",
-            "kvpilot cannot read {{ $labels.source }} on {{ $labels.instance }} "
-            "(see kvpilot_collector_errors_total).",
+            "kvpilot cannot read {{ $labels.source }} of server {{ $labels.server }} "
+            "on {{ $labels.instance }}",
+            "The source's reads fail (see kvpilot_collector_errors_total by reason); rules "
+            "that need it see unknown, never healthy.",
         ),
         rule(
             "KvpilotOutboxBacklog",
             f"kvpilot_outbox_backlog > {watch.outbox_backlog_rows}",
             watch.outbox_backlog_for_s,
             "warning",
-            "{{ $value }} notifications wait for delivery on {{ $labels.instance }}: "
-            "a receiver is failing.",
+            "{{ $value }} notifications wait for delivery on {{ $labels.instance }}",
+            "A notification receiver is failing; kvpilot retries with backoff.",
         ),
         rule(
             "KvpilotRemediationCircuitOpen",
             "kvpilot_remediation_circuit_open == 1",
             watch.circuit_open_for_s,
             "critical",
-            "kvpilot stopped remediating on {{ $labels.instance }}: restarts did not keep "
-            "the condition away. A person must look.",
+            "kvpilot stopped remediating server {{ $labels.server }} on {{ $labels.instance }}",
+            "Restarts did not keep the condition away, so the circuit breaker opened. "
+            "A person must look.",
+        ),
+        rule(
+            "KvpilotStateWriteErrors",
+            _moved("kvpilot_state_write_errors_total", failures),
+            0.0,
+            "warning",
+            "kvpilot on {{ $labels.instance }} cannot write its state ({{ $labels.reason }})",
+            "Alert states, the outbox and trials are written to the state database; "
+            "what a failed tick decided is retried on the next one.",
+        ),
+        rule(
+            "KvpilotNotificationsGivenUp",
+            _moved('kvpilot_notifications_total{outcome="given_up"}', failures),
+            0.0,
+            "warning",
+            "kvpilot on {{ $labels.instance }} gave up notifications to {{ $labels.notifier }}",
+            "Deliveries failed past their retry budget: those notifications were lost.",
+        ),
+        rule(
+            "KvpilotBackgroundTaskFailed",
+            _moved("kvpilot_background_task_failures_total", failures),
+            0.0,
+            "warning",
+            "kvpilot's {{ $labels.task }} task failed on {{ $labels.instance }}",
+            "A background task ended with an error; its traceback is in kvpilot's log.",
+        ),
+        rule(
+            "KvpilotTickOverruns",
+            f"rate(kvpilot_tick_overruns_total[{overruns}]) "
+            f"> {number(watch.overrun_ratio)} * rate(kvpilot_ticks_total[{overruns}])",
+            watch.overrun_for_s,
+            "warning",
+            "kvpilot's ticks on {{ $labels.instance }} overrun their interval",
+            "Reading the sources takes longer than the tick interval: rules see older data.",
         ),
     ]
 
@@ -350,14 +462,20 @@ def build_rules(
     runbooks: Mapping[str, str] | None = None,
     self_watch: SelfWatch | None = None,
     evaluation_interval_s: float | None = None,
+    scrape_interval_s: float = SCRAPE_INTERVAL_S,
+    runbook_url_base: str = RUNBOOK_URL_BASE,
 ) -> RuleGroups:
-    """Recording and alerting rules; without an interval the groups use Prometheus's global one."""
+    """Recording and alerting rules; without an interval the groups use Prometheus's global one.
+
+    Windows and `for` durations are at least four and two scrapes of `scrape_interval_s`.
+    """
     runbooks = dict(runbooks or {})
+    ctx = _Context(Timing(scrape_interval_s), runbooks, runbook_url_base)
     interval = (
         {} if evaluation_interval_s is None else {"interval": duration(evaluation_interval_s)}
     )
     recording = [
-        *_preemption_recording(settings.preemption_spike),
+        *_preemption_recording(settings.preemption_spike, ctx.timing),
         {
             "record": SERVER_GPU_MEMORY,
             "expr": "sum by (instance, job, gpu, server) "
@@ -366,15 +484,7 @@ def build_rules(
     ]
     groups = (
         {"name": "kvpilot.recording", **interval, "rules": recording},
-        {
-            "name": "kvpilot.alerts",
-            **interval,
-            "rules": _engine_alerts(settings, runbooks),
-        },
-        {
-            "name": "kvpilot.self",
-            **interval,
-            "rules": _self_watch(self_watch or SelfWatch()),
-        },
+        {"name": "kvpilot.alerts", **interval, "rules": _engine_alerts(settings, ctx)},
+        {"name": "kvpilot.self", **interval, "rules": _self_watch(self_watch or SelfWatch(), ctx)},
     )
     return RuleGroups(groups=groups, runbooks=runbooks)

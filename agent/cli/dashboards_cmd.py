@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from kvpilot.agent.rules.config import RulesConfig
+from kvpilot.dashboards.rules import RUNBOOK_URL_BASE, SCRAPE_INTERVAL_S
 
 ConfigFile = Annotated[
     Path | None,
@@ -135,6 +136,21 @@ def register(app: typer.Typer) -> None:
             float | None,
             typer.Option(help="Seconds between evaluations (default: Prometheus's global)."),
         ] = None,
+        scrape_interval: Annotated[
+            float,
+            typer.Option(
+                min=1,
+                help="Seconds between scrapes of vLLM and kvpilot: every window holds at least "
+                "four scrapes, every `for` two (default: the shipped ServiceMonitor's).",
+            ),
+        ] = SCRAPE_INTERVAL_S,
+        runbook_url_base: Annotated[
+            str,
+            typer.Option(
+                help="Where docs/runbooks/ is served; each alert's runbook_url is "
+                "this followed by <alert>.md."
+            ),
+        ] = RUNBOOK_URL_BASE,
         config_file: ConfigFile = None,
     ) -> None:
         """Prometheus rules equivalent to kvpilot's own, and rules that watch kvpilot itself."""
@@ -144,6 +160,8 @@ def register(app: typer.Typer) -> None:
             rules_config(config_file),
             runbooks=runbooks(),
             evaluation_interval_s=evaluation_interval,
+            scrape_interval_s=scrape_interval,
+            runbook_url_base=runbook_url_base,
         )
         text = (
             groups.rules_file()

@@ -64,10 +64,10 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _kv_block() -> KvBlockSample:
+def _kv_block(model_name: str) -> KvBlockSample:
     return KvBlockSample(
         engine="0",
-        model_name="tiny-llama",
+        model_name=model_name,
         taken_at_s=10.0,
         blocks_total=1023,
         blocks_free=200,
@@ -127,7 +127,9 @@ def _state(*, kvpool: bool) -> TickState:
         taken_at_s=10.0,
         wall_time_s=1e9,
         vllm=VllmScrape(10.0, 1e9, engines, "0.32.0"),
-        kvpool=KvPoolScrape(10.0, 1e9, (_kv_block(),), (_allocator(),)) if kvpool else None,
+        kvpool=KvPoolScrape(10.0, 1e9, (_kv_block(engines[0].model_name),), (_allocator(),))
+        if kvpool
+        else None,
         nvml=NvmlSnapshot(10.0, 1e9, "550.54", (_gpu(),)),
         durations_s=(("vllm", 0.004), ("nvml", 0.001), ("kvpool", 0.002)),
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
+import re
 import subprocess
 from pathlib import Path
 
@@ -10,13 +10,14 @@ import pytest
 import typer
 import yaml
 from prometheus_server import PROMTOOL
+from rule_cases import alert_cases
 from typer.testing import CliRunner
 
 from kvpilot.agent.cli.dashboards_cmd import register, runbooks
 from kvpilot.agent.rules.config import RulesConfig
-from kvpilot.dashboards.rules import build_rules
+from kvpilot.dashboards.rules import RUNBOOK_URL_BASE, SCRAPE_INTERVAL_S, build_rules, duration
 
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
 ENGINE_ALERTS = {
     "KvFragmentationHigh",
     "PreemptionSpike",
@@ -26,10 +27,17 @@ ENGINE_ALERTS = {
 }
 SELF_ALERTS = {
     "KvpilotAbsent",
+    "KvpilotDown",
     "KvpilotCollectorDown",
     "KvpilotOutboxBacklog",
     "KvpilotRemediationCircuitOpen",
+    "KvpilotStateWriteErrors",
+    "KvpilotNotificationsGivenUp",
+    "KvpilotBackgroundTaskFailed",
+    "KvpilotTickOverruns",
 }
+SCRAPE_INTERVALS_S = (15.0, 30.0)
+_RANGE = re.compile(r"\[(\d+)s\]")
 
 
 def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -42,12 +50,32 @@ def _alerts(groups: list[dict]) -> list[dict]:
     return [rule for group in groups for rule in group["rules"] if "alert" in rule]
 
 
-def test_promtool_check_rules_accepts_the_generated_rules(tmp_path: Path) -> None:
+@pytest.mark.parametrize("scrape_s", SCRAPE_INTERVALS_S)
+def test_promtool_check_rules_accepts_the_generated_rules(tmp_path: Path, scrape_s: float) -> None:
     path = tmp_path / "kvpilot.rules.yaml"
-    path.write_text(build_rules(RulesConfig(), runbooks=runbooks()).rules_file())
+    rules = build_rules(RulesConfig(), runbooks=runbooks(), scrape_interval_s=scrape_s)
+    path.write_text(rules.rules_file())
     result = promtool("check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 13 rules found" in result.stdout
+    assert "SUCCESS: 18 rules found" in result.stdout
+
+
+def test_the_default_scrape_interval_is_the_shipped_service_monitors() -> None:
+    monitor = yaml.safe_load((ROOT / "deploy/base/servicemonitor.yaml").read_text())
+    intervals = {endpoint["interval"] for endpoint in monitor["spec"]["endpoints"]}
+    assert intervals == {duration(SCRAPE_INTERVAL_S)}
+
+
+@pytest.mark.parametrize("scrape_s", SCRAPE_INTERVALS_S)
+def test_windows_hold_four_scrapes_and_no_alert_fires_on_one(scrape_s: float) -> None:
+    groups = yaml.safe_load(build_rules(RulesConfig(), scrape_interval_s=scrape_s).rules_file())[
+        "groups"
+    ]
+    rules = [rule for group in groups for rule in group["rules"]]
+    ranges = [int(r) for rule in rules for r in _RANGE.findall(rule["expr"])]
+    assert ranges and min(ranges) >= 4 * scrape_s
+    for alert in _alerts(groups):
+        assert int(alert["for"].removesuffix("s")) >= 2 * scrape_s, alert
 
 
 def test_every_agent_alert_and_self_watch_alert_is_generated() -> None:
@@ -83,28 +111,36 @@ def test_rules_follow_the_configuration() -> None:
     assert "[840s] offset 60s" in baseline  # the baseline ends where the short window starts
 
 
-def test_runbooks_become_annotations() -> None:
+def test_every_alert_has_a_summary_a_description_and_a_runbook_url() -> None:
     alerts = _alerts(
         yaml.safe_load(build_rules(RulesConfig(), runbooks=runbooks()).rules_file())["groups"]
     )
     for alert in alerts:
-        if alert["alert"] in ENGINE_ALERTS:
-            assert alert["annotations"]["runbook"], alert
+        annotations = alert["annotations"]
+        assert annotations["summary"] and annotations["description"], alert
+        assert annotations["runbook_url"] == f"{RUNBOOK_URL_BASE}{alert['alert']}.md"
+    spike = next(a for a in alerts if a["alert"] == "PreemptionSpike")
+    assert spike["annotations"]["description"] == runbooks()["PreemptionSpike"]
 
 
-def _unit_test_folder(tmp_path: Path, config: RulesConfig) -> Path:
+def _unit_test_folder(tmp_path: Path, config: RulesConfig, scrape_s: float) -> Path:
     # Annotations are templates checked by `promtool check rules`; promtool's unit tests
     # compare them verbatim, so the unit tests run on the conditions and labels alone.
-    data = yaml.safe_load(build_rules(config).rules_file())
+    data = yaml.safe_load(build_rules(config, scrape_interval_s=scrape_s).rules_file())
     for rule in _alerts(data["groups"]):
         rule.pop("annotations", None)
     (tmp_path / "kvpilot.rules.yaml").write_text(yaml.safe_dump(data))
-    shutil.copy(HERE / "rules_unit_tests.yaml", tmp_path / "rules_unit_tests.yaml")
+    # The expectations follow the product's defaults whatever `config` the rules came from.
+    cases = alert_cases(RulesConfig(), scrape_s)
+    (tmp_path / "rules_unit_tests.yaml").write_text(yaml.safe_dump(cases))
     return tmp_path
 
 
-def test_promtool_unit_tests_fire_and_do_not_fire_each_alert(tmp_path: Path) -> None:
-    folder = _unit_test_folder(tmp_path, RulesConfig())
+@pytest.mark.parametrize("scrape_s", SCRAPE_INTERVALS_S)
+def test_promtool_unit_tests_fire_and_do_not_fire_each_alert(
+    tmp_path: Path, scrape_s: float
+) -> None:
+    folder = _unit_test_folder(tmp_path, RulesConfig(), scrape_s)
     tested = {
         case["alertname"]
         for group in yaml.safe_load((folder / "rules_unit_tests.yaml").read_text())["tests"]
@@ -128,8 +164,8 @@ def test_promtool_unit_tests_fire_and_do_not_fire_each_alert(tmp_path: Path) -> 
 def test_the_unit_tests_fail_when_the_settings_change(
     tmp_path: Path, change: dict, alert: str
 ) -> None:
-    # The same hand-written expectations against other thresholds must fail, and name the alert.
-    folder = _unit_test_folder(tmp_path, RulesConfig.model_validate(change))
+    # The default settings' expectations against other thresholds must fail, and name the alert.
+    folder = _unit_test_folder(tmp_path, RulesConfig.model_validate(change), SCRAPE_INTERVAL_S)
     result = promtool("test", "rules", "rules_unit_tests.yaml", cwd=folder)
     assert result.returncode != 0
     assert f"alertname: {alert}" in result.stdout + result.stderr
@@ -152,11 +188,13 @@ def test_rules_command_writes_both_forms(tmp_path: Path) -> None:
     app = typer.Typer()
     register(app)
     runner = CliRunner()
-    plain = runner.invoke(app, ["rules", "--evaluation-interval", "30"])
+    plain = runner.invoke(app, ["rules", "--evaluation-interval", "30", "--scrape-interval", "60"])
     assert plain.exit_code == 0, plain.output
     groups = yaml.safe_load(plain.stdout)["groups"]
     assert {g["name"] for g in groups} == {"kvpilot.recording", "kvpilot.alerts", "kvpilot.self"}
     assert all(g["interval"] == "30s" for g in groups)
+    stall = next(a for a in _alerts(groups) if a["alert"] == "EngineStalled")
+    assert "[240s]" in stall["expr"] and stall["for"] == "120s"  # four and two scrapes
     out = tmp_path / "rule.yaml"
     manifest = runner.invoke(
         app, ["rules", "--format", "prometheusrule", "--namespace", "serving", "-o", str(out)]
