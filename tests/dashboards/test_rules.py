@@ -123,6 +123,16 @@ def test_every_alert_has_a_summary_a_description_and_a_runbook_url() -> None:
     assert spike["annotations"]["description"] == runbooks()["PreemptionSpike"]
 
 
+def test_every_alert_has_a_runbook_page_that_answers_the_four_questions() -> None:
+    pages = {path.stem: path for path in (ROOT / RUNBOOK_URL_BASE).glob("*.md")}
+    assert set(pages) == ENGINE_ALERTS | SELF_ALERTS
+    for name, path in pages.items():
+        text = path.read_text()
+        assert text.startswith(f"# {name}\n"), path
+        for section in ("**Means.**", "**Confirm.**", "**What kvpilot did.**", "**Next.**"):
+            assert section in text, (path, section)
+
+
 def _unit_test_folder(tmp_path: Path, config: RulesConfig, scrape_s: float) -> Path:
     # Annotations are templates checked by `promtool check rules`; promtool's unit tests
     # compare them verbatim, so the unit tests run on the conditions and labels alone.
