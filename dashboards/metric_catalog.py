@@ -148,6 +148,13 @@ SPECS: tuple[MetricSpec, ...] = (
         "Writes to the state database that failed (disk_full, read_only, io_error, busy, "
         "corrupt, ...); what a failed tick decided is retried on the next one.",
     ),
+    MetricSpec(
+        "kvpilot_config_last_reload_successful",
+        "gauge",
+        (),
+        "1 when the latest configuration reload (SIGHUP or POST /-/reload) was applied, 0 "
+        "when it was refused (kvpilot runs on the configuration it had).",
+    ),
     # vLLM /metrics, per engine.
     MetricSpec("kvpilot_vllm_info", "info", (*SERVER, "version"), "The vLLM server's version."),
     MetricSpec("kvpilot_kv_usage_ratio", "gauge", ENGINE, "KV-cache usage, 0..1 (vLLM's figure)."),

@@ -16,8 +16,9 @@ uses; Prometheus evaluates them on the series the agent and vLLM export:
 
 `GpuNeighbourPressure` needs the server's `gpu_memory_utilization`, which only the agent
 knows; it stays the agent's alone. The self-watch rules alert on kvpilot itself: no target
-up, one target down, a collector down, the outbox, the circuit breaker, and its failure
-counters. Windows hold at least four scrapes and every alert waits at least two (`Timing`).
+up, one target down, a collector down, the outbox, the circuit breaker, its failure counters
+and a refused reload. Windows hold at least four scrapes, and every alert waits at least two
+(`Timing`).
 """
 
 from __future__ import annotations
@@ -452,6 +453,15 @@ def _self_watch(watch: SelfWatch, ctx: _Context) -> list[dict[str, Any]]:
             "warning",
             "kvpilot's ticks on {{ $labels.instance }} overrun their interval",
             "Reading the sources takes longer than the tick interval: rules see older data.",
+        ),
+        rule(
+            "KvpilotConfigReloadFailed",
+            "kvpilot_config_last_reload_successful == 0",
+            watch.reload_failed_for_s,
+            "warning",
+            "kvpilot on {{ $labels.instance }} refused its reloaded configuration",
+            "The file kvpilot reads is invalid: it runs on the configuration it had, and "
+            "would not start on the file as it is.",
         ),
     ]
 

@@ -91,6 +91,7 @@ class SidecarCounters:
     tick_overruns_total: int = 0
     task_failures_total: tuple[tuple[str, int], ...] = ()  # (task, failures)
     state_write_errors_total: tuple[tuple[str, int], ...] = ()  # (reason, failed writes)
+    config_last_reload_successful: bool = True
 
 
 class AgentCollector(Collector):
@@ -268,6 +269,8 @@ def sidecar_families(counters: Callable[[], SidecarCounters]) -> Callable[[_Fami
             out.add("kvpilot_background_task_failures_total", (task,), count)
         for reason, count in c.state_write_errors_total:
             out.add("kvpilot_state_write_errors_total", (reason,), count)
+        reloaded = 1.0 if c.config_last_reload_successful else 0.0
+        out.add("kvpilot_config_last_reload_successful", (), reloaded)
 
     return add
 

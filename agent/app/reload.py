@@ -90,6 +90,7 @@ class Reloader:
                     f"; {', '.join(later)} changed too: these apply when kvpilot restarts "
                     "(it runs on their earlier values until then)"
                 )
+        self._sidecar.note_reload(True)
         level = logging.WARNING if later else logging.INFO
         log.log(level, "configuration reloaded: %s", reason)
         self._audit("applied", reason)
@@ -97,6 +98,7 @@ class Reloader:
 
     def _refused(self, problems: tuple[str, ...]) -> ReloadResult:
         reason = "; ".join(problems) or "invalid configuration"
+        self._sidecar.note_reload(False)
         log.error(
             "reload refused, the new configuration is invalid: %s; kvpilot keeps running on "
             "the configuration it had",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import sqlite3
 import time
@@ -106,6 +107,7 @@ class Sidecar:
         self._delivering: asyncio.Task[None] | None = None
         self.tasks = GuardedTasks()
         self._counters: SidecarCounters | None = None
+        self._last_reload_successful = True  # the configuration it started with loaded
         self.overruns = TickOverruns(config.interval_s, clock)
         self._latest_nvml: NvmlSnapshot | SourceError | None = None
         self._last_retention_s: float | None = None
@@ -149,6 +151,14 @@ class Sidecar:
             (n.repeat_interval_s for n in configs), default=4 * 3600.0
         )
         self.delivery.use_notifiers(notifiers)
+
+    def note_reload(self, successful: bool) -> None:
+        """Whether the latest configuration reload was applied or refused (for /metrics)."""
+        self._last_reload_successful = successful
+        if self._counters is not None:  # a scrape reads no database: update what it reads
+            self._counters = dataclasses.replace(
+                self._counters, config_last_reload_successful=successful
+            )
 
     def use_rules(self, rules: RulesConfig) -> None:
         """A reloaded configuration's rules, from the next tick. Their history (stall and
@@ -404,6 +414,7 @@ class Sidecar:
             tick_overruns_total=self.overruns.total,
             task_failures_total=tuple(sorted(self.tasks.failures.items())),
             state_write_errors_total=self.write_failures.totals(),
+            config_last_reload_successful=self._last_reload_successful,
         )
 
     def tuning_families(self) -> tuple[tuning_metrics.Family, ...]:

@@ -324,6 +324,22 @@ def _overruns(watch: SelfWatch, timing: Timing) -> _Case:
     return case
 
 
+def _reload(watch: SelfWatch, timing: Timing) -> _Case:
+    case = _Case(timing.scrape_interval_s, "KvpilotConfigReloadFailed")
+    for_s = timing.for_s(watch.reload_failed_for_s)
+    good, total = 4, 4 + case.scrapes(for_s) + 6
+    refused = pick(_agent("a"), "kvpilot_config_last_reload_successful")
+    case.feed(refused, [1.0] * good + [0.0] * (total - good))
+    case.feed(pick(_agent("b"), "kvpilot_config_last_reload_successful"), [1.0] * total)
+    # Refused, then a corrected file reloaded before the `for` ran out.
+    fixed = pick(_agent("c"), "kvpilot_config_last_reload_successful")
+    case.feed(fixed, [1.0] * good + [0.0] * (case.scrapes(for_s) - 2) + [1.0] * 8)
+    refused_s = good * case.scrape_s
+    case.expect(refused_s + for_s - case.scrape_s)
+    case.expect(refused_s + for_s + 2 * case.scrape_s, refused.alert_labels(severity="warning"))
+    return case
+
+
 def alert_cases(config: RulesConfig, scrape_interval_s: float) -> dict[str, Any]:
     """promtool's test file for the rules generated at `scrape_interval_s`, beside it."""
     timing = Timing(scrape_interval_s)
@@ -355,6 +371,7 @@ def alert_cases(config: RulesConfig, scrape_interval_s: float) -> dict[str, Any]
             "kvpilot_background_task_failures_total",
         ),
         _overruns(watch, timing),
+        _reload(watch, timing),
     ]
     return {
         "rule_files": ["kvpilot.rules.yaml"],

@@ -39,6 +39,7 @@ pytestmark = pytest.mark.slow
 PREEMPTING = ServerSpec(port=0, kv_cache_memory_bytes=64 * 1024 * 1024, num_gpu_blocks_override=64)
 FAKE_SITE = Path(__file__).resolve().parents[1] / "fakes" / "nvml_site"
 GIB = 1 << 30
+SCRAPE_INTERVAL_S = 1.0  # PrometheusServer's
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +129,9 @@ def live(server_pool, tmp_path_factory) -> Iterator[Live]:
             ),
         )
         rules_file = folder / "kvpilot.rules.yaml"
-        rules_file.write_text(build_rules(RulesConfig()).rules_file())
+        # Sized to this Prometheus's one-second scrapes, as `kvpilot rules` is told to.
+        rules = build_rules(RulesConfig(), scrape_interval_s=SCRAPE_INTERVAL_S)
+        rules_file.write_text(rules.rules_file())
         kvpool = f"127.0.0.1:{server.spec.kvpool_port}"
         prometheus = PrometheusServer(
             folder,

@@ -35,6 +35,7 @@ SELF_ALERTS = {
     "KvpilotNotificationsGivenUp",
     "KvpilotBackgroundTaskFailed",
     "KvpilotTickOverruns",
+    "KvpilotConfigReloadFailed",
 }
 SCRAPE_INTERVALS_S = (15.0, 30.0)
 _RANGE = re.compile(r"\[(\d+)s\]")
@@ -57,7 +58,7 @@ def test_promtool_check_rules_accepts_the_generated_rules(tmp_path: Path, scrape
     path.write_text(rules.rules_file())
     result = promtool("check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 18 rules found" in result.stdout
+    assert "SUCCESS: 19 rules found" in result.stdout
 
 
 def test_the_default_scrape_interval_is_the_shipped_service_monitors() -> None:

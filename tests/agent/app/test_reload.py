@@ -17,6 +17,14 @@ def _hook(url: str) -> dict[str, object]:
     return {"kind": "webhook", "name": "oncall", "url": url}
 
 
+def _reload_successful(port: int) -> str | None:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith("kvpilot_config_last_reload_successful "):
+            return line.split()[1]
+    return None
+
+
 def test_reload_over_http(tmp_path: Path) -> None:
     config = base_config(tmp_path, [], api={"token": TOKEN})
     config["runtime"] = {"kind": "attach", "servers": [
@@ -33,6 +41,7 @@ def test_reload_over_http(tmp_path: Path) -> None:
 
         same = httpx.post(url, headers=auth, timeout=10)
         assert same.json() == {"applied": [], "needs_restart": []}
+        assert _reload_successful(port) == "1.0"
 
         config["notifiers"] = [_hook("http://127.0.0.1:9/two")]
         config["rules"] = {"server_down": {"for_s": 30}}
@@ -49,6 +58,7 @@ def test_reload_over_http(tmp_path: Path) -> None:
         problems = " ".join(refused.json()["problems"])
         assert "url" in problems and "surprise" in problems, problems
         agent.check_alive("after a refused reload")
+        assert _reload_successful(port) == "0.0"  # set by the reload itself, not a later tick
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
     with sqlite3.connect(tmp_path / "state" / "kvpilot.db") as db:
         audited = db.execute(
