@@ -43,7 +43,13 @@ from kvpilot.tuner.space import KnobKind, SearchSpace
 from kvpilot.tuner.trials import Trial, TrialState
 
 DEFAULT_TITLE = "kvpilot tuning report"
-_VERDICT_COLOUR = {"pass": "#2e7d32", "high": "#c62828", "low": "#1565c0", "nodata": "#9e9e9e"}
+_VERDICT_COLOUR = {
+    "pass": "#2e7d32",
+    "high": "#c62828",
+    "low": "#1565c0",
+    "inconclusive": "#ef6c00",
+    "nodata": "#9e9e9e",
+}
 _P95 = {"ttft_s": "ttft_p95_s", "inter_token_s": "inter_token_p95_s"}
 _GRID = (56, 36)  # cells across and down in which the knob map asks the constraints
 _CSS = """
