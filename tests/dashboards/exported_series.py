@@ -23,6 +23,7 @@ from kvpilot.agent.app.exposition import (
     sidecar_families,
     tuning_families,
 )
+from kvpilot.agent.config.agent import ListenConfig
 from kvpilot.agent.tick.derive import EngineFigures
 from kvpilot.agent.tick.snapshot import Snapshot
 from kvpilot.agent.tick.ticker import TickState
@@ -37,6 +38,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 VLLM_PAYLOAD = FIXTURES / "vllm" / "v0_32_under_load.prom"
 TRIALS = FIXTURES / "tuning_live" / "trials.jsonl"  # a real session, judged
 SERVER_PID, NEIGHBOUR_PID = 4100, 5200
+AGENT_PORT = ListenConfig().port  # the port Prometheus scrapes kvpilot on by default
 GIB = 1 << 30
 
 
@@ -196,9 +198,15 @@ def scraped(text: str, target: Mapping[str, str]) -> tuple[Series, ...]:
     return tuple(out)
 
 
-def kvpilot_series(instance: str = "a:9400", *, kvpool: bool = True) -> tuple[Series, ...]:
-    """kvpilot's series as Prometheus's `kvpilot` job stores them."""
-    return scraped(agent_exposition(kvpool=kvpool), {"job": "kvpilot", "instance": instance})
+def agent_target(host: str) -> str:
+    """The `instance` of a kvpilot on `host` at its default port."""
+    return f"{host}:{AGENT_PORT}"
+
+
+def kvpilot_series(host: str = "a", *, kvpool: bool = True) -> tuple[Series, ...]:
+    """kvpilot's series on `host` as Prometheus's `kvpilot` job stores them."""
+    target = {"job": "kvpilot", "instance": agent_target(host)}
+    return scraped(agent_exposition(kvpool=kvpool), target)
 
 
 def vllm_series(instance: str = "a:8000") -> tuple[Series, ...]:

@@ -12,7 +12,14 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from exported_series import Series, kvpilot_series, pick, up_series, vllm_series
+from exported_series import (
+    Series,
+    agent_target,
+    kvpilot_series,
+    pick,
+    up_series,
+    vllm_series,
+)
 
 from kvpilot.agent.rules.config import RulesConfig
 from kvpilot.dashboards.rules import SelfWatch, Timing
@@ -62,7 +69,7 @@ class _Case:
 
 
 def _agent(instance: str, *, kvpool: bool = True) -> tuple[Series, ...]:
-    return kvpilot_series(f"{instance}:9400", kvpool=kvpool)
+    return kvpilot_series(instance, kvpool=kvpool)
 
 
 def _fragmentation(config: RulesConfig, timing: Timing) -> _Case:
@@ -205,7 +212,7 @@ def _absent_and_down(watch: SelfWatch, timing: Timing) -> list[_Case]:
     cases = []
     for_s = timing.for_s(watch.absent_for_s)
     total = _Case(timing.scrape_interval_s, "").scrapes(for_s) + 8
-    a, b = up_series("kvpilot", "a:9400"), up_series("kvpilot", "b:9400")
+    a, b = up_series("kvpilot", agent_target("a")), up_series("kvpilot", agent_target("b"))
     for alert in ("KvpilotAbsent", "KvpilotDown"):
         alone = _Case(timing.scrape_interval_s, alert)
         alone.feed(a, [0.0] * total)

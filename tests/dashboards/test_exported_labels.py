@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import pytest
 import yaml
 from dashboard_queries import annotation_queries, fill, panel_queries, variable_queries
-from exported_series import kvpilot_series, label_sets, up_series, vllm_series
+from exported_series import agent_target, kvpilot_series, label_sets, up_series, vllm_series
 from promql_labels import check, result_labels
 
 from kvpilot.agent.cli.dashboards_cmd import runbooks
@@ -23,7 +23,7 @@ def exported() -> dict[str, frozenset[str] | None]:
         *kvpilot_series(),
         *kvpilot_series(kvpool=False),
         *vllm_series(),
-        up_series("kvpilot", "a:9400"),
+        up_series("kvpilot", agent_target("a")),
     )
     known: dict[str, frozenset[str] | None] = dict(label_sets(series))
     known["ALERTS"] = None  # the labels of whichever alert fired
