@@ -306,6 +306,23 @@ class RulesConfig(_Section):
         default_factory=GpuNeighbourPressureRule,
         description="Other processes on the same GPU taking memory the server needs to restart.",
     )
+    external_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Labels added to every alert kvpilot notifies, as Prometheus's "
+        "external_labels (e.g. cluster). In a pod, namespace and pod come from "
+        "KVPILOT_POD_NAMESPACE and KVPILOT_POD_NAME unless set here; an alert's own labels "
+        "win, so instance stays the server's name.",
+    )
+
+    @field_validator("external_labels")
+    @classmethod
+    def _external_label_names(cls, labels: dict[str, str]) -> dict[str, str]:
+        for name in labels:
+            if not _LABEL_NAME.match(name) or name.startswith("__"):
+                raise ValueError(f"external label name {name!r} is not a Prometheus label name")
+            if name in RESERVED_LABELS:
+                raise ValueError(f"external label {name!r} is set by the rules themselves")
+        return labels
 
     def for_s_by_rule(self) -> dict[str, float]:
         """Each rule's name (as conditions carry it) and its `for` duration."""

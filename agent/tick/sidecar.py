@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import sqlite3
 import time
 from collections import Counter
@@ -45,6 +46,7 @@ from kvpilot.agent.state.trials import SqliteTrialStore
 from kvpilot.agent.state.write_failures import WriteFailures
 from kvpilot.agent.tasks import GuardedTasks
 from kvpilot.agent.tick.calibration import model_config_of
+from kvpilot.agent.tick.external_labels import replica_labels, with_external_labels
 from kvpilot.agent.tick.overruns import TickOverruns
 from kvpilot.agent.tick.pages import RemediationPages
 from kvpilot.agent.tick.snapshot import NvmlReading, read_nvml
@@ -99,6 +101,7 @@ class Sidecar:
         self._notifier_configs = {n.name: n for n in config.notifiers}
         self.delivery = DeliveryWorker(store.outbox, notifiers, clock=wall_clock)
         self.rules = RuleEngine.from_config(config.rules)
+        self._replica = replica_labels(os.environ)
         self.tracker = self._restore_tracker()
         self._pages = RemediationPages.restore(self.tracker.alerts())
         self._tickers: dict[str, Ticker] = {}
@@ -310,11 +313,13 @@ class Sidecar:
         repeat: bool,
     ) -> None:
         """Outbox rows for the notifiers that want `event`; `sent` collects the repeat marks
-        that hold once the transaction commits."""
+        that hold once the transaction commits. What leaves carries the replica's labels."""
+        external = {**self._replica, **self.config.rules.external_labels}
+        leaving = with_external_labels(event, external)
         for name, cfg in self._notifier_configs.items():
             if not self._wants(cfg, event, now_wall_s, repeat=repeat):
                 continue
-            self.store.outbox.enqueue(name, event, now_wall_s)
+            self.store.outbox.enqueue(name, leaving, now_wall_s)
             sent[(name, event.fingerprint)] = now_wall_s
 
     def _wants(
