@@ -488,8 +488,8 @@ def build_rules(
         *_preemption_recording(settings.preemption_spike, ctx.timing),
         {
             "record": SERVER_GPU_MEMORY,
-            "expr": "sum by (instance, job, gpu, server) "
-            '(kvpilot_gpu_process_memory_bytes{owner="server"})',
+            # `without`: the target's labels (namespace, pod from prometheus-operator) stay.
+            "expr": 'sum without (pid, owner) (kvpilot_gpu_process_memory_bytes{owner="server"})',
         },
     ]
     groups = (

@@ -200,8 +200,8 @@ def _growth(config: RulesConfig, timing: Timing) -> _Case:
         neighbour = pick(series, "kvpilot_gpu_process_memory_bytes", owner="neighbour")
         case.feed(neighbour, _ramp(1024 * MIB, per_scrape * 10, total))
         if instance == "a":
-            keep = ("instance", "job", "gpu", "server")
-            fired.append({k: server.label(k) for k in keep} | {"severity": growth.severity})
+            summed = {k: v for k, v in server.alert_labels().items() if k not in ("pid", "owner")}
+            fired.append(summed | {"severity": growth.severity})
     # The minimum growth takes a while at ten times the slope; `for` adds more.
     case.expect(case.scrape_s * case.scrapes(growth.min_growth_bytes / per_scrape) / 2)
     case.expect(3000, *fired)
