@@ -127,6 +127,9 @@ def test_every_alert_has_a_summary_a_description_and_a_runbook_url() -> None:
 def test_every_alert_has_a_runbook_page_that_answers_the_four_questions() -> None:
     pages = {path.stem: path for path in (ROOT / RUNBOOK_URL_BASE).glob("*.md")}
     assert set(pages) == ENGINE_ALERTS | SELF_ALERTS
+    listed = (ROOT / "docs" / "alerts.md").read_text()
+    for name in pages:
+        assert f"| `{name}` |" in listed and f"(runbooks/{name}.md)" in listed, name
     for name, path in pages.items():
         text = path.read_text()
         assert text.startswith(f"# {name}\n"), path
