@@ -14,7 +14,7 @@ import httpx
 from kvpilot.collectors.vllm_metrics import VllmMetricsSource, VllmScrape
 from kvpilot.tuner.evidence import Counts, Samples
 from kvpilot.tuner.loadgen import LoadReport, Workload, run_load
-from kvpilot.tuner.objective import Measurement
+from kvpilot.tuner.objective import Measurement, server_kv_budget_bytes
 from kvpilot.tuner.ports import Observation
 from kvpilot.tuner.trials import Warmup
 
@@ -71,9 +71,9 @@ class LoadObserver:
         finally:
             done.set()
             await scraper
-        return Observation(
-            url, Measurement(report=report, scrapes=tuple(scrapes)), samples(report, scrapes)
-        )
+        memory = server_kv_budget_bytes(scrapes)  # what the server says it holds for KV
+        measurement = Measurement(report=report, scrapes=tuple(scrapes), memory_bytes=memory)
+        return Observation(url, measurement, samples(report, scrapes))
 
 
 def samples(report: LoadReport, scrapes: Sequence[VllmScrape]) -> dict[str, Samples]:
