@@ -206,7 +206,13 @@ async def _run(
         starting = sidecar.tasks.spawn(
             _start_local(config, runtime, remediator, tuning, stop, failed), "start-servers"
         )
-        own = sidecar_families(sidecar.counters)
+        reloader = None
+        if reload_config is not None:
+            reloader = Reloader(
+                reload_config, config, sidecar,
+                lambda cfgs: build_notifiers(cfgs, client, external_url),
+            )  # fmt: skip
+        own = sidecar_families(sidecar.counters, reloader)
 
         def extra(out: Any) -> None:
             own(out)
@@ -214,12 +220,6 @@ async def _run(
 
         registry = build_registry(sidecar.servers, extra)
         token = config.api.control_token()
-        reloader = None
-        if reload_config is not None:
-            reloader = Reloader(
-                reload_config, config, sidecar,
-                lambda cfgs: build_notifiers(cfgs, client, external_url),
-            )  # fmt: skip
         stale_after_s = max(10.0, 5 * config.interval_s)
         control_routes = [
             *api_routes(sidecar, token, window=learned),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -91,7 +92,13 @@ class SidecarCounters:
     tick_overruns_total: int = 0
     task_failures_total: tuple[tuple[str, int], ...] = ()  # (task, failures)
     state_write_errors_total: tuple[tuple[str, int], ...] = ()  # (reason, failed writes)
-    config_last_reload_successful: bool = True
+
+
+class ReloadOutcome(Protocol):
+    """What the exposition reads of the reloader: whether the latest reload was applied."""
+
+    @property
+    def last_successful(self) -> bool: ...
 
 
 class AgentCollector(Collector):
@@ -249,8 +256,10 @@ def _figures(out: _Families, server: tuple[str, str], f: EngineFigures) -> None:
         out.add("kvpilot_latency_seconds", (*key, metric, f"{q * 100:g}"), value)
 
 
-def sidecar_families(counters: Callable[[], SidecarCounters]) -> Callable[[_Families], None]:
-    """The sidecar loop's own families: alerts, outbox, notifications, remediation."""
+def sidecar_families(
+    counters: Callable[[], SidecarCounters], reloads: ReloadOutcome | None = None
+) -> Callable[[_Families], None]:
+    """The sidecar loop's own families: alerts, outbox, notifications, remediation, reloads."""
 
     def add(out: _Families) -> None:
         c = counters()
@@ -269,8 +278,9 @@ def sidecar_families(counters: Callable[[], SidecarCounters]) -> Callable[[_Fami
             out.add("kvpilot_background_task_failures_total", (task,), count)
         for reason, count in c.state_write_errors_total:
             out.add("kvpilot_state_write_errors_total", (reason,), count)
-        reloaded = 1.0 if c.config_last_reload_successful else 0.0
-        out.add("kvpilot_config_last_reload_successful", (), reloaded)
+        # Without a reloader, the configuration kvpilot started with is the one loaded: 1.
+        reloaded = reloads is None or reloads.last_successful
+        out.add("kvpilot_config_last_reload_successful", (), 1.0 if reloaded else 0.0)
 
     return add
 

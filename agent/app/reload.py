@@ -57,6 +57,7 @@ class Reloader:
         self._sidecar = sidecar
         self._build_notifiers = build_notifiers
         self._lock = asyncio.Lock()
+        self.last_successful = True  # kvpilot started on a valid configuration
 
     async def reload(self) -> ReloadResult:
         async with self._lock:
@@ -90,7 +91,7 @@ class Reloader:
                     f"; {', '.join(later)} changed too: these apply when kvpilot restarts "
                     "(it runs on their earlier values until then)"
                 )
-        self._sidecar.note_reload(True)
+        self.last_successful = True
         level = logging.WARNING if later else logging.INFO
         log.log(level, "configuration reloaded: %s", reason)
         self._audit("applied", reason)
@@ -98,7 +99,7 @@ class Reloader:
 
     def _refused(self, problems: tuple[str, ...]) -> ReloadResult:
         reason = "; ".join(problems) or "invalid configuration"
-        self._sidecar.note_reload(False)
+        self.last_successful = False
         log.error(
             "reload refused, the new configuration is invalid: %s; kvpilot keeps running on "
             "the configuration it had",

@@ -9,6 +9,7 @@ remediation keep their labels, and `instance` stays the server's name, which the
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 
 from kvpilot.agent.model import AlertEvent, labels_of
@@ -27,3 +28,10 @@ def with_external_labels(event: AlertEvent, external: Mapping[str, str]) -> Aler
     if not external:
         return event
     return dataclasses.replace(event, labels=labels_of({**external, **dict(event.labels)}))
+
+
+def outgoing(
+    event: AlertEvent, configured: Mapping[str, str], environ: Mapping[str, str] = os.environ
+) -> AlertEvent:
+    """`event` as it leaves: with the replica's labels, under the configured ones."""
+    return with_external_labels(event, {**replica_labels(environ), **configured})

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
-import os
 import sqlite3
 import time
 from collections import Counter
@@ -46,7 +44,7 @@ from kvpilot.agent.state.trials import SqliteTrialStore
 from kvpilot.agent.state.write_failures import WriteFailures
 from kvpilot.agent.tasks import GuardedTasks
 from kvpilot.agent.tick.calibration import model_config_of
-from kvpilot.agent.tick.external_labels import replica_labels, with_external_labels
+from kvpilot.agent.tick.external_labels import outgoing
 from kvpilot.agent.tick.overruns import TickOverruns
 from kvpilot.agent.tick.pages import RemediationPages
 from kvpilot.agent.tick.snapshot import NvmlReading, read_nvml
@@ -101,7 +99,6 @@ class Sidecar:
         self._notifier_configs = {n.name: n for n in config.notifiers}
         self.delivery = DeliveryWorker(store.outbox, notifiers, clock=wall_clock)
         self.rules = RuleEngine.from_config(config.rules)
-        self._replica = replica_labels(os.environ)
         self.tracker = self._restore_tracker()
         self._pages = RemediationPages.restore(self.tracker.alerts())
         self._tickers: dict[str, Ticker] = {}
@@ -110,7 +107,6 @@ class Sidecar:
         self._delivering: asyncio.Task[None] | None = None
         self.tasks = GuardedTasks()
         self._counters: SidecarCounters | None = None
-        self._last_reload_successful = True  # the configuration it started with loaded
         self.overruns = TickOverruns(config.interval_s, clock)
         self._latest_nvml: NvmlSnapshot | SourceError | None = None
         self._last_retention_s: float | None = None
@@ -154,14 +150,6 @@ class Sidecar:
             (n.repeat_interval_s for n in configs), default=4 * 3600.0
         )
         self.delivery.use_notifiers(notifiers)
-
-    def note_reload(self, successful: bool) -> None:
-        """Whether the latest configuration reload was applied or refused (for /metrics)."""
-        self._last_reload_successful = successful
-        if self._counters is not None:  # a scrape reads no database: update what it reads
-            self._counters = dataclasses.replace(
-                self._counters, config_last_reload_successful=successful
-            )
 
     def use_rules(self, rules: RulesConfig) -> None:
         """A reloaded configuration's rules, from the next tick. Their history (stall and
@@ -314,8 +302,7 @@ class Sidecar:
     ) -> None:
         """Outbox rows for the notifiers that want `event`; `sent` collects the repeat marks
         that hold once the transaction commits. What leaves carries the replica's labels."""
-        external = {**self._replica, **self.config.rules.external_labels}
-        leaving = with_external_labels(event, external)
+        leaving = outgoing(event, self.config.rules.external_labels)
         for name, cfg in self._notifier_configs.items():
             if not self._wants(cfg, event, now_wall_s, repeat=repeat):
                 continue
@@ -419,7 +406,6 @@ class Sidecar:
             tick_overruns_total=self.overruns.total,
             task_failures_total=tuple(sorted(self.tasks.failures.items())),
             state_write_errors_total=self.write_failures.totals(),
-            config_last_reload_successful=self._last_reload_successful,
         )
 
     def tuning_families(self) -> tuple[tuning_metrics.Family, ...]:
