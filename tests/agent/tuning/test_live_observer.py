@@ -346,8 +346,9 @@ def _judged_rollout(stable, canary, canary_per_interval: int):
             return url(canary)
 
     settings = RolloutSettings(slo=SLO, judge=JudgeConfig(metrics=LIVE_METRICS), bake=False)
-    rollout = Rollout(Runtime(journal), observer(split, clock), store, journal, settings,
-                      wall_clock=clock)  # fmt: skip
+    rollout = Rollout(
+        Runtime(journal), observer(split, clock), store, journal, settings, wall_clock=clock
+    )
     trial = new_trial("t1", "fp", 1, {"kv_cache_memory_bytes": 1}, at_wall_s=1.0)
     store.add(trial)
     return asyncio.run(rollout.run(trial, GOOD, Strategy.PARALLEL))
