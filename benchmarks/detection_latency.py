@@ -42,7 +42,7 @@ KV_BYTES = 64 * 32 * 1024  # 63 usable blocks of 32 tokens: the load below preem
 
 
 class Arrivals:
-    """A webhook receiver that notes the wall time each PreemptionSpike firing arrived, by path."""
+    """A webhook receiver noting the wall time each VllmPreemptionSpike firing arrived, by path."""
 
     def __init__(self) -> None:
         self.port = free_port()
@@ -62,7 +62,7 @@ class Arrivals:
                     return
                 firing = any(
                     a.get("status") == "firing"
-                    and a.get("labels", {}).get("alertname") == "PreemptionSpike"
+                    and a.get("labels", {}).get("alertname") == "VllmPreemptionSpike"
                     for a in alerts
                 )
                 if firing:
@@ -149,7 +149,7 @@ def _prometheus(tmp: Path, kvpool: str, alertmanager_port: int) -> list[str]:
                         "name": "kvpilot-equivalent",
                         "rules": [
                             {
-                                "alert": "PreemptionSpike",
+                                "alert": "VllmPreemptionSpike",
                                 "expr": "increase(kvpool_preemptions_total[2m]) > 0",
                             }
                         ],

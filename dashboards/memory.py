@@ -23,9 +23,7 @@ from kvpilot.dashboards.panels import (
 UID = "kvpilot-memory"
 TITLE = "kvpilot / Memory"
 # Alert names whose states the dashboard marks (the agent's rules and kvpilot's self-watch).
-ALERT_NAMES_REGEX = "KvFragmentationHigh|PreemptionSpike|KvCacheSaturated|EngineStalled|" + (
-    "GpuMemoryGrowth|GpuNeighbourPressure|Kvpilot.*"
-)
+ALERT_NAMES_REGEX = "Vllm.*|Kvpilot.*"
 # Panels that need the CUDA caching allocator: empty where vLLM runs without CUDA.
 ALLOCATOR_PANELS = frozenset({"Allocator memory"})
 

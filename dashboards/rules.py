@@ -4,17 +4,17 @@ The rule settings arrive as an object shaped like the agent's `RulesConfig` (des
 by Protocols, so this layer never imports the agent). The alerts carry the names the agent
 uses; Prometheus evaluates them on the series the agent and vLLM export:
 
-* `KvFragmentationHigh`: `kvpilot_fragmentation_ratio` above the threshold, per source.
-* `PreemptionSpike`: the short-window rate of the plugin's counter (vLLM's where the engine
+* `VllmKvFragmentationHigh`: `kvpilot_fragmentation_ratio` above the threshold, per source.
+* `VllmPreemptionSpike`: the short-window rate of the plugin's counter (vLLM's where the engine
   has no plugin) above the floor and above a multiple of the baseline taken over the span
   before the short window; without a baseline the floor alone decides.
-* `KvCacheSaturated`: KV usage at or above the threshold while requests wait.
-* `EngineStalled`: vLLM's iteration counter unchanged for `stall_s` while requests are
+* `VllmKvCacheSaturated`: KV usage at or above the threshold while requests wait.
+* `VllmEngineStalled`: vLLM's iteration counter unchanged for `stall_s` while requests are
   present throughout (vLLM's own series: the agent re-exports only rates).
-* `GpuMemoryGrowth`: the least-squares slope (`deriv`) of the server's GPU memory over the
+* `VllmGpuMemoryGrowth`: the least-squares slope (`deriv`) of the server's GPU memory over the
   window, with the growth over the window (`delta`) at least the minimum.
 
-`GpuNeighbourPressure` needs the server's `gpu_memory_utilization`, which only the agent
+`VllmGpuNeighbourPressure` needs the server's `gpu_memory_utilization`, which only the agent
 knows; it stays the agent's alone. The self-watch rules alert on kvpilot itself: no target
 up, one target down, a collector down, the outbox, the circuit breaker, its failure counters
 and a refused reload. Windows hold at least four scrapes, and every alert waits at least two
@@ -28,6 +28,16 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import yaml
+
+from kvpilot.dashboards.rule_context import (
+    RUNBOOK_URL_BASE,
+    SCRAPE_INTERVAL_S,
+    AlertContext,
+    Timing,
+    duration,
+    number,
+)
+from kvpilot.dashboards.self_watch import SelfWatch, self_watch_rules
 
 
 # Read-only members (properties): the agent's config models are frozen.
@@ -101,51 +111,6 @@ class RuleSettings(Protocol):
     def gpu_memory_growth(self) -> _GpuMemoryGrowth: ...
 
 
-# The shipped ServiceMonitor's interval (deploy/base/servicemonitor.yaml; a test keeps them equal).
-SCRAPE_INTERVAL_S = 15.0
-# A range holds at least this many scrapes: rate() over two samples jumps with one late scrape,
-# and Prometheus 3's left-open ranges hold one sample fewer than 2's.
-MIN_SCRAPES_PER_WINDOW = 4
-# An alert's condition holds over at least this many scrapes before it fires.
-MIN_SCRAPES_PER_FOR = 2
-
-
-@dataclass(frozen=True, slots=True)
-class Timing:
-    """Windows and `for` durations sized to the scrape interval of the series they read."""
-
-    scrape_interval_s: float = SCRAPE_INTERVAL_S
-
-    def __post_init__(self) -> None:
-        if not self.scrape_interval_s > 0:
-            raise ValueError(f"scrape interval {self.scrape_interval_s} s: must be above 0")
-
-    def window_s(self, wanted_s: float) -> float:
-        """`wanted_s`, or four scrapes when that is longer."""
-        return max(wanted_s, MIN_SCRAPES_PER_WINDOW * self.scrape_interval_s)
-
-    def for_s(self, wanted_s: float) -> float:
-        """`wanted_s`, or two scrapes when that is longer (never `0s`)."""
-        return max(wanted_s, MIN_SCRAPES_PER_FOR * self.scrape_interval_s)
-
-
-@dataclass(frozen=True, slots=True)
-class SelfWatch:
-    """Thresholds of the rules that watch kvpilot itself."""
-
-    job: str = "kvpilot"
-    absent_for_s: float = 300.0
-    down_for_s: float = 300.0
-    collector_down_for_s: float = 300.0
-    outbox_backlog_rows: int = 100
-    outbox_backlog_for_s: float = 900.0
-    circuit_open_for_s: float = 0.0
-    failures_window_s: float = 600.0  # an error counter that moved within it alerts
-    overrun_ratio: float = 0.1  # of ticks
-    overrun_for_s: float = 600.0
-    reload_failed_for_s: float = 300.0
-
-
 @dataclass(frozen=True, slots=True)
 class RuleGroups:
     """Generated rule groups, ready to be written as a rules file or a PrometheusRule."""
@@ -198,41 +163,14 @@ SERVER_GPU_MEMORY = "kvpilot:gpu_server_memory_bytes"
 # An engine on kvpilot's series (one agent may watch several servers) and on vLLM's own.
 ENGINE_KEY = "instance, job, server, model_name, engine"
 VLLM_ENGINE_KEY = "instance, job, model_name, engine"
-# Where `runbook_url` points; `kvpilot rules --runbook-url-base` sets where the docs are served.
-RUNBOOK_URL_BASE = "docs/runbooks/"
-
-
-def duration(seconds: float) -> str:
-    """A Prometheus duration (whole seconds; 0 is `0s`)."""
-    return f"{round(seconds)}s"
 
 
 def _labels(rule: _Rule) -> dict[str, str]:
     return {**dict(rule.labels), "severity": rule.severity}
 
 
-def number(value: float) -> str:
-    """A threshold as PromQL reads it, without rounding it away."""
-    return format(value, ".12g")
-
-
-@dataclass(frozen=True, slots=True)
-class _Context:
-    timing: Timing
-    descriptions: Mapping[str, str]
-    runbook_url_base: str
-
-    def annotations(self, name: str, summary: str, description: str = "") -> dict[str, str]:
-        text = self.descriptions.get(name) or description
-        return {
-            "summary": summary,
-            "description": text,
-            "runbook_url": f"{self.runbook_url_base}{name}.md",
-        }
-
-
 def _alert(
-    ctx: _Context,
+    ctx: AlertContext,
     name: str,
     expr: str,
     rule: _Rule,
@@ -269,7 +207,7 @@ def _preemption_recording(cfg: _PreemptionSpike, timing: Timing) -> list[dict[st
     ]
 
 
-def _engine_alerts(settings: RuleSettings, ctx: _Context) -> list[dict[str, Any]]:
+def _engine_alerts(settings: RuleSettings, ctx: AlertContext) -> list[dict[str, Any]]:
     rules: list[dict[str, Any]] = []
     frag = settings.fragmentation
     for source, cfg in (("kv_blocks", frag.kv_blocks), ("allocator", frag.allocator)):
@@ -278,7 +216,7 @@ def _engine_alerts(settings: RuleSettings, ctx: _Context) -> list[dict[str, Any]
         rules.append(
             _alert(
                 ctx,
-                "KvFragmentationHigh",
+                "VllmKvFragmentationHigh",
                 f'kvpilot_fragmentation_ratio{{source="{source}"}} > {number(cfg.threshold_ratio)}',
                 cfg,
                 f"{source} fragmentation {{{{ $value | humanizePercentage }}}} above "
@@ -292,7 +230,7 @@ def _engine_alerts(settings: RuleSettings, ctx: _Context) -> list[dict[str, Any]
         rules.append(
             _alert(
                 ctx,
-                "PreemptionSpike",
+                "VllmPreemptionSpike",
                 f"{PREEMPTION_RATE} > {number(spike.floor_per_s)} unless on ({ENGINE_KEY}) "
                 f"{PREEMPTION_RATE} <= {number(spike.baseline_multiple)} * {PREEMPTION_BASELINE}",
                 spike,
@@ -306,7 +244,7 @@ def _engine_alerts(settings: RuleSettings, ctx: _Context) -> list[dict[str, Any]
         rules.append(
             _alert(
                 ctx,
-                "KvCacheSaturated",
+                "VllmKvCacheSaturated",
                 f"kvpilot_kv_usage_ratio >= {number(sat.usage_threshold_ratio)} "
                 f"and on ({ENGINE_KEY}) "
                 f"kvpilot_requests_waiting >= {sat.min_waiting}",
@@ -321,7 +259,7 @@ def _engine_alerts(settings: RuleSettings, ctx: _Context) -> list[dict[str, Any]
         rules.append(
             _alert(
                 ctx,
-                "EngineStalled",
+                "VllmEngineStalled",
                 f"(min_over_time(vllm:num_requests_running[{window}]) "
                 f"+ min_over_time(vllm:num_requests_waiting[{window}])) > 0 "
                 f"and on ({VLLM_ENGINE_KEY}) "
@@ -337,7 +275,7 @@ def _engine_alerts(settings: RuleSettings, ctx: _Context) -> list[dict[str, Any]
         rules.append(
             _alert(
                 ctx,
-                "GpuMemoryGrowth",
+                "VllmGpuMemoryGrowth",
                 f"deriv({SERVER_GPU_MEMORY}[{window}]) "
                 f"> {number(growth.slope_threshold_bytes_per_s)} "
                 f"and on (instance, job, gpu, server) "
@@ -348,122 +286,6 @@ def _engine_alerts(settings: RuleSettings, ctx: _Context) -> list[dict[str, Any]
             )
         )
     return rules
-
-
-def _moved(counter: str, window: str) -> str:
-    """A counter that rose within `window`, or appeared within it (its first sample is
-    already at least 1, which `increase` alone does not see)."""
-    return f"increase({counter}[{window}]) > 0 or ({counter} unless {counter} offset {window})"
-
-
-def _self_watch(watch: SelfWatch, ctx: _Context) -> list[dict[str, Any]]:
-    timing = ctx.timing
-
-    def rule(
-        name: str, expr: str, for_s: float, severity: str, summary: str, description: str
-    ) -> dict[str, Any]:
-        return {
-            "alert": name,
-            "expr": expr,
-            "for": duration(timing.for_s(for_s)),
-            "labels": {"severity": severity},
-            "annotations": ctx.annotations(name, summary, description),
-        }
-
-    failures = duration(timing.window_s(watch.failures_window_s))
-    unavailable = duration(timing.window_s(watch.collector_down_for_s))
-    overruns = duration(timing.window_s(watch.overrun_for_s))
-    return [
-        rule(
-            "KvpilotAbsent",
-            f'absent(up{{job="{watch.job}"}} == 1)',
-            watch.absent_for_s,
-            "critical",
-            f'No kvpilot target of job "{watch.job}" is up',
-            "Nothing watches vLLM's memory: no alert, remediation or tuning runs.",
-        ),
-        rule(
-            "KvpilotDown",
-            f'up{{job="{watch.job}"}} == 0',
-            watch.down_for_s,
-            "warning",
-            "kvpilot on {{ $labels.instance }} is not scraped",
-            "Prometheus cannot scrape this kvpilot: the vLLM server beside it is not watched.",
-        ),
-        rule(
-            "KvpilotCollectorDown",
-            # A source that is not on this machine (NVML without a driver) counts
-            # `unavailable` on every read: it is not down. An old `unavailable` is forgotten.
-            "kvpilot_collector_up == 0 unless on (instance, job, server, source) "
-            f'increase(kvpilot_collector_errors_total{{reason="unavailable"}}[{unavailable}]) > 0',
-            watch.collector_down_for_s,
-            "warning",
-            "kvpilot cannot read {{ $labels.source }} of server {{ $labels.server }} "
-            "on {{ $labels.instance }}",
-            "The source's reads fail (see kvpilot_collector_errors_total by reason); rules "
-            "that need it see unknown, never healthy.",
-        ),
-        rule(
-            "KvpilotOutboxBacklog",
-            f"kvpilot_outbox_backlog > {watch.outbox_backlog_rows}",
-            watch.outbox_backlog_for_s,
-            "warning",
-            "{{ $value }} notifications wait for delivery on {{ $labels.instance }}",
-            "A notification receiver is failing; kvpilot retries with backoff.",
-        ),
-        rule(
-            "KvpilotRemediationCircuitOpen",
-            "kvpilot_remediation_circuit_open == 1",
-            watch.circuit_open_for_s,
-            "critical",
-            "kvpilot stopped remediating server {{ $labels.server }} on {{ $labels.instance }}",
-            "Restarts did not keep the condition away, so the circuit breaker opened. "
-            "A person must look.",
-        ),
-        rule(
-            "KvpilotStateWriteErrors",
-            _moved("kvpilot_state_write_errors_total", failures),
-            0.0,
-            "warning",
-            "kvpilot on {{ $labels.instance }} cannot write its state ({{ $labels.reason }})",
-            "Alert states, the outbox and trials are written to the state database; "
-            "what a failed tick decided is retried on the next one.",
-        ),
-        rule(
-            "KvpilotNotificationsGivenUp",
-            _moved('kvpilot_notifications_total{outcome="given_up"}', failures),
-            0.0,
-            "warning",
-            "kvpilot on {{ $labels.instance }} gave up notifications to {{ $labels.notifier }}",
-            "Deliveries failed past their retry budget: those notifications were lost.",
-        ),
-        rule(
-            "KvpilotBackgroundTaskFailed",
-            _moved("kvpilot_background_task_failures_total", failures),
-            0.0,
-            "warning",
-            "kvpilot's {{ $labels.task }} task failed on {{ $labels.instance }}",
-            "A background task ended with an error; its traceback is in kvpilot's log.",
-        ),
-        rule(
-            "KvpilotTickOverruns",
-            f"rate(kvpilot_tick_overruns_total[{overruns}]) "
-            f"> {number(watch.overrun_ratio)} * rate(kvpilot_ticks_total[{overruns}])",
-            watch.overrun_for_s,
-            "warning",
-            "kvpilot's ticks on {{ $labels.instance }} overrun their interval",
-            "Reading the sources takes longer than the tick interval: rules see older data.",
-        ),
-        rule(
-            "KvpilotConfigReloadFailed",
-            "kvpilot_config_last_reload_successful == 0",
-            watch.reload_failed_for_s,
-            "warning",
-            "kvpilot on {{ $labels.instance }} refused its reloaded configuration",
-            "The file kvpilot reads is invalid: it runs on the configuration it had, and "
-            "would not start on the file as it is.",
-        ),
-    ]
 
 
 def build_rules(
@@ -480,7 +302,7 @@ def build_rules(
     Windows and `for` durations are at least four and two scrapes of `scrape_interval_s`.
     """
     runbooks = dict(runbooks or {})
-    ctx = _Context(Timing(scrape_interval_s), runbooks, runbook_url_base)
+    ctx = AlertContext(Timing(scrape_interval_s), runbooks, runbook_url_base)
     interval = (
         {} if evaluation_interval_s is None else {"interval": duration(evaluation_interval_s)}
     )
@@ -495,6 +317,10 @@ def build_rules(
     groups = (
         {"name": "kvpilot.recording", **interval, "rules": recording},
         {"name": "kvpilot.alerts", **interval, "rules": _engine_alerts(settings, ctx)},
-        {"name": "kvpilot.self", **interval, "rules": _self_watch(self_watch or SelfWatch(), ctx)},
+        {
+            "name": "kvpilot.self",
+            **interval,
+            "rules": self_watch_rules(self_watch or SelfWatch(), ctx),
+        },
     )
     return RuleGroups(groups=groups, runbooks=runbooks)

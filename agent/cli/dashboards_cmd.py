@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from kvpilot.agent.rules.config import RulesConfig
-from kvpilot.dashboards.rules import RUNBOOK_URL_BASE, SCRAPE_INTERVAL_S
+from kvpilot.dashboards.rule_context import RUNBOOK_URL_BASE, SCRAPE_INTERVAL_S
 
 ConfigFile = Annotated[
     Path | None,

@@ -41,7 +41,7 @@ from kvpilot.rig.server import free_port
 from kvpilot.tuner.loadgen import run_load
 
 log = logging.getLogger("kvpilot.demo")
-SPIKE = "PreemptionSpike"
+SPIKE = "VllmPreemptionSpike"
 POLL_S = 0.5
 
 
@@ -195,7 +195,7 @@ class Scenario:
         burst = asyncio.create_task(_loop_load(self.url, BURST, stop, repeat=True))
         peak = asyncio.create_task(self._peak_preemptions())
         try:
-            await _until("PreemptionSpike pending", lambda: _spike_state(self.sidecar) in
+            await _until("VllmPreemptionSpike pending", lambda: _spike_state(self.sidecar) in
                          ("pending", "firing"), phase.deadline_s)  # fmt: skip
             self._outcome(f"{SPIKE} pending (preemptions {before:.0f} -> "
                           f"{_preemptions(self.sidecar) or 0:.0f})")  # fmt: skip
@@ -251,7 +251,7 @@ class Scenario:
         rules = self.config.rules
         spike = rules.preemption_spike.model_copy(update={"action": "ladder"})
         self.sidecar.use_rules(rules.model_copy(update={"preemption_spike": spike}))
-        self._outcome("the PreemptionSpike rule's action is now the ladder (the default)")
+        self._outcome("the VllmPreemptionSpike rule's action is now the ladder (the default)")
 
     def _trials(self) -> tuple[TrialRow, ...]:
         return trial_rows(SqliteTrialStore(self.sidecar.store.db).trials())

@@ -2,7 +2,7 @@
 
 "A restart is first aid, tuning is the cure." A small KV budget (64 blocks of 32 tokens)
 serves a steady trickle comfortably; a burst of long requests does not fit, so vLLM
-preempts, `PreemptionSpike` fires and the rule's `restart` runs. Tuning then finds a
+preempts, `VllmPreemptionSpike` fires and the rule's `restart` runs. Tuning then finds a
 budget (or a `--max-num-seqs`) the burst fits in; the same burst again finds it promoted.
 """
 
@@ -72,7 +72,7 @@ PHASES = (
     Phase(
         2,
         "burst",
-        "16 long requests at once on 64 KV blocks: vLLM preempts, PreemptionSpike goes pending "
+        "16 long requests at once on 64 KV blocks: vLLM preempts, VllmPreemptionSpike goes pending "
         "then firing, the signed webhook arrives, the rule's restart drains, restarts, verifies",
         300,
     ),

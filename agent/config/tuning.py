@@ -172,7 +172,7 @@ class RetuneConfig(BaseModel):
 
     enabled: bool = Field(True, description="Watch for ground that moved, and re-open tuning.")
     preemption_incidents: int = Field(
-        3, ge=1, description="PreemptionSpike firings within `within_h` that re-open tuning."
+        3, ge=1, description="VllmPreemptionSpike firings within `within_h` that re-open tuning."
     )
     within_h: float = Field(
         24.0, gt=0, le=24 * 30, description="The window, in hours, those firings are counted in."

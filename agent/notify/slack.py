@@ -26,7 +26,7 @@ def _duration(seconds: float) -> str:
 
 
 def message_of(event: AlertEvent) -> str:
-    """One line, e.g. `[FIRING] KvFragmentationHigh on vllm-0 (model m, engine 0): ...`."""
+    """One line, e.g. `[FIRING] VllmKvFragmentationHigh on vllm-0 (model m, engine 0): ...`."""
     labels = dict(event.labels)
     annotations = dict(event.annotations)
     text = f"[{event.status.upper()}] {labels.get('alertname', event.fingerprint)}"

@@ -16,7 +16,7 @@ from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.fragmentation import NO_FREE_BYTES
 from kvpilot.collectors.kvpool.client import AllocatorSample, KvBlockSample
 
-ALERTNAME = "KvFragmentationHigh"
+ALERTNAME = "VllmKvFragmentationHigh"
 Source = Literal["kv_blocks", "allocator"]
 RUNBOOKS = {
     "kv_blocks": "The KV block pool's free list is scattered: paged attention still admits "

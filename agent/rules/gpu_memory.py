@@ -22,8 +22,8 @@ from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import GpuProcess, NvmlSnapshot
 from kvpilot.collectors.vllm_metrics import VllmScrape
 
-GROWTH_ALERTNAME = "GpuMemoryGrowth"
-PRESSURE_ALERTNAME = "GpuNeighbourPressure"
+GROWTH_ALERTNAME = "VllmGpuMemoryGrowth"
+PRESSURE_ALERTNAME = "VllmGpuNeighbourPressure"
 GROWTH_RUNBOOK = (
     "The vLLM process keeps taking GPU memory after start-up, beyond its weights and KV "
     "pool: a leak (custom logits processors, LoRA adapters, growing CUDA graph pools). "

@@ -20,7 +20,7 @@ from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.vllm_metrics import EngineSample
 from kvpilot.collectors.window import RollingWindow
 
-ALERTNAME = "PreemptionSpike"
+ALERTNAME = "VllmPreemptionSpike"
 RUNBOOK = (
     "The KV cache is too small for the load: the scheduler evicts running requests and "
     "recomputes them, so latency climbs. Compare the rate with the baseline; if a tuned "

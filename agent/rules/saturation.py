@@ -8,7 +8,7 @@ from kvpilot.agent.rules.config import KvSaturationRule as KvSaturationConfig
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.vllm_metrics import EngineSample
 
-ALERTNAME = "KvCacheSaturated"
+ALERTNAME = "VllmKvCacheSaturated"
 RUNBOOK = (
     "The KV cache is full and requests queue for it: time to first token grows and "
     "preemptions follow. Check the load against capacity; give the cache more memory "

@@ -14,7 +14,7 @@ from kvpilot.agent.rules.config import EngineStallRule as EngineStallConfig
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.vllm_metrics import EngineSample
 
-ALERTNAME = "EngineStalled"
+ALERTNAME = "VllmEngineStalled"
 RUNBOOK = (
     "Requests are queued or running but the engine takes no steps; /health still answers "
     "200. Look at the engine-core process (CPU, a stuck collective, a hung GPU kernel with "

@@ -3,7 +3,7 @@
 A tuned configuration was chosen on some ground (`agent.tuning.ground`): a vLLM version, a
 model, a coarse workload shape. When one of them moves, the trials that chose it measured
 another server. Preemption incidents that keep coming (`tuning.retune.preemption_incidents`
-PreemptionSpike firings within `within_h` hours, counted since the last tuning run) while
+VllmPreemptionSpike firings within `within_h` hours, counted since the last tuning run) while
 the tuner holds no validated better configuration (`agent.tuning.best`: judged pass,
 promoted, and not what runs already) say the same from the other side.
 
@@ -45,7 +45,9 @@ log = logging.getLogger(__name__)
 
 RETUNE_RULE = "retune"  # the alert's `rule` label: tells it from the remediator's advice
 PREEMPTION = "preemption"  # the part a preemption reason stands on
-PREEMPTION_ALERT = "PreemptionSpike"
+PREEMPTION_ALERT = "VllmPreemptionSpike"
+# Its name before the engine alerts took the `Vllm` prefix: firings audited then count too.
+PREEMPTION_ALERT_BEFORE = "PreemptionSpike"
 PARTS_ANNOTATION = "retune_parts"
 DEFAULT_CHECK_EVERY_S = 60.0
 
@@ -89,7 +91,7 @@ def decide(
     settings: RetuneConfig,
     no_better: Callable[[], str | None],
 ) -> Verdict:
-    """The verdict on `instance` now. `incidents`: PreemptionSpike firings in the window
+    """The verdict on `instance` now. `incidents`: VllmPreemptionSpike firings in the window
     (None: unreadable); `no_better` says why no validated better configuration exists, or
     None when one does (asked only when the incidents reach the threshold)."""
     reopen: list[str] = []
@@ -106,7 +108,7 @@ def decide(
             unknown_of.append(part)
             unknown.append(_unknown(part, tuned.ground, current))
     if incidents is None:
-        unknown.append("the PreemptionSpike incidents could not be counted")
+        unknown.append("the VllmPreemptionSpike incidents could not be counted")
         unknown_of.append(PREEMPTION)
     elif incidents >= settings.preemption_incidents:
         why_none = no_better()
@@ -134,13 +136,13 @@ def _unknown(part: str, previous: Ground, current: Ground) -> str:
 
 def preemption_incidents(db_read: Callable[..., list[sqlite3.Row]], instance: str,
                          since_wall_s: float) -> int:  # fmt: skip
-    """PreemptionSpike firings on `instance` since `since_wall_s`, from the audit log (the
+    """VllmPreemptionSpike firings on `instance` since `since_wall_s`, from the audit log (the
     sidecar audits every firing, so the count holds across restarts)."""
     rows = db_read(
         "SELECT COUNT(DISTINCT coalesce(incident_id, id)) FROM audit WHERE actor = 'rule' "
         "AND action = 'alert' AND decision = 'firing' AND target = ? AND wall_s >= ? "
-        "AND json_extract(details_json, '$.labels.alertname') = ?",
-        (instance, since_wall_s, PREEMPTION_ALERT),
+        "AND json_extract(details_json, '$.labels.alertname') IN (?, ?)",
+        (instance, since_wall_s, PREEMPTION_ALERT, PREEMPTION_ALERT_BEFORE),
     )
     return int(rows[0][0])
 
@@ -263,7 +265,7 @@ class RetuneWatch:
         try:
             incidents: int | None = preemption_incidents(self._store.db.read, name, since)
         except sqlite3.Error as exc:
-            log.warning("instance %s: PreemptionSpike incidents unreadable: %s", name, exc)
+            log.warning("instance %s: VllmPreemptionSpike incidents unreadable: %s", name, exc)
             incidents = None
         return decide(name, tuned, self._ground(name), incidents, self._settings,
                       lambda: self._no_better(name))  # fmt: skip

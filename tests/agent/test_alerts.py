@@ -9,7 +9,7 @@ from kvpilot.agent.model import Condition, fingerprint, labels_of
 
 WALL = 1_700_000_000.0
 FOR_S = {"kv_saturation": 10.0, "instant": 0.0}
-LABELS = labels_of({"alertname": "KvCacheSaturated", "instance": "vllm-0", "role": "stable"})
+LABELS = labels_of({"alertname": "VllmKvCacheSaturated", "instance": "vllm-0", "role": "stable"})
 
 
 def cond(active: bool | None, labels=LABELS, rule: str = "kv_saturation") -> Condition:
@@ -154,7 +154,7 @@ def test_alerts_are_independent_by_fingerprint() -> None:
 
 def test_silence_suppresses_notifications_not_state() -> None:
     tracker = make()
-    silence = tracker.silence({"alertname": "KvCacheSaturated"}, until_wall_s=WALL + 50.0)
+    silence = tracker.silence({"alertname": "VllmKvCacheSaturated"}, until_wall_s=WALL + 50.0)
     [fired] = step(tracker, 0.0, cond(True, rule="instant"))
     assert fired.to_state == "firing" and fired.event is None and fired.silenced
     assert step(tracker, 10.0, cond(True, rule="instant")) == []
@@ -180,14 +180,14 @@ def test_silence_of_other_labels_does_not_match_and_can_be_expired() -> None:
 def test_resolution_of_a_notified_incident_is_sent_even_under_a_silence() -> None:
     tracker = make()
     step(tracker, 0.0, cond(True, rule="instant"))
-    tracker.silence({"alertname": "KvCacheSaturated"}, until_wall_s=WALL + 1000)
+    tracker.silence({"alertname": "VllmKvCacheSaturated"}, until_wall_s=WALL + 1000)
     [resolved] = step(tracker, 5.0, cond(False, rule="instant"))
     assert resolved.event is not None and resolved.event.status == "resolved"
 
 
 def test_a_never_notified_incident_resolves_quietly() -> None:
     tracker = make()
-    tracker.silence({"alertname": "KvCacheSaturated"}, until_wall_s=WALL + 1000)
+    tracker.silence({"alertname": "VllmKvCacheSaturated"}, until_wall_s=WALL + 1000)
     step(tracker, 0.0, cond(True, rule="instant"))
     [resolved] = step(tracker, 5.0, cond(False, rule="instant"))
     assert resolved.to_state == "resolved" and resolved.event is None

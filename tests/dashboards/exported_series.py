@@ -157,7 +157,7 @@ def _state(*, kvpool: bool) -> TickState:
 
 def _counters() -> SidecarCounters:
     return SidecarCounters(
-        alerts_by_state=((("KvCacheSaturated", "firing", "warning"), 1),),
+        alerts_by_state=((("VllmKvCacheSaturated", "firing", "warning"), 1),),
         outbox_backlog=3,
         notifications_total=((("webhook", "delivered"), 4), (("webhook", "given_up"), 1)),
         remediations_total=((("vllm", "succeeded"), 1),),

@@ -22,7 +22,8 @@ from exported_series import (
 )
 
 from kvpilot.agent.rules.config import RulesConfig
-from kvpilot.dashboards.rules import SelfWatch, Timing
+from kvpilot.dashboards.rule_context import Timing
+from kvpilot.dashboards.self_watch import SelfWatch
 
 MIB = 1 << 20
 Values = Sequence[float | None]  # one per scrape; None: no sample
@@ -73,7 +74,7 @@ def _agent(instance: str, *, kvpool: bool = True) -> tuple[Series, ...]:
 
 
 def _fragmentation(config: RulesConfig, timing: Timing) -> _Case:
-    case = _Case(timing.scrape_interval_s, "KvFragmentationHigh")
+    case = _Case(timing.scrape_interval_s, "VllmKvFragmentationHigh")
     frag = config.fragmentation.kv_blocks
     for_s = timing.for_s(frag.for_s)
     total = case.scrapes(for_s) + 6
@@ -100,7 +101,7 @@ def _fragmentation(config: RulesConfig, timing: Timing) -> _Case:
 
 
 def _preemption(config: RulesConfig, timing: Timing) -> _Case:
-    case = _Case(timing.scrape_interval_s, "PreemptionSpike")
+    case = _Case(timing.scrape_interval_s, "VllmPreemptionSpike")
     spike = config.preemption_spike
     short_s = timing.window_s(spike.window_s)
     quiet = case.scrapes(short_s + timing.window_s(spike.baseline_window_s - short_s))
@@ -141,7 +142,7 @@ def _preemption(config: RulesConfig, timing: Timing) -> _Case:
 
 
 def _saturation(config: RulesConfig, timing: Timing) -> _Case:
-    case = _Case(timing.scrape_interval_s, "KvCacheSaturated")
+    case = _Case(timing.scrape_interval_s, "VllmKvCacheSaturated")
     sat = config.kv_saturation
     for_s = timing.for_s(sat.for_s)
     total = case.scrapes(for_s) + 6
@@ -163,7 +164,7 @@ def _saturation(config: RulesConfig, timing: Timing) -> _Case:
 
 
 def _stall(config: RulesConfig, timing: Timing) -> _Case:
-    case = _Case(timing.scrape_interval_s, "EngineStalled")
+    case = _Case(timing.scrape_interval_s, "VllmEngineStalled")
     stall = config.engine_stall
     window_s, for_s = timing.window_s(stall.stall_s), timing.for_s(stall.for_s)
     moving = 10
@@ -187,7 +188,7 @@ def _stall(config: RulesConfig, timing: Timing) -> _Case:
 
 
 def _growth(config: RulesConfig, timing: Timing) -> _Case:
-    case = _Case(timing.scrape_interval_s, "GpuMemoryGrowth")
+    case = _Case(timing.scrape_interval_s, "VllmGpuMemoryGrowth")
     growth = config.gpu_memory_growth
     total = case.scrapes(3600)
     per_scrape = growth.slope_threshold_bytes_per_s * 10 * case.scrape_s

@@ -180,7 +180,7 @@ def test_one_condition_on_both_paths_notifies_once(alertmanager: _Alertmanager) 
     vllm = _scraped_by_the_operator(VLLM_PAYLOAD.read_text(), "vllm", "vllm-c")
     counter = pick(agent, "kvpilot_preemptions_total", counter="kvpool").alert_labels()
     rate = {k: v for k, v in counter.items() if k != "counter"}  # the recording rule's `max`
-    both_a = _evaluated(rate, "PreemptionSpike", "warning")
+    both_a = _evaluated(rate, "VllmPreemptionSpike", "warning")
     pushed_a = _pushed(spike.labels, "vllm-a")
     pushed_b = _pushed(spike.labels, "vllm-b")  # no Prometheus copy: it must pass
     circuit = _evaluated(
@@ -191,7 +191,7 @@ def test_one_condition_on_both_paths_notifies_once(alertmanager: _Alertmanager) 
     pushed_page = _pushed(page.labels, "vllm-a")
     down_c = _pushed(down.labels, "vllm-c")
     stalled_c = _evaluated(
-        pick(vllm, "vllm:num_requests_running").alert_labels(), "EngineStalled", "critical"
+        pick(vllm, "vllm:num_requests_running").alert_labels(), "VllmEngineStalled", "critical"
     )
     alertmanager.post([both_a, pushed_a, pushed_b, circuit, pushed_page, down_c, stalled_c])
 

@@ -3,7 +3,7 @@
 The agent's NVML collector runs on the fake NVML library (the same fake as the unit tests),
 put into the agent's process by `tests/fakes/nvml_site/sitecustomize.py`. One server, one agent and
 one Prometheus serve every test here; the load preempts, so the generated rules must fire
-`PreemptionSpike`, and every Memory panel's query must return data (the allocator panels
+`VllmPreemptionSpike`, and every Memory panel's query must return data (the allocator panels
 excepted: there is no CUDA here, but Prometheus must still accept them).
 """
 
@@ -196,12 +196,12 @@ def _range(live: Live, expr: str) -> dict:
 def test_preemption_alert_fires_under_preempting_load(live: Live) -> None:
     assert live.preemptions > 0, "the load did not preempt; the test proves nothing"
     firing = wait_for(
-        lambda: _range(live, 'ALERTS{alertname="PreemptionSpike", alertstate="firing"}')["data"][
-            "result"
-        ],
+        lambda: _range(live, 'ALERTS{alertname="VllmPreemptionSpike", alertstate="firing"}')[
+            "data"
+        ]["result"],
         30,
         lambda: (
-            "PreemptionSpike never fired; rule states: "
+            "VllmPreemptionSpike never fired; rule states: "
             + json.dumps(live.prometheus.api("rules", {"type": "alert"})["data"])[:3000]
         ),
     )

@@ -15,15 +15,16 @@ from typer.testing import CliRunner
 
 from kvpilot.agent.cli.dashboards_cmd import register, runbooks
 from kvpilot.agent.rules.config import RulesConfig
-from kvpilot.dashboards.rules import RUNBOOK_URL_BASE, SCRAPE_INTERVAL_S, build_rules, duration
+from kvpilot.dashboards.rule_context import RUNBOOK_URL_BASE, SCRAPE_INTERVAL_S, duration
+from kvpilot.dashboards.rules import build_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_ALERTS = {
-    "KvFragmentationHigh",
-    "PreemptionSpike",
-    "KvCacheSaturated",
-    "EngineStalled",
-    "GpuMemoryGrowth",
+    "VllmKvFragmentationHigh",
+    "VllmPreemptionSpike",
+    "VllmKvCacheSaturated",
+    "VllmEngineStalled",
+    "VllmGpuMemoryGrowth",
 }
 SELF_ALERTS = {
     "KvpilotAbsent",
@@ -97,14 +98,14 @@ def test_rules_follow_the_configuration() -> None:
         }
     )
     alerts = _alerts(yaml.safe_load(build_rules(config).rules_file())["groups"])
-    frag = [a for a in alerts if a["alert"] == "KvFragmentationHigh"]
+    frag = [a for a in alerts if a["alert"] == "VllmKvFragmentationHigh"]
     assert len(frag) == 1  # the allocator rule is disabled
     assert frag[0]["expr"] == 'kvpilot_fragmentation_ratio{source="kv_blocks"} > 0.45'
     assert frag[0]["for"] == "30s"
     assert frag[0]["labels"] == {"team": "ml", "severity": "warning", "source": "kv_blocks"}
-    spike = next(a for a in alerts if a["alert"] == "PreemptionSpike")
+    spike = next(a for a in alerts if a["alert"] == "VllmPreemptionSpike")
     assert "> 0.5 unless" in spike["expr"]
-    stall = next(a for a in alerts if a["alert"] == "EngineStalled")
+    stall = next(a for a in alerts if a["alert"] == "VllmEngineStalled")
     assert "[90s]" in stall["expr"] and stall["labels"]["severity"] == "warning"
     recording = yaml.safe_load(build_rules(config).rules_file())["groups"][0]["rules"]
     short, baseline = recording[0]["expr"], recording[1]["expr"]
@@ -120,8 +121,8 @@ def test_every_alert_has_a_summary_a_description_and_a_runbook_url() -> None:
         annotations = alert["annotations"]
         assert annotations["summary"] and annotations["description"], alert
         assert annotations["runbook_url"] == f"{RUNBOOK_URL_BASE}{alert['alert']}.md"
-    spike = next(a for a in alerts if a["alert"] == "PreemptionSpike")
-    assert spike["annotations"]["description"] == runbooks()["PreemptionSpike"]
+    spike = next(a for a in alerts if a["alert"] == "VllmPreemptionSpike")
+    assert spike["annotations"]["description"] == runbooks()["VllmPreemptionSpike"]
 
 
 def test_every_alert_has_a_runbook_page_that_answers_the_four_questions() -> None:
@@ -168,11 +169,11 @@ def test_promtool_unit_tests_fire_and_do_not_fire_each_alert(
 @pytest.mark.parametrize(
     ("change", "alert"),
     [
-        ({"fragmentation": {"kv_blocks": {"threshold_ratio": 0.6}}}, "KvFragmentationHigh"),
-        ({"preemption_spike": {"baseline_multiple": 100}}, "PreemptionSpike"),
-        ({"kv_saturation": {"for_s": 600}}, "KvCacheSaturated"),
-        ({"engine_stall": {"stall_s": 300}}, "EngineStalled"),
-        ({"gpu_memory_growth": {"min_growth_bytes": 2**40}}, "GpuMemoryGrowth"),
+        ({"fragmentation": {"kv_blocks": {"threshold_ratio": 0.6}}}, "VllmKvFragmentationHigh"),
+        ({"preemption_spike": {"baseline_multiple": 100}}, "VllmPreemptionSpike"),
+        ({"kv_saturation": {"for_s": 600}}, "VllmKvCacheSaturated"),
+        ({"engine_stall": {"stall_s": 300}}, "VllmEngineStalled"),
+        ({"gpu_memory_growth": {"min_growth_bytes": 2**40}}, "VllmGpuMemoryGrowth"),
     ],
 )
 def test_the_unit_tests_fail_when_the_settings_change(
@@ -207,7 +208,7 @@ def test_rules_command_writes_both_forms(tmp_path: Path) -> None:
     groups = yaml.safe_load(plain.stdout)["groups"]
     assert {g["name"] for g in groups} == {"kvpilot.recording", "kvpilot.alerts", "kvpilot.self"}
     assert all(g["interval"] == "30s" for g in groups)
-    stall = next(a for a in _alerts(groups) if a["alert"] == "EngineStalled")
+    stall = next(a for a in _alerts(groups) if a["alert"] == "VllmEngineStalled")
     assert "[240s]" in stall["expr"] and stall["for"] == "120s"  # four and two scrapes
     out = tmp_path / "rule.yaml"
     manifest = runner.invoke(

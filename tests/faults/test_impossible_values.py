@@ -130,8 +130,8 @@ def test_impossible_kvpool_figures_never_fire_the_fragmentation_rule(tmp_path: P
         with kvpilot(["run", "--config", str(tmp_path / "kvpilot.yaml")], tmp_path, port) as agent:
             text = agent.wait_for("three ticks", lambda t: ticks(t) >= 3)
     for state in ("pending", "firing"):
-        count = value(text, "kvpilot_alerts", alertname="KvFragmentationHigh", state=state)
-        assert not count, f"KvFragmentationHigh {state} on impossible figures"
+        count = value(text, "kvpilot_alerts", alertname="VllmKvFragmentationHigh", state=state)
+        assert not count, f"VllmKvFragmentationHigh {state} on impossible figures"
     assert value(text, "kvpilot_collector_up", source="kvpool") == 1.0
     assert value(text, "kvpilot_fragmentation_ratio", source="kv_blocks") is None
     assert value(text, "kvpilot_kvpool_longest_free_run_blocks") is None

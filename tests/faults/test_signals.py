@@ -111,7 +111,7 @@ def test_sighup_reloads_notifiers_and_rules_and_refuses_an_invalid_file(tmp_path
                 assert "timeout_s" in refused, refused  # the reason, named
 
                 metrics.write_text(SATURATED)  # the reloaded rule fires, to the reloaded hook
-                wait_until(lambda: "KvCacheSaturated" in new.alertnames, 20, "the alert at new")
+                wait_until(lambda: "VllmKvCacheSaturated" in new.alertnames, 20, "the alert at new")
                 assert old.alertnames == []
                 agent.signal(signal.SIGTERM)
                 assert agent.wait(30) == 0

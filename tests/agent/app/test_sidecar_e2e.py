@@ -147,13 +147,13 @@ def test_preemption_spike_is_notified_remediated_and_resolved(rig: Rig) -> None:
     load, reports = _load_in_background(rig.vllm_url, rig.marker)
 
     firing = wait_for(
-        "a signed PreemptionSpike notification",
-        lambda: _payloads(receiver, "PreemptionSpike", "firing"), 240,
+        "a signed VllmPreemptionSpike notification",
+        lambda: _payloads(receiver, "VllmPreemptionSpike", "firing"), 240,
     )  # fmt: skip
     request, body = firing[0]
     assert request.signature_ok is True
     assert body["version"] == "4" and body["status"] == "firing"
-    alert = next(a for a in body["alerts"] if a["labels"]["alertname"] == "PreemptionSpike")
+    alert = next(a for a in body["alerts"] if a["labels"]["alertname"] == "VllmPreemptionSpike")
     assert alert["labels"]["instance"] == "vllm" and alert["fingerprint"]
     assert alert["annotations"]["kvpilot_incident_id"]
     assert request.headers["x-kvpilot-dedup-key"].startswith(alert["fingerprint"])
@@ -161,7 +161,7 @@ def test_preemption_spike_is_notified_remediated_and_resolved(rig: Rig) -> None:
     in_alertmanager = wait_for(
         "the alert in Alertmanager's own API",
         lambda: [a for a in rig.alertmanager.alerts()
-                 if a["labels"].get("alertname") == "PreemptionSpike"],
+                 if a["labels"].get("alertname") == "VllmPreemptionSpike"],
         60,
     )  # fmt: skip
     assert in_alertmanager[0]["labels"]["instance"] == "vllm"
@@ -187,11 +187,11 @@ def test_preemption_spike_is_notified_remediated_and_resolved(rig: Rig) -> None:
     assert reports and len(reports[0].ok) > 0  # the load really reached the server
     resolved = wait_for(
         "the resolved notification once the load stopped",
-        lambda: _payloads(receiver, "PreemptionSpike", "resolved"), 180,
+        lambda: _payloads(receiver, "VllmPreemptionSpike", "resolved"), 180,
     )  # fmt: skip
     fired_alert = alert
     resolved_alert = next(
-        a for a in resolved[0][1]["alerts"] if a["labels"]["alertname"] == "PreemptionSpike"
+        a for a in resolved[0][1]["alerts"] if a["labels"]["alertname"] == "VllmPreemptionSpike"
     )
     assert resolved_alert["fingerprint"] == fired_alert["fingerprint"]
     assert resolved_alert["startsAt"] == fired_alert["startsAt"]
@@ -205,13 +205,13 @@ def _is_zombie(pid: int) -> bool:
 
 
 def test_control_api_refuses_requests_without_the_token(rig: Rig) -> None:
-    body = {"matchers": {"alertname": "KvCacheSaturated"}, "duration_s": 60}
+    body = {"matchers": {"alertname": "VllmKvCacheSaturated"}, "duration_s": 60}
     assert control(rig.agent, "/api/v1/silences", body, token=None).status_code == 401
     assert control(rig.agent, "/api/v1/silences", body, token="wrong").status_code == 401
     assert control(rig.agent, "/api/v1/remediations", {"instance": "vllm"}, None).status_code == 401
     made = control(rig.agent, "/api/v1/silences", body)
     assert made.status_code == 201, made.text
-    assert made.json()["silence"]["matchers"] == {"alertname": "KvCacheSaturated"}
+    assert made.json()["silence"]["matchers"] == {"alertname": "VllmKvCacheSaturated"}
 
 
 def test_a_killed_server_is_detected_and_restarted_once(rig: Rig) -> None:

@@ -103,8 +103,8 @@ def test_fragmentation_on_real_kv_blocks_restarts_and_resolves(tmp_path: Path) -
 
         threading.Thread(target=load, daemon=True).start()
         firing = wait_for(
-            "KvFragmentationHigh notified",
-            lambda: _notified(receiver, "KvFragmentationHigh", "firing"),
+            "VllmKvFragmentationHigh notified",
+            lambda: _notified(receiver, "VllmKvFragmentationHigh", "firing"),
             300,
         )
         assert firing[0]["labels"]["source"] == "kv_blocks"
@@ -124,7 +124,7 @@ def test_fragmentation_on_real_kv_blocks_restarts_and_resolves(tmp_path: Path) -
         assert agent.main_pid() not in (None, first_pid)
         wait_for(
             "the resolved notification",
-            lambda: _notified(receiver, "KvFragmentationHigh", "resolved"),
+            lambda: _notified(receiver, "VllmKvFragmentationHigh", "resolved"),
             240,
         )
         # Idle after the restart: every block free in one run.

@@ -13,7 +13,7 @@ from kvpilot.agent.notify.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sig
 
 SECRET = "demo-secret-0123456789"
 BODY = json.dumps(
-    {"status": "firing", "alerts": [{"labels": {"alertname": "PreemptionSpike"}}]}
+    {"status": "firing", "alerts": [{"labels": {"alertname": "VllmPreemptionSpike"}}]}
 ).encode()
 
 
@@ -40,7 +40,7 @@ def test_a_signed_delivery_is_verified_and_a_forged_one_refused() -> None:
     codes, seen = asyncio.run(_exchange([_signed(SECRET, now), _signed("another-secret", now), {}]))
     assert codes == [200, 401, 401]
     assert [d.verified for d in seen] == [True, False, False]
-    assert seen[0].describe() == "PreemptionSpike firing (signature verified)"
+    assert seen[0].describe() == "VllmPreemptionSpike firing (signature verified)"
     assert "INVALID" in seen[1].describe()
 
 

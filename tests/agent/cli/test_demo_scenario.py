@@ -70,7 +70,7 @@ def test_the_timeline_tells_the_four_phases_in_order() -> None:
     lines = timeline().splitlines()
     assert [p.number for p in PHASES] == [1, 2, 3, 4]
     assert [line.split(".")[0] for line in lines] == ["1", "2", "3", "4"]
-    assert "PreemptionSpike" in lines[1] and "restart" in lines[1]
+    assert "VllmPreemptionSpike" in lines[1] and "restart" in lines[1]
 
 
 def test_the_steady_trickle_pauses_only_while_tuning_measures() -> None:

@@ -102,9 +102,9 @@ def test_the_demo_in_a_terminal_plays_four_phases_and_leaves_no_debris(tmp_path:
     assert all(phases), log[-3000:]
     assert phases[0].start() < phases[1].start() < phases[2].start() < phases[3].start()  # type: ignore[union-attr]
     burst = log[phases[1].start() : phases[2].start()]  # type: ignore[union-attr]
-    assert "PreemptionSpike pending" in burst and "PreemptionSpike firing" in burst
+    assert "VllmPreemptionSpike pending" in burst and "VllmPreemptionSpike firing" in burst
     assert re.search(r"num_preemptions_total rose from \d+ to [1-9]", burst)
-    assert "webhook received: PreemptionSpike firing (signature verified)" in burst
+    assert "webhook received: VllmPreemptionSpike firing (signature verified)" in burst
     assert re.search(r"remediation: restart succeeded", burst)
     tuning = log[phases[2].start() : phases[3].start()]  # type: ignore[union-attr]
     assert re.search(r"trial \d+ \(.*\): (complete|infeasible|failed|aborted), ", tuning)

@@ -47,11 +47,11 @@ def _snapshot() -> DemoSnapshot:
                 "only 3 blocks free, fewer than 16",
             ),
         ),
-        alerts=(AlertRow("PreemptionSpike", "demo", "firing", 1_700_000_000.0),),
+        alerts=(AlertRow("VllmPreemptionSpike", "demo", "firing", 1_700_000_000.0),),
         actions=(ActionRow(1_700_000_000.0, "restart", "demo", "succeeded", "cleared"),),
         trials=(TrialRow(0, "kv 8.0 MiB, seqs 8", "complete", "pass: goodput 1.8x"),),
         outbox_backlog=1,
-        deliveries=("PreemptionSpike firing (signature verified)",),
+        deliveries=("VllmPreemptionSpike firing (signature verified)",),
         logs=tuple(f"log line {i}" for i in range(20)),
     )
 
@@ -69,7 +69,7 @@ def test_every_panel_shows_its_part_of_the_loop() -> None:
     assert "0.42 (> 0.30) pending" in text
     assert "unknown: only 3 blocks free, fewer than 16" in text
     assert "97.0 %" in text and "2/64" in text
-    assert "PreemptionSpike" in text and "firing" in text
+    assert "VllmPreemptionSpike" in text and "firing" in text
     assert "pass: goodput 1.8x" in text
     assert "signature verified" in text and "outbox backlog: 1" in text
     assert "phase 2/4: burst" in text

@@ -10,7 +10,7 @@ START_WALL_S = 1_760_000_000.25
 
 
 def make_event(
-    alertname: str = "KvFragmentationHigh",
+    alertname: str = "VllmKvFragmentationHigh",
     *,
     instance: str = "vllm-0",
     status: Literal["firing", "resolved"] = "firing",

@@ -85,7 +85,7 @@ def test_webhook_sends_alertmanager_v4_payload(receiver: Receiver) -> None:
     assert first["alerts"][0]["endsAt"] == "0001-01-01T00:00:00Z"
     assert parse_rfc3339(second["alerts"][0]["endsAt"]) == pytest.approx(START_WALL_S + 95.5)
     # Alertmanager's group key: route key, then the group's labels, sorted and quoted.
-    assert first["groupKey"].startswith('{}:{alertname="KvFragmentationHigh", engine="0"')
+    assert first["groupKey"].startswith('{}:{alertname="VllmKvFragmentationHigh", engine="0"')
     assert first["groupKey"] == second["groupKey"]
     headers = [r.headers for r in receiver.received()]
     assert [h["x-kvpilot-dedup-key"] for h in headers] == [firing.dedup_key, resolved.dedup_key]
@@ -179,10 +179,10 @@ def test_slack_text_reads_as_a_sentence(receiver: Receiver) -> None:
     firing = make_event()
     resolved = make_event(status="resolved", ends_at_wall_s=START_WALL_S + 95)
     assert message_of(firing) == (
-        "[FIRING] KvFragmentationHigh on vllm-0 (model tiny-llama, engine 0, source kv_blocks):"
+        "[FIRING] VllmKvFragmentationHigh on vllm-0 (model tiny-llama, engine 0, source kv_blocks):"
         " fragmentation 0.41 > 0.30 for 60 s"
     )
-    assert message_of(resolved).startswith("[RESOLVED] KvFragmentationHigh on vllm-0 (")
+    assert message_of(resolved).startswith("[RESOLVED] VllmKvFragmentationHigh on vllm-0 (")
     assert message_of(resolved).endswith("(resolved after 1 min 35 s)")
     send(lambda c: SlackNotifier("slack", SecretStr(receiver.url + "/s"), c), [firing])
     (request,) = receiver.received()

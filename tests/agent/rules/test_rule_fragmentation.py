@@ -27,7 +27,7 @@ def test_kv_blocks_above_threshold_is_active_with_labels_and_figures() -> None:
     assert c.value == 0.5
     assert c.rule == "fragmentation_kv_blocks"
     assert dict(c.labels) == {
-        "alertname": "KvFragmentationHigh",
+        "alertname": "VllmKvFragmentationHigh",
         "instance": "vllm-0",
         "role": "stable",
         "model_name": "tiny",
@@ -78,7 +78,7 @@ def test_kvpool_down_before_any_reading_gives_one_instance_level_unknown() -> No
     driver = Driver(kv_rule())
     c = only(driver.tick(1.0, kvpool_error=SourceError("kvpool", "timeout", "slow")))
     assert c.active is None
-    assert label(c, "alertname") == "KvFragmentationHigh"
+    assert label(c, "alertname") == "VllmKvFragmentationHigh"
     assert label(c, "engine") is None
 
 

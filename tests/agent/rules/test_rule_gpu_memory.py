@@ -50,7 +50,7 @@ def test_leak_slope_fires() -> None:
     c = only(feed_growth(driver, 20 * MIB, 30))
     assert c.active is True
     assert c.value is not None and abs(c.value - 20 * MIB / 60) < 1
-    assert label(c, "alertname") == "GpuMemoryGrowth"
+    assert label(c, "alertname") == "VllmGpuMemoryGrowth"
     assert label(c, "gpu") == "0"
     assert "MiB/min" in c.summary
 
@@ -102,7 +102,7 @@ def test_neighbours_taking_the_restart_memory_fire() -> None:
     procs = [proc(100, 60 * GIB, server=True), proc(9, 12 * GIB, server=False)]
     c = only(Driver(pressure()).tick(1.0, engines=engines, gpu_state=nvml(1.0, gpu(procs))))
     assert c.active is True
-    assert label(c, "alertname") == "GpuNeighbourPressure"
+    assert label(c, "alertname") == "VllmGpuNeighbourPressure"
     assert c.value is not None and c.value < 1.0
     assert "gpu_memory_utilization 0.9" in c.summary
 

@@ -29,7 +29,7 @@ def test_spike_on_a_fresh_server_fires_on_the_floor_alone() -> None:
     c = only(run(Driver(rule()), [0.0] * 5 + [float(i) for i in range(1, 11)]))
     assert c.active is True
     assert c.value is not None and abs(c.value - 10 / 30) < 1e-9
-    assert label(c, "alertname") == "PreemptionSpike"
+    assert label(c, "alertname") == "VllmPreemptionSpike"
     assert annotation(c, "counter") == "vllm"
     assert "no baseline yet" in (annotation(c, "description") or "")
     assert annotation(c, "action") == "ladder"

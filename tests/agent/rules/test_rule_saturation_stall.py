@@ -29,7 +29,7 @@ def test_saturated_when_full_and_requests_wait() -> None:
     )
     assert c.active is True
     assert c.value == 0.99
-    assert label(c, "alertname") == "KvCacheSaturated"
+    assert label(c, "alertname") == "VllmKvCacheSaturated"
     assert "0.990" in c.summary and "3 waiting" in c.summary
 
 
@@ -96,7 +96,7 @@ def test_stall_fires_when_the_counter_stops_with_requests_present() -> None:
             assert out.active is False, t
     assert out is not None and out.active is True
     assert out.value == 15.0  # from the last reading that moved (t=4) to t=19
-    assert label(out, "alertname") == "EngineStalled"
+    assert label(out, "alertname") == "VllmEngineStalled"
     assert label(out, "severity") == "critical"
 
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[3]
 SATURATED = (ROOT / "tests" / "fixtures" / "vllm" / "v0_32_under_load.prom").read_bytes()
 # The same server with half its KV cache free: the saturation rule holds no alert.
 CALM = re.sub(rb"(vllm:kv_cache_usage_perc\{[^}]*\}) \S+", rb"\1 0.5", SATURATED)
-SATURATION_ALERT = "KvCacheSaturated"
+SATURATION_ALERT = "VllmKvCacheSaturated"
 
 
 class LoopbackVllm(ServedInThread):

@@ -72,7 +72,7 @@ def test_failures_are_counted_each_time_and_said_once_a_minute_then_once_at_the_
     assert all(r.exc_info is None for r in caplog.records)
 
 
-LABELS = labels_of({"alertname": "KvCacheSaturated", "instance": "vllm-0"})
+LABELS = labels_of({"alertname": "VllmKvCacheSaturated", "instance": "vllm-0"})
 
 
 def _active() -> Condition:

@@ -84,12 +84,14 @@ def fired(events: list[AlertEvent], status: str = "firing") -> list[AlertEvent]:
     return [e for e in events if e.status == status]
 
 
-def spike(store: StateStore, wall_s: float, incident: str) -> None:
-    """A PreemptionSpike firing as the sidecar audits it."""
+def spike(
+    store: StateStore, wall_s: float, incident: str, alertname: str = "VllmPreemptionSpike"
+) -> None:
+    """A VllmPreemptionSpike firing as the sidecar audits it."""
     store.record_audit(
         wall_s=wall_s, actor="rule", action="alert", target=NAME, decision="firing",
         reason="preemptions", incident_id=incident,
-        details={"labels": {"alertname": "PreemptionSpike", "instance": NAME}},
+        details={"labels": {"alertname": alertname, "instance": NAME}},
     )  # fmt: skip
 
 
@@ -222,11 +224,24 @@ def test_preemption_incidents_that_keep_coming_reopen_tuning(store: StateStore) 
     events = w.take_events()
     assert len(fired(events)) == 1
     summary = dict(events[0].annotations)["summary"]
-    assert "3 PreemptionSpike incidents within 24 h" in summary
+    assert "3 VllmPreemptionSpike incidents within 24 h" in summary
     assert "no trial of study abc was judged pass" in summary
     clock.wall_s += 22.5 * HOUR_S  # i1 and i2 leave the window
     w.check()
     assert [e.status for e in w.take_events()] == ["resolved"]
+
+
+def test_firings_audited_under_the_alerts_earlier_name_count(store: StateStore) -> None:
+    clock = Clock()
+    settings = RetuneConfig(preemption_incidents=2, within_h=6)
+    w = watch(store, Ground(None, None, None), clock, settings=settings)
+    spike(store, clock() - 60.0, "before-the-rename", alertname="PreemptionSpike")
+    spike(store, clock() - 60.0, "other", alertname="VllmKvCacheSaturated")  # not a spike
+    w.check()
+    assert w.take_events() == []
+    spike(store, clock() - 30.0, "after-the-rename")
+    w.check()
+    assert len(fired(w.take_events())) == 1
 
 
 def test_incidents_do_not_reopen_tuning_while_a_validated_better_config_exists(
