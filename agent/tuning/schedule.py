@@ -232,7 +232,8 @@ def scheduled_tuning(
         summary = await session.run(tuning.trials)
         scheduled.on_tuned()
         told = f"; {chosen.describe()}" if chosen is not None else ""
-        return summary_line(summary) + told
+        how = f"; {now.strategy_reason}" if now.strategy_reason is not None else ""
+        return summary_line(summary) + told + how
 
     def audit(decision: str, reason: str) -> None:
         store.record_audit(
