@@ -53,6 +53,7 @@ class PodScript:
     """A pod's cumulative /metrics: each scrape first adds the next step (the last repeats)."""
 
     steps: list[Step]
+    kv_budget_bytes: int | None = None  # cache_config_info's kv_cache_memory_bytes
     done: int = 0
     hists: dict[str, list[float]] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
@@ -84,6 +85,9 @@ class PodScript:
             f"{self.counters.get('5xx', 0)}",
             'http_requests_total{handler="/metrics",method="GET",status="5xx"} 7',
         ]
+        if self.kv_budget_bytes is not None:
+            labels = f'{engine},block_size="32",kv_cache_memory_bytes="{self.kv_budget_bytes}"'
+            lines.append(f"vllm:cache_config_info{{{labels}}} 1.0")
         for family, name, bounds in (
             ("vllm:time_to_first_token_seconds", "ttft", TTFT_LE),
             ("vllm:inter_token_latency_seconds", "itl", ITL_LE),
@@ -332,8 +336,8 @@ def test_a_pod_whose_metrics_cannot_be_read_is_counted_not_zeroed(pods) -> None:
 
 
 def _judged_rollout(stable, canary, canary_per_interval: int):
-    stable.metrics = PodScript([Step(9, ttft_s=0.3, preemptions=18)]).render
-    canary.metrics = PodScript([Step(canary_per_interval, ttft_s=0.05)]).render
+    stable.metrics = PodScript([Step(9, ttft_s=0.3, preemptions=18)], 2 << 20).render
+    canary.metrics = PodScript([Step(canary_per_interval, ttft_s=0.05)], 32 << 20).render
     split, clock = RecordingSplit(canary), SteppedClock()
     journal, store = InMemoryRolloutJournal(), InMemoryTrialStore()
 
@@ -379,6 +383,9 @@ def test_a_canary_with_enough_requests_is_promoted_on_live_traffic(pods) -> None
     reason = outcome.record.reason or ""
     assert "better than the stable instance: feasible where the stable instance is not" in reason
     assert outcome.trial.judgement is not None
+    # The memory each side's server reports as its KV budget, measured into both results.
+    assert outcome.trial.result is not None and outcome.baseline is not None
+    assert (outcome.trial.result.memory_bytes, outcome.baseline.memory_bytes) == (32 << 20, 2 << 20)
     errors = next(m for m in outcome.trial.judgement.metrics if m.name == "errors_ratio")
     assert (errors.canary_count, errors.upper_bound is not None) == (60, True)
     assert errors.upper_bound < 0.05
