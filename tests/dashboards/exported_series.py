@@ -8,6 +8,7 @@ values they take over time, never their names or labels.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -169,6 +170,7 @@ def _counters() -> SidecarCounters:
     )
 
 
+@functools.cache  # deterministic, and the rule cases ask for it once per target
 def agent_exposition(*, kvpool: bool = True) -> str:
     """The agent's /metrics text for one stable server, as `kvpilot run` serves it."""
     state = _state(kvpool=kvpool)

@@ -383,6 +383,7 @@ def alert_cases(config: RulesConfig, scrape_interval_s: float) -> dict[str, Any]
     ]
     return {
         "rule_files": ["kvpilot.rules.yaml"],
-        "evaluation_interval": f"{max(1, round(scrape_interval_s / 3))}s",
+        # Prometheus evaluates the rules about as often as it scrapes.
+        "evaluation_interval": f"{round(scrape_interval_s)}s",
         "tests": [case.group() for case in cases],
     }
