@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 import httpx
@@ -30,12 +30,14 @@ class LoadObserver:
         warm_requests: int = 2,
         scrape_interval_s: float = 0.25,  # short windows still give the judge a dozen scrapes
         api_key: str | None = None,
+        device_memory: Callable[[str], int | None] = lambda _url: None,
     ) -> None:
         self._workload = workload
         self._model = model
         self._warm = warm_requests
         self._interval_s = scrape_interval_s
         self._api_key = api_key
+        self._device_memory = device_memory  # a server's device memory, by its URL
 
     async def warm(self, urls: Sequence[str]) -> Warmup:
         small = replace(
@@ -71,9 +73,18 @@ class LoadObserver:
         finally:
             done.set()
             await scraper
-        memory = server_kv_budget_bytes(scrapes)  # what the server says it holds for KV
+        memory = measured_memory(scrapes, url, self._device_memory)
         measurement = Measurement(report=report, scrapes=tuple(scrapes), memory_bytes=memory)
         return Observation(url, measurement, samples(report, scrapes))
+
+
+def measured_memory(
+    scrapes: Sequence[VllmScrape], url: str, device_memory: Callable[[str], int | None]
+) -> int | None:
+    """The memory a window is priced at: the KV budget the server reports, else (a budget
+    sized by --gpu-memory-utilization reads "None") the device memory its processes hold."""
+    budget = server_kv_budget_bytes(scrapes)
+    return budget if budget is not None else device_memory(url)
 
 
 def samples(report: LoadReport, scrapes: Sequence[VllmScrape]) -> dict[str, Samples]:

@@ -16,7 +16,7 @@ from kvpilot.agent.runtimes.local import LocalInstanceSpec
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.gpu_bounds import GpuMemory as GpuMemory
-from kvpilot.agent.tuning.gpu_bounds import canary_strategy
+from kvpilot.agent.tuning.gpu_bounds import canary_strategy, server_device_memory_bytes
 from kvpilot.agent.tuning.gpu_bounds import read_gpu as read_gpu
 from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
 from kvpilot.agent.tuning.model_files import find_model_config
@@ -257,7 +257,13 @@ def make_observer(
     replay keeps the synthetic workload against both; service and gateway judge live traffic."""
     canary = study.tuning.canary
     if canary.traffic == "replay":
-        return LoadObserver(study.workload, model=study.model, api_key=api_key), JudgeConfig()
+        observer = LoadObserver(
+            study.workload,
+            model=study.model,
+            api_key=api_key,
+            device_memory=server_device_memory_bytes,
+        )
+        return observer, JudgeConfig()
     if traffic is None:
         raise StudyError(
             f"canary traffic {canary.traffic} splits live traffic through the Kubernetes "

@@ -12,7 +12,8 @@ import pytest
 
 from kvpilot.agent.config import load_config
 from kvpilot.agent.config.tuning import TuningConfig
-from kvpilot.agent.tuning.gpu_bounds import GpuMemory, read_gpu
+from kvpilot.agent.tuning.gpu_bounds import GpuMemory, read_gpu, server_device_memory_bytes
+from kvpilot.agent.tuning.observer import measured_memory
 from kvpilot.agent.tuning.study import build_study
 from kvpilot.rig.server import free_port
 from kvpilot.tuner.rollout import Strategy
@@ -111,3 +112,26 @@ def test_a_stable_not_started_yet_is_counted_at_its_flags(tmp_path: Path) -> Non
     assert study.strategy_reason is not None and "40.0 GiB is free" in study.strategy_reason
     fits = build_study(_config(tmp_path, 0.4), tuning, empty)
     assert fits.strategy is Strategy.PARALLEL
+
+
+def test_a_server_without_a_reported_kv_budget_is_priced_at_its_device_memory() -> None:
+    own = 30 * GIB
+    gpu = FakeGpu(
+        uuid="GPU-0",
+        total_bytes=TOTAL,
+        used_bytes=own + 4 * GIB,
+        reserved_bytes=0,
+        processes=(
+            FakeProcess(pid=os.getpid(), used_bytes=own),  # the server at the URL
+            FakeProcess(pid=1, used_bytes=4 * GIB),  # a neighbour
+        ),
+    )
+    url = "http://127.0.0.1:8000"
+    with installed(FakeNvmlLibrary([gpu])):
+        held = server_device_memory_bytes(url, lambda _url: frozenset({os.getpid()}))
+        assert held == own
+        assert server_device_memory_bytes(url, lambda _url: frozenset()) is None
+        # No cache_config_info budget in the window: the device memory prices it.
+        assert measured_memory((), url, lambda _url: held) == own
+    with installed(None):  # the CPU build: no NVML, no device memory
+        assert server_device_memory_bytes(url, lambda _url: frozenset({os.getpid()})) is None
