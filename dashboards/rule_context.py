@@ -56,9 +56,13 @@ class AlertContext:
     descriptions: Mapping[str, str]
     runbook_url_base: str
 
-    def annotations(self, name: str, summary: str, description: str = "") -> dict[str, str]:
-        """summary, description (the agent's runbook text where it has one) and runbook_url."""
-        text = self.descriptions.get(name) or description
+    def annotations(
+        self, name: str, summary: str, description: str = "", variant: str | None = None
+    ) -> dict[str, str]:
+        """summary, description (the agent's runbook text for `name/variant` or `name`, where
+        it has one) and runbook_url."""
+        own = self.descriptions.get(f"{name}/{variant}") if variant else None
+        text = own or self.descriptions.get(name) or description
         return {
             "summary": summary,
             "description": text,

@@ -176,13 +176,14 @@ def _alert(
     rule: _Rule,
     summary: str,
     labels: Mapping[str, str] | None = None,
+    variant: str | None = None,
 ) -> dict[str, Any]:
     return {
         "alert": name,
         "expr": expr,
         "for": duration(ctx.timing.for_s(rule.for_s)),
         "labels": {**_labels(rule), **(labels or {})},
-        "annotations": ctx.annotations(name, summary),
+        "annotations": ctx.annotations(name, summary, variant=variant),
     }
 
 
@@ -223,6 +224,7 @@ def _engine_alerts(settings: RuleSettings, ctx: AlertContext) -> list[dict[str, 
                 f"{cfg.threshold_ratio:g} on {{{{ $labels.instance }}}}",
                 # The series carries it too; as a rule label it keeps the two rules apart.
                 labels={"source": source},
+                variant=source,
             )
         )
     spike = settings.preemption_spike

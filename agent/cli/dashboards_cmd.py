@@ -44,6 +44,8 @@ def runbooks() -> dict[str, str]:
 
     return {
         fragmentation.ALERTNAME: " ".join(fragmentation.RUNBOOKS.values()),
+        # Each source's own text for its rule (`alertname/source`).
+        **{f"{fragmentation.ALERTNAME}/{s}": text for s, text in fragmentation.RUNBOOKS.items()},
         preemption.ALERTNAME: preemption.RUNBOOK,
         saturation.ALERTNAME: saturation.RUNBOOK,
         stall.ALERTNAME: stall.RUNBOOK,

@@ -14,6 +14,7 @@ from rule_cases import alert_cases
 from typer.testing import CliRunner
 
 from kvpilot.agent.cli.dashboards_cmd import register, runbooks
+from kvpilot.agent.rules import fragmentation
 from kvpilot.agent.rules.config import RulesConfig
 from kvpilot.dashboards.rule_context import RUNBOOK_URL_BASE, SCRAPE_INTERVAL_S, duration
 from kvpilot.dashboards.rules import build_rules
@@ -123,6 +124,9 @@ def test_every_alert_has_a_summary_a_description_and_a_runbook_url() -> None:
         assert annotations["runbook_url"] == f"{RUNBOOK_URL_BASE}{alert['alert']}.md"
     spike = next(a for a in alerts if a["alert"] == "VllmPreemptionSpike")
     assert spike["annotations"]["description"] == runbooks()["VllmPreemptionSpike"]
+    for alert in (a for a in alerts if a["alert"] == "VllmKvFragmentationHigh"):
+        source = alert["labels"]["source"]  # each source's rule says what its pool means
+        assert alert["annotations"]["description"] == fragmentation.RUNBOOKS[source]
 
 
 def test_every_alert_has_a_runbook_page_that_answers_the_four_questions() -> None:
