@@ -1,0 +1,219 @@
+"""deploy/base as kustomize renders it, played as a real pod: a real CPU vLLM with the kvpool
+plugin delivered by the init container, kvpilot beside it from the image the Dockerfile
+builds, the securityContext as shipped (non-root, read-only root, every capability dropped).
+
+kvpilot finds vLLM through the shared PID namespace, scrapes it and the plugin, fires
+VllmPreemptionSpike under a burst, delivers the signed webhook to a receiver outside the pod,
+restarts vLLM by signal and sees it serve again. The changes a pod here needs are listed in
+`tests/pods/manifests.py` (CHANGES) and nothing else differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from kvpilot.tuner.loadgen import LengthDist, LoadReport, Workload, run_load
+from tests.agent.notify.notify_receiver import Receiver
+from tests.agent.sidecar_harness import wait_for
+from tests.pods import manifests
+from tests.pods.images import Images
+from tests.pods.podman import PlayedPod, Volumes
+
+pytestmark = pytest.mark.slow
+
+SECRET = "pod-webhook-secret"
+# 64 blocks of 32 tokens (63 usable): 48 requests of ~300 tokens at once preempt heavily.
+PREEMPTING_KV_BYTES = 64 * 32 * 1024
+
+
+@dataclass
+class BasePod:
+    pod: PlayedPod
+    ports: manifests.PodPorts
+    receiver: Receiver
+    marker: str
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.metrics}"
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.api}"
+
+    def status(self) -> dict[str, Any]:
+        return httpx.get(f"{self.api_url}/api/v1/status", timeout=5).json()
+
+    def main_pid(self) -> int | None:
+        return self.status()["targets"][0]["main_pid"]
+
+    def metrics(self) -> str:
+        return httpx.get(f"{self.metrics_url}/metrics", timeout=5).text
+
+
+def _pod_here(config: dict[str, Any], ports: manifests.PodPorts, receiver: Receiver) -> None:
+    manifests.loopback_listeners(config, ports)
+    config["rules"] = {
+        "preemption_spike": {
+            "action": "restart", "for_s": 0, "window_s": 10, "baseline_window_s": 60,
+            "floor_per_s": 0.2, "baseline_multiple": 2,
+        },
+        "fragmentation": {"kv_blocks": {"enabled": False}},
+        "kv_saturation": {"enabled": False},
+        "engine_stall": {"enabled": False},
+    }  # fmt: skip
+    config["notifiers"] = [
+        {"kind": "webhook", "url": f"{receiver.url}/hook", "hmac_secret": SECRET}
+    ]
+    config["remediation"] = {
+        "cooldown_s": 0, "drain_timeout_s": 10, "verify_timeout_s": 300,
+        "budget": {"max_restarts": 3, "window_s": 3600},
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def base_pod(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BasePod]:
+    tmp = Path(tmp_path_factory.mktemp("base-pod"))
+    ports = manifests.PodPorts()
+    receiver = Receiver(secret=SECRET).start()
+    name = manifests.unique_name("kvpilot-base")
+    docs = manifests.rendered("base")
+    manifests.rename(docs, name)
+    manifests.set_images(docs, kvpilot=images.kvpilot, base=images.base)
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    manifests.run_vllm_from_the_suite(deployment, ports, marker=name, kv_bytes=PREEMPTING_KV_BYTES)
+    manifests.host_network(deployment)
+    manifests.drop_projected_token(deployment)
+    manifests.namespace_as_value(deployment)
+    claims = manifests.emptydirs_as_volumes(deployment, name)
+    init_pod, filled = manifests.init_containers_apart(deployment, f"{name}-init")
+    manifests.edit_config(docs, lambda config: _pod_here(config, ports, receiver))
+    try:
+        with Volumes(claims, shared=filled, uid=1000, gid=1000):
+            with PlayedPod(
+                manifests.write([init_pod], tmp / "init.yaml"),
+                init_pod["metadata"]["name"],
+                is_pod=True,
+            ) as init:
+                assert init.wait_exited("kvpool-plugin") == 0, init.logs("kvpool-plugin")
+            with PlayedPod(manifests.write(docs, tmp / "pod.yaml"), name) as pod:
+                yield BasePod(pod, ports, receiver, name)
+    finally:
+        receiver.stop()
+
+
+def test_kvpilot_has_no_writable_tmp_and_runs_as_shipped(base_pod: BasePod) -> None:
+    """As in Kubernetes: the read-only root gives kvpilot's container no /tmp at all."""
+    probe = base_pod.pod.exec("kvpilot", "python3", "-c", "import tempfile; tempfile.mkdtemp()")
+    assert probe.returncode != 0 and "No usable temporary directory" in probe.stderr
+    who = base_pod.pod.exec("kvpilot", "python3", "-c", "import os; print(os.getuid())")
+    assert who.stdout.strip() == "1000"
+    caps = base_pod.pod.exec("kvpilot", "grep", "^CapEff", "/proc/self/status")
+    assert caps.stdout.split()[-1] == "0000000000000000"  # every capability dropped
+    wait_for(
+        "kvpilot's /healthz",
+        lambda: _get(f"{base_pod.metrics_url}/healthz") == 200,
+        120,
+    )
+
+
+def test_the_plugin_comes_from_the_init_container(base_pod: BasePod) -> None:
+    found = base_pod.pod.exec(
+        "vllm", "sh", "-c",
+        'PYTHONPATH=/opt/kvpilot-plugin "$0" -c "import kvpilot.collectors.kvpool.plugin as p; '
+        'print(p.__file__)"', str(Path(manifests.sys.prefix) / "bin" / "python"),
+    )  # fmt: skip
+    assert found.stdout.strip().startswith("/opt/kvpilot-plugin/"), found.stdout + found.stderr
+
+
+def test_kvpilot_finds_and_scrapes_vllm_and_its_plugin(base_pod: BasePod) -> None:
+    def scraping() -> bool:
+        lines = base_pod.metrics().splitlines()
+        return all(
+            f'kvpilot_collector_up{{role="stable",server="vllm",source="{s}"}} 1.0' in lines
+            for s in ("vllm", "kvpool")
+        )
+
+    wait_for("kvpilot scraping vLLM and the kvpool plugin", scraping, 420)
+    assert base_pod.main_pid() is not None  # found through the shared PID namespace
+
+
+def test_the_control_api_answers_on_its_own_port_only(base_pod: BasePod) -> None:
+    assert _get(f"{base_pod.metrics_url}/api/v1/status") == 404
+    assert _get(f"{base_pod.api_url}/api/v1/status") == 200
+    assert _get(f"{base_pod.api_url}/metrics") == 200
+
+
+def test_a_burst_fires_notifies_and_restarts_vllm_by_signal(base_pod: BasePod) -> None:
+    first_pid = base_pod.main_pid()
+    assert first_pid is not None
+    restarts_before = base_pod.pod.restart_count("vllm")
+    load, reports = _burst(f"http://127.0.0.1:{base_pod.ports.vllm}", base_pod.marker)
+
+    firing = wait_for(
+        "a signed PreemptionSpike notification at the receiver outside the pod",
+        lambda: _notified(base_pod.receiver, "VllmPreemptionSpike", "firing"),
+        240,
+    )
+    assert firing.signature_ok is True
+    restarted = wait_for(
+        "a restart that succeeded",
+        lambda: [
+            r for r in base_pod.status()["last_actions"]
+            if r["action"] == "restart" and r["state"] == "succeeded"
+        ],
+        420,
+    )  # fmt: skip
+    assert restarted[0]["old_pid"] == first_pid
+    # The signal ended vLLM's container and podman, as the kubelet does, restarted it.
+    assert base_pod.pod.restart_count("vllm") > restarts_before
+    assert base_pod.main_pid() not in (None, first_pid)
+    answer = httpx.post(
+        f"http://127.0.0.1:{base_pod.ports.vllm}/v1/completions",
+        json={"model": base_pod.marker, "prompt": [1, 2, 3], "max_tokens": 3, "ignore_eos": True},
+        timeout=60,
+    )
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
+    load.join(timeout=300)
+    assert reports and len(reports[0].ok) > 0  # the burst really reached the server
+
+
+def _get(url: str) -> int | None:
+    try:
+        return httpx.get(url, timeout=5).status_code
+    except httpx.HTTPError:
+        return None
+
+
+def _notified(receiver: Receiver, alertname: str, status: str) -> Any:
+    for request in receiver.accepted():
+        for alert in request.json().get("alerts", []):
+            if (
+                alert["labels"].get("alertname", "").endswith(alertname)
+                and alert["status"] == status
+            ):
+                return request
+    return None
+
+
+def _burst(url: str, model: str) -> tuple[threading.Thread, list[LoadReport]]:
+    reports: list[LoadReport] = []
+    workload = Workload(
+        num_requests=48, concurrency=48, prompt_len=LengthDist.uniform(200, 300),
+        output_len=LengthDist.fixed(120), seed=11, request_timeout_s=240,
+    )  # fmt: skip
+
+    def run() -> None:
+        reports.append(asyncio.run(run_load(url, workload, model=model)))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, reports
