@@ -141,12 +141,13 @@ def test_kvpilot_has_no_probe_and_vllm_keeps_its(rendered: Rendered) -> None:
 
 
 def test_the_service_account_token_reaches_kvpilot_alone(rendered: Rendered) -> None:
+    """No container but kvpilot's mounts a projected token, at the usual path or any other."""
     pod = sidecar_pod(rendered.docs)
     assert pod.get("automountServiceAccountToken") is False
     token_volumes = {
         v["name"]
         for v in pod.get("volumes") or ()
-        if "serviceAccountToken" in str((v.get("projected") or {}).get("sources"))
+        if any("serviceAccountToken" in s for s in (v.get("projected") or {}).get("sources", ()))
     }
     at_token_path = {
         c["name"]
