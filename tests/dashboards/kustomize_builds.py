@@ -16,6 +16,7 @@ DEPLOY = ROOT / "deploy"
 # whatever kubectl the machine's PATH has is never used.
 KUBECTL = Path(sys.executable).parent / "kubectl"
 LAYERS = ("base", "tuning", "tuning-gateway")  # each builds on the one before
+SIDECAR = DEPLOY / "components" / "sidecar"  # the base's sidecar, RBAC and settings
 FOLDER = {
     "base": DEPLOY / "base",
     "tuning": DEPLOY / "overlays" / "tuning",
@@ -79,6 +80,7 @@ def grants(role: dict[str, Any]) -> set[Grant]:
 
 def role_file(layer: str) -> dict[str, Any]:
     """The Role of one layer as written in its folder."""
-    doc = yaml.safe_load((FOLDER[layer] / "role.yaml").read_text())
+    folder = SIDECAR if layer == "base" else FOLDER[layer]
+    doc = yaml.safe_load((folder / "role.yaml").read_text())
     assert doc["kind"] == "Role" and doc["metadata"]["name"] == ROLE[layer]
     return dict(doc)

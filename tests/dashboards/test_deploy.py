@@ -9,6 +9,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from kustomize_builds import SIDECAR, build
 from prometheus_server import PROMTOOL
 
 from kvpilot.agent.config import load_config
@@ -20,18 +21,13 @@ CORE_KINDS = {"ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "
 OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
 
 
-def _kustomization() -> dict:
-    return yaml.safe_load((BASE / "kustomization.yaml").read_text())
+def _kustomization(folder: Path = BASE) -> dict:
+    return yaml.safe_load((folder / "kustomization.yaml").read_text())
 
 
 def _resources() -> list[dict]:
-    """The base's documents, resolved from kustomization.yaml's resources as kustomize does."""
-    docs = []
-    for resource in _kustomization()["resources"]:
-        path = BASE / resource
-        assert path.is_file(), f"kustomization.yaml names a missing resource: {resource}"
-        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
-    return docs
+    """The base's documents as kustomize renders them (its sidecar component included)."""
+    return [dict(d) for d in build("base")]
 
 
 def _by_kind(kind: str) -> list[dict]:
@@ -43,14 +39,20 @@ def test_kustomization_resources_resolve_to_the_expected_kinds() -> None:
     assert set(kinds) == CORE_KINDS | OPERATOR_KINDS
     names = [(d["kind"], d["metadata"]["name"]) for d in _resources()]
     assert len(names) == len(set(names))
-    images = {i["name"] for i in _kustomization()["images"]}
+    # Every image the base and its sidecar name can be set by an overlay's `images`.
+    images = {i["name"] for f in (BASE, SIDECAR) for i in _kustomization(f)["images"]}
+    written = [
+        yaml.safe_load((BASE / "deployment.yaml").read_text()),
+        yaml.safe_load((SIDECAR / "sidecar-patch.yaml").read_text()),
+    ]
     used = {
         c["image"]
-        for d in _by_kind("Deployment")
+        for d in written
         for c in d["spec"]["template"]["spec"]["containers"]
         + d["spec"]["template"]["spec"].get("initContainers", [])
+        if "image" in c
     }
-    assert used == images  # every image can be set by an overlay
+    assert used == images
 
 
 def test_core_kinds_pass_kubernetes_validate() -> None:

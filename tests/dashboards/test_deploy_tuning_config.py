@@ -14,7 +14,7 @@ from kvpilot.agent.config import PodRuntimeConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TUNING = ROOT / "deploy" / "overlays" / "tuning" / "kvpilot-config.yaml"
-BASE = ROOT / "deploy" / "base" / "kvpilot-config.yaml"
+BASE = ROOT / "deploy" / "components" / "sidecar" / "kvpilot-config.yaml"
 KUBERNETES_VERSION = "1.30.0"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from typing import Any
 import yaml
 
 from kvpilot.rig.server import TINY_MODEL_DIR, ServerSpec, build_argv, free_port
-from tests.dashboards.kustomize_builds import build
+from tests.dashboards.kustomize_builds import build, kubectl
 
 Doc = dict[str, Any]
 
@@ -38,8 +39,9 @@ CHANGES = (
     ("the projected service-account token dropped from kvpilot's container "
      "(`drop_projected_token`)",
      "no API server issues tokens here"),
-    ("the downward API's `metadata.namespace` given as a plain value (`namespace_as_value`)",
-     "podman runs no namespaces and refuses that field"),
+    ("the downward API's `metadata.namespace` and `status.podIP` given as plain values "
+     "(`namespace_as_value`)",
+     "podman runs no namespaces and refuses those fields; the pod's address is loopback here"),
     ("every emptyDir a podman volume of its own through a claim: a tmpfs owned by the pod's "
      "UID (`emptydirs_as_volumes`, `podman.Volumes`)",
      "podman 4.3 mounts emptyDirs root-owned 0755, which a non-root container cannot write "
@@ -53,6 +55,10 @@ CHANGES = (
      "podman 4.3 gives init containers the pod's restart policy: it restarts the finished "
      "init container at once, then fails to remove it ('cannot remove container ... as it "
      "is running')"),
+    ("a /dev/shm emptyDir for a vLLM container that has none (`shm_for_the_cpu_build`)",
+     "the CPU build always runs its worker in a process of its own, which needs 160 MiB of "
+     "shared memory; production-stack's chart mounts one only with tensor parallelism, which "
+     "the GPU build needs it for"),
     ("kvpilot.yaml: the rule's action `restart` and a webhook notifier (`edit_config`)",
      "the shipped default action is the ladder, and the shipped config notifies no one"),
 )  # fmt: skip
@@ -154,6 +160,16 @@ def _drop_gpu(target: Doc) -> None:
         target.get("resources", {}).get(key, {}).pop("nvidia.com/gpu", None)
 
 
+def shm_for_the_cpu_build(deployment: Doc) -> None:
+    vllm = container(deployment, "vllm")
+    if any(m["mountPath"] == "/dev/shm" for m in vllm.get("volumeMounts", [])):
+        return
+    pod_spec(deployment).setdefault("volumes", []).append(
+        {"name": "cpu-build-shm", "emptyDir": {"medium": "Memory"}}
+    )
+    vllm.setdefault("volumeMounts", []).append({"name": "cpu-build-shm", "mountPath": "/dev/shm"})
+
+
 def host_network(deployment: Doc) -> None:
     """Host networking; the containers' port lists go (podman 4.3 refuses port mappings
     beside host networking), their probes keep the same ports by number."""
@@ -210,9 +226,12 @@ def namespace_as_value(deployment: Doc, namespace: str = "default") -> None:
     for each in [*spec.get("initContainers", []), *spec["containers"]]:
         for var in each.get("env", []):
             field_ref = var.get("valueFrom", {}).get("fieldRef", {})
-            if field_ref.get("fieldPath") == "metadata.namespace":
+            value = {"metadata.namespace": namespace, "status.podIP": "127.0.0.1"}.get(
+                field_ref.get("fieldPath", "")
+            )
+            if value is not None:
                 del var["valueFrom"]
-                var["value"] = namespace
+                var["value"] = value
 
 
 def drop_projected_token(deployment: Doc) -> None:
@@ -243,6 +262,17 @@ def rendered(layer: str) -> list[Doc]:
     return [copy.deepcopy(d) for d in build(layer) if d["kind"] in PLAYED_KINDS]
 
 
+def rendered_folder(folder: Path) -> list[Doc]:
+    """`kubectl kustomize FOLDER` (a user's kustomization), the kinds a pod here plays."""
+    result = subprocess.run(
+        [str(kubectl()), "kustomize", str(folder)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, f"kubectl kustomize {folder}: {result.stderr}"
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    return [d for d in docs if d["kind"] in PLAYED_KINDS]
+
+
 def write(docs: list[Doc], path: Path) -> Path:
     path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
     return path
@@ -250,3 +280,39 @@ def write(docs: list[Doc], path: Path) -> Path:
 
 def unique_name(prefix: str) -> str:
     return f"{prefix}-{os.getpid()}-{free_port()}"
+
+
+@dataclass(frozen=True, slots=True)
+class PodHere:
+    """A rendered Deployment made playable here: the docs to play, the init containers' pod,
+    and the podman volumes both use (those the init containers fill among them)."""
+
+    docs: list[Doc]
+    init_pod: Doc
+    volumes: list[str]
+    filled: set[str]
+
+
+def pod_here(
+    docs: list[Doc], name: str, *, kvpilot_image: str, base_image: str, ports: PodPorts,
+    kv_bytes: int, edit: Callable[[Doc], None],
+) -> PodHere:  # fmt: skip
+    """Every change in CHANGES, on the one Deployment in `docs`, named `name`; `edit` then
+    changes kvpilot.yaml (after its listeners are moved to `ports`)."""
+    rename(docs, name)
+    set_images(docs, kvpilot=kvpilot_image, base=base_image)
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    run_vllm_from_the_suite(deployment, ports, marker=name, kv_bytes=kv_bytes)
+    shm_for_the_cpu_build(deployment)
+    host_network(deployment)
+    drop_projected_token(deployment)
+    namespace_as_value(deployment)
+    volumes = emptydirs_as_volumes(deployment, name)
+    init_pod, filled = init_containers_apart(deployment, f"{name}-init")
+
+    def edit_all(config: Doc) -> None:
+        loopback_listeners(config, ports)
+        edit(config)
+
+    edit_config(docs, edit_all)
+    return PodHere(docs, init_pod, volumes, filled)

@@ -8,12 +8,16 @@ a private address range, where no traffic may go from these machines.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "podman"
@@ -146,3 +150,23 @@ class Volumes:
     def __exit__(self, *exc: object) -> None:
         for name in self.names:
             podman("volume", "rm", "--force", name, check=False)
+
+
+@contextlib.contextmanager
+def played(here: Any, tmp: Path, name: str, *, uid: int) -> Iterator[PlayedPod]:
+    """A `manifests.PodHere` played: its volumes made, its init containers run to their end
+    (each must exit 0), then its Deployment; all taken down on exit."""
+    with Volumes(here.volumes, shared=here.filled, uid=uid, gid=uid):
+        init_name = here.init_pod["metadata"]["name"]
+        init_file = tmp / "init.yaml"
+        init_file.write_text(yaml.safe_dump(here.init_pod, sort_keys=False))
+        with PlayedPod(init_file, init_name, is_pod=True) as init:
+            for each in here.init_pod["spec"]["containers"]:
+                code = init.wait_exited(each["name"])
+                assert code == 0, (
+                    f"init container {each['name']} exited {code}: {init.logs(each['name'])}"
+                )
+        pod_file = tmp / "pod.yaml"
+        pod_file.write_text(yaml.safe_dump_all(here.docs, sort_keys=False))
+        with PlayedPod(pod_file, name) as pod:
+            yield pod

@@ -25,7 +25,7 @@ from tests.agent.notify.notify_receiver import Receiver
 from tests.agent.sidecar_harness import wait_for
 from tests.pods import manifests
 from tests.pods.images import Images
-from tests.pods.podman import PlayedPod, Volumes
+from tests.pods.podman import PlayedPod, played
 
 pytestmark = pytest.mark.slow
 
@@ -59,8 +59,7 @@ class BasePod:
         return httpx.get(f"{self.metrics_url}/metrics", timeout=5).text
 
 
-def _pod_here(config: dict[str, Any], ports: manifests.PodPorts, receiver: Receiver) -> None:
-    manifests.loopback_listeners(config, ports)
+def _pod_here(config: dict[str, Any], receiver: Receiver) -> None:
     config["rules"] = {
         "preemption_spike": {
             "action": "restart", "for_s": 0, "window_s": 10, "baseline_window_s": 60,
@@ -85,27 +84,13 @@ def base_pod(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     ports = manifests.PodPorts()
     receiver = Receiver(secret=SECRET).start()
     name = manifests.unique_name("kvpilot-base")
-    docs = manifests.rendered("base")
-    manifests.rename(docs, name)
-    manifests.set_images(docs, kvpilot=images.kvpilot, base=images.base)
-    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
-    manifests.run_vllm_from_the_suite(deployment, ports, marker=name, kv_bytes=PREEMPTING_KV_BYTES)
-    manifests.host_network(deployment)
-    manifests.drop_projected_token(deployment)
-    manifests.namespace_as_value(deployment)
-    claims = manifests.emptydirs_as_volumes(deployment, name)
-    init_pod, filled = manifests.init_containers_apart(deployment, f"{name}-init")
-    manifests.edit_config(docs, lambda config: _pod_here(config, ports, receiver))
+    here = manifests.pod_here(
+        manifests.rendered("base"), name, kvpilot_image=images.kvpilot, base_image=images.base,
+        ports=ports, kv_bytes=PREEMPTING_KV_BYTES, edit=lambda c: _pod_here(c, receiver),
+    )  # fmt: skip
     try:
-        with Volumes(claims, shared=filled, uid=1000, gid=1000):
-            with PlayedPod(
-                manifests.write([init_pod], tmp / "init.yaml"),
-                init_pod["metadata"]["name"],
-                is_pod=True,
-            ) as init:
-                assert init.wait_exited("kvpool-plugin") == 0, init.logs("kvpool-plugin")
-            with PlayedPod(manifests.write(docs, tmp / "pod.yaml"), name) as pod:
-                yield BasePod(pod, ports, receiver, name)
+        with played(here, tmp, name, uid=1000) as pod:  # the base's UID, as shipped
+            yield BasePod(pod, ports, receiver, name)
     finally:
         receiver.stop()
 
