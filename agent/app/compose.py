@@ -395,5 +395,10 @@ async def _start_local(
 async def _tuning_start_up(tuning: ScheduledTuning) -> None:
     try:
         await tuning.start_up()
+    except StudyError as exc:
+        # Expected while vLLM still downloads its model: said in one line, not a traceback.
+        log.warning(
+            "tuning: no recovery at start-up (%s); the next scheduled run recovers first", exc
+        )
     except Exception:  # the next scheduled run recovers again first
         log.exception("recovering the tuning trial left open failed")

@@ -42,8 +42,8 @@ CHANGES = (
     ("the downward API's `metadata.namespace` and `status.podIP` given as plain values "
      "(`namespace_as_value`)",
      "podman runs no namespaces and refuses those fields; the pod's address is loopback here"),
-    ("every emptyDir a podman volume of its own through a claim: a tmpfs owned by the pod's "
-     "UID (`emptydirs_as_volumes`, `podman.Volumes`)",
+    ("every emptyDir a podman volume of its own through a claim, a tmpfs owned by the pod's "
+     "UID; a claim renamed per test (`emptydirs_as_volumes`, `podman.Volumes`)",
      "podman 4.3 mounts emptyDirs root-owned 0755, which a non-root container cannot write "
      "(Kubernetes makes them world-writable), and its own /dev/shm (64 MiB) is too small for "
      "vLLM's 160 MiB"),
@@ -59,6 +59,10 @@ CHANGES = (
      "the CPU build always runs its worker in a process of its own, which needs 160 MiB of "
      "shared memory; production-stack's chart mounts one only with tensor parallelism, which "
      "the GPU build needs it for"),
+    ("tuning overlay: vLLM's container runs the stand-in server (tests/fakes/"
+     "standin_vllm_module.py) with the shipped command; kvpilot's runtime is given the fake "
+     "API server's address (`KVPILOT_RUNTIME__KUBERNETES__API_URL`) (test_tuning_pod.py)",
+     "no Kubernetes API server can run here: the fake stands in, named as such"),
     ("kvpilot.yaml: the rule's action `restart` and a webhook notifier (`edit_config`)",
      "the shipped default action is the ladder, and the shipped config notifies no one"),
 )  # fmt: skip
@@ -188,8 +192,8 @@ def emptydirs_as_volumes(deployment: Doc, prefix: str) -> list[str]:
     volumes' names, which the caller creates (`podman.Volumes`) and removes."""
     claims = []
     for volume in pod_spec(deployment)["volumes"]:
-        if "emptyDir" in volume:
-            del volume["emptyDir"]
+        if "emptyDir" in volume or "persistentVolumeClaim" in volume:
+            volume.pop("emptyDir", None)
             claim = f"{prefix}-{volume['name']}"
             volume["persistentVolumeClaim"] = {"claimName": claim}
             claims.append(claim)
