@@ -35,9 +35,10 @@ def needed_extras(config: AgentConfig, *, tuning: bool = False) -> dict[str, str
 
 
 def missing_extras(
-    needed: dict[str, str], find_spec: Callable[[str], Any] = importlib.util.find_spec
+    needed: dict[str, str], find_spec: Callable[[str], Any] | None = None
 ) -> str | None:
     """One sentence naming what is missing and the command that installs it, or None."""
+    find_spec = find_spec or importlib.util.find_spec
     missing = {
         extra: why
         for extra, why in needed.items()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from tests.agent.notify.notify_receiver import Receiver
 from tests.agent.sidecar_harness import wait_for
 from tests.pods import manifests
 from tests.pods.images import Images
-from tests.pods.podman import PlayedPod, played
+from tests.pods.podman import ROOT, PlayedPod, inspect, played
 
 pytestmark = pytest.mark.slow
 
@@ -108,6 +109,14 @@ def test_kvpilot_has_no_writable_tmp_and_runs_as_shipped(base_pod: BasePod) -> N
         lambda: _get(f"{base_pod.metrics_url}/healthz") == 200,
         120,
     )
+
+
+def test_the_image_carries_its_version_revision_and_source(images: Images) -> None:
+    labels = inspect("image", images.kvpilot)["Labels"]
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert labels["org.opencontainers.image.version"] == version
+    assert len(labels["org.opencontainers.image.revision"]) == 40  # the commit it was built at
+    assert labels["org.opencontainers.image.source"].startswith("https://")
 
 
 def test_the_plugin_comes_from_the_init_container(base_pod: BasePod) -> None:
