@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +19,7 @@ import httpx
 import yaml
 
 from kvpilot.rig.server import ServerSpec, build_argv, free_port, live_group_members
+from kvpilot.tuner.loadgen import LengthDist, LoadReport, Workload, run_load
 
 T = TypeVar("T")
 TOKEN = "e2e-control-token"
@@ -184,3 +187,20 @@ def control(agent: AgentProcess, path: str, body: dict[str, Any], token: str | N
 def server_spec(**overrides: Any) -> ServerSpec:
     base = {"port": free_port(), "kvpool_port": free_port(), "shutdown_timeout_s": 5}
     return ServerSpec(**{**base, **overrides})
+
+
+def burst_in_background(url: str, model: str) -> tuple[threading.Thread, list[LoadReport]]:
+    """48 requests of 200-300 prompt tokens and 120 output tokens at once, from a thread:
+    against 63 usable blocks of 32 tokens they preempt heavily. The report lands in the list."""
+    reports: list[LoadReport] = []
+    workload = Workload(
+        num_requests=48, concurrency=48, prompt_len=LengthDist.uniform(200, 300),
+        output_len=LengthDist.fixed(120), seed=11, request_timeout_s=240,
+    )  # fmt: skip
+
+    def run() -> None:
+        reports.append(asyncio.run(run_load(url, workload, model=model)))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, reports

@@ -10,8 +10,6 @@ restarts vLLM by signal and sees it serve again. The changes a pod here needs ar
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,9 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from kvpilot.tuner.loadgen import LengthDist, LoadReport, Workload, run_load
 from tests.agent.notify.notify_receiver import Receiver
-from tests.agent.sidecar_harness import wait_for
+from tests.agent.sidecar_harness import burst_in_background, wait_for
 from tests.pods import manifests
 from tests.pods.images import Images
 from tests.pods.podman import ROOT, PlayedPod, inspect, played
@@ -150,7 +147,7 @@ def test_a_burst_fires_notifies_and_restarts_vllm_by_signal(base_pod: BasePod) -
     first_pid = base_pod.main_pid()
     assert first_pid is not None
     restarts_before = base_pod.pod.restart_count("vllm")
-    load, reports = _burst(f"http://127.0.0.1:{base_pod.ports.vllm}", base_pod.marker)
+    load, reports = burst_in_background(f"http://127.0.0.1:{base_pod.ports.vllm}", base_pod.marker)
 
     firing = wait_for(
         "a signed PreemptionSpike notification at the receiver outside the pod",
@@ -196,18 +193,3 @@ def _notified(receiver: Receiver, alertname: str, status: str) -> Any:
             ):
                 return request
     return None
-
-
-def _burst(url: str, model: str) -> tuple[threading.Thread, list[LoadReport]]:
-    reports: list[LoadReport] = []
-    workload = Workload(
-        num_requests=48, concurrency=48, prompt_len=LengthDist.uniform(200, 300),
-        output_len=LengthDist.fixed(120), seed=11, request_timeout_s=240,
-    )  # fmt: skip
-
-    def run() -> None:
-        reports.append(asyncio.run(run_load(url, workload, model=model)))
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, reports

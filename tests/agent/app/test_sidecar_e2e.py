@@ -11,10 +11,8 @@ notifications it owed arrive, and the incident is not restarted a second time.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +22,12 @@ import httpx
 import pytest
 
 from kvpilot.rig.server import free_port
-from kvpilot.tuner.loadgen import LengthDist, LoadReport, Workload, run_load
 from tests.agent.notify.alertmanager_server import AlertmanagerServer, find_binary
 from tests.agent.notify.notify_receiver import Received, Receiver
 from tests.agent.sidecar_harness import (
     AgentProcess,
     agent_config,
+    burst_in_background,
     control,
     kill_servers_of,
     server_spec,
@@ -125,26 +123,11 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         alertmanager.stop()
 
 
-def _load_in_background(url: str, model: str) -> tuple[threading.Thread, list[LoadReport]]:
-    reports: list[LoadReport] = []
-    workload = Workload(
-        num_requests=48, concurrency=48, prompt_len=LengthDist.uniform(200, 300),
-        output_len=LengthDist.fixed(120), seed=11, request_timeout_s=240,
-    )  # fmt: skip
-
-    def run() -> None:
-        reports.append(asyncio.run(run_load(url, workload, model=model)))
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, reports
-
-
 def test_preemption_spike_is_notified_remediated_and_resolved(rig: Rig) -> None:
     agent, receiver = rig.agent, rig.receiver
     first_pid = agent.main_pid()
     assert first_pid is not None
-    load, reports = _load_in_background(rig.vllm_url, rig.marker)
+    load, reports = burst_in_background(rig.vllm_url, rig.marker)
 
     firing = wait_for(
         "a signed VllmPreemptionSpike notification",
