@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime, KubernetesTarget
+from tests.dashboards.kustomize_builds import build
 from tests.fakes.k8s_apiserver import FakeKubernetesApi
 from tests.fakes.standin_vllm import StandInVllm
 
 NAMESPACE = "serving"
-BASE = Path(__file__).resolve().parents[3] / "deploy" / "base" / "deployment.yaml"
 
 
 def base_deployment(port: int, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    """deploy/base's Deployment, its vLLM port moved to the stand-in's."""
-    body = yaml.safe_load(BASE.read_text())
+    """deploy/base's Deployment as kustomize renders it (the sidecar in), its vLLM port moved
+    to the stand-in's."""
+    (rendered,) = [d for d in build("base") if d["kind"] == "Deployment"]
+    body = copy.deepcopy(dict(rendered))
     body["metadata"]["namespace"] = NAMESPACE
     body["metadata"]["labels"].update(labels or {})
     vllm = body["spec"]["template"]["spec"]["containers"][0]

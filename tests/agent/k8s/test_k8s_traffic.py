@@ -61,7 +61,8 @@ def seed(fake: FakeKubernetesApi, port: int, *, service_share: bool) -> dict[str
     """The stable Deployment and Service, and a ready canary; returns the canary."""
     body = base_deployment(port)
     vllm = body["spec"]["template"]["spec"]["containers"][0]
-    vllm["ports"][0]["containerPort"] = port  # the Service's targetPort `http`
+    (http,) = [p for p in vllm["ports"] if p["name"] == "http"]  # the Service's targetPort
+    http["containerPort"] = port
     selector = {"app.kubernetes.io/name": "vllm", "kvpilot.dev/role": "stable"}
     if service_share:
         body["spec"]["template"]["metadata"]["labels"].update(SERVING)

@@ -73,7 +73,8 @@ def deployment(port: int) -> dict:
         "--skip-tokenizer-init", "--dtype", "bfloat16", "--enforce-eager",
         "--max-model-len", "1024", "--block-size", "32", f"--kv-cache-memory-bytes={POOR}",
     ]  # fmt: skip
-    vllm["ports"][0]["containerPort"] = port
+    (http,) = [p for p in vllm["ports"] if p["name"] == "http"]  # the Service's targetPort
+    http["containerPort"] = port
     return body
 
 
