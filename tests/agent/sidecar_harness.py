@@ -194,9 +194,13 @@ def burst_in_background(url: str, model: str) -> tuple[threading.Thread, list[Lo
     against 63 usable blocks of 32 tokens they preempt heavily. The report lands in the list."""
     reports: list[LoadReport] = []
     workload = Workload(
-        num_requests=48, concurrency=48, prompt_len=LengthDist.uniform(200, 300),
-        output_len=LengthDist.fixed(120), seed=11, request_timeout_s=240,
-    )  # fmt: skip
+        num_requests=48,
+        concurrency=48,
+        prompt_len=LengthDist.uniform(200, 300),
+        output_len=LengthDist.fixed(120),
+        seed=11,
+        request_timeout_s=240,
+    )
 
     def run() -> None:
         reports.append(asyncio.run(run_load(url, workload, model=model)))

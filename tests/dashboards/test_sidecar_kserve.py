@@ -20,8 +20,11 @@ FIXTURE = Path(__file__).resolve().parent / "kserve"
 def _rendered() -> dict[str, Any]:
     result = subprocess.run(
         [str(kubectl()), "kustomize", str(FIXTURE)],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     (deployment,) = [
         d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "Deployment"

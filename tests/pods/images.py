@@ -76,11 +76,17 @@ def _build_base(tag: str) -> None:
         tar = Path(tmp) / "base.tar"
         subprocess.run(
             [
-                "mmdebstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
-                f"--customize-hook={BASE_HOOK}", BASE_SUITE, str(tar),
+                "mmdebstrap",
+                "--variant=minbase",
+                f"--include={','.join(BASE_PACKAGES)}",
+                f"--customize-hook={BASE_HOOK}",
+                BASE_SUITE,
+                str(tar),
             ],
-            check=True, capture_output=True, timeout=600,
-        )  # fmt: skip
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
         changes = [arg for env in BASE_ENV for arg in ("--change", env)]
         podman("import", *changes, str(tar), tag, timeout=300)
 
@@ -89,12 +95,24 @@ def _build_kvpilot(tag: str, base: str) -> None:
     mounts = [f"-v={p}:{p}:ro" for p in PIP_MOUNTS if Path(p).exists()]
     result = subprocess.run(
         [
-            str(ROOT / "scripts" / "build-image"), "--tag", tag, "--",
-            "--runtime", "runc", "--network", "host",
-            "--build-arg", f"PYTHON_IMAGE={base}", *mounts,
+            str(ROOT / "scripts" / "build-image"),
+            "--tag",
+            tag,
+            "--",
+            "--runtime",
+            "runc",
+            "--network",
+            "host",
+            "--build-arg",
+            f"PYTHON_IMAGE={base}",
+            *mounts,
         ],
-        capture_output=True, text=True, timeout=900, env=environment(), check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=environment(),
+        check=False,
+    )
     if result.returncode != 0:
         raise RuntimeError(
             f"scripts/build-image failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"

@@ -128,9 +128,11 @@ def run_vllm_from_the_suite(
     through PYTHONPATH as shipped."""
     vllm = container(deployment, name)
     spec = ServerSpec(
-        port=ports.vllm, served_model_name=marker, kv_cache_memory_bytes=kv_bytes,
+        port=ports.vllm,
+        served_model_name=marker,
+        kv_cache_memory_bytes=kv_bytes,
         shutdown_timeout_s=5,
-    )  # fmt: skip
+    )
     python = str(Path(sys.prefix) / "bin" / "python")
     argv = build_argv(spec, python=python)
     vllm["command"], vllm["args"] = argv[:3], argv[3:]
@@ -270,8 +272,11 @@ def rendered_folder(folder: Path) -> list[Doc]:
     """`kubectl kustomize FOLDER` (a user's kustomization), the kinds a pod here plays."""
     result = subprocess.run(
         [str(kubectl()), "kustomize", str(folder)],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, f"kubectl kustomize {folder}: {result.stderr}"
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     return [d for d in docs if d["kind"] in PLAYED_KINDS]
@@ -298,9 +303,15 @@ class PodHere:
 
 
 def pod_here(
-    docs: list[Doc], name: str, *, kvpilot_image: str, base_image: str, ports: PodPorts,
-    kv_bytes: int, edit: Callable[[Doc], None],
-) -> PodHere:  # fmt: skip
+    docs: list[Doc],
+    name: str,
+    *,
+    kvpilot_image: str,
+    base_image: str,
+    ports: PodPorts,
+    kv_bytes: int,
+    edit: Callable[[Doc], None],
+) -> PodHere:
     """Every change in CHANGES, on the one Deployment in `docs`, named `name`; `edit` then
     changes kvpilot.yaml (after its listeners are moved to `ports`)."""
     rename(docs, name)

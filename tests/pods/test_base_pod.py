@@ -60,20 +60,26 @@ class BasePod:
 def _pod_here(config: dict[str, Any], receiver: Receiver) -> None:
     config["rules"] = {
         "preemption_spike": {
-            "action": "restart", "for_s": 0, "window_s": 10, "baseline_window_s": 60,
-            "floor_per_s": 0.2, "baseline_multiple": 2,
+            "action": "restart",
+            "for_s": 0,
+            "window_s": 10,
+            "baseline_window_s": 60,
+            "floor_per_s": 0.2,
+            "baseline_multiple": 2,
         },
         "fragmentation": {"kv_blocks": {"enabled": False}},
         "kv_saturation": {"enabled": False},
         "engine_stall": {"enabled": False},
-    }  # fmt: skip
+    }
     config["notifiers"] = [
         {"kind": "webhook", "url": f"{receiver.url}/hook", "hmac_secret": SECRET}
     ]
     config["remediation"] = {
-        "cooldown_s": 0, "drain_timeout_s": 10, "verify_timeout_s": 300,
+        "cooldown_s": 0,
+        "drain_timeout_s": 10,
+        "verify_timeout_s": 300,
         "budget": {"max_restarts": 3, "window_s": 3600},
-    }  # fmt: skip
+    }
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +89,14 @@ def base_pod(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     receiver = Receiver(secret=SECRET).start()
     name = manifests.unique_name("kvpilot-base")
     here = manifests.pod_here(
-        manifests.rendered("base"), name, kvpilot_image=images.kvpilot, base_image=images.base,
-        ports=ports, kv_bytes=PREEMPTING_KV_BYTES, edit=lambda c: _pod_here(c, receiver),
-    )  # fmt: skip
+        manifests.rendered("base"),
+        name,
+        kvpilot_image=images.kvpilot,
+        base_image=images.base,
+        ports=ports,
+        kv_bytes=PREEMPTING_KV_BYTES,
+        edit=lambda c: _pod_here(c, receiver),
+    )
     try:
         with played(here, tmp, name, uid=1000) as pod:  # the base's UID, as shipped
             yield BasePod(pod, ports, receiver, name)
@@ -118,10 +129,13 @@ def test_the_image_carries_its_version_revision_and_source(images: Images) -> No
 
 def test_the_plugin_comes_from_the_init_container(base_pod: BasePod) -> None:
     found = base_pod.pod.exec(
-        "vllm", "sh", "-c",
+        "vllm",
+        "sh",
+        "-c",
         'PYTHONPATH=/opt/kvpilot-plugin "$0" -c "import kvpilot.collectors.kvpool.plugin as p; '
-        'print(p.__file__)"', str(Path(manifests.sys.prefix) / "bin" / "python"),
-    )  # fmt: skip
+        'print(p.__file__)"',
+        str(Path(manifests.sys.prefix) / "bin" / "python"),
+    )
     assert found.stdout.strip().startswith("/opt/kvpilot-plugin/"), found.stdout + found.stderr
 
 
@@ -158,11 +172,12 @@ def test_a_burst_fires_notifies_and_restarts_vllm_by_signal(base_pod: BasePod) -
     restarted = wait_for(
         "a restart that succeeded",
         lambda: [
-            r for r in base_pod.status()["last_actions"]
+            r
+            for r in base_pod.status()["last_actions"]
             if r["action"] == "restart" and r["state"] == "succeeded"
         ],
         420,
-    )  # fmt: skip
+    )
     assert restarted[0]["old_pid"] == first_pid
     # The signal ended vLLM's container and podman, as the kubelet does, restarted it.
     assert base_pod.pod.restart_count("vllm") > restarts_before

@@ -51,9 +51,14 @@ def injected(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     ports = manifests.PodPorts()
     name = manifests.unique_name("vllm-tiny")
     here = manifests.pod_here(
-        manifests.rendered_folder(FIXTURE), name, kvpilot_image=images.kvpilot,
-        base_image=images.base, ports=ports, kv_bytes=64 * 1024 * 1024, edit=_control_token,
-    )  # fmt: skip
+        manifests.rendered_folder(FIXTURE),
+        name,
+        kvpilot_image=images.kvpilot,
+        base_image=images.base,
+        ports=ports,
+        kv_bytes=64 * 1024 * 1024,
+        edit=_control_token,
+    )
     with played(here, tmp, name, uid=0) as pod:  # the chart's vLLM runs as root
         yield InjectedPod(pod, ports)
 
@@ -100,10 +105,11 @@ def test_kvpilot_at_vllms_uid_finds_scrapes_and_restarts_it(injected: InjectedPo
     restarted = wait_for(
         "the restart asked for through the control API",
         lambda: [
-            r for r in injected.get("/api/v1/status")["last_actions"]
+            r
+            for r in injected.get("/api/v1/status")["last_actions"]
             if r["action"] == "restart" and r["state"] == "succeeded"
         ],
         420,
-    )  # fmt: skip
+    )
     assert restarted[0]["old_pid"] == first_pid
     assert injected.main_pid() not in (None, first_pid)

@@ -74,9 +74,14 @@ def tuning_pod(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iter
         seeded["metadata"]["namespace"] = "default"
         fake.add_deployment(seeded)
         here = manifests.pod_here(
-            docs, name, kvpilot_image=images.kvpilot, base_image=images.base, ports=ports,
-            kv_bytes=64 * 1024 * 1024, edit=lambda config: None,
-        )  # fmt: skip
+            docs,
+            name,
+            kvpilot_image=images.kvpilot,
+            base_image=images.base,
+            ports=ports,
+            kv_bytes=64 * 1024 * 1024,
+            edit=lambda config: None,
+        )
         (played_deployment,) = [d for d in here.docs if d["kind"] == "Deployment"]
         _standin(played_deployment, command, ports, root, name)
         kvpilot = manifests.container(played_deployment, "kvpilot")

@@ -32,9 +32,13 @@ POD_CONFIG = ROOT / "deploy" / "overlays" / "tuning" / "kvpilot-config.yaml"
 
 def _config(tmp_path: Path) -> Path:
     return agent_config(
-        tmp_path, spec=server_spec(), rules={}, notifiers=[], remediation={},
+        tmp_path,
+        spec=server_spec(),
+        rules={},
+        notifiers=[],
+        remediation={},
         listen_port=free_port(),
-    )  # fmt: skip
+    )
 
 
 def _no_temporary_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
