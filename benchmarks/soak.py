@@ -164,9 +164,20 @@ async def _serve(ports: list[int], receiver_port: int, rotate_s: float) -> None:
 # -- the measuring side ------------------------------------------------------------------
 
 
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct free ports below the kernel's range for outgoing connections, so that
+    no client takes one while its stand-in refuses connections. Drawn together: ports drawn
+    one at a time at random repeat (a birthday collision, about 1 in 60 for 25 of them)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = _free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
 def _free_port() -> int:
-    """A free port below the kernel's range for outgoing connections, so that no client
-    takes it while its stand-in refuses connections."""
+    """A free port below the kernel's range for outgoing connections."""
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     for port in random.Random().sample(range(max(1024, low - 20_000), low), 2_000):
         with socket.socket() as sock:
@@ -207,8 +218,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def run(minutes: float, servers: int, rotate_s: float, warmup_s: float) -> int:
-    ports = [_free_port() for _ in range(servers)]
-    receiver, listen = _free_port(), _free_port()
+    *ports, receiver, listen = _free_ports(servers + 2)
     with tempfile.TemporaryDirectory(prefix="kvpilot-soak-") as scratch:
         folder = Path(scratch)
         config = {
