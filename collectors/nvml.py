@@ -370,10 +370,14 @@ class NvmlCollector:
         self._errors[f"{what}:{reason}"] += 1
 
 
-def gpu_from_nvml(index: int) -> tuple[int, int, str] | str:
-    """(total, free, name) of one GPU in one read, or why NVML could not say. A one-off
-    read logs no "retrying" warning: it never retries, and its caller reports the reason."""
-    collector = NvmlCollector(warn_unavailable=False)
+def gpu_from_nvml(
+    index: int, server_pids: frozenset[int] = frozenset()
+) -> tuple[int, int, str, int] | str:
+    """(total, free, name, the server's own use) of one GPU in one read, or why NVML could
+    not say; the server is the process tree of `server_pids` (its use is 0 without them, or
+    where NVML does not tell a process's use). A one-off read logs no "retrying" warning: it
+    never retries, and its caller reports the reason."""
+    collector = NvmlCollector(server_pids=lambda: server_pids, warn_unavailable=False)
     try:
         snapshot = collector.collect()
     finally:
@@ -385,7 +389,7 @@ def gpu_from_nvml(index: int) -> tuple[int, int, str] | str:
     gpu = snapshot.gpus[index]
     if gpu.total_bytes is None or gpu.free_bytes is None:
         return f"GPU {index} memory unreadable: {'; '.join(gpu.errors) or 'no reason given'}"
-    return gpu.total_bytes, gpu.free_bytes, gpu.name or ""
+    return gpu.total_bytes, gpu.free_bytes, gpu.name or "", gpu.server_used_bytes() or 0
 
 
 def _process(item: Any, view: ProcView, server_pids: frozenset[int]) -> GpuProcess:

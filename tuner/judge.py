@@ -1,17 +1,27 @@
-"""The canary judge, as Kayenta does it: per-metric Mann-Whitney U with a tolerance band.
+"""The canary judge: a canary passes only on evidence that it is not worse.
 
-For each metric the canary's samples are compared with the baseline's. The verdict is PASS
-when the two-sided Mann-Whitney U test finds no difference at `alpha`, or when the shift
-(Hodges-Lehmann: the median of all canary-minus-baseline differences) lies inside the
-tolerance band (`tolerance_ratio` of the baseline's median, at least `tolerance_abs`, and
-at least `slo_tolerance_ratio` of the SLO's limit for the metric where the caller gives one);
-otherwise HIGH or LOW by the shift's sign. The SLO term is there because a regression is
-what the user would notice: a larger batch may double a 3 ms inter-token gap, and with a
-100 ms limit that is not worth rolling back a candidate that ends heavy preemption.
-A HIGH counts against the canary only for a metric whose direction says an increase is bad
-(latencies, errors), a LOW only where a decrease is bad, either for "either". The score is
-the weighted share of metrics that did not count against the canary; a failing critical
-metric fails the whole. Only PASS promotes.
+Each metric is judged by its kind (`Kind`): latencies and goodput as samples (one per
+request, or per interval where the window gives no requests) with Mann-Whitney U tests of
+a location shift; errors as a proportion of requests (Fisher's exact test, Newcombe's bound);
+preemptions as a rate of events over requests or seconds (the conditional binomial test of
+two Poisson counts, a MOVER bound from Garwood's). Two questions per metric:
+
+* **Not worse by more than the margin** (non-inferiority): the margin is `tolerance_ratio`
+  of the baseline's level, at least `tolerance_abs`, and at least `slo_tolerance_ratio` of the
+  SLO's limit for the metric where the caller gives one (a larger batch may double a 3 ms
+  inter-token gap; with a 100 ms limit that is not worth rolling back). A PASS is this shown
+  at `alpha`. Every counted metric must pass for the canary to pass: an intersection-union
+  test, so the family needs no correction to keep its level.
+* **Worse** (harm): one-sided tests, Holm's step-down over the counted metrics keeps the
+  family-wise false-fail rate at `alpha`. A metric counts against the canary (HIGH, or LOW
+  for a metric whose decrease is bad) when its harm is significant after Holm and the
+  estimated change is beyond the margin.
+
+What is neither shown not worse nor shown worse is INCONCLUSIVE: too little evidence, which
+never promotes. Missing data on a `required` metric (errors, goodput, preemptions) makes the
+whole judgement INCONCLUSIVE; a latency without data is left out and said. A critical metric
+that counts against fails the whole; otherwise the score (the weighted share of judged
+metrics that do not count against the canary) tells MARGINAL from FAIL. Only PASS promotes.
 
 The judge counts only what users feel: latencies, preemptions, errors and goodput. KV usage
 is the memory knob's own consequence (a smaller budget fills more of itself at equal
@@ -20,46 +30,25 @@ service), so it is compared and shown but never counted (`MetricSpec.counted`).
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-
-class Direction(StrEnum):
-    """Which change of a metric is bad."""
-
-    INCREASE = "increase"
-    DECREASE = "decrease"
-    EITHER = "either"
-
-
-class Verdict(StrEnum):
-    PASS = "pass"  # noqa: S105 (a verdict, not a password)
-    HIGH = "high"
-    LOW = "low"
-    NODATA = "nodata"
+from kvpilot.tuner import evidence
+from kvpilot.tuner.evidence import Samples
+from kvpilot.tuner.judge_metric import MetricTest
+from kvpilot.tuner.judge_types import Direction as Direction
+from kvpilot.tuner.judge_types import Kind as Kind
+from kvpilot.tuner.judge_types import MetricSpec as MetricSpec
+from kvpilot.tuner.judge_types import MetricVerdict as MetricVerdict
+from kvpilot.tuner.judge_types import Verdict as Verdict
 
 
 class Classification(StrEnum):
     PASS = "pass"  # noqa: S105 (a verdict, not a password)
     MARGINAL = "marginal"
     FAIL = "fail"
-
-
-@dataclass(frozen=True, slots=True)
-class MetricSpec:
-    """How one metric is judged."""
-
-    name: str
-    direction: Direction
-    tolerance_ratio: float = 0.1
-    tolerance_abs: float = 0.0
-    weight: float = 1.0
-    critical: bool = False
-    min_samples: int = 5
-    slo_tolerance_ratio: float = 0.0  # of the SLO's limit for this metric, when one is given
-    counted: bool = True  # False: compared and shown as information, never in the score
+    INCONCLUSIVE = "inconclusive"
 
 
 # What users feel, judged alike on replay and on live traffic: latencies, errors, goodput.
@@ -80,8 +69,18 @@ _LATENCIES: tuple[MetricSpec, ...] = (
     ),
     MetricSpec("e2e_s", Direction.INCREASE, tolerance_ratio=0.1, tolerance_abs=0.01),
 )
-_GOODPUT = MetricSpec("goodput_tokens_per_s", Direction.DECREASE, tolerance_ratio=0.1)
-_ERRORS = MetricSpec("errors_ratio", Direction.INCREASE, tolerance_abs=0.01, critical=True)
+_GOODPUT = MetricSpec(
+    "goodput_tokens_per_s", Direction.DECREASE, tolerance_ratio=0.1, required=True
+)
+# Five percentage points: zero failures in about 55 requests a side shows it at alpha 0.05.
+_ERRORS = MetricSpec(
+    "errors_ratio",
+    Direction.INCREASE,
+    tolerance_abs=0.05,
+    critical=True,
+    kind=Kind.PROPORTION,
+    required=True,
+)
 # Information only: a smaller KV budget fills more of itself; that is the saving, not a harm.
 KV_USAGE_INFO = MetricSpec(
     "kv_usage_ratio", Direction.INCREASE, tolerance_ratio=0.25, tolerance_abs=0.05, counted=False
@@ -90,7 +89,14 @@ KV_USAGE_INFO = MetricSpec(
 # Replay: both sides get the whole workload, so per-second rates compare.
 DEFAULT_METRICS: tuple[MetricSpec, ...] = (
     *_LATENCIES,
-    MetricSpec("preemptions_per_s", Direction.INCREASE, tolerance_ratio=0.2, tolerance_abs=0.05),
+    MetricSpec(
+        "preemptions_per_s",
+        Direction.INCREASE,
+        tolerance_ratio=0.2,
+        tolerance_abs=0.2,
+        kind=Kind.RATE,
+        required=True,
+    ),
     _GOODPUT,
     _ERRORS,
     KV_USAGE_INFO,
@@ -103,28 +109,17 @@ DEFAULT_METRICS: tuple[MetricSpec, ...] = (
 LIVE_METRICS: tuple[MetricSpec, ...] = (
     *_LATENCIES,
     MetricSpec(
-        "preemptions_per_request", Direction.INCREASE, tolerance_ratio=0.2, tolerance_abs=0.05
+        "preemptions_per_request",
+        Direction.INCREASE,
+        tolerance_ratio=0.2,
+        tolerance_abs=0.1,
+        kind=Kind.RATE,
+        required=True,
     ),
     _GOODPUT,
     _ERRORS,
     KV_USAGE_INFO,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class MetricVerdict:
-    """One metric's comparison."""
-
-    name: str
-    verdict: Verdict
-    counts_against: bool
-    p_value: float | None
-    shift: float | None  # Hodges-Lehmann: canary minus baseline
-    baseline_median: float | None
-    canary_median: float | None
-    baseline_count: int
-    canary_count: int
-    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,121 +138,94 @@ class Judgement:
 
 @dataclass(frozen=True, slots=True)
 class JudgeConfig:
-    """Thresholds: `pass_score_ratio` and up passes, `marginal_score_ratio` and up is marginal."""
+    """`alpha`: each non-inferiority test's level, and the family-wise level of the harm
+    tests; a score of `marginal_score_ratio` and up, with something against, is marginal."""
 
     metrics: tuple[MetricSpec, ...] = DEFAULT_METRICS
     alpha: float = 0.05
-    pass_score_ratio: float = 0.95
     marginal_score_ratio: float = 0.75
 
 
 def judge(
-    canary: Mapping[str, Sequence[float]],
-    baseline: Mapping[str, Sequence[float]],
+    canary: Mapping[str, Samples],
+    baseline: Mapping[str, Samples],
     config: JudgeConfig | None = None,
     slo_limits: Mapping[str, float] | None = None,
 ) -> Judgement:
-    """Compare the canary's samples with the baseline's, metric by metric.
+    """Compare the canary with the baseline, metric by metric (see the module docstring).
 
     `slo_limits` maps a metric's name to the SLO's limit for it (see `slo_tolerance_ratio`).
     """
     config = config or JudgeConfig()
     limits = slo_limits or {}
-    verdicts = tuple(
-        judge_metric(
+    tests = [
+        MetricTest.run(
             spec,
             canary.get(spec.name, ()),
             baseline.get(spec.name, ()),
             config.alpha,
-            slo_limit=limits.get(spec.name),
+            limits.get(spec.name),
         )
         for spec in config.metrics
+    ]
+    family = {t.spec.name: t.harm_p for t in tests if t.spec.counted and t.harm_p is not None}
+    worse = evidence.holm(family, config.alpha)
+    verdicts = tuple(
+        t.verdict(t.spec.name in worse if t.spec.counted else _harmed(t, config.alpha))
+        for t in tests
     )
+    return _classify(config, verdicts)
+
+
+def judge_metric(
+    spec: MetricSpec,
+    canary: Samples,
+    baseline: Samples,
+    alpha: float,
+    *,
+    slo_limit: float | None = None,
+) -> MetricVerdict:
+    """One metric's verdict, as a family of one (see the module docstring)."""
+    test = MetricTest.run(spec, canary, baseline, alpha, slo_limit)
+    return test.verdict(_harmed(test, alpha))
+
+
+def _classify(config: JudgeConfig, verdicts: tuple[MetricVerdict, ...]) -> Judgement:
+    specs = {spec.name: spec for spec in config.metrics}
     weights = {spec.name: spec.weight for spec in config.metrics if spec.counted}
-    judged = [v for v in verdicts if v.verdict is not Verdict.NODATA and v.name in weights]
+    judged = [v for v in verdicts if v.name in weights and v.verdict is not Verdict.NODATA]
     total = sum(weights[v.name] for v in judged)
-    if total == 0:
-        return Judgement(Classification.FAIL, 0.0, verdicts, "no metric had enough samples")
     good = sum(weights[v.name] for v in judged if not v.counts_against)
-    score = good / total
-    critical = {spec.name for spec in config.metrics if spec.critical}
-    broken = [v.name for v in verdicts if v.counts_against and v.name in critical]
+    score = good / total if total else 0.0
+    broken = [v.name for v in verdicts if v.counts_against and specs[v.name].critical]
     against = [f"{v.name} {v.verdict}" for v in verdicts if v.counts_against]
-    if broken:
-        return Judgement(
-            Classification.FAIL, score, verdicts, f"critical metric failed: {', '.join(broken)}"
-        )
-    if score >= config.pass_score_ratio:
-        classification = Classification.PASS
-    elif score >= config.marginal_score_ratio:
-        classification = Classification.MARGINAL
-    else:
-        classification = Classification.FAIL
     info = [
         f"{v.name} {v.verdict}"
         for v in verdicts
         if v.name not in weights and v.verdict in (Verdict.HIGH, Verdict.LOW)
     ]
-    reason = f"score {score:.0%}" + (f"; against: {', '.join(against)}" if against else "")
-    reason += f"; shown, not counted: {', '.join(info)}" if info else ""
-    return Judgement(classification, score, verdicts, reason)
+    shown = f"; shown, not counted: {', '.join(info)}" if info else ""
+    if broken:
+        reason = f"critical metric failed: {', '.join(broken)}"
+        return Judgement(Classification.FAIL, score, verdicts, reason)
+    if against:
+        marginal = score >= config.marginal_score_ratio
+        classification = Classification.MARGINAL if marginal else Classification.FAIL
+        reason = f"score {score:.0%}; against: {', '.join(against)}{shown}"
+        return Judgement(classification, score, verdicts, reason)
+    missing = [v.name for v in verdicts if v.verdict is Verdict.NODATA and specs[v.name].required]
+    unsure = [v.name for v in judged if v.verdict is Verdict.INCONCLUSIVE]
+    if total == 0 or missing or unsure:
+        why = [f"no data on {', '.join(missing)}"] if missing else []
+        why += [f"not shown within the margin: {', '.join(unsure)}"] if unsure else []
+        why = why or ["no metric had enough samples"]
+        reason = f"insufficient evidence: {'; '.join(why)}{shown}"
+        return Judgement(Classification.INCONCLUSIVE, score, verdicts, reason)
+    left_out = [v.name for v in verdicts if v.verdict is Verdict.NODATA and v.name in weights]
+    reason = f"score {score:.0%}; every judged metric within its margin"
+    reason += f"; left out for want of data: {', '.join(left_out)}" if left_out else ""
+    return Judgement(Classification.PASS, score, verdicts, reason + shown)
 
 
-def judge_metric(
-    spec: MetricSpec,
-    canary: Sequence[float],
-    baseline: Sequence[float],
-    alpha: float,
-    *,
-    slo_limit: float | None = None,
-) -> MetricVerdict:
-    """One metric's verdict (see the module docstring)."""
-    n_c, n_b = len(canary), len(baseline)
-    if n_c < spec.min_samples or n_b < spec.min_samples:
-        return MetricVerdict(
-            spec.name, Verdict.NODATA, False, None, None,
-            _median(baseline), _median(canary), n_b, n_c,
-            f"too few samples (canary {n_c}, baseline {n_b}; {spec.min_samples} needed)",
-        )  # fmt: skip
-    from scipy.stats import mannwhitneyu
-
-    base_median, canary_median = statistics.median(baseline), statistics.median(canary)
-    if len(set(canary) | set(baseline)) == 1:
-        p_value = 1.0  # identical constant samples: the test is undefined, there is no shift
-    else:
-        p_value = float(mannwhitneyu(canary, baseline, alternative="two-sided").pvalue)
-    shift = _hodges_lehmann(canary, baseline)
-    band = max(spec.tolerance_abs, spec.tolerance_ratio * abs(base_median))
-    if slo_limit is not None:
-        band = max(band, spec.slo_tolerance_ratio * slo_limit)
-    if p_value >= alpha:
-        verdict, reason = Verdict.PASS, f"no significant difference (p={p_value:.3g})"
-    elif abs(shift) <= band:
-        verdict, reason = Verdict.PASS, f"shift {shift:+.3g} within tolerance ±{band:.3g}"
-    else:
-        verdict = Verdict.HIGH if shift > 0 else Verdict.LOW
-        reason = f"shift {shift:+.3g} beyond tolerance ±{band:.3g} (p={p_value:.3g})"
-    against = spec.counted and (
-        (verdict is Verdict.HIGH and spec.direction != Direction.DECREASE)
-        or (verdict is Verdict.LOW and spec.direction != Direction.INCREASE)
-    )
-    return MetricVerdict(
-        spec.name, verdict, against, p_value, shift, base_median, canary_median, n_b, n_c, reason
-    )
-
-
-def _hodges_lehmann(canary: Sequence[float], baseline: Sequence[float]) -> float:
-    """Median of all pairwise differences, on at most 400 x 400 evenly spaced order statistics."""
-    a, b = _thin(sorted(canary)), _thin(sorted(baseline))
-    return statistics.median(x - y for x in a for y in b)
-
-
-def _thin(values: list[float], limit: int = 400) -> list[float]:
-    if len(values) <= limit:
-        return values
-    step = (len(values) - 1) / (limit - 1)
-    return [values[round(i * step)] for i in range(limit)]
-
-
-def _median(values: Sequence[float]) -> float | None:
-    return statistics.median(values) if values else None
+def _harmed(test: MetricTest, alpha: float) -> bool:
+    return test.harm_p is not None and test.harm_p < alpha

@@ -7,8 +7,10 @@ The window meets the SLO when at least `attainment_target_ratio` of its requests
 (with the default 0.95 this is exactly "TTFT p95 and inter-token p95 within the limits",
 taken per request). Goodput is the output tokens of attaining requests per second of window.
 
-Preemptions per finished request and the failed-request ratio are constraints; memory is the
-tie-breaker between goodputs closer than `memory_tie_ratio` (less memory wins).
+Preemptions per finished request and the failed-request ratio are constraints. Memory is
+priced: among feasible results within `memory_tie_ratio` (5 %) of the best goodput, the one
+with the least memory wins (memory kept free is worth something to the neighbours on the
+device). The memory is what the server reports as its KV budget (`server_kv_budget_bytes`).
 
 Without client-side timings (live traffic, only scraped samples) attainment cannot be judged
 per request: the window's histogram p95s are held against the limits and goodput is the
@@ -37,7 +39,7 @@ class Slo:
     attainment_target_ratio: float = 0.95
     max_preemptions_per_request: float = 0.1
     max_failed_ratio: float = 0.0
-    memory_tie_ratio: float = 0.02
+    memory_tie_ratio: float = 0.05
 
     def __post_init__(self) -> None:
         if self.ttft_p95_s <= 0 or self.inter_token_p95_s <= 0:
@@ -166,7 +168,8 @@ def attains(result: RequestResult, slo: Slo) -> bool:
 
 
 def better(a: TrialResult, b: TrialResult, slo: Slo) -> bool:
-    """Whether `a` beats `b`: feasible first, then goodput, then less memory on a near tie."""
+    """Whether `a` beats `b`: feasible first, then less memory where the goodputs are within
+    `memory_tie_ratio` of the higher one (both memories known), otherwise more goodput."""
     if a.feasible != b.feasible:
         return a.feasible
     if not a.feasible or a.goodput_tokens_per_s is None:
@@ -186,12 +189,44 @@ def better(a: TrialResult, b: TrialResult, slo: Slo) -> bool:
 
 
 def best_index(results: Sequence[TrialResult], slo: Slo) -> int | None:
-    """The index of the best feasible result, or None when none is feasible."""
-    best: int | None = None
-    for i, result in enumerate(results):
-        if result.feasible and (best is None or better(result, results[best], slo)):
-            best = i
-    return best
+    """The index of the memory-priced best feasible result: among those within
+    `memory_tie_ratio` of the highest goodput, the least memory (unknown memory last), then
+    the higher goodput; None when none is feasible."""
+    feasible = [
+        i for i, r in enumerate(results) if r.feasible and r.goodput_tokens_per_s is not None
+    ]
+    if not feasible:
+        return next((i for i, r in enumerate(results) if r.feasible), None)
+    top = max(results[i].goodput_tokens_per_s or 0.0 for i in feasible)
+    floor = (1 - slo.memory_tie_ratio) * top
+    near = [i for i in feasible if (results[i].goodput_tokens_per_s or 0.0) >= floor]
+
+    def key(i: int) -> tuple[bool, float, float]:
+        memory = results[i].memory_bytes
+        return (memory is None, float(memory or 0), -(results[i].goodput_tokens_per_s or 0.0))
+
+    return min(near, key=key)
+
+
+def server_kv_budget_bytes(scrapes: Sequence[VllmScrape]) -> int | None:
+    """The KV budget the server reports: `vllm:cache_config_info`'s `kv_cache_memory_bytes`,
+    summed over its engines, from the newest scrape that says it; None where no scrape does
+    (the label reads "None" when the budget came from `--gpu-memory-utilization`)."""
+    for scrape in reversed(scrapes):
+        budgets = [
+            _int_label(dict(e.cache_config).get("kv_cache_memory_bytes")) for e in scrape.engines
+        ]
+        if budgets and all(b is not None for b in budgets):
+            return sum(b for b in budgets if b is not None)
+    return None
+
+
+def _int_label(text: str | None) -> int | None:
+    try:
+        value = int(text) if text is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and value > 0 else None
 
 
 def _client_metrics(

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from kvpilot.tuner.evidence import Samples
 from kvpilot.tuner.objective import Measurement
 from kvpilot.tuner.trials import TrialStore, Warmup
 
@@ -87,7 +88,7 @@ class Observation:
 
     url: str
     measurement: Measurement
-    samples: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    samples: Mapping[str, Samples] = field(default_factory=dict)
     traffic: str | None = None  # live traffic: the share each side received, in words
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -21,41 +22,60 @@ _STATE_STYLE = {
 }
 
 
+# Short headers for the knobs, so that the table reads at 80 columns.
+_KNOB_LABEL = {
+    "kv_cache_memory_bytes": "KV cache",
+    "gpu_memory_utilization": "GPU util",
+    "max_num_seqs": "seqs",
+    "max_num_batched_tokens": "batch tok",
+    "block_size": "block",
+    "kv_cache_dtype": "KV dtype",
+    "enable_prefix_caching": "prefix",
+}
+
+
 def trials_table(
     trials: Sequence[Trial], *, best_trial_id: str | None = None, verbose: bool = False
-) -> Table:
-    """One row per trial: number, state, knob values, goodput and memory beside the
-    baseline's from the same window, verdict, reason; `verbose` adds the warm-up and the
-    KV usage medians (shown, never counted by the judge)."""
+) -> RenderableType:
+    """One row per trial: number, state, knob values, goodput and memory beside the stable
+    instance's (the baseline) from the same window, and the canary's verdict; each trial's
+    reason follows the table as a line of its own, so that the table reads at 80 columns
+    (piped, logged) and a long reason wraps as prose. `verbose` adds the warm-up and the KV
+    usage medians (shown, never counted by the judge) to those lines."""
     knobs = list(dict.fromkeys(name for t in trials for name, _ in t.values))
-    table = Table(title="Tuning trials", header_style="bold")
-    table.add_column("#", justify="right")
-    table.add_column("state")
+    table = Table(
+        title="Tuning trials",
+        header_style="bold",
+        box=None,  # no rules: at 80 columns every column is worth its text
+        pad_edge=False,
+        padding=(0, 1),
+    )
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("state", no_wrap=True, min_width=len("infeasible"))
     for name in knobs:
-        table.add_column(name, justify="right")
-    for column in ("goodput tok/s", "memory", "baseline tok/s", "baseline memory"):
-        table.add_column(column, justify="right")
-    table.add_column("canary")
-    if verbose:
-        table.add_column("warm-up")
-        table.add_column("KV usage (info)", justify="right")
-    table.add_column("reason", overflow="fold")
+        table.add_column(_KNOB_LABEL.get(name, name), justify="right", no_wrap=True)
+    for column in ("tok/s", "memory", "stable\ntok/s", "stable\nmemory"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("canary", no_wrap=True, min_width=len("inconclusive"))
+    notes: list[Text] = []
     for trial in trials:
         values = dict(trial.values)
         number = f"{trial.number}" + (" *" if trial.trial_id == best_trial_id else "")
-        extra = [warmup_text(trial), kv_usage_text(trial)] if verbose else []
         table.add_row(
             number,
             Text(trial.state.value, style=_STATE_STYLE[trial.state]),
             *(_value(values.get(name)) for name in knobs),
             *result_cells(trial),
             "-" if trial.judgement is None else trial.judgement.classification.value,
-            *extra,
-            mask_text(trial.reason or ""),
         )
+        said = [mask_text(trial.reason)] if trial.reason else []
+        if verbose:
+            said += [f"warm-up {warmup_text(trial)}", f"KV usage (info) {kv_usage_text(trial)}"]
+        if said:
+            notes.append(Text(f"{number.rstrip(' *')}: " + "; ".join(said)))
     if best_trial_id is not None:
         table.caption = "* best feasible trial"
-    return table
+    return Group(table, *notes)
 
 
 def result_cells(trial: Trial) -> tuple[str, str, str, str]:

@@ -21,7 +21,9 @@ from pathlib import Path
 from kvpilot.tuner.constraints import Value
 from kvpilot.tuner.judge import Judgement
 from kvpilot.tuner.learned import WorkloadShape
+from kvpilot.tuner.objective import Slo
 from kvpilot.tuner.render import kv_usage_text, result_cells, warmup_text
+from kvpilot.tuner.report_evidence import evidence_table, memory_priced_choice
 from kvpilot.tuner.report_svg import (
     INFEASIBLE_FILL,
     PAD,
@@ -43,7 +45,13 @@ from kvpilot.tuner.space import KnobKind, SearchSpace
 from kvpilot.tuner.trials import Trial, TrialState
 
 DEFAULT_TITLE = "kvpilot tuning report"
-_VERDICT_COLOUR = {"pass": "#2e7d32", "high": "#c62828", "low": "#1565c0", "nodata": "#9e9e9e"}
+_VERDICT_COLOUR = {
+    "pass": "#2e7d32",
+    "high": "#c62828",
+    "low": "#1565c0",
+    "inconclusive": "#ef6c00",
+    "nodata": "#9e9e9e",
+}
 _P95 = {"ttft_s": "ttft_p95_s", "inter_token_s": "inter_token_p95_s"}
 _GRID = (56, 36)  # cells across and down in which the knob map asks the constraints
 _CSS = """
@@ -91,6 +99,7 @@ def render_report(
         f"<span style='color:{STABLE_COLOUR}'>Orange marks the stable configuration.</span></p>",
         *(f"<p class='muted'>{esc(note)}</p>" for note in ctx.notes),
         "<h2>Convergence: best goodput so far</h2>",
+        memory_priced_choice(trials, Slo()),
         best_so_far_svg(trials),
         "<h2>Knob map: trials over the two main knobs</h2>",
         knob_scatter_svg(trials, ctx.space, ctx.stable),
@@ -117,6 +126,7 @@ def render_report(
             "<span class='muted'>KV usage is shown, never counted.</span></p>"
         )
         parts.append(trial_comparison_svg(trial))
+        parts.append(evidence_table(trial.judgement.metrics if trial.judgement else ()))
     parts += ["<h2>All trials</h2>", _trials_html(trials), "</body></html>"]
     return "\n".join(parts)
 

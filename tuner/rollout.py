@@ -136,6 +136,9 @@ class RolloutSettings:
     bake: bool = True
     bake_tolerance_ratio: float = 0.2
     require_improvement: bool = True  # a pass must also beat the baseline's objective
+    # With one window a side, more goodput promotes only beyond this share of the stable's:
+    # the same configuration measured twice differs by more than a few percent.
+    min_gain_ratio: float = 0.1
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvpilot.collectors.vllm_argv import without_flags
+from kvpilot.tuner.ascent import highest_started, stepped
 from kvpilot.tuner.objective import Slo, TrialResult, best_index
 from kvpilot.tuner.ports import Observer, RolloutJournal, TunerRuntime
 from kvpilot.tuner.rollout import Phase, Rollout, RolloutOutcome, RolloutSettings, Strategy
@@ -116,6 +117,9 @@ class TuningSession:
             if violation is not None:  # suggesters should not propose these; never spend one
                 stopped = f"stopped: the suggester proposed a candidate that breaks {violation}"
                 break
+            past = history(self._store, self._fingerprint)
+            highest = highest_started(self._runtime.stable_argv(), past)
+            candidate, _ = stepped(self._space, candidate, highest)
             outcome = await self._trial(candidate)
             outcomes.append(outcome)
             if outcome.trial.result is not None:

@@ -159,6 +159,8 @@ def tune(
     console = Console()
     if chosen is not None:
         console.print(chosen.describe(), highlight=False, markup=False, soft_wrap=True)
+    if study.strategy_reason is not None:
+        console.print(study.strategy_reason, highlight=False, markup=False, soft_wrap=True)
     db = open_state_or_exit(cfg)
     try:
         if dry:

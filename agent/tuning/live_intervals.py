@@ -23,6 +23,7 @@ from itertools import pairwise
 from kvpilot.collectors.histogram import Histogram, add, delta, quantile
 from kvpilot.collectors.promtext import scan
 from kvpilot.collectors.vllm_parse import EngineSample, VllmScrape, parse_vllm_metrics
+from kvpilot.tuner.evidence import Counts, Samples
 from kvpilot.tuner.objective import Slo
 
 _HTTP = "http_requests_total"
@@ -174,27 +175,35 @@ def preemption_breach(spans: Iterable[Interval], slo: Slo) -> str | None:
 
 def judge_samples(
     spans: Iterable[Interval], readings: Sequence[PodReading], share_ratio: float, slo: Slo
-) -> dict[str, tuple[float, ...]]:
-    """The judge's samples: one per interval and metric where the interval tells it."""
+) -> dict[str, Samples]:
+    """The judge's samples: one per interval and metric where the interval tells it; errors
+    and preemptions as counts over the whole analysis (failed of answered requests,
+    preemptions over finished requests)."""
     out: dict[str, list[float]] = {
         "ttft_s": [],
         "inter_token_s": [],
         "e2e_s": [],
-        "preemptions_per_request": [],
-        "errors_ratio": [],
         "goodput_tokens_per_s": [],
         "kv_usage_ratio": [],
     }
+    failed = answered = preempted = finished = 0.0
+    errors_known = preemptions_known = False
     for span in spans:
         for name, value in (
             ("ttft_s", span.ttft_mean_s),
             ("inter_token_s", span.inter_token_mean_s),
             ("e2e_s", span.e2e_mean_s),
-            ("preemptions_per_request", span.preemptions_per_request),
-            ("errors_ratio", span.errors_ratio),
         ):
             if value is not None:
                 out[name].append(value)
+        if span.errors_ratio is not None and span.failed is not None and span.answered:
+            failed += min(span.failed, span.answered)
+            answered += span.answered
+            errors_known = True
+        if span.preemptions is not None:
+            preempted += span.preemptions
+            finished += span.finished
+            preemptions_known = True
         if span.generation_tokens is not None and span.span_s > 0:
             rate = span.generation_tokens / span.span_s / share_ratio
             out["goodput_tokens_per_s"].append(0.0 if span.latency_breach(slo) else rate)
@@ -202,7 +211,10 @@ def judge_samples(
         usage = [e.kv_usage_ratio for e in reading.scrape.engines if e.kv_usage_ratio is not None]
         if usage:
             out["kv_usage_ratio"].append(max(usage))
-    return {name: tuple(values) for name, values in out.items()}
+    judged: dict[str, Samples] = {name: tuple(values) for name, values in out.items()}
+    judged["errors_ratio"] = Counts(failed, answered) if errors_known else ()
+    judged["preemptions_per_request"] = Counts(preempted, finished) if preemptions_known else ()
+    return judged
 
 
 def _hist_delta(engine: EngineSample, old: EngineSample | None, field: str) -> Histogram | None:

@@ -36,7 +36,7 @@ from kvpilot.agent.tuning.live_intervals import (
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.limits import ScrapeLimits, fetch_text
 from kvpilot.collectors.promtext import MetricsParseError
-from kvpilot.tuner.objective import Measurement, Slo
+from kvpilot.tuner.objective import Measurement, Slo, server_kv_budget_bytes
 from kvpilot.tuner.ports import CanaryAborted, Observation
 from kvpilot.tuner.trials import Warmup
 
@@ -152,8 +152,11 @@ class LiveTrafficObserver:
         self, url: str, readings: list[PodReading], percent: float, said: str
     ) -> Observation:
         share = percent / 100.0
+        scrapes = tuple(r.scrape for r in readings)
         measurement = Measurement(
-            scrapes=tuple(r.scrape for r in readings), traffic_share_ratio=share
+            scrapes=scrapes,
+            memory_bytes=server_kv_budget_bytes(scrapes),
+            traffic_share_ratio=share,
         )
         samples = judge_samples(intervals(readings), readings, share, self._slo)
         return Observation(url, measurement, samples, traffic=said)

@@ -6,14 +6,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 import httpx
 
 from kvpilot.collectors.vllm_metrics import VllmMetricsSource, VllmScrape
+from kvpilot.tuner.evidence import Counts, Samples
 from kvpilot.tuner.loadgen import LoadReport, Workload, run_load
-from kvpilot.tuner.objective import Measurement
+from kvpilot.tuner.objective import Measurement, server_kv_budget_bytes
 from kvpilot.tuner.ports import Observation
 from kvpilot.tuner.trials import Warmup
 
@@ -29,12 +30,14 @@ class LoadObserver:
         warm_requests: int = 2,
         scrape_interval_s: float = 0.25,  # short windows still give the judge a dozen scrapes
         api_key: str | None = None,
+        device_memory: Callable[[str], int | None] = lambda _url: None,
     ) -> None:
         self._workload = workload
         self._model = model
         self._warm = warm_requests
         self._interval_s = scrape_interval_s
         self._api_key = api_key
+        self._device_memory = device_memory  # a server's device memory, by its URL
 
     async def warm(self, urls: Sequence[str]) -> Warmup:
         small = replace(
@@ -70,27 +73,45 @@ class LoadObserver:
         finally:
             done.set()
             await scraper
-        return Observation(
-            url, Measurement(report=report, scrapes=tuple(scrapes)), samples(report, scrapes)
-        )
+        memory = measured_memory(scrapes, url, self._device_memory)
+        measurement = Measurement(report=report, scrapes=tuple(scrapes), memory_bytes=memory)
+        return Observation(url, measurement, samples(report, scrapes))
 
 
-def samples(report: LoadReport, scrapes: Sequence[VllmScrape]) -> dict[str, tuple[float, ...]]:
-    """The judge's samples: per-request latencies and errors; per-interval preemptions,
-    generation rate (goodput) and KV usage (shown, not counted)."""
-    out: dict[str, tuple[float, ...]] = {
+def measured_memory(
+    scrapes: Sequence[VllmScrape], url: str, device_memory: Callable[[str], int | None]
+) -> int | None:
+    """The memory a window is priced at: the KV budget the server reports, else (a budget
+    sized by --gpu-memory-utilization reads "None") the device memory its processes hold."""
+    budget = server_kv_budget_bytes(scrapes)
+    return budget if budget is not None else device_memory(url)
+
+
+def samples(report: LoadReport, scrapes: Sequence[VllmScrape]) -> dict[str, Samples]:
+    """The judge's samples: per request its latencies (its own mean inter-token gap: a
+    request's gaps are not independent of each other) and whether it failed; preemptions as
+    a count over the window's seconds; per interval the generation rate (goodput) and KV
+    usage (shown, not counted)."""
+    ok = report.ok
+    out: dict[str, Samples] = {
         "ttft_s": tuple(report.ttfts_s()),
-        "inter_token_s": tuple(report.inter_tokens_s()),
+        "inter_token_s": tuple(
+            sum(r.inter_token_s) / len(r.inter_token_s) for r in ok if r.inter_token_s
+        ),
         "e2e_s": tuple(report.e2es_s()),
         "errors_ratio": tuple(0.0 if r.ok else 1.0 for r in report.results),
     }
-    rates, tokens, usage = [], [], []
+    preempted = exposure_s = 0.0
+    counted = False
+    tokens, usage = [], []
     for a, b in itertools.pairwise(scrapes):
         span = b.taken_at_s - a.taken_at_s
         pa = _sum(e.preemptions_total for e in a.engines)
         pb = _sum(e.preemptions_total for e in b.engines)
         if span > 0 and pa is not None and pb is not None:
-            rates.append(max(0.0, pb - pa) / span)  # a reset counts as no preemption
+            preempted += max(0.0, pb - pa)  # a reset counts as no preemption
+            exposure_s += span
+            counted = True
         ga = _sum(e.generation_tokens_total for e in a.engines)
         gb = _sum(e.generation_tokens_total for e in b.engines)
         if span > 0 and ga is not None and gb is not None:
@@ -99,7 +120,7 @@ def samples(report: LoadReport, scrapes: Sequence[VllmScrape]) -> dict[str, tupl
         u = [e.kv_usage_ratio for e in scrape.engines if e.kv_usage_ratio is not None]
         if u:
             usage.append(max(u))
-    out["preemptions_per_s"] = tuple(rates)
+    out["preemptions_per_s"] = Counts(preempted, exposure_s) if counted else ()
     out["goodput_tokens_per_s"] = tuple(tokens)
     out["kv_usage_ratio"] = tuple(usage)
     return out

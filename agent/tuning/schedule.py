@@ -34,7 +34,14 @@ from kvpilot.agent.state.trials import SqliteTrialStore
 from kvpilot.agent.tuning.factory import local_adapter
 from kvpilot.agent.tuning.local import StableRestarter, recover_at_startup
 from kvpilot.agent.tuning.pod import PodRecovery, PodTuner
-from kvpilot.agent.tuning.study import Study, StudyError, build_study, make_session, read_gpu
+from kvpilot.agent.tuning.study import (
+    Study,
+    StudyError,
+    build_study,
+    make_session,
+    read_gpu,
+    stable_instance,
+)
 from kvpilot.agent.tuning.workload_choice import WorkloadChoice
 from kvpilot.agent.tuning.workload_record import remember_workload
 from kvpilot.tuner.ports import RestartRefused
@@ -194,7 +201,7 @@ def scheduled_tuning(
     `workload`: what each run replays (the learned workload once its window is full)."""
     tuning = config.tuning
     assert tuning.schedule is not None
-    study = build_study(config, tuning, read_gpu())
+    study = build_study(config, tuning, read_gpu(_pids(runtime, stable_instance(config).name)))
     name = study.stable.name
     adapter = local_adapter(
         config, runtime, store.db, config_sha256=config_sha256, tuning=tuning,
@@ -213,7 +220,9 @@ def scheduled_tuning(
         now = (
             study
             if version is None and chosen is None
-            else build_study(config, tuning, read_gpu(), vllm_version=version, chosen=chosen)
+            else build_study(
+                config, tuning, read_gpu(_pids(runtime, name)), vllm_version=version, chosen=chosen
+            )
         )
         if remediator.config.dry_run:
             return _plan(now, store)
@@ -223,7 +232,8 @@ def scheduled_tuning(
         summary = await session.run(tuning.trials)
         scheduled.on_tuned()
         told = f"; {chosen.describe()}" if chosen is not None else ""
-        return summary_line(summary) + told
+        how = f"; {now.strategy_reason}" if now.strategy_reason is not None else ""
+        return summary_line(summary) + told + how
 
     def audit(decision: str, reason: str) -> None:
         store.record_audit(
@@ -314,3 +324,8 @@ def pod_scheduled_tuning(
         on_close=tuner.hand_over,
     )  # fmt: skip
     return scheduled
+
+
+def _pids(runtime: LocalRuntime, name: str) -> frozenset[int]:
+    """The stable server's processes, whose GPU memory the search may count as room."""
+    return frozenset(pid for i in runtime.instances() if i.name == name for pid in i.pids)

@@ -15,12 +15,14 @@ from kvpilot.agent.runtimes.k8s_traffic import TrafficSplit
 from kvpilot.agent.runtimes.local import LocalInstanceSpec
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
+from kvpilot.agent.tuning.gpu_bounds import GpuMemory as GpuMemory
+from kvpilot.agent.tuning.gpu_bounds import canary_strategy, server_device_memory_bytes
+from kvpilot.agent.tuning.gpu_bounds import read_gpu as read_gpu
 from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
 from kvpilot.agent.tuning.model_files import find_model_config
 from kvpilot.agent.tuning.observer import LoadObserver
 from kvpilot.agent.tuning.promoted import tuned_instance
 from kvpilot.agent.tuning.workload_choice import WorkloadChoice, choose_workload
-from kvpilot.collectors.nvml import gpu_from_nvml
 from kvpilot.collectors.vllm_argv import flag_value, parse_server_argv, without_flags
 from kvpilot.tuner.constraints import (
     batched_tokens_constraint,
@@ -37,15 +39,6 @@ from kvpilot.tuner.rollout import RolloutSettings, Strategy
 from kvpilot.tuner.session import Progress, TuningSession
 from kvpilot.tuner.space import Knob, KnobKind, SearchSpace, optional_knob
 from kvpilot.tuner.suggest import BayesianSuggester
-
-
-@dataclass(frozen=True, slots=True)
-class GpuMemory:
-    """One GPU's memory as NVML reports it now."""
-
-    total_bytes: int
-    free_bytes: int
-    name: str = ""
 
 
 class StudyError(ValueError):
@@ -65,6 +58,8 @@ class Study:
     fingerprint: str
     ready_timeout_s: float
     choice: WorkloadChoice | None = None  # where the workload came from, and why
+    strategy: Strategy = Strategy.PARALLEL
+    strategy_reason: str | None = None  # why trials do not run as configured
 
     @property
     def model(self) -> str:
@@ -81,13 +76,6 @@ def stable_instance(config: AgentConfig) -> InstanceConfig:
     if inst is None:
         raise StudyError("no stable instance in the configuration")
     return inst
-
-
-def read_gpu() -> GpuMemory | None:
-    """The first GPU's memory from NVML, or None where there is none (the CPU build, where
-    no GPU simply means the KV-budget knob)."""
-    found = gpu_from_nvml(0)
-    return None if isinstance(found, str) else GpuMemory(*found)
 
 
 def build_study(
@@ -135,10 +123,13 @@ def build_study(
     # Live traffic is not the replayed workload: its goodput (per share) is another figure.
     traffic = tuning.canary.traffic
     served = choice.served() if traffic == "replay" else f"live traffic ({traffic})"
+    strategy, why = Strategy(tuning.strategy), None
+    if traffic == "replay":  # live traffic: the canary has a pod (and a device) of its own
+        strategy, why = canary_strategy(strategy, space.knobs[0], gpu, argv)
     return Study(
         tuning, stable, argv, space, workload, slo,
         fingerprint(model, fixed, served, slo, vllm_version=vllm_version),
-        config.runtime.ready_timeout_s, choice,
+        config.runtime.ready_timeout_s, choice, strategy, why,
     )  # fmt: skip
 
 
@@ -176,7 +167,8 @@ def _bounds(
         )  # fmt: skip
         inputs = PlanInputs(
             gpu_memory_bytes=gpu.total_bytes if gpu else None,
-            gpu_free_bytes=gpu.free_bytes if gpu else None,
+            # The stable server's own memory is room: a promotion restarts it (the pre-flight).
+            gpu_free_bytes=gpu.room_bytes if gpu else None,
             gpu_name=gpu.name if gpu else "",
             block_size=int(flag_value(argv, "--block-size") or 16),
             max_model_len=int(flag_value(argv, "--max-model-len") or 0) or None,
@@ -254,7 +246,7 @@ def make_session(
         space=study.space, suggester=BayesianSuggester(study.space, seed=t.seed),
         store=SqliteTrialStore(db), journal=journal or SqliteRolloutJournal(db), runtime=adapter,
         observer=observer, fingerprint=study.fingerprint, settings=settings,
-        strategy=Strategy(t.strategy), wall_clock=time.time, on_progress=on_progress,
+        strategy=study.strategy, wall_clock=time.time, on_progress=on_progress,
     )  # fmt: skip
 
 
@@ -265,7 +257,13 @@ def make_observer(
     replay keeps the synthetic workload against both; service and gateway judge live traffic."""
     canary = study.tuning.canary
     if canary.traffic == "replay":
-        return LoadObserver(study.workload, model=study.model, api_key=api_key), JudgeConfig()
+        observer = LoadObserver(
+            study.workload,
+            model=study.model,
+            api_key=api_key,
+            device_memory=server_device_memory_bytes,
+        )
+        return observer, JudgeConfig()
     if traffic is None:
         raise StudyError(
             f"canary traffic {canary.traffic} splits live traffic through the Kubernetes "

@@ -46,6 +46,7 @@ from kvpilot.dashboards.tuning_metrics import (
     openmetrics_history,
     tuning_families,
 )
+from kvpilot.tuner.evidence import Counts
 from kvpilot.tuner.judge import DEFAULT_METRICS, judge
 from kvpilot.tuner.trials import Trial, TrialState, trial_from_dict, trial_to_dict
 
@@ -93,19 +94,19 @@ def _judged(best: Trial) -> Trial:
         "ttft_s": [0.80, 0.82, 0.79, 0.85, 0.81, 0.83, 0.80],
         "inter_token_s": [0.0130, 0.0128, 0.0131, 0.0127, 0.0129, 0.0132],
         "e2e_s": [2.10, 2.05, 2.20, 2.15, 2.08, 2.12],
-        "preemptions_per_s": [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+        "preemptions_per_s": Counts(0.0, 30.0),
         "goodput_tokens_per_s": [300.0, 305.0, 298.0, 302.0, 301.0, 299.0],
         "kv_usage_ratio": [0.40, 0.42, 0.41, 0.39, 0.43, 0.40],
-        "errors_ratio": [0.0, 0.0, 0.0, 0.0, 0.0],
+        "errors_ratio": [0.0] * 80,  # enough requests to show no more failures
     }
     canary = {
         "ttft_s": [0.78, 0.80, 0.79, 0.81, 0.77, 0.80, 0.82],
         "inter_token_s": [0.0126, 0.0129, 0.0127, 0.0128, 0.0130, 0.0126],
         "e2e_s": [2.00, 2.07, 2.02, 2.11, 2.04, 2.06],
-        "preemptions_per_s": [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+        "preemptions_per_s": Counts(0.0, 30.0),
         "goodput_tokens_per_s": [303.0, 300.0, 304.0, 299.0, 302.0, 301.0],
         "kv_usage_ratio": [0.41, 0.43, 0.40, 0.42, 0.40, 0.41],
-        "errors_ratio": [0.0, 0.0, 0.0, 0.0, 0.0],
+        "errors_ratio": [0.0] * 80,  # enough requests to show no more failures
     }
     judgement = judge(canary, base)
     return dataclasses.replace(best, trial_id="judged-001", judgement=judgement)

@@ -89,3 +89,22 @@ def test_trials_table_shows_every_trial_and_marks_the_best() -> None:
                    "best feasible trial"):  # fmt: skip
         assert needle in text
     assert format_bytes(1536) == "1.5 KiB" and format_bytes(12) == "12 B"
+
+
+def test_trials_table_reads_at_80_columns() -> None:
+    # Piped or logged, rich renders at 80 columns: no cell cut to "comp…", no reason folded
+    # one word a line; the reasons follow the table as prose.
+    trials = history()
+    long = "judged inconclusive: insufficient evidence: not shown within the margin: ttft_s"
+    trials[0] = dataclasses.replace(trials[0], reason=long)
+    console = Console(record=True, width=80, force_terminal=False)
+    console.print(trials_table(trials, best_trial_id="t3", verbose=True))
+    text = console.export_text()
+    lines = text.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    assert "…" not in text
+    for state in {t.state.value for t in trials}:
+        assert re.search(rf"\s{state}\s", text), state
+    assert "1: judged inconclusive: insufficient evidence: not shown within the margin" in text
+    header = next(line for line in lines if "state" in line)
+    assert "KV cache" in header and "seqs" in header and "canary" in header

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 import itertools
+import statistics
 from collections.abc import Callable, Sequence
 
 import pytest
 
+from kvpilot.tuner.evidence import Counts
 from kvpilot.tuner.judge import Classification
 from kvpilot.tuner.loadgen import LoadReport, RequestResult
 from kvpilot.tuner.objective import Measurement, Outcome, Slo
@@ -112,21 +115,28 @@ class InMemoryTunerRuntime:
         return self.remediating
 
 
-def window(scale: float, requests: int = 24, tokens: int = 16) -> Observation:
-    """A window in which every latency is `scale` times a fixed, slightly varied profile."""
+def window(scale: float, requests: int = 60, tokens: int = 16) -> Observation:
+    """A window in which every latency is `scale` times a fixed, slightly varied profile; the
+    judge's samples as the replay observer takes them (`agent.tuning.observer.samples`)."""
     results = []
     for i in range(requests):
-        start = i * 0.1 * scale  # closed loop: a slower server takes the work longer
+        start = i * 0.6 * scale  # closed loop: a slower server takes the work longer
         first = start + scale * (0.05 + 0.005 * (i % 7))
         gaps = [scale * (0.01 + 0.001 * ((i + j) % 5)) for j in range(tokens - 1)]
         times = tuple(itertools.accumulate([first, *gaps]))
         results.append(RequestResult(i, 8, tokens, start, times[-1], first, times, tokens, None))
     report = LoadReport(0.0, max(r.end_s for r in results), tuple(results))
+    # The generation rate per half second, as scrapes of the token counter would give it.
+    per_bin = collections.Counter(int(t / 0.5) for r in results for t in r.token_times_s)
     samples = {
         "ttft_s": tuple(report.ttfts_s()),
-        "inter_token_s": tuple(report.inter_tokens_s()),
+        "inter_token_s": tuple(statistics.fmean(r.inter_token_s) for r in results),
         "e2e_s": tuple(report.e2es_s()),
         "errors_ratio": tuple(0.0 for _ in results),
+        "preemptions_per_s": Counts(0.0, report.duration_s),
+        "goodput_tokens_per_s": tuple(
+            per_bin.get(b, 0) / 0.5 for b in range(int(report.duration_s / 0.5))
+        ),
     }
     return Observation("x", Measurement(report=report), samples)
 

@@ -12,6 +12,7 @@ import pytest
 
 from kvpilot.agent.config.tuning import CanaryConfig
 from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
+from kvpilot.tuner.evidence import Counts
 from kvpilot.tuner.judge import LIVE_METRICS, JudgeConfig
 from kvpilot.tuner.objective import Outcome, Slo, evaluate
 from kvpilot.tuner.ports import CanaryAborted
@@ -52,6 +53,7 @@ class PodScript:
     """A pod's cumulative /metrics: each scrape first adds the next step (the last repeats)."""
 
     steps: list[Step]
+    kv_budget_bytes: int | None = None  # cache_config_info's kv_cache_memory_bytes
     done: int = 0
     hists: dict[str, list[float]] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
@@ -83,6 +85,9 @@ class PodScript:
             f"{self.counters.get('5xx', 0)}",
             'http_requests_total{handler="/metrics",method="GET",status="5xx"} 7',
         ]
+        if self.kv_budget_bytes is not None:
+            labels = f'{engine},block_size="32",kv_cache_memory_bytes="{self.kv_budget_bytes}"'
+            lines.append(f"vllm:cache_config_info{{{labels}}} 1.0")
         for family, name, bounds in (
             ("vllm:time_to_first_token_seconds", "ttft", TTFT_LE),
             ("vllm:inter_token_latency_seconds", "itl", ITL_LE),
@@ -186,10 +191,12 @@ def test_samples_come_from_deltas_and_goodput_is_divided_by_each_share(pods) -> 
     assert base.samples["ttft_s"] == pytest.approx((0.09,) * intervals)  # means, exact
     assert cand.samples["ttft_s"] == pytest.approx((0.03,) * intervals)
     assert base.samples["e2e_s"] == pytest.approx((1.2,) * intervals)
-    assert base.samples["preemptions_per_request"] == pytest.approx((3 / 9,) * intervals)
-    assert cand.samples["preemptions_per_request"] == (0.0,) * intervals
+    # Events over the whole analysis: preemptions of finished requests, failed of answered.
+    assert base.samples["preemptions_per_request"] == Counts(3.0 * intervals, 9.0 * intervals)
+    assert cand.samples["preemptions_per_request"] == Counts(0.0, 1.0 * intervals)
     # The /metrics endpoint's own 5xx are not the model's answers.
-    assert base.samples["errors_ratio"] == cand.samples["errors_ratio"] == (0.0,) * intervals
+    assert base.samples["errors_ratio"] == Counts(0.0, 9.0 * intervals)
+    assert cand.samples["errors_ratio"] == Counts(0.0, 1.0 * intervals)
     # 90 tokens on 90 %, 10 on 10 %: the same goodput once divided by the share.
     assert base.samples["goodput_tokens_per_s"] == pytest.approx((90 / INTERVAL_S / 0.9,) * 6)
     assert cand.samples["goodput_tokens_per_s"] == pytest.approx((10 / INTERVAL_S / 0.1,) * 6)
@@ -328,10 +335,9 @@ def test_a_pod_whose_metrics_cannot_be_read_is_counted_not_zeroed(pods) -> None:
     assert "canary 0 (0%)" in (cand.traffic or "")
 
 
-def test_a_judged_rollout_states_the_shares_with_its_verdict(pods) -> None:
-    stable, canary = pods
-    stable.metrics = PodScript([Step(9, ttft_s=0.3, preemptions=18)]).render
-    canary.metrics = PodScript([Step(1, ttft_s=0.05)]).render
+def _judged_rollout(stable, canary, canary_per_interval: int):
+    stable.metrics = PodScript([Step(9, ttft_s=0.3, preemptions=18)], 2 << 20).render
+    canary.metrics = PodScript([Step(canary_per_interval, ttft_s=0.05)], 32 << 20).render
     split, clock = RecordingSplit(canary), SteppedClock()
     journal, store = InMemoryRolloutJournal(), InMemoryTrialStore()
 
@@ -344,21 +350,45 @@ def test_a_judged_rollout_states_the_shares_with_its_verdict(pods) -> None:
             return url(canary)
 
     settings = RolloutSettings(slo=SLO, judge=JudgeConfig(metrics=LIVE_METRICS), bake=False)
-    rollout = Rollout(Runtime(journal), observer(split, clock), store, journal, settings,
-                      wall_clock=clock)  # fmt: skip
+    rollout = Rollout(
+        Runtime(journal), observer(split, clock), store, journal, settings, wall_clock=clock
+    )
     trial = new_trial("t1", "fp", 1, {"kv_cache_memory_bytes": 1}, at_wall_s=1.0)
     store.add(trial)
+    return asyncio.run(rollout.run(trial, GOOD, Strategy.PARALLEL))
 
-    outcome = asyncio.run(rollout.run(trial, GOOD, Strategy.PARALLEL))
+
+def test_a_judged_rollout_states_the_shares_with_its_verdict(pods) -> None:
+    outcome = _judged_rollout(*pods, canary_per_interval=1)
 
     shares = (
         "traffic stable 90 %, canary 10 % (HTTPRoute vllm weights); "
         "finished requests: stable 54 (90%), canary 6 (10%)"
     )
-    # The stable side preempts twice per request: infeasible, so the canary is better.
-    assert outcome.record.phase is Phase.PROMOTED, outcome.record.reason
-    assert (outcome.record.reason or "").endswith(f"better than the stable instance; {shares}")
+    # The stable side preempts twice per request, yet six requests on the canary cannot show
+    # that it fails no more often: no evidence, no promotion; the shares are said with it.
+    assert outcome.record.phase is Phase.ROLLED_BACK, outcome.record.reason
+    reason = outcome.record.reason or ""
+    assert reason.startswith("judged inconclusive: insufficient evidence"), reason
+    assert "errors_ratio" in reason and reason.endswith(shares)
     assert outcome.trial.state is TrialState.COMPLETE and outcome.trial.reason == shares
+
+
+def test_a_canary_with_enough_requests_is_promoted_on_live_traffic(pods) -> None:
+    # Ten requests an interval, sixty in all without a failure: enough to show that errors
+    # stay within five points of the stable side's; its preemptions and latencies are better.
+    outcome = _judged_rollout(*pods, canary_per_interval=10)
+
+    assert outcome.record.phase is Phase.PROMOTED, outcome.record.reason
+    reason = outcome.record.reason or ""
+    assert "better than the stable instance: feasible where the stable instance is not" in reason
+    assert outcome.trial.judgement is not None
+    # The memory each side's server reports as its KV budget, measured into both results.
+    assert outcome.trial.result is not None and outcome.baseline is not None
+    assert (outcome.trial.result.memory_bytes, outcome.baseline.memory_bytes) == (32 << 20, 2 << 20)
+    errors = next(m for m in outcome.trial.judgement.metrics if m.name == "errors_ratio")
+    assert (errors.canary_count, errors.upper_bound is not None) == (60, True)
+    assert errors.upper_bound < 0.05
 
 
 def test_a_split_that_sends_the_canary_nothing_is_an_error_not_a_verdict(pods) -> None:
