@@ -108,13 +108,20 @@ def kvpool_payload() -> bytes:
 
     wall_s = time.time()
     counts = BlockCounts(
-        blocks_total=1023, blocks_free=5, blocks_free_cached=3, blocks_empty=2,
-        longest_free_run_blocks=2, fragmentation=kv_blocks_fragmentation(5, 2, 1023),
-    )  # fmt: skip
+        blocks_total=1023,
+        blocks_free=5,
+        blocks_free_cached=3,
+        blocks_empty=2,
+        longest_free_run_blocks=2,
+        fragmentation=kv_blocks_fragmentation(5, 2, 1023),
+    )
     internal = InternalFragmentation(
-        running_requests=33, reserved_slots=32576, unused_slots=512, ratio=512 / 32576,
+        running_requests=33,
+        reserved_slots=32576,
+        unused_slots=512,
+        ratio=512 / 32576,
         reason=None,
-    )  # fmt: skip
+    )
     engine = EngineReading(
         engine="0",
         model_name="rig/models/tiny-llama",
@@ -196,9 +203,14 @@ def serve_payloads(count: int) -> None:
 def _start(argv: list[str], log: Path, env: dict[str, str], **kwargs) -> subprocess.Popen:
     with log.open("ab") as out:
         return subprocess.Popen(
-            argv, stdout=kwargs.pop("stdout", out), stderr=out, env=env, cwd=log.parent,
-            start_new_session=True, **kwargs,
-        )  # fmt: skip
+            argv,
+            stdout=kwargs.pop("stdout", out),
+            stderr=out,
+            env=env,
+            cwd=log.parent,
+            start_new_session=True,
+            **kwargs,
+        )
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -252,8 +264,9 @@ def worktree(rev: str, where: Path) -> Iterator[str]:
     finally:
         subprocess.run(
             ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(where)],
-            capture_output=True, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            check=False,
+        )
         subprocess.run(["git", "-C", str(ROOT), "worktree", "prune"], check=False)
 
 
@@ -384,11 +397,19 @@ class Setup:
 
 def _agent_argv(i: int, port: int, setup: Setup) -> list[str]:
     return [
-        sys.executable, "-m", "kvpilot.agent", "run",
-        "--vllm-url", f"http://127.0.0.1:{setup.vllm_ports[i]}",
-        "--kvpool-url", f"http://127.0.0.1:{setup.kvpool_ports[i]}",
-        "--listen", f"127.0.0.1:{port}", "--interval", f"{INTERVAL_S:g}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "kvpilot.agent",
+        "run",
+        "--vllm-url",
+        f"http://127.0.0.1:{setup.vllm_ports[i]}",
+        "--kvpool-url",
+        f"http://127.0.0.1:{setup.kvpool_ports[i]}",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--interval",
+        f"{INTERVAL_S:g}",
+    ]
 
 
 def candidate_config(setup: Setup, servers: int, port: int) -> Path:
@@ -417,9 +438,14 @@ def candidate_config(setup: Setup, servers: int, port: int) -> Path:
 def config_accepted(setup: Setup, path: Path) -> tuple[bool, str]:
     argv = [sys.executable, "-m", "kvpilot.agent", "config", "check", str(path)]
     result = subprocess.run(
-        argv, capture_output=True, text=True, env=_env(setup.candidate_root), check=False,
-        cwd=setup.tmp, timeout=60,
-    )  # fmt: skip
+        argv,
+        capture_output=True,
+        text=True,
+        env=_env(setup.candidate_root),
+        check=False,
+        cwd=setup.tmp,
+        timeout=60,
+    )
     lines = (result.stderr or result.stdout).strip().splitlines()
     return result.returncode == 0, " / ".join(line.strip() for line in lines[:3])
 

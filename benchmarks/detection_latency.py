@@ -254,9 +254,13 @@ def main() -> None:
         if not args.kvpilot_only:
             time.sleep(70)  # let Prometheus take a scrape of the quiet counter first
         workload = Workload(
-            num_requests=64, concurrency=64, prompt_len=LengthDist.uniform(200, 300),
-            output_len=LengthDist.fixed(150), seed=5, request_timeout_s=600,
-        )  # fmt: skip
+            num_requests=64,
+            concurrency=64,
+            prompt_len=LengthDist.uniform(200, 300),
+            output_len=LengthDist.fixed(150),
+            seed=5,
+            request_timeout_s=600,
+        )
         load = threading.Thread(
             target=lambda: asyncio.run(run_load(spec.url, workload)), daemon=True
         )

@@ -134,10 +134,13 @@ async def _serve_receiver(port: int) -> None:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             length = next(
-                (int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                 if line.lower().startswith(b"content-length")),
+                (
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                ),
                 0,
-            )  # fmt: skip
+            )
             await reader.readexactly(length)
             count += 1
             status = b"503 Service Unavailable" if count % 3 == 0 else b"200 OK"
@@ -245,10 +248,19 @@ def run(minutes: float, servers: int, rotate_s: float, warmup_s: float) -> int:
         log_path = folder / "agent.log"
         with log_path.open("ab") as log:
             agent = subprocess.Popen(
-                [sys.executable, "-m", "kvpilot.agent", "run", "--config",
-                 str(folder / "kvpilot.yaml")],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=folder,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "kvpilot.agent",
+                    "run",
+                    "--config",
+                    str(folder / "kvpilot.yaml"),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=folder,
+            )
         url = f"http://127.0.0.1:{listen}/metrics"
         try:
             return _measure(agent, url, folder, minutes * 60, warmup_s, log_path)
@@ -293,8 +305,10 @@ def _measure(
     db1 = _dir_bytes(folder / "state")
     growth_mib = (rss1 - rss0) / MIB
     print(f"span: {elapsed:.0f} s after a {warmup_s:.0f} s warm-up, modes {', '.join(MODES)}")
-    print(f"rss: {rss0 / MIB:.1f} MiB after warm-up, {rss1 / MIB:.1f} MiB at the end, "
-          f"peak {peak / MIB:.1f} MiB, growth {growth_mib:+.2f} MiB")  # fmt: skip
+    print(
+        f"rss: {rss0 / MIB:.1f} MiB after warm-up, {rss1 / MIB:.1f} MiB at the end, "
+        f"peak {peak / MIB:.1f} MiB, growth {growth_mib:+.2f} MiB"
+    )
     print(f"ticks: {ticks:.0f} in {elapsed:.0f} s; overran their interval: {overruns:.0f}")
     print(f"tracebacks in the agent's log: {tracebacks}")
     print(f"state directory: {db0 / 1024:.0f} KiB after warm-up, {db1 / 1024:.0f} KiB at the end")

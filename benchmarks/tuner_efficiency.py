@@ -95,14 +95,35 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         pinning = Pinning(tuple(_ints(args.server_cpus)), tuple(_ints(args.loadgen_cpus)))
         explicit = [
-            "benchmarks/tuner_efficiency.py", "--measure", "--landscapes", ",".join(names),
-            "--kv-blocks", args.kv_blocks, "--seqs", args.seqs, "--repeats", str(args.repeats),
-            "--server-cpus", args.server_cpus, "--loadgen-cpus", args.loadgen_cpus,
-            "--pass", str(args.pass_), *(["--shuffled"] if args.shuffled else []),
-        ]  # fmt: skip
+            "benchmarks/tuner_efficiency.py",
+            "--measure",
+            "--landscapes",
+            ",".join(names),
+            "--kv-blocks",
+            args.kv_blocks,
+            "--seqs",
+            args.seqs,
+            "--repeats",
+            str(args.repeats),
+            "--server-cpus",
+            args.server_cpus,
+            "--loadgen-cpus",
+            args.loadgen_cpus,
+            "--pass",
+            str(args.pass_),
+            *(["--shuffled"] if args.shuffled else []),
+        ]
         command = " ".join(shlex.quote(a) for a in explicit)
-        measure(chosen, _ints(args.kv_blocks), _ints(args.seqs), args.repeats, pinning,
-                f".venv/bin/python {command}", args.pass_, args.shuffled)  # fmt: skip
+        measure(
+            chosen,
+            _ints(args.kv_blocks),
+            _ints(args.seqs),
+            args.repeats,
+            pinning,
+            f".venv/bin/python {command}",
+            args.pass_,
+            args.shuffled,
+        )
         return 0
     finish = (
         f".venv/bin/python benchmarks/tuner_efficiency.py --measure --kv-blocks {args.kv_blocks} "

@@ -67,21 +67,36 @@ class Landscape:
 LANDSCAPES = (
     Landscape(
         "chat",
-        Workload(num_requests=48, prompt_len=LengthDist.uniform(32, 160),
-                 output_len=LengthDist.uniform(32, 96), concurrency=48, seed=21),
+        Workload(
+            num_requests=48,
+            prompt_len=LengthDist.uniform(32, 160),
+            output_len=LengthDist.uniform(32, 96),
+            concurrency=48,
+            seed=21,
+        ),
         Slo(ttft_p95_s=2.0, inter_token_p95_s=0.25, max_preemptions_per_request=0.25),
     ),
     Landscape(
         "long",
-        Workload(num_requests=24, prompt_len=LengthDist.uniform(512, 768),
-                 output_len=LengthDist.uniform(16, 48), concurrency=24, seed=31),
+        Workload(
+            num_requests=24,
+            prompt_len=LengthDist.uniform(512, 768),
+            output_len=LengthDist.uniform(16, 48),
+            concurrency=24,
+            seed=31,
+        ),
         Slo(ttft_p95_s=4.0, inter_token_p95_s=0.4, max_preemptions_per_request=0.25),
     ),
     Landscape(
         "prefix",
         # 384 shared tokens + 32..96 own tokens; 4 groups of 12 requests.
-        Workload(num_requests=48, prompt_len=LengthDist.uniform(32, 96),
-                 output_len=LengthDist.uniform(32, 64), concurrency=48, seed=41),
+        Workload(
+            num_requests=48,
+            prompt_len=LengthDist.uniform(32, 96),
+            output_len=LengthDist.uniform(32, 64),
+            concurrency=48,
+            seed=41,
+        ),
         Slo(ttft_p95_s=2.0, inter_token_p95_s=0.25, max_preemptions_per_request=0.25),
         prefix_len=384,
         prefix_groups=4,
@@ -91,11 +106,16 @@ LANDSCAPES = (
         # table it was not fitted to: long answers under a tight inter-token SLO; small
         # budgets preempt them, few sequences queue them past the TTFT limit.
         "stream",
-        Workload(num_requests=48, prompt_len=LengthDist.uniform(16, 64),
-                 output_len=LengthDist.uniform(128, 256), concurrency=48, seed=51),
+        Workload(
+            num_requests=48,
+            prompt_len=LengthDist.uniform(16, 64),
+            output_len=LengthDist.uniform(128, 256),
+            concurrency=48,
+            seed=51,
+        ),
         Slo(ttft_p95_s=3.0, inter_token_p95_s=0.025, max_preemptions_per_request=0.25),
     ),
-)  # fmt: skip
+)
 BY_NAME = {landscape.name: landscape for landscape in LANDSCAPES}
 
 COLUMNS = (

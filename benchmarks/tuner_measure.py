@@ -27,8 +27,13 @@ from kvpilot.tuner.loadgen import LengthDist, Workload, run_load, run_planned
 from kvpilot.tuner.objective import Measurement, TrialResult, evaluate
 
 MAX_NUM_BATCHED_TOKENS = 2048
-WARM = Workload(num_requests=4, prompt_len=LengthDist.fixed(32), output_len=LengthDist.fixed(8),
-                concurrency=2, seed=1)  # fmt: skip
+WARM = Workload(
+    num_requests=4,
+    prompt_len=LengthDist.fixed(32),
+    output_len=LengthDist.fixed(8),
+    concurrency=2,
+    seed=1,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,12 +103,13 @@ def _spec(kv_bytes: int, seqs: int, pinning: Pinning) -> ServerSpec:
         max_num_seqs=seqs,
         plugin_enabled=False,
         extra_args=(
-            "--max-num-batched-tokens", str(max(MAX_NUM_BATCHED_TOKENS, seqs)),
+            "--max-num-batched-tokens",
+            str(max(MAX_NUM_BATCHED_TOKENS, seqs)),
             "--enable-prefix-caching",
         ),
         extra_env=(("VLLM_CPU_OMP_THREADS_BIND", bind),) if bind else (),
         cpus=pinning.server_cpus,
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True, slots=True)

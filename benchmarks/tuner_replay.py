@@ -99,12 +99,24 @@ def table_space(table: Table) -> SearchSpace:
     seqs = sorted({s for _, s in table})
     return SearchSpace(
         (
-            Knob("kv_cache_memory_bytes", KnobKind.INTEGER, kv[0], kv[-1], log_scale=True,
-                 levels=tuple(kv)),
-            Knob("max_num_seqs", KnobKind.INTEGER, seqs[0], seqs[-1], log_scale=True,
-                 levels=tuple(seqs)),
+            Knob(
+                "kv_cache_memory_bytes",
+                KnobKind.INTEGER,
+                kv[0],
+                kv[-1],
+                log_scale=True,
+                levels=tuple(kv),
+            ),
+            Knob(
+                "max_num_seqs",
+                KnobKind.INTEGER,
+                seqs[0],
+                seqs[-1],
+                log_scale=True,
+                levels=tuple(seqs),
+            ),
         )
-    )  # fmt: skip
+    )
 
 
 def missing_cells(table: Table, grid: Sequence[tuple[int, int]] = ()) -> list[tuple[int, int]]:

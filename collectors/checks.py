@@ -106,9 +106,10 @@ class Checks:
             return None
         if any(b < a for a, b in pairwise(counts)) or h.count != counts[-1]:
             self.refuse(
-                field, "contradictory",
+                field,
+                "contradictory",
                 f"{field}'s cumulative buckets go down or its count {h.count:g} differs from "
                 f"its +Inf bucket {counts[-1]:g}",
-            )  # fmt: skip
+            )
             return None
         return h

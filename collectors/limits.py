@@ -63,9 +63,11 @@ async def fetch_text(
             return await _read(client, url, source, limits, headers)
     except (TimeoutError, httpx.TimeoutException):
         return SourceError(
-            source, "timeout", f"{url}: no complete answer within {deadline:g} s (the whole "
+            source,
+            "timeout",
+            f"{url}: no complete answer within {deadline:g} s (the whole "
             "response: connection, headers and body)",
-        )  # fmt: skip
+        )
     except httpx.ConnectError as e:
         return SourceError(source, "refused", f"cannot connect to {url}: {e or type(e).__name__}")
     except httpx.HTTPError as e:

@@ -106,8 +106,17 @@ def tuning_families(
     for trial in trials:
         verdict = verdict_label(trial.judgement)
         state = trial.state.value
-        add(TRIAL_INFO, (trial.trial_id, state, verdict, flags_text(trial.values),
-                         mask_text(trial.reason or "")), 1.0)  # fmt: skip
+        add(
+            TRIAL_INFO,
+            (
+                trial.trial_id,
+                state,
+                verdict,
+                flags_text(trial.values),
+                mask_text(trial.reason or ""),
+            ),
+            1.0,
+        )
         result = trial.result
         if not trial.state.terminal or result is None:
             continue
@@ -115,12 +124,17 @@ def tuning_families(
             add(TRIAL_GOODPUT, (trial.trial_id, state, verdict), result.goodput_tokens_per_s)
         window = result.metrics
         if window is not None and window.preemptions_total is not None and window.duration_s > 0:
-            add(TRIAL_PREEMPTION_RATE, (trial.trial_id,),
-                window.preemptions_total / window.duration_s)  # fmt: skip
+            add(
+                TRIAL_PREEMPTION_RATE,
+                (trial.trial_id,),
+                window.preemptions_total / window.duration_s,
+            )
     for trial in trials:
         for metric in trial.judgement.metrics if trial.judgement else ():
-            for side, median in (("canary", metric.canary_median),
-                                 ("baseline", metric.baseline_median)):  # fmt: skip
+            for side, median in (
+                ("canary", metric.canary_median),
+                ("baseline", metric.baseline_median),
+            ):
                 if median is not None:
                     add(CANARY_METRIC, (trial.trial_id, metric.name, side, "median"), median)
     best = best_goodput(trials)

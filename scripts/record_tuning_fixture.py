@@ -46,8 +46,9 @@ START_AND_WARM_S = 60.0
 FIXED_FLAGS = {"max_model_len": 1024, "block_size": 32, "max_num_batched_tokens": 2048}
 MODEL = "tiny-llama"
 # The server the replayed run tunes, with the rig's configured KV budget.
-CONFIGURED = LiveFlags(MODEL, flags_text((("kv_cache_memory_bytes", 64 << 20),)),
-                       FlagSource.CONFIGURED)  # fmt: skip
+CONFIGURED = LiveFlags(
+    MODEL, flags_text((("kv_cache_memory_bytes", 64 << 20),)), FlagSource.CONFIGURED
+)
 
 
 def _benchmark() -> ModuleType:
@@ -175,9 +176,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fingerprint", help="with --from-db: the study (default: all)")
     parser.add_argument("--server", default=MODEL, help="with --from-db: the tuned server")
     parser.add_argument(
-        "--configured", action="append", default=[], metavar="KNOB=VALUE",
+        "--configured",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
         help="with --from-db: a knob's configured value, before any promotion (repeat)",
-    )  # fmt: skip
+    )
     parser.add_argument("--trials", type=int, default=12, help="how many cells the run asks")
     parser.add_argument("--seed", type=int, default=0, help="the Bayesian suggester's seed")
     parser.add_argument("--start-wall-s", type=float, default=START_WALL_S)

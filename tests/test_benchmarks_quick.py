@@ -21,8 +21,12 @@ import tuner_replay as replay  # noqa: E402
 def _run(script: str, *args: str) -> str:
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), *args],
-        capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 
@@ -41,8 +45,11 @@ def test_tuner_replay_gives_every_landscape_its_strategies_and_a_verdict() -> No
         # A complete table is replayed with every strategy; an incomplete one says so.
         complete = "table incomplete" not in section
         if complete:  # then truly so: every cell of the benchmark's grid is in the table
-            grid = [(b * landscapes.BYTES_PER_BLOCK, n) for n in bench._ints(bench.SEQS)
-                    for b in bench._ints(bench.KV_BLOCKS)]  # fmt: skip
+            grid = [
+                (b * landscapes.BYTES_PER_BLOCK, n)
+                for n in bench._ints(bench.SEQS)
+                for b in bench._ints(bench.KV_BLOCKS)
+            ]
             assert not replay.missing_cells(replay.load_table(ls.table), grid)
         for strategy in ("bayesian", "random", "grid", "auto_tune"):
             assert (f"{strategy}: " in section) == complete, section

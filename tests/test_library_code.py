@@ -39,5 +39,7 @@ def test_the_check_sees_both_offences() -> None:
         "import kvpilot.agent.cli.main\nlogging.getLogger('x').setLevel(logging.ERROR)\n"
     )
     assert sorted(_offences(source)) == [
-        "calls setLevel", "imports kvpilot.agent.cli.main", "imports kvpilot.agent.cli.plan_cmd",
-    ]  # fmt: skip
+        "calls setLevel",
+        "imports kvpilot.agent.cli.main",
+        "imports kvpilot.agent.cli.plan_cmd",
+    ]

@@ -43,8 +43,11 @@ def fingerprint(
     else:
         flags = canonical_flags(fixed_flags)
     payload: dict[str, object] = {
-        "model": model, "flags": flags, "workload": workload_hash, "slo": dataclasses.asdict(slo)
-    }  # fmt: skip
+        "model": model,
+        "flags": flags,
+        "workload": workload_hash,
+        "slo": dataclasses.asdict(slo),
+    }
     if vllm_version is not None:
         payload["vllm_version"] = vllm_version
     return digest(payload)

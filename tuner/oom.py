@@ -142,29 +142,40 @@ def classify_log(text: str) -> OomVerdict | None:
         if match:
             available, _total, requested = (float(match.group(i)) for i in (1, 2, 3))
             return OomVerdict(
-                OomDirection.TOO_BIG, OomSource.LOG,
+                OomDirection.TOO_BIG,
+                OomSource.LOG,
                 "the KV cache asked for more memory than the node has available",
-                _clean(line), int(requested * GIB), int(available * GIB),
-            )  # fmt: skip
+                _clean(line),
+                int(requested * GIB),
+                int(available * GIB),
+            )
     for pattern in _TOO_SMALL:
         for line in lines:
             if pattern.search(line):
                 return OomVerdict(
-                    OomDirection.TOO_SMALL, OomSource.LOG,
-                    "the KV cache is too small for one request of max_model_len", _clean(line),
-                )  # fmt: skip
+                    OomDirection.TOO_SMALL,
+                    OomSource.LOG,
+                    "the KV cache is too small for one request of max_model_len",
+                    _clean(line),
+                )
     for line in lines:
         if _GPU_UTIL.search(line):
             return OomVerdict(
-                OomDirection.TOO_BIG, OomSource.LOG,
-                "other processes hold what --gpu-memory-utilization asks for", _clean(line),
-            )  # fmt: skip
+                OomDirection.TOO_BIG,
+                OomSource.LOG,
+                "other processes hold what --gpu-memory-utilization asks for",
+                _clean(line),
+            )
     for line in lines:
         if _CUDA.search(line):
             return OomVerdict(
-                OomDirection.TOO_BIG, OomSource.LOG, "CUDA ran out of memory", _clean(line),
-                _bytes(_CUDA_TRIED.search(line)), _bytes(_CUDA_FREE.search(line)),
-            )  # fmt: skip
+                OomDirection.TOO_BIG,
+                OomSource.LOG,
+                "CUDA ran out of memory",
+                _clean(line),
+                _bytes(_CUDA_TRIED.search(line)),
+                _bytes(_CUDA_FREE.search(line)),
+            )
     return None
 
 

@@ -302,10 +302,12 @@ def _infeasible_cells(
     for r in range(rows):
         yv = _typed(space, y_name, y.value_at((r + 0.5) / rows))
         refused = [
-            _refusal(space, {**base, x_name: _typed(space, x_name, x.value_at((c + 0.5) / cols)),
-                             y_name: yv})
+            _refusal(
+                space,
+                {**base, x_name: _typed(space, x_name, x.value_at((c + 0.5) / cols)), y_name: yv},
+            )
             for c in range(cols)
-        ]  # fmt: skip
+        ]
         c = 0
         while c < cols:
             first = refused[c]
@@ -356,8 +358,10 @@ def trial_comparison_svg(trial: Trial) -> str:
         top = 8 + i * row_h
         scale = max(abs(v) for v in (base or 0.0, canary or 0.0, *p95s) if v is not None) or 1.0
         out.append(f"<text x='4' y='{top + 17}' font-size='12'>{esc(name)}</text>")
-        sides = (("stable (baseline)", base, STABLE_COLOUR, p95s[0]), ("canary", canary, tint,
-                 p95s[1]))  # fmt: skip
+        sides = (
+            ("stable (baseline)", base, STABLE_COLOUR, p95s[0]),
+            ("canary", canary, tint, p95s[1]),
+        )
         for j, (label, value, fill, p95) in enumerate(sides):
             if value is not None:
                 out.append(

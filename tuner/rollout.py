@@ -352,9 +352,11 @@ class Rollout:
     async def _restore_stable(self, s: _Run, reason: str) -> None:
         if tuple(self._runtime.stable_argv()) != s.record.stable_argv:
             await self._runtime.set_stable(
-                s.record.stable_argv, reason=reason, restore=True,
+                s.record.stable_argv,
+                reason=reason,
+                restore=True,
                 ready_timeout_s=self._settings.ready_timeout_s,
-            )  # fmt: skip
+            )
 
     def _infeasible_start(self, s: _Run, exc: CandidateStartFailed) -> None:
         result = TrialResult.failed_to_start(exc.log_text)

@@ -136,15 +136,23 @@ class TuningSession:
 
     async def _trial(self, candidate: Candidate) -> RolloutOutcome:
         trial = new_trial(
-            self._new_id(), self._fingerprint, next_number(self._store, self._fingerprint),
-            candidate.as_dict(), at_wall_s=self._wall(),
-        )  # fmt: skip
+            self._new_id(),
+            self._fingerprint,
+            next_number(self._store, self._fingerprint),
+            candidate.as_dict(),
+            at_wall_s=self._wall(),
+        )
         self._store.add(trial)
         argv = candidate_argv(self._runtime.stable_argv(), self._space, candidate)
         rollout = Rollout(
-            self._runtime, self._observer, self._store, self._journal, self._settings,
-            wall_clock=self._wall, on_phase=self._report,
-        )  # fmt: skip
+            self._runtime,
+            self._observer,
+            self._store,
+            self._journal,
+            self._settings,
+            wall_clock=self._wall,
+            on_phase=self._report,
+        )
         outcome = await rollout.run(trial, argv, self._strategy)
         self._report(outcome.trial, outcome.record.phase)
         return outcome

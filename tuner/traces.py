@@ -120,15 +120,23 @@ async def replay(
     if isinstance(source, Workload):
         planned = plan_requests(source)
         return await run_planned(
-            base_url, planned, concurrency=source.concurrency,
-            request_timeout_s=source.request_timeout_s, model=model, api_key=api_key,
+            base_url,
+            planned,
+            concurrency=source.concurrency,
+            request_timeout_s=source.request_timeout_s,
+            model=model,
+            api_key=api_key,
             clock=send_clock,
-        )  # fmt: skip
+        )
     planned = plan_trace(source, seed=seed, speedup=speedup, max_model_len=max_model_len)
     return await run_planned(
-        base_url, planned, request_timeout_s=request_timeout_s, model=model, api_key=api_key,
+        base_url,
+        planned,
+        request_timeout_s=request_timeout_s,
+        model=model,
+        api_key=api_key,
         clock=send_clock,
-    )  # fmt: skip
+    )
 
 
 def workload_hash(source: Workload | Trace) -> str:

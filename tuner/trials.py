@@ -121,9 +121,14 @@ def new_trial(
 ) -> Trial:
     """A planned trial."""
     return Trial(
-        trial_id, fingerprint, number, tuple(values.items()), TrialState.PLANNED,
-        at_wall_s, at_wall_s,
-    )  # fmt: skip
+        trial_id,
+        fingerprint,
+        number,
+        tuple(values.items()),
+        TrialState.PLANNED,
+        at_wall_s,
+        at_wall_s,
+    )
 
 
 class TrialStore(Protocol):

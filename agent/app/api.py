@@ -156,8 +156,11 @@ def api_routes(
             given = request.headers.get("authorization", "")
             expected = f"Bearer {token.get_secret_value()}"
             if not hmac.compare_digest(given.encode(), expected.encode()):
-                log.warning("control API: refused %s %s (bad or missing token)",
-                            request.method, request.url.path)  # fmt: skip
+                log.warning(
+                    "control API: refused %s %s (bad or missing token)",
+                    request.method,
+                    request.url.path,
+                )
                 return error_response(401, "missing or wrong bearer token", close=True)
             try:
                 return await handler(request)
@@ -229,11 +232,18 @@ def api_routes(
         with sidecar.store.transaction():
             sidecar.store.save_silences(sidecar.tracker.silences())
             sidecar.store.record_audit(
-                wall_s=now, actor="api", action="silence", target=str(body.matchers),
-                decision="created", reason=body.comment or "silenced through the API",
-                details={"silence_id": made.silence_id, "until_wall_s": made.until_wall_s,
-                         "requested_by": body.requested_by},
-            )  # fmt: skip
+                wall_s=now,
+                actor="api",
+                action="silence",
+                target=str(body.matchers),
+                decision="created",
+                reason=body.comment or "silenced through the API",
+                details={
+                    "silence_id": made.silence_id,
+                    "until_wall_s": made.until_wall_s,
+                    "requested_by": body.requested_by,
+                },
+            )
         return JsonResponse({"silence": _plain(made)}, 201)
 
     async def trigger(request: Request) -> JsonResponse:
@@ -254,9 +264,11 @@ def api_routes(
         if body.instance is not None and body.instance not in known_instances():
             return unknown(body.instance)
         sidecar.remediator.veto(
-            requested_by=body.requested_by, reason=body.reason,
-            instance=body.instance, incident_id=body.incident_id,
-        )  # fmt: skip
+            requested_by=body.requested_by,
+            reason=body.reason,
+            instance=body.instance,
+            incident_id=body.incident_id,
+        )
         return JsonResponse({"vetoed": body.instance or body.incident_id}, 201)
 
     async def reset_breaker(request: Request) -> JsonResponse:

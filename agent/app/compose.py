@@ -146,12 +146,16 @@ async def _run(
             HttpPrefixCacheReset(api_key=api_key) if section.light_step_reset_prefix_cache else None
         )
         remediator = Remediator(
-            runtime, store, section, preflight=preflight, light_step=light_step,
+            runtime,
+            store,
+            section,
+            preflight=preflight,
+            light_step=light_step,
             runtime_drain_timeout_s=config.runtime.drain_timeout_s,
             better_config=better,  # the ladder's promote
             on_promoted=remember_promotion(config, store, config_sha256),
             oom=_oom_guard(config, runtime, late),
-        )  # fmt: skip
+        )
         api_at = config.api_listen()
         external_url = f"http://{api_at.host}:{api_at.port}"
         sidecar = Sidecar(
@@ -171,32 +175,49 @@ async def _run(
             for name in runtime.adopt_orphans():
                 log.warning("instance %s: adopted the server an earlier kvpilot left running", name)
                 store.record_audit(
-                    wall_s=sidecar.now_wall_s(), actor="agent", action="adopt", target=name,
-                    decision="adopted", reason="a server started by an earlier kvpilot "
+                    wall_s=sidecar.now_wall_s(),
+                    actor="agent",
+                    action="adopt",
+                    target=name,
+                    decision="adopted",
+                    reason="a server started by an earlier kvpilot "
                     "still runs with this instance's argv",
-                )  # fmt: skip
+                )
         tuning = None
         if config.tuning.schedule is not None and isinstance(runtime, LocalRuntime):
             try:
                 tuning = scheduled_tuning(
-                    config, config_sha256 or "", runtime, remediator, store, api_key=api_key,
+                    config,
+                    config_sha256 or "",
+                    runtime,
+                    remediator,
+                    store,
+                    api_key=api_key,
                     vllm_version=lambda: _version(sidecar, stable_name(runtime.instances())),
                     workload=workload_now,
-                )  # fmt: skip
+                )
             except StudyError as exc:  # collecting and alerting go on without it
                 log.error("scheduled tuning is off: %s", exc)
         elif config.tuning.schedule is not None and isinstance(runtime, KubernetesRuntime):
             tuning = pod_scheduled_tuning(
-                config, runtime, remediator, store, api_key=api_key,
+                config,
+                runtime,
+                remediator,
+                store,
+                api_key=api_key,
                 vllm_version=lambda: _version(sidecar, stable_name(runtime.instances())),
                 workload=workload_now,
-            )  # fmt: skip
+            )
         retune = retune_watch(
-            config.tuning.retune, store, instances=runtime.instances,
-            latest_vllm=sidecar.latest_vllm, better=better, schedule=tuning,
+            config.tuning.retune,
+            store,
+            instances=runtime.instances,
+            latest_vllm=sidecar.latest_vllm,
+            better=better,
+            schedule=tuning,
             restored=sidecar.tracker.alerts(),
-            workload_key=lambda: (chosen.key if (chosen := workload_now()) else None),
-        )  # fmt: skip
+            workload_key=lambda: chosen.key if (chosen := workload_now()) else None,
+        )
         if retune is not None:
             sidecar.event_sources.append(retune.take_events)
             if tuning is not None:
@@ -209,9 +230,11 @@ async def _run(
         reloader = None
         if reload_config is not None:
             reloader = Reloader(
-                reload_config, config, sidecar,
+                reload_config,
+                config,
+                sidecar,
                 lambda cfgs: build_notifiers(cfgs, client, external_url),
-            )  # fmt: skip
+            )
         own = sidecar_families(sidecar.counters, reloader)
 
         def extra(out: Any) -> None:
@@ -353,8 +376,11 @@ def _oom_guard(config: AgentConfig, runtime: Runtime, late: _Late) -> OomGuard |
         return None if gpus else read_mem_available_bytes()
 
     model_config = getattr(config.runtime, "served_model_config", None)
-    return OomGuard(section, runtime, planner_range(section, model_config=model_config,
-                                                    available_bytes=available))  # fmt: skip
+    return OomGuard(
+        section,
+        runtime,
+        planner_range(section, model_config=model_config, available_bytes=available),
+    )
 
 
 async def _start_local(

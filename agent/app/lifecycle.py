@@ -148,9 +148,14 @@ async def serve_and_tick(
 
     scheduler = AsyncIOScheduler(event_loop=loop)
     scheduler.add_job(
-        tick_job, "interval", seconds=settings.interval_s, max_instances=1, coalesce=True,
-        next_run_time=_now(), misfire_grace_time=None,
-    )  # fmt: skip
+        tick_job,
+        "interval",
+        seconds=settings.interval_s,
+        max_instances=1,
+        coalesce=True,
+        next_run_time=_now(),
+        misfire_grace_time=None,
+    )
     if add_jobs is not None:
         add_jobs(scheduler)
     serving = [
@@ -160,8 +165,9 @@ async def serve_and_tick(
     scheduler.start()
     log.info(
         "kvpilot agent listening on %s, ticking every %.1f s",
-        " and ".join(_address(bound) for _, bound in listeners), settings.interval_s,
-    )  # fmt: skip
+        " and ".join(_address(bound) for _, bound in listeners),
+        settings.interval_s,
+    )
     try:
         stopped = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait({stopped, *serving}, return_when=asyncio.FIRST_COMPLETED)

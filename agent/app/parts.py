@@ -90,9 +90,13 @@ def _process_target(runtime: ProcessRuntimeConfig | PodRuntimeConfig) -> Process
         kvpool_url = f"http://{f'[{host}]' if ':' in host else host}:{runtime.kvpool_port}"
     api_key = runtime.api_key.get_secret_value() if runtime.api_key else None
     return ProcessTarget(
-        name=runtime.name, port=runtime.port, host=runtime.host,
-        cmdline_regex=runtime.cmdline_regex, kvpool_url=kvpool_url, api_key=api_key,
-    )  # fmt: skip
+        name=runtime.name,
+        port=runtime.port,
+        host=runtime.host,
+        cmdline_regex=runtime.cmdline_regex,
+        kvpool_url=kvpool_url,
+        api_key=api_key,
+    )
 
 
 def build_pod_runtime(
@@ -107,12 +111,19 @@ def build_pod_runtime(
     RuntimeFailure when the namespace or the API server's configuration cannot be found."""
     k8s = runtime.kubernetes
     target = KubernetesTarget(
-        namespace=k8s.namespace or pod_namespace(environ), deployment=k8s.deployment,
-        container=k8s.container, sidecar_container=k8s.sidecar_container, port=runtime.port,
-        kvpool_port=runtime.kvpool_port, stable_url=runtime.url,
+        namespace=k8s.namespace or pod_namespace(environ),
+        deployment=k8s.deployment,
+        container=k8s.container,
+        sidecar_container=k8s.sidecar_container,
+        port=runtime.port,
+        kvpool_port=runtime.kvpool_port,
+        stable_url=runtime.url,
         api_key=runtime.api_key.get_secret_value() if runtime.api_key else None,
-        promote=k8s.promote, restart=k8s.restart, state_dir=config.state_dir, name=runtime.name,
-    )  # fmt: skip
+        promote=k8s.promote,
+        restart=k8s.restart,
+        state_dir=config.state_dir,
+        name=runtime.name,
+    )
     client = api_client if api_client is not None else make_api_client(k8s.api_url)
     built = PodRuntime(
         target,
@@ -141,20 +152,28 @@ def build_notifiers(
     for cfg in configs:
         if isinstance(cfg, WebhookNotifierConfig):
             notifiers[cfg.name] = WebhookNotifier(
-                cfg.name, cfg.url, client, external_url=external_url,
-                secret=cfg.hmac_secret, headers=dict(cfg.headers), timeout_s=cfg.timeout_s,
-            )  # fmt: skip
+                cfg.name,
+                cfg.url,
+                client,
+                external_url=external_url,
+                secret=cfg.hmac_secret,
+                headers=dict(cfg.headers),
+                timeout_s=cfg.timeout_s,
+            )
         elif isinstance(cfg, AlertmanagerNotifierConfig):
             auth = cfg.auth
             notifiers[cfg.name] = AlertmanagerNotifier(
-                cfg.name, cfg.url, client,
+                cfg.name,
+                cfg.url,
+                client,
                 # Each push is valid for a while; the repeat interval re-pushes before then.
                 resend_validity_s=4 * cfg.repeat_interval_s,
                 username=auth.username if auth else None,
                 password=auth.password if auth else None,
                 bearer_token=auth.bearer_token if auth else None,
-                headers=dict(cfg.headers), timeout_s=cfg.timeout_s,
-            )  # fmt: skip
+                headers=dict(cfg.headers),
+                timeout_s=cfg.timeout_s,
+            )
         elif isinstance(cfg, SlackNotifierConfig):
             notifiers[cfg.name] = SlackNotifier(cfg.name, cfg.url, client, timeout_s=cfg.timeout_s)
     return notifiers

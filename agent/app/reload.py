@@ -111,9 +111,13 @@ class Reloader:
     def _audit(self, decision: str, reason: str) -> None:
         try:
             self._sidecar.store.record_audit(
-                wall_s=self._sidecar.now_wall_s(), actor="agent", action="reload",
-                target="configuration", decision=decision, reason=reason,
-            )  # fmt: skip
+                wall_s=self._sidecar.now_wall_s(),
+                actor="agent",
+                action="reload",
+                target="configuration",
+                decision=decision,
+                reason=reason,
+            )
         except Exception:  # the reload itself stands; the audit trail says what it could
             log.exception("reload: recording the audit record failed")
 

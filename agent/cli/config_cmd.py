@@ -90,8 +90,10 @@ def summary(config: AgentConfig) -> list[str]:
     elif isinstance(runtime, PodRuntimeConfig):
         k8s = runtime.kubernetes
         where = f"{k8s.namespace or '(the pod namespace)'}/{k8s.deployment}"
-        lines.append(f"runtime: pod, {runtime.name} at {runtime.url}, Deployment {where}, "
-                     f"promote {k8s.promote}, restart by {k8s.restart}")  # fmt: skip
+        lines.append(
+            f"runtime: pod, {runtime.name} at {runtime.url}, Deployment {where}, "
+            f"promote {k8s.promote}, restart by {k8s.restart}"
+        )
     else:
         lines.append(f"runtime: process, {runtime.name} at {runtime.url}")
     lines.append(f"api key for vLLM: {'set' if runtime.api_key else 'none'}")
@@ -118,8 +120,11 @@ def _tuning_line(config: AgentConfig) -> str:
     if c.traffic == "replay":
         how = f"canaries on a synthetic replay ({t.strategy})"
     else:
-        split = (f"HTTPRoute {c.gateway.httproute} weight {c.weight_percent:g} %"
-                 if c.gateway is not None else "a share of the Service's endpoints")  # fmt: skip
+        split = (
+            f"HTTPRoute {c.gateway.httproute} weight {c.weight_percent:g} %"
+            if c.gateway is not None
+            else "a share of the Service's endpoints"
+        )
         how = (
             f"canaries on live traffic through {split}: warm-up {c.warmup_s:g} s, analysis "
             f"{c.analysis_s:g} s every {c.analysis_interval_s:g} s, bake {c.bake_s:g} s"

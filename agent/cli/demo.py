@@ -195,21 +195,34 @@ class Scenario:
         burst = asyncio.create_task(_loop_load(self.url, BURST, stop, repeat=True))
         peak = asyncio.create_task(self._peak_preemptions())
         try:
-            await _until("VllmPreemptionSpike pending", lambda: _spike_state(self.sidecar) in
-                         ("pending", "firing"), phase.deadline_s)  # fmt: skip
-            self._outcome(f"{SPIKE} pending (preemptions {before:.0f} -> "
-                          f"{_preemptions(self.sidecar) or 0:.0f})")  # fmt: skip
-            await _until(f"{SPIKE} firing", lambda: _spike_state(self.sidecar) == "firing" or
-                         self._remediations() > 0, phase.deadline_s)  # fmt: skip
+            await _until(
+                "VllmPreemptionSpike pending",
+                lambda: _spike_state(self.sidecar) in ("pending", "firing"),
+                phase.deadline_s,
+            )
+            self._outcome(
+                f"{SPIKE} pending (preemptions {before:.0f} -> "
+                f"{_preemptions(self.sidecar) or 0:.0f})"
+            )
+            await _until(
+                f"{SPIKE} firing",
+                lambda: _spike_state(self.sidecar) == "firing" or self._remediations() > 0,
+                phase.deadline_s,
+            )
             self._outcome(f"{SPIKE} firing (preemptions {_preemptions(self.sidecar) or 0:.0f})")
         finally:
             stop.set()
             await burst
             peak.cancel()
-        self._outcome(f"vllm:num_preemptions_total rose from {before:.0f} to {self._peak:.0f} "
-                      f"(the kvpool plugin counted {self._peak_kvpool:.0f})")  # fmt: skip
-        await _until("the signed webhook", lambda: any(
-            d.startswith(SPIKE) and "firing" in d for d in self.h.deliveries), 60)  # fmt: skip
+        self._outcome(
+            f"vllm:num_preemptions_total rose from {before:.0f} to {self._peak:.0f} "
+            f"(the kvpool plugin counted {self._peak_kvpool:.0f})"
+        )
+        await _until(
+            "the signed webhook",
+            lambda: any(d.startswith(SPIKE) and "firing" in d for d in self.h.deliveries),
+            60,
+        )
         self._outcome(f"webhook received: {self._delivery(SPIKE, 'firing')}")
         await _until("the restart", self._remediation_finished, phase.deadline_s)
         self._outcome(f"remediation: {self._last_remediation()}")
@@ -264,8 +277,14 @@ class Scenario:
                 if said.get(row.number) != row.state:
                     said[row.number] = row.state
                     verdict = f", {row.verdict}" if row.verdict else ""
-                    log.info("%s: trial %d (%s): %s%s", self.h.phase, row.number,
-                             row.candidate, row.state, verdict)  # fmt: skip
+                    log.info(
+                        "%s: trial %d (%s): %s%s",
+                        self.h.phase,
+                        row.number,
+                        row.candidate,
+                        row.state,
+                        verdict,
+                    )
             await asyncio.sleep(POLL_S)
 
     async def _burst_again(self, phase: Phase) -> None:
@@ -291,8 +310,10 @@ class Scenario:
         if not seen["firing"] and self._remediations() == restarts:
             self._outcome(f"no spike: preemptions {before:.0f} -> {after:.0f}")
         else:
-            self._outcome(f"spike came ({after - before:.0f} preemptions); "
-                          f"ladder: {self._ladder_since(since, restarts)}")  # fmt: skip
+            self._outcome(
+                f"spike came ({after - before:.0f} preemptions); "
+                f"ladder: {self._ladder_since(since, restarts)}"
+            )
 
     def _remediations(self) -> int:
         return len(self.sidecar.store.remediations(limit=100))
@@ -364,12 +385,17 @@ async def _run_demo(settings: DemoSettings) -> list[str]:
             server_port = free_port()
             config = validate_config(
                 demo_config(
-                    listen_port=settings.listen_port, server_port=server_port,
-                    kvpool_port=free_port(), canary_port=free_port(), state_dir=state_dir,
-                    webhook_url=receiver.url, webhook_secret=secret,
-                    cpus=(0, 1) if settings.pin_cpus else None, trials=settings.trials,
+                    listen_port=settings.listen_port,
+                    server_port=server_port,
+                    kvpool_port=free_port(),
+                    canary_port=free_port(),
+                    state_dir=state_dir,
+                    webhook_url=receiver.url,
+                    webhook_secret=secret,
+                    cpus=(0, 1) if settings.pin_cpus else None,
+                    trials=settings.trials,
                 )
-            )  # fmt: skip
+            )
             view = DemoView() if settings.live_view else None
             panel = view.panel if view is not None else LogPanel()
             if view is None and settings.capture is not None:
@@ -380,9 +406,13 @@ async def _run_demo(settings: DemoSettings) -> list[str]:
                 handles.sidecar = sidecar
                 if view is None and settings.capture is None:
                     return
-                handles.last = snapshot_of(sidecar, title=title, phase=handles.phase,
-                                           deliveries=tuple(handles.deliveries),
-                                           logs=panel.lines())  # fmt: skip
+                handles.last = snapshot_of(
+                    sidecar,
+                    title=title,
+                    phase=handles.phase,
+                    deliveries=tuple(handles.deliveries),
+                    logs=panel.lines(),
+                )
                 if view is not None:
                     view.show(handles.last)
 

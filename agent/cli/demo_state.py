@@ -23,10 +23,9 @@ def frag_state(
     """ok, pending or firing as the kv_blocks rule's alert says; unknown, with the reason,
     while the ratio cannot be computed (`why`: the plugin's; else the rule's)."""
     alert = next(
-        (a for a in alerts
-         if a.rule == FRAG_RULE and dict(a.labels).get("instance") == instance),
+        (a for a in alerts if a.rule == FRAG_RULE and dict(a.labels).get("instance") == instance),
         None,
-    )  # fmt: skip
+    )
     state = alert.state if alert is not None else None
     if ratio is None or (alert is not None and alert.active is None):
         reason = why or (alert.reason if alert is not None else None) or "no free-list figures"

@@ -135,8 +135,9 @@ def _actions(rows: tuple[ActionRow, ...]) -> RenderableType:
         return Text("no action yet", style="dim")
     table = Table(expand=True, box=None, header_style="bold")
     for column in ("time", "action", "target", "decision", "reason"):
-        table.add_column(column, no_wrap=True, overflow="ellipsis",
-                         ratio={"reason": 6, "time": 1}.get(column, 2))  # fmt: skip
+        table.add_column(
+            column, no_wrap=True, overflow="ellipsis", ratio={"reason": 6, "time": 1}.get(column, 2)
+        )
     for r in rows:
         table.add_row(_clock(r.wall_s), r.action, r.target, r.decision, r.reason)
     return table
@@ -231,9 +232,13 @@ class DemoView:
     def __init__(self, console: Console | None = None) -> None:
         self.panel = LogPanel()
         self._live = Live(
-            Text("starting..."), console=console, screen=True, auto_refresh=False,
-            redirect_stdout=False, redirect_stderr=False,
-        )  # fmt: skip
+            Text("starting..."),
+            console=console,
+            screen=True,
+            auto_refresh=False,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
         self._saved: list[logging.Handler] = []
 
     def __enter__(self) -> DemoView:

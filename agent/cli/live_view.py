@@ -20,9 +20,11 @@ class LiveView:
         # The alternate screen: each frame replaces the last, and a line logged meanwhile is
         # drawn over, never left in the scrollback between copies of the table.
         self._live = Live(
-            Text("waiting for the first tick..."), console=console, auto_refresh=False,
+            Text("waiting for the first tick..."),
+            console=console,
+            auto_refresh=False,
             screen=True,
-        )  # fmt: skip
+        )
 
     def __enter__(self) -> LiveView:
         self._live.__enter__()

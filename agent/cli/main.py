@@ -330,9 +330,13 @@ def demo(
 
     configure_logging(json_logs=False, level=logging.INFO)
     settings = DemoSettings(
-        duration_s=duration, listen_port=listen_port, live_view=not no_view,
-        log_file=log_file, capture=capture, trials=trials,
-    )  # fmt: skip
+        duration_s=duration,
+        listen_port=listen_port,
+        live_view=not no_view,
+        log_file=log_file,
+        capture=capture,
+        trials=trials,
+    )
     try:
         asyncio.run(run_demo(settings))
     except ListenError as exc:

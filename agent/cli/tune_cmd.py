@@ -55,7 +55,7 @@ from kvpilot.agent.tuning.study import (
     make_session,
     read_gpu,
     with_version,
-)  # fmt: skip
+)
 from kvpilot.agent.tuning.workload_record import remember_workload
 from kvpilot.collectors.secrets import mask_argv, mask_text
 from kvpilot.tuner.render import format_rate, summary_line, trials_table
@@ -125,18 +125,26 @@ def tune(
     exit_missing_extras(cfg, tuning=True)
     base = cfg.tuning
     overrides = {
-        "trials": trials, "strategy": strategy.value if strategy else None,
-        "canary_port": canary_port, "kv_max_bytes": kv_max_bytes, "max_num_seqs": max_seqs,
-        "seed": seed, "bake": bake,
+        "trials": trials,
+        "strategy": strategy.value if strategy else None,
+        "canary_port": canary_port,
+        "kv_max_bytes": kv_max_bytes,
+        "max_num_seqs": max_seqs,
+        "seed": seed,
+        "bake": bake,
         "canary_cpus": _cpu_list(canary_cpus) if canary_cpus is not None else None,
-        "workload": base.workload.model_copy(update=_given(
-            requests=requests, concurrency=concurrency, prompt_len=prompt_len,
-            output_len=output_len,
-        )),
-        "slo": base.slo.model_copy(update=_given(
-            ttft_p95_s=ttft_p95_s, inter_token_p95_s=itl_p95_s
-        )),
-    }  # fmt: skip
+        "workload": base.workload.model_copy(
+            update=_given(
+                requests=requests,
+                concurrency=concurrency,
+                prompt_len=prompt_len,
+                output_len=output_len,
+            )
+        ),
+        "slo": base.slo.model_copy(
+            update=_given(ttft_p95_s=ttft_p95_s, inter_token_p95_s=itl_p95_s)
+        ),
+    }
     pod = _pod_runtime_or_exit(cfg)
     try:
         tuning = TuningConfig.model_validate({**base.model_dump(), **_given(**overrides)})
@@ -168,10 +176,13 @@ def tune(
             if pod is None and last is not None and last.ground.vllm_version is not None:
                 study = with_version(cfg, study, last.ground.vllm_version)
             told, planned = dry_run(
-                study.space, BayesianSuggester(study.space, seed=tuning.seed),
-                SqliteTrialStore(db), study.fingerprint, tuning.trials,
+                study.space,
+                BayesianSuggester(study.space, seed=tuning.seed),
+                SqliteTrialStore(db),
+                study.fingerprint,
+                tuning.trials,
                 initial_points=len(study.space.knobs) + 2,
-            )  # fmt: skip
+            )
             console.print(f"study {study.fingerprint}: {told} past trials told")
             for knob in study.space.knobs:
                 span = knob.choices or (knob.low, knob.high)
@@ -279,9 +290,12 @@ async def _run(
             with contextlib.suppress(RuntimeFailure):
                 await adapter.aclose()
             end = await end_stable(
-                runtime, name, found_running=found_running, keep=keep,
+                runtime,
+                name,
+                found_running=found_running,
+                keep=keep,
                 drain_timeout_s=cfg.runtime.drain_timeout_s,
-            )  # fmt: skip
+            )
             StateStore(db).delete_fact(STABLE_FACT)  # ended: what runs now is not this run's
             _print_end(console, end, config_path)
     if signals.received is not None:
@@ -306,8 +320,7 @@ class _Signals:
                 self.received = sig
                 task.cancel()
             else:
-                print(f"kvpilot tune: {sig.name}: stopping the servers it started",
-                      file=sys.stderr)  # fmt: skip
+                print(f"kvpilot tune: {sig.name}: stopping the servers it started", file=sys.stderr)
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
@@ -336,8 +349,10 @@ async def _run_pod(tuner: PodTuner, study: Study, console: Console) -> None:
     async with tuner.lease():
         done = await tuner.recover(study)
         for resumed in done.resumed:
-            console.print(f"resumed trial {resumed.trial_id} (handed over in "
-                          f"{resumed.was.value}): {resumed.now.value}")  # fmt: skip
+            console.print(
+                f"resumed trial {resumed.trial_id} (handed over in "
+                f"{resumed.was.value}): {resumed.now.value}"
+            )
         for recovered in done.recovered:
             console.print(f"recovered trial {recovered.trial_id} (was {recovered.phase.value})")
         summary = await _run_with_progress(

@@ -40,10 +40,12 @@ def report_context(cfg: AgentConfig, db: Database, config_sha256: str | None) ->
     replayed = last_workload(store)
     w = cfg.tuning.workload
     return ReportContext(
-        study.space, stable_values(study.space, live.argv),
+        study.space,
+        stable_values(study.space, live.argv),
         workload=replayed.shape if replayed else None,
-        workload_note=_replayed_note(replayed), configured_lengths=(w.prompt_len, w.output_len),
-    )  # fmt: skip
+        workload_note=_replayed_note(replayed),
+        configured_lengths=(w.prompt_len, w.output_len),
+    )
 
 
 def _replayed_note(replayed: ReplayedWorkload | None) -> str | None:

@@ -86,9 +86,13 @@ def _fmt(value: float | None, digits: int = 0) -> str:
 
 
 _NAMES = (
-    "requests", "arrivals", "prompt tokens p50 / p90", "output tokens p50 / p90",
-    "prefix cache hits", "coarse key",
-)  # fmt: skip
+    "requests",
+    "arrivals",
+    "prompt tokens p50 / p90",
+    "output tokens p50 / p90",
+    "prefix cache hits",
+    "coarse key",
+)
 
 
 def shape_rows(shape: WorkloadShape) -> list[tuple[str, str]]:

@@ -24,9 +24,14 @@ class AuditTrail:
         self._wall_clock = wall_clock
 
     def about(
-        self, trigger: Trigger, remediation_id: int | None, action: str,
-        decision: Decision | str, reason: str, details: dict[str, Any] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        trigger: Trigger,
+        remediation_id: int | None,
+        action: str,
+        decision: Decision | str,
+        reason: str,
+        details: dict[str, Any] | None = None,
+    ) -> None:
         """A row about one trigger's remediation: its rule, alert and requester in details."""
         extra: dict[str, Any] = {"rule": trigger.rule, **(details or {})}
         if trigger.fingerprint is not None:
@@ -36,21 +41,40 @@ class AuditTrail:
         if trigger.force:
             extra["force"] = True
         self.record(
-            trigger.actor, action, trigger.instance, decision, reason,
-            incident_id=trigger.incident_id, remediation_id=remediation_id, details=extra,
-        )  # fmt: skip
+            trigger.actor,
+            action,
+            trigger.instance,
+            decision,
+            reason,
+            incident_id=trigger.incident_id,
+            remediation_id=remediation_id,
+            details=extra,
+        )
 
     def record(
-        self, actor: Actor, action: str, target: str, decision: Decision | str, reason: str, *,
-        incident_id: str | None = None, remediation_id: int | None = None,
+        self,
+        actor: Actor,
+        action: str,
+        target: str,
+        decision: Decision | str,
+        reason: str,
+        *,
+        incident_id: str | None = None,
+        remediation_id: int | None = None,
         details: dict[str, Any] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Any row: the breaker's, a veto's, reconcile's."""
         self._journal.record_audit(
-            wall_s=self._wall_clock(), actor=actor, action=action, target=target,
-            decision=decision, reason=reason, incident_id=incident_id,
-            remediation_id=remediation_id, details=details,
-        )  # fmt: skip
+            wall_s=self._wall_clock(),
+            actor=actor,
+            action=action,
+            target=target,
+            decision=decision,
+            reason=reason,
+            incident_id=incident_id,
+            remediation_id=remediation_id,
+            details=details,
+        )
         log.info(
             "remediation %s %s on %s: %s",
             action,

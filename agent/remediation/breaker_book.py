@@ -83,9 +83,13 @@ class BreakerBook:
         change = self.breaker.reset(instance, reason)
         self.save(instance, now_s)
         self._audit.record(
-            "api", "circuit_breaker", instance, "reset" if change else "reset (was closed)",
-            reason, details={"requested_by": requested_by},
-        )  # fmt: skip
+            "api",
+            "circuit_breaker",
+            instance,
+            "reset" if change else "reset (was closed)",
+            reason,
+            details={"requested_by": requested_by},
+        )
         if change is not None:
             self._changed(change)
         return change is not None
@@ -109,9 +113,13 @@ class BreakerBook:
             return
         reason = f"the alert fired again {elapsed:.0f} s after the restart"
         self._audit.record(
-            "agent", "circuit_breaker", recurrence.instance, "failure counted", reason,
+            "agent",
+            "circuit_breaker",
+            recurrence.instance,
+            "failure counted",
+            reason,
             remediation_id=recurrence.remediation_id,
-        )  # fmt: skip
+        )
         self.failure(recurrence.instance, now_s, reason)
 
     def expire(self, now_s: float) -> None:
@@ -127,20 +135,33 @@ class BreakerBook:
         wall_s = self._wall_clock()
         if change.to_state == "open":
             page = circuit_open_event(
-                change.instance, self._role_of(change.instance), change.failures,
-                change.reason, incident_id=self._new_id(), wall_s=wall_s,
-            )  # fmt: skip
+                change.instance,
+                self._role_of(change.instance),
+                change.failures,
+                change.reason,
+                incident_id=self._new_id(),
+                wall_s=wall_s,
+            )
             self._notices.open_page(change.instance, page)
             self._audit.record(
-                "agent", "circuit_breaker", change.instance, "opened: paged", change.reason,
-                incident_id=page.incident_id, details={"failures": change.failures},
-            )  # fmt: skip
+                "agent",
+                "circuit_breaker",
+                change.instance,
+                "opened: paged",
+                change.reason,
+                incident_id=page.incident_id,
+                details={"failures": change.failures},
+            )
         else:
             closed = self._notices.close_page(change.instance, wall_s)
             self._audit.record(
-                "agent", "circuit_breaker", change.instance, "closed", change.reason,
+                "agent",
+                "circuit_breaker",
+                change.instance,
+                "closed",
+                change.reason,
                 incident_id=None if closed is None else closed.incident_id,
-            )  # fmt: skip
+            )
         self.save(change.instance, self._clock())
 
     def save(self, instance: str, now_s: float) -> None:

@@ -136,9 +136,12 @@ class Executor:
         )
         if watched.verdict != "cleared":
             self._audit.about(
-                trigger, rid, "reset_prefix_cache", "escalate", f"still {watched.verdict}: "
-                f"{watched.reason}; going on to the restart",
-            )  # fmt: skip
+                trigger,
+                rid,
+                "reset_prefix_cache",
+                "escalate",
+                f"still {watched.verdict}: {watched.reason}; going on to the restart",
+            )
             return None
         return self._progress.end(run, Decision.SUCCEEDED, "the light step cleared the condition")
 
@@ -173,15 +176,19 @@ class Executor:
             self._on_promoted(trigger.instance, plan.argv, plan.reason)  # these flags run now
         new_pid = new.main_pid
         self._progress.step(
-            run, "verifying", f"new PID {new_pid}, healthy, probe answered; watching the condition",
+            run,
+            "verifying",
+            f"new PID {new_pid}, healthy, probe answered; watching the condition",
             new_pid=new_pid,
-        )  # fmt: skip
+        )
         restarted_at_s = self._clock()
         if trigger.fingerprint is None:
             return self._progress.end(
-                run, Decision.SUCCEEDED, "restarted: healthy and a probe answered",
+                run,
+                Decision.SUCCEEDED,
+                "restarted: healthy and a probe answered",
                 new_pid=new_pid,
-            )  # fmt: skip
+            )
         window_s = self._windows.after_restart_s
         watched = await self._watch.wait(trigger.fingerprint, restarted_at_s + window_s)
         if watched.verdict != "cleared":
@@ -194,10 +201,11 @@ class Executor:
             trigger.fingerprint, trigger.instance, restarted_at_s, run.remediation_id
         )
         return self._progress.end(
-            run, Decision.SUCCEEDED,
+            run,
+            Decision.SUCCEEDED,
             f"condition cleared {watched.at_s - restarted_at_s:.0f} s after the restart",
             new_pid=new_pid,
-        )  # fmt: skip
+        )
 
     def _failed(self, run: Run, reason: str, *, new_pid: int | None = None) -> Outcome:
         """A restart that did not help: failed, escalated to the circuit breaker."""

@@ -80,11 +80,13 @@ def plan_for(
             change = describe_change(current_argv, argv)
             if not can_change_flags:
                 return Plan(
-                    rule, action, ("recommend_config",),
+                    rule,
+                    action,
+                    ("recommend_config",),
                     f"the tuner holds a validated better configuration ({change}); this "
                     "runtime cannot change the server's flags: restart it with them",
                     tuple(argv),
-                )  # fmt: skip
+                )
             return Plan(
                 rule,
                 action,

@@ -165,9 +165,13 @@ class OomGuard:
     def _raise(self, trigger: Trigger, instance: Instance, answer: OomAnswer) -> None:
         verdict, plan = answer.verdict, answer.plan
         labels = labels_of(
-            {"alertname": SERVER_OOM_ALERT, "instance": trigger.instance,
-             "role": instance.role, "severity": "critical"}
-        )  # fmt: skip
+            {
+                "alertname": SERVER_OOM_ALERT,
+                "instance": trigger.instance,
+                "role": instance.role,
+                "severity": "critical",
+            }
+        )
         if "promote" in plan.steps:
             what = "kvpilot restarts it with the memory knob stepped"
         elif plan.steps:

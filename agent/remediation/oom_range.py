@@ -35,9 +35,12 @@ def planner_range(
             return utilization_range()
         try:
             found = find_model_config(
-                parse_server_argv(argv).model, configured=model_config,
-                revision=flag_value(argv, "--revision"), environ=os.environ, home=Path.home(),
-            )  # fmt: skip
+                parse_server_argv(argv).model,
+                configured=model_config,
+                revision=flag_value(argv, "--revision"),
+                environ=os.environ,
+                home=Path.home(),
+            )
             return kv_bytes_range(
                 found,
                 block_size=int(flag_value(argv, "--block-size") or 16),

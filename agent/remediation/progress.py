@@ -91,10 +91,14 @@ class InProgress:
         """A remediation decided before it started: one finished record and its audit."""
         action = plan.journal_action if plan else "remediate"
         rid = self._journal.start_remediation(
-            instance=trigger.instance, action=action, state=FINAL_STATE[decision],
-            reason=reason, started_wall_s=self._wall_clock(), incident_id=trigger.incident_id,
+            instance=trigger.instance,
+            action=action,
+            state=FINAL_STATE[decision],
+            reason=reason,
+            started_wall_s=self._wall_clock(),
+            incident_id=trigger.incident_id,
             fingerprint=trigger.fingerprint,
-        )  # fmt: skip
+        )
         self._audit.about(trigger, rid, action, decision, reason)
         steps = plan.steps if plan else ()
         return Outcome(trigger.instance, trigger.incident_id, decision, reason, rid, steps)
@@ -103,10 +107,15 @@ class InProgress:
         """The record of a remediation about to run, planned; active from now on."""
         action = plan.journal_action
         rid = self._journal.start_remediation(
-            instance=trigger.instance, action=action, state="planned", reason=plan.reason,
-            started_wall_s=self._wall_clock(), incident_id=trigger.incident_id,
-            fingerprint=trigger.fingerprint, old_pid=instance.main_pid,
-        )  # fmt: skip
+            instance=trigger.instance,
+            action=action,
+            state="planned",
+            reason=plan.reason,
+            started_wall_s=self._wall_clock(),
+            incident_id=trigger.incident_id,
+            fingerprint=trigger.fingerprint,
+            old_pid=instance.main_pid,
+        )
         self._active[rid] = ActiveRemediation(
             rid, trigger.instance, trigger.incident_id, action, "planned", self._wall_clock()
         )
@@ -130,22 +139,36 @@ class InProgress:
         self._audit.about(run.trigger, rid, state, state, reason)
 
     def end(
-        self, run: Run, decision: Decision, reason: str, *, new_pid: int | None = None,
+        self,
+        run: Run,
+        decision: Decision,
+        reason: str,
+        *,
+        new_pid: int | None = None,
         audited_as: Decision | None = None,
-    ) -> Outcome:  # fmt: skip
+    ) -> Outcome:
         """Finish the record; `audited_as` when the audit says more than the outcome."""
         rid, trigger, plan = run.remediation_id, run.trigger, run.plan
         self._journal.update_remediation(
-            rid, state=FINAL_STATE[decision], reason=reason, now_wall_s=self._wall_clock(),
+            rid,
+            state=FINAL_STATE[decision],
+            reason=reason,
+            now_wall_s=self._wall_clock(),
             new_pid=new_pid,
-        )  # fmt: skip
+        )
         self._audit.about(trigger, rid, plan.journal_action, audited_as or decision, reason)
         self._active.pop(rid, None)
         old_pid = self._old_pids.pop(rid, None)
         return Outcome(
-            trigger.instance, trigger.incident_id, decision, reason, rid, plan.steps,
-            old_pid, new_pid,
-        )  # fmt: skip
+            trigger.instance,
+            trigger.incident_id,
+            decision,
+            reason,
+            rid,
+            plan.steps,
+            old_pid,
+            new_pid,
+        )
 
     # -- running -----------------------------------------------------------------------
 

@@ -50,10 +50,15 @@ def fail_unfinished(
             reason = f"{NOT_RESTARTED}kvpilot stopped while {record.state}"
         journal.update_remediation(record.id, state="failed", reason=reason, now_wall_s=now_wall_s)
         audit.record(
-            "agent", record.action, record.instance, Decision.INTERRUPTED, reason,
-            incident_id=record.incident_id, remediation_id=record.id,
+            "agent",
+            record.action,
+            record.instance,
+            Decision.INTERRUPTED,
+            reason,
+            incident_id=record.incident_id,
+            remediation_id=record.id,
             details={"previous_state": record.state},
-        )  # fmt: skip
+        )
         out.append(
             Reconciled(record.id, record.instance, record.incident_id, record.state, began, reason)
         )

@@ -91,25 +91,45 @@ class Remediator:
         self._audit = AuditTrail(journal, wall_clock)
         self._notices = Notices()
         self._book = BreakerBook(
-            self.breaker, hold_s=config.circuit_breaker.hold_s, journal=journal,
-            audit=self._audit, notices=self._notices, role_of=self._role_of, clock=clock,
-            wall_clock=wall_clock, new_id=new_id,
-        )  # fmt: skip
+            self.breaker,
+            hold_s=config.circuit_breaker.hold_s,
+            journal=journal,
+            audit=self._audit,
+            notices=self._notices,
+            role_of=self._role_of,
+            clock=clock,
+            wall_clock=wall_clock,
+            new_id=new_id,
+        )
         self._vetoes = Vetoes(journal, self._audit, wall_clock)
         self._progress = InProgress(journal, self._audit, wall_clock)
         checks = Checks(
-            cooldown=self.cooldown, budget=self.budget, breaker=self.breaker,
-            vetoes=self._vetoes, preflight_config=config.preflight, preflight=preflight,
-            progress=self._progress, audit=self._audit,
-        )  # fmt: skip
+            cooldown=self.cooldown,
+            budget=self.budget,
+            breaker=self.breaker,
+            vetoes=self._vetoes,
+            preflight_config=config.preflight,
+            preflight=preflight,
+            progress=self._progress,
+            audit=self._audit,
+        )
         self._executor = Executor(
-            config=config, runtime=runtime, checks=checks, progress=self._progress,
-            audit=self._audit, book=self._book, cooldown=self.cooldown, budget=self.budget,
-            watch=self._watch, windows=windows, light_step=light_step, clock=clock,
+            config=config,
+            runtime=runtime,
+            checks=checks,
+            progress=self._progress,
+            audit=self._audit,
+            book=self._book,
+            cooldown=self.cooldown,
+            budget=self.budget,
+            watch=self._watch,
+            windows=windows,
+            light_step=light_step,
+            clock=clock,
             # 0 in the section: the runtime's own SIGTERM drain window before it kills.
             drain_timeout_s=config.drain_timeout_s or runtime_drain_timeout_s,
             on_promoted=on_promoted,
-        )  # fmt: skip
+        )
         if light_step is not None and config.light_step_reset_prefix_cache:
             log.warning(
                 "remediation: the prefix-cache reset step uses vLLM's dev endpoints "
@@ -130,9 +150,13 @@ class Remediator:
     def status(self) -> RemediationStatus:
         names = {i.name for i in self._runtime.instances()} | self._notices.paged_instances()
         return remediation_status(
-            dry_run=self.config.dry_run, active=self._progress.active(), breaker=self.breaker,
-            instances=names, vetoes=self._vetoes, now_s=self._clock(),
-        )  # fmt: skip
+            dry_run=self.config.dry_run,
+            active=self._progress.active(),
+            breaker=self.breaker,
+            instances=names,
+            vetoes=self._vetoes,
+            now_s=self._clock(),
+        )
 
     def take_events(self) -> list[AlertEvent]:
         """Pages and advice produced since the last call, for the agent to enqueue."""
@@ -258,11 +282,15 @@ class Remediator:
             answer = self.oom.plan(trigger, found)
             plan = answer.plan if answer is not None else None
         verdict = triage(
-            trigger, plan, found,
-            light_step_enabled=self._light_enabled, better_config=self._better_config,
+            trigger,
+            plan,
+            found,
+            light_step_enabled=self._light_enabled,
+            better_config=self._better_config,
             can_change_flags=self._runtime.can_change_flags,
-            incident_restarted=self._incident_restarted, veto=self._vetoes.against,
-        )  # fmt: skip
+            incident_restarted=self._incident_restarted,
+            veto=self._vetoes.against,
+        )
         match verdict:
             case Declined(decision, reason, declined_plan):
                 return self._progress.decided(trigger, decision, reason, declined_plan)
@@ -287,15 +315,23 @@ class Remediator:
         step = plan.steps[0]
         self._audit.about(trigger, None, step, Decision.RECOMMENDED, plan.reason)
         event = tuning_recommended_event(
-            trigger.instance, trigger.rule, plan.reason, trigger.labels,
-            incident_id=trigger.incident_id or self._new_id(), wall_s=wall_s,
+            trigger.instance,
+            trigger.rule,
+            plan.reason,
+            trigger.labels,
+            incident_id=trigger.incident_id or self._new_id(),
+            wall_s=wall_s,
             flags=plan.argv if step == "recommend_config" else None,
-        )  # fmt: skip
+        )
         self._notices.advise(event, trigger.fingerprint)
         return Outcome(
-            trigger.instance, trigger.incident_id, Decision.RECOMMENDED, plan.reason, None,
+            trigger.instance,
+            trigger.incident_id,
+            Decision.RECOMMENDED,
+            plan.reason,
+            None,
             plan.steps,
-        )  # fmt: skip
+        )
 
     def _incident_restarted(self, incident_id: str) -> bool:
         return any(restart_began(r) for r in self._journal.remediations(incident_id=incident_id))

@@ -47,9 +47,14 @@ class Vetoes:
             self.incidents.add(incident_id)
         self._save()
         self._audit.record(
-            "api", "veto", instance or "*", "vetoed", reason, incident_id=incident_id,
+            "api",
+            "veto",
+            instance or "*",
+            "vetoed",
+            reason,
+            incident_id=incident_id,
             details={"requested_by": requested_by},
-        )  # fmt: skip
+        )
 
     def lift(
         self,
@@ -70,9 +75,14 @@ class Vetoes:
         if found:
             self._save()
             self._audit.record(
-                "api", "veto", instance or "*", "veto lifted", reason, incident_id=incident_id,
+                "api",
+                "veto",
+                instance or "*",
+                "veto lifted",
+                reason,
+                incident_id=incident_id,
                 details={"requested_by": requested_by},
-            )  # fmt: skip
+            )
         return found
 
     def restore(self) -> None:

@@ -43,10 +43,14 @@ class HandoverConfigMap:
     def _body(self, data: dict[str, str], version: str | None = None) -> Any:
         client = client_module()
         meta = client.V1ObjectMeta(
-            name=self.name, namespace=self.namespace, resource_version=version,
-            labels={"app.kubernetes.io/managed-by": "kvpilot",
-                    "kvpilot.dev/deployment": self.deployment},
-        )  # fmt: skip
+            name=self.name,
+            namespace=self.namespace,
+            resource_version=version,
+            labels={
+                "app.kubernetes.io/managed-by": "kvpilot",
+                "kvpilot.dev/deployment": self.deployment,
+            },
+        )
         return client.V1ConfigMap(api_version="v1", kind="ConfigMap", metadata=meta, data=data)
 
     def put(self, rollout: dict[str, Any], trial: dict[str, Any] | None) -> None:
@@ -57,20 +61,38 @@ class HandoverConfigMap:
         current = self._read()
         if current is None:
             try:
-                call(self._core.create_namespaced_config_map, self.namespace, self._body(data),
-                     verb="create", resource=RESOURCE, what=self._what())  # fmt: skip
+                call(
+                    self._core.create_namespaced_config_map,
+                    self.namespace,
+                    self._body(data),
+                    verb="create",
+                    resource=RESOURCE,
+                    what=self._what(),
+                )
                 return
             except Conflict:
                 current = self._read()  # created meanwhile: replace it below
         version = None if current is None else current.metadata.resource_version
-        call(self._core.replace_namespaced_config_map, self.name, self.namespace,
-             self._body(data, version), verb="update", resource=RESOURCE,
-             what=self._what())  # fmt: skip
+        call(
+            self._core.replace_namespaced_config_map,
+            self.name,
+            self.namespace,
+            self._body(data, version),
+            verb="update",
+            resource=RESOURCE,
+            what=self._what(),
+        )
 
     def _read(self) -> Any | None:
         try:
-            return call(self._core.read_namespaced_config_map, self.name, self.namespace,
-                        verb="get", resource=RESOURCE, what=self._what())  # fmt: skip
+            return call(
+                self._core.read_namespaced_config_map,
+                self.name,
+                self.namespace,
+                verb="get",
+                resource=RESOURCE,
+                what=self._what(),
+            )
         except NotFound:
             return None
 
@@ -92,5 +114,11 @@ class HandoverConfigMap:
 
     def delete(self) -> None:
         with contextlib.suppress(NotFound):  # already gone
-            call(self._core.delete_namespaced_config_map, self.name, self.namespace,
-                 verb="delete", resource=RESOURCE, what=self._what())  # fmt: skip
+            call(
+                self._core.delete_namespaced_config_map,
+                self.name,
+                self.namespace,
+                verb="delete",
+                resource=RESOURCE,
+                what=self._what(),
+            )

@@ -96,8 +96,14 @@ class DeploymentLease:
 
     def _read(self) -> Any | None:
         try:
-            return call(self._api.read_namespaced_lease, self.name, self.namespace,
-                        verb="get", resource=RESOURCE, what=self._what())  # fmt: skip
+            return call(
+                self._api.read_namespaced_lease,
+                self.name,
+                self.namespace,
+                verb="get",
+                resource=RESOURCE,
+                what=self._what(),
+            )
         except NotFound:
             return None
 
@@ -148,8 +154,14 @@ class DeploymentLease:
                 spec=self._spec(acquired_s=now_s, now_s=now_s, transitions=0),
             )
             try:
-                created = call(self._api.create_namespaced_lease, self.namespace, body,
-                               verb="create", resource=RESOURCE, what=self._what())  # fmt: skip
+                created = call(
+                    self._api.create_namespaced_lease,
+                    self.namespace,
+                    body,
+                    verb="create",
+                    resource=RESOURCE,
+                    what=self._what(),
+                )
             except Conflict:
                 return self._after_race()
             return self._record(created)
@@ -186,8 +198,15 @@ class DeploymentLease:
         )
 
     def _replace(self, lease: Any, *, verb: str) -> LeaseRecord:
-        replaced = call(self._api.replace_namespaced_lease, self.name, self.namespace, lease,
-                        verb=verb, resource=RESOURCE, what=self._what())  # fmt: skip
+        replaced = call(
+            self._api.replace_namespaced_lease,
+            self.name,
+            self.namespace,
+            lease,
+            verb=verb,
+            resource=RESOURCE,
+            what=self._what(),
+        )
         return self._record(replaced)
 
     def renew(self) -> LeaseRecord:
@@ -224,8 +243,15 @@ class DeploymentLease:
             renew_time=micro_time(self._wall_clock()),
         )
         try:
-            call(self._api.replace_namespaced_lease, self.name, self.namespace, current,
-                 verb="update", resource=RESOURCE, what=self._what())  # fmt: skip
+            call(
+                self._api.replace_namespaced_lease,
+                self.name,
+                self.namespace,
+                current,
+                verb="update",
+                resource=RESOURCE,
+                what=self._what(),
+            )
         except Conflict:
             return False
         return True

@@ -283,9 +283,16 @@ def container_failure(pod: Mapping[str, Any], container: str) -> tuple[str, str 
 
 
 _FATAL_WAITING = frozenset(
-    {"CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError",
-     "CreateContainerError", "InvalidImageName", "RunContainerError"}
-)  # fmt: skip
+    {
+        "CrashLoopBackOff",
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "InvalidImageName",
+        "RunContainerError",
+    }
+)
 
 
 def _drop_unmounted_volumes(pod_spec: Obj) -> None:

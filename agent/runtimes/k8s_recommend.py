@@ -66,8 +66,10 @@ def write_patch(
         path = folder / f"{meta['name']}-{_stamp(wall_s)}.json"
         path.write_text(text + "\n")
     where = str(path) if path else "PATCH.json"
-    kubectl = (f"kubectl -n {target.namespace} patch deployment {meta['name']} "
-               f"--type strategic --patch-file {where}")  # fmt: skip
+    kubectl = (
+        f"kubectl -n {target.namespace} patch deployment {meta['name']} "
+        f"--type strategic --patch-file {where}"
+    )
     return Recommendation(meta["name"], target.namespace, text, path, why, kubectl, wall_s=wall_s)
 
 
@@ -118,8 +120,14 @@ def announce(core: Any, body: dict[str, Any]) -> str:
     """Create the Event; what became of it, in words (a refusal names what is missing)."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     try:
-        call(core.create_namespaced_event, namespace, body, verb="create", resource=EVENTS,
-             what=f"Event {namespace}/{name}")  # fmt: skip
+        call(
+            core.create_namespaced_event,
+            namespace,
+            body,
+            verb="create",
+            resource=EVENTS,
+            what=f"Event {namespace}/{name}",
+        )
     except KubernetesApiError as exc:
         log.warning("recommend-only: the patch is written, the Event is not: %s", exc)
         return f"no Event: {exc}"

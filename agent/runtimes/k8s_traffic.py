@@ -81,18 +81,28 @@ class _Api:
 
     async def service(self, name: str) -> dict[str, Any] | None:
         try:
-            found = await self.run(self.core.read_namespaced_service, name, self.namespace,
-                                   verb="get", resource=SERVICES,
-                                   what=f"Service {self.namespace}/{name}")  # fmt: skip
+            found = await self.run(
+                self.core.read_namespaced_service,
+                name,
+                self.namespace,
+                verb="get",
+                resource=SERVICES,
+                what=f"Service {self.namespace}/{name}",
+            )
         except NotFound:
             return None
         return self.json(found)
 
     async def pods(self, selector: Mapping[str, str]) -> list[dict[str, Any]]:
         text = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
-        found = await self.run(self.core.list_namespaced_pod, self.namespace,
-                               label_selector=text, verb="list", resource=PODS,
-                               what=f"pods {text!r} in {self.namespace}")  # fmt: skip
+        found = await self.run(
+            self.core.list_namespaced_pod,
+            self.namespace,
+            label_selector=text,
+            verb="list",
+            resource=PODS,
+            what=f"pods {text!r} in {self.namespace}",
+        )
         return [self.json(pod) for pod in found.items]
 
 
@@ -159,10 +169,15 @@ class ServiceShare:
     async def _label(self, pod: dict[str, Any], labels: Mapping[str, str | None]) -> None:
         name = pod["metadata"]["name"]
         await self._api.run(
-            self._api.core.patch_namespaced_pod, name, self._api.namespace,
-            {"metadata": {"labels": dict(labels)}}, _content_type=MERGE_PATCH,
-            verb="patch", resource=PODS, what=f"pod {self._api.namespace}/{name}",
-        )  # fmt: skip
+            self._api.core.patch_namespaced_pod,
+            name,
+            self._api.namespace,
+            {"metadata": {"labels": dict(labels)}},
+            _content_type=MERGE_PATCH,
+            verb="patch",
+            resource=PODS,
+            what=f"pod {self._api.namespace}/{name}",
+        )
 
     async def send_share(self, canary_percent: float) -> Shares:
         """Label the canary's pods so the Service selects them (built so, they already are)."""
@@ -221,21 +236,29 @@ def _weights(canary_percent: float) -> tuple[int, int]:
 
 
 def _is_service(ref: Mapping[str, Any], name: str) -> bool:
-    return (ref.get("name") == name and ref.get("group", "") == ""
-            and ref.get("kind", "Service") == "Service")  # fmt: skip
+    return (
+        ref.get("name") == name
+        and ref.get("group", "") == ""
+        and ref.get("kind", "Service") == "Service"
+    )
 
 
 def _split_rules(route: Mapping[str, Any], stable: str) -> list[int]:
     rules = (route.get("spec") or {}).get("rules") or ()
-    return [i for i, rule in enumerate(rules)
-            if any(_is_service(ref, stable) for ref in rule.get("backendRefs") or ())]  # fmt: skip
+    return [
+        i
+        for i, rule in enumerate(rules)
+        if any(_is_service(ref, stable) for ref in rule.get("backendRefs") or ())
+    ]
 
 
 def _set(path: str, ref: Mapping[str, Any], weight: int) -> list[dict[str, Any]]:
     """JSON-patch ops that set a backendRef's weight, after testing it is the one meant."""
     op = "replace" if "weight" in ref else "add"
-    return [{"op": "test", "path": f"{path}/name", "value": ref["name"]},
-            {"op": op, "path": f"{path}/weight", "value": weight}]  # fmt: skip
+    return [
+        {"op": "test", "path": f"{path}/name", "value": ref["name"]},
+        {"op": op, "path": f"{path}/weight", "value": weight},
+    ]
 
 
 class GatewayWeights:
@@ -250,9 +273,14 @@ class GatewayWeights:
     """
 
     API_CALLS: ClassVar[frozenset[tuple[str, str]]] = frozenset(
-        {("get", SERVICES), ("create", SERVICES), ("delete", SERVICES),
-         ("get", HTTPROUTES), ("patch", HTTPROUTES)}
-    )  # fmt: skip
+        {
+            ("get", SERVICES),
+            ("create", SERVICES),
+            ("delete", SERVICES),
+            ("get", HTTPROUTES),
+            ("patch", HTTPROUTES),
+        }
+    )
 
     def __init__(
         self,
@@ -275,10 +303,16 @@ class GatewayWeights:
     async def _read_route(self) -> dict[str, Any]:
         what = f"HTTPRoute {self._api.namespace}/{self.route}"
         return await self._api.run(
-            self._api.custom.get_namespaced_custom_object, GATEWAY_GROUP, GATEWAY_VERSION,
-            self._api.namespace, HTTPROUTES_PLURAL, self.route,
-            verb="get", resource=HTTPROUTES, what=what,
-        )  # fmt: skip
+            self._api.custom.get_namespaced_custom_object,
+            GATEWAY_GROUP,
+            GATEWAY_VERSION,
+            self._api.namespace,
+            HTTPROUTES_PLURAL,
+            self.route,
+            verb="get",
+            resource=HTTPROUTES,
+            what=what,
+        )
 
     async def _version(self) -> str | None:
         return (await self._read_route())["metadata"].get("resourceVersion")
@@ -297,11 +331,18 @@ class GatewayWeights:
             guard = {"op": "test", "path": "/metadata/resourceVersion", "value": version}
             try:
                 return await self._api.run(
-                    self._api.custom.patch_namespaced_custom_object, GATEWAY_GROUP,
-                    GATEWAY_VERSION, self._api.namespace, HTTPROUTES_PLURAL, self.route,
-                    [guard, *ops], _content_type=JSON_PATCH,
-                    verb="patch", resource=HTTPROUTES, what=what,
-                )  # fmt: skip
+                    self._api.custom.patch_namespaced_custom_object,
+                    GATEWAY_GROUP,
+                    GATEWAY_VERSION,
+                    self._api.namespace,
+                    HTTPROUTES_PLURAL,
+                    self.route,
+                    [guard, *ops],
+                    _content_type=JSON_PATCH,
+                    verb="patch",
+                    resource=HTTPROUTES,
+                    what=what,
+                )
             except KubernetesApiError as exc:
                 if attempt + 1 == PATCH_ATTEMPTS or exc.status not in (409, 422):
                     raise
@@ -316,16 +357,30 @@ class GatewayWeights:
         if stable is None:
             raise RuntimeFailure(f"Service {self._api.namespace}/{self.stable_service} not found")
         if await self._api.service(self.canary_service) is None:
-            ports = [{k: v for k, v in p.items() if k != "nodePort"}
-                     for p in stable["spec"].get("ports") or ()]  # fmt: skip
-            body = {"apiVersion": "v1", "kind": "Service", "metadata": {
-                "name": self.canary_service, "namespace": self._api.namespace,
-                "labels": {ROLE_LABEL: "canary"},
-                "annotations": {CANARY_OF_ANNOTATION: self.stable_service}},
-                "spec": {"selector": self.canary_selector, "ports": ports}}  # fmt: skip
+            ports = [
+                {k: v for k, v in p.items() if k != "nodePort"}
+                for p in stable["spec"].get("ports") or ()
+            ]
+            body = {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {
+                    "name": self.canary_service,
+                    "namespace": self._api.namespace,
+                    "labels": {ROLE_LABEL: "canary"},
+                    "annotations": {CANARY_OF_ANNOTATION: self.stable_service},
+                },
+                "spec": {"selector": self.canary_selector, "ports": ports},
+            }
             what = f"Service {self._api.namespace}/{self.canary_service}"
-            await self._api.run(self._api.core.create_namespaced_service, self._api.namespace,
-                                body, verb="create", resource=SERVICES, what=what)  # fmt: skip
+            await self._api.run(
+                self._api.core.create_namespaced_service,
+                self._api.namespace,
+                body,
+                verb="create",
+                resource=SERVICES,
+                what=what,
+            )
         return int(stable["spec"]["ports"][0]["port"])
 
     # -- the split -------------------------------------------------------------------------
@@ -364,8 +419,9 @@ class GatewayWeights:
         ops: list[dict[str, Any]] = []
         for r in _split_rules(route, self.stable_service):
             refs = route["spec"]["rules"][r]["backendRefs"]
-            canary = sum(int(ref.get("weight", 1)) for ref in refs
-                         if _is_service(ref, self.canary_service))  # fmt: skip
+            canary = sum(
+                int(ref.get("weight", 1)) for ref in refs if _is_service(ref, self.canary_service)
+            )
             for j, ref in enumerate(refs):
                 path = f"/spec/rules/{r}/backendRefs/{j}"
                 if _is_service(ref, self.canary_service) and ref.get("weight", 1) != 0:
@@ -381,8 +437,10 @@ class GatewayWeights:
             for j in reversed(range(len(refs))):  # from the end: indices stay true
                 if _is_service(refs[j], self.canary_service):
                     path = f"/spec/rules/{r}/backendRefs/{j}"
-                    ops += [{"op": "test", "path": f"{path}/name", "value": self.canary_service},
-                            {"op": "remove", "path": path}]  # fmt: skip
+                    ops += [
+                        {"op": "test", "path": f"{path}/name", "value": self.canary_service},
+                        {"op": "remove", "path": path},
+                    ]
         return ops
 
     async def pull_back(self) -> Shares:
@@ -391,10 +449,13 @@ class GatewayWeights:
         try:
             await self._patch_route(self._remove_ops)
             await self._api.run(
-                self._api.core.delete_namespaced_service, self.canary_service,
-                self._api.namespace, verb="delete", resource=SERVICES,
+                self._api.core.delete_namespaced_service,
+                self.canary_service,
+                self._api.namespace,
+                verb="delete",
+                resource=SERVICES,
                 what=f"Service {self._api.namespace}/{self.canary_service}",
-            )  # fmt: skip
+            )
         except NotFound:
             pass
         except RuntimeFailure as exc:  # the traffic is back; what is left is weight 0
@@ -413,8 +474,13 @@ class GatewayWeights:
         refs = route["spec"]["rules"][rules[0]]["backendRefs"]
         weight = {"stable": 0, "canary": 0, "other": 0}
         for ref in refs:
-            side = ("stable" if _is_service(ref, self.stable_service) else
-                    "canary" if _is_service(ref, self.canary_service) else "other")  # fmt: skip
+            side = (
+                "stable"
+                if _is_service(ref, self.stable_service)
+                else "canary"
+                if _is_service(ref, self.canary_service)
+                else "other"
+            )
             weight[side] += int(ref.get("weight", 1))
         total = sum(weight.values())
         how = f"HTTPRoute {self.route}: weights {weight['stable']}/{weight['canary']}"

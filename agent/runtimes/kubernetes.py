@@ -102,8 +102,14 @@ class KubernetesRuntime:
     def _get(self, name: str) -> dict[str, Any] | None:
         what = f"Deployment {self.target.namespace}/{name}"
         try:
-            found = call(self._apps.read_namespaced_deployment, name, self.target.namespace,
-                         verb="get", resource=DEPLOYMENTS, what=what)  # fmt: skip
+            found = call(
+                self._apps.read_namespaced_deployment,
+                name,
+                self.target.namespace,
+                verb="get",
+                resource=DEPLOYMENTS,
+                what=what,
+            )
         except NotFound:
             return None
         return self._json(found)
@@ -118,17 +124,27 @@ class KubernetesRuntime:
 
     def _pods(self, deployment: dict[str, Any]) -> list[dict[str, Any]]:
         selector = objects.selector_string(deployment)
-        found = call(self._core.list_namespaced_pod, self.target.namespace,
-                     label_selector=selector, verb="list", resource=PODS,
-                     what=f"pods {selector!r} in {self.target.namespace}")  # fmt: skip
+        found = call(
+            self._core.list_namespaced_pod,
+            self.target.namespace,
+            label_selector=selector,
+            verb="list",
+            resource=PODS,
+            what=f"pods {selector!r} in {self.target.namespace}",
+        )
         return [self._json(pod) for pod in found.items]
 
     def _patch(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
         patched = call(
-            self._apps.patch_namespaced_deployment, name, self.target.namespace, body,
-            _content_type="application/strategic-merge-patch+json", verb="patch",
-            resource=DEPLOYMENTS, what=f"Deployment {self.target.namespace}/{name}",
-        )  # fmt: skip
+            self._apps.patch_namespaced_deployment,
+            name,
+            self.target.namespace,
+            body,
+            _content_type="application/strategic-merge-patch+json",
+            verb="patch",
+            resource=DEPLOYMENTS,
+            what=f"Deployment {self.target.namespace}/{name}",
+        )
         return self._json(patched)
 
     async def _io(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -195,8 +211,9 @@ class KubernetesRuntime:
         role = self._role_of(name)
         if role == "stable" and self._process is not None:
             local = self._process.status(next(iter(self._process.instances())).name)
-            return InstanceStatus(name, local.state, local.main_pid, local.since_wall_s,
-                                  local.exit_code, local.reason)  # fmt: skip
+            return InstanceStatus(
+                name, local.state, local.main_pid, local.since_wall_s, local.exit_code, local.reason
+            )
         deployment = self._get(self.target.deployment if role == "stable" else name)
         if deployment is None:
             return InstanceStatus(name, "missing", None, None, reason="no Deployment")
@@ -239,9 +256,14 @@ class KubernetesRuntime:
         what = f"Deployment {self.target.namespace}/{self.target.canary_name}"
         try:
             await asyncio.to_thread(
-                call, self._apps.create_namespaced_deployment, self.target.namespace, body,
-                verb="create", resource=DEPLOYMENTS, what=what,
-            )  # fmt: skip
+                call,
+                self._apps.create_namespaced_deployment,
+                self.target.namespace,
+                body,
+                verb="create",
+                resource=DEPLOYMENTS,
+                what=what,
+            )
         except Conflict as exc:
             raise RuntimeFailure(f"the canary already exists; stop it first ({exc})") from exc
         self._canary_argv = tuple(argv)
@@ -259,14 +281,16 @@ class KubernetesRuntime:
             for pod in pods:
                 failure = objects.container_failure(pod, self.target.container)
                 if failure is not None:
-                    raise NotReady(f"{role} pod {pod['metadata']['name']}: {failure[0]}",
-                                   failure[1])  # fmt: skip
+                    raise NotReady(
+                        f"{role} pod {pod['metadata']['name']}: {failure[0]}", failure[1]
+                    )
             if self._ready_pod(pods) is not None:
                 break
             last = f"{len(pods)} pods, none ready"
             if self._clock() >= deadline:
-                raise NotReady(f"{role} Deployment {name!r} not ready within "
-                               f"{timeout_s:.0f} s ({last})")  # fmt: skip
+                raise NotReady(
+                    f"{role} Deployment {name!r} not ready within {timeout_s:.0f} s ({last})"
+                )
             await asyncio.sleep(self._poll_s)
         instance = await self._io(self._instance, role, deployment)
         await self._probe(
@@ -288,9 +312,15 @@ class KubernetesRuntime:
         options = client.V1DeleteOptions(propagation_policy="Foreground")
         try:
             await asyncio.to_thread(
-                call, self._apps.delete_namespaced_deployment, name, self.target.namespace,
-                body=options, verb="delete", resource=DEPLOYMENTS, what=what,
-            )  # fmt: skip
+                call,
+                self._apps.delete_namespaced_deployment,
+                name,
+                self.target.namespace,
+                body=options,
+                verb="delete",
+                resource=DEPLOYMENTS,
+                what=what,
+            )
         except NotFound:
             return StopResult(name, False, False, None, (), self._clock() - started)
         deadline = started + drain_timeout_s + POD_GONE_MARGIN_S
@@ -322,9 +352,14 @@ class KubernetesRuntime:
 
     def _recommend(self, stable: dict[str, Any], patch: dict[str, Any], why: str) -> Recommendation:
         done = recommend.recommend(
-            self._core, self.target, stable, patch, why,
-            wall_s=self._wall_clock(), identity=self.lease.identity,
-        )  # fmt: skip
+            self._core,
+            self.target,
+            stable,
+            patch,
+            why,
+            wall_s=self._wall_clock(),
+            identity=self.lease.identity,
+        )
         self._recommendations.append(done)
         return done
 
@@ -361,13 +396,16 @@ class KubernetesRuntime:
             stable = await self._io(self._stable)
             state = objects.rollout_state(stable)
             if state.failed:
-                raise RuntimeFailure(f"rollout of {self.target.deployment!r} failed: "
-                                     f"{state.reason}")  # fmt: skip
+                raise RuntimeFailure(
+                    f"rollout of {self.target.deployment!r} failed: {state.reason}"
+                )
             if state.complete:
                 break
             if self._clock() - started >= timeout_s:
-                raise NotReady(f"rollout of {self.target.deployment!r} not complete within "
-                               f"{timeout_s:.0f} s ({state.reason})")  # fmt: skip
+                raise NotReady(
+                    f"rollout of {self.target.deployment!r} not complete within "
+                    f"{timeout_s:.0f} s ({state.reason})"
+                )
             await asyncio.sleep(self._poll_s)
         instance = await self._io(self._instance, "stable", stable)
         await self._probe(

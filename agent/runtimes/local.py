@@ -186,16 +186,22 @@ class LocalRuntime:
         if slot.process is None and slot.adopted is not None:
             if is_alive(slot.adopted):
                 return InstanceStatus(
-                    name, "running", slot.adopted.pid, slot.started_at_wall_s,
+                    name,
+                    "running",
+                    slot.adopted.pid,
+                    slot.started_at_wall_s,
                     reason="adopted from an earlier kvpilot",
-                )  # fmt: skip
+                )
             if slot.exited_at_wall_s is None:
                 slot.exited_at_wall_s = self._wall_clock()
             # Not our child: its exit code cannot be read.
             return InstanceStatus(
-                name, "exited", None, slot.exited_at_wall_s,
+                name,
+                "exited",
+                None,
+                slot.exited_at_wall_s,
                 reason="the adopted server exited",
-            )  # fmt: skip
+            )
         if slot.process is None:
             return InstanceStatus(name, "missing", None, None, reason="not started")
         code = self._poll(slot)

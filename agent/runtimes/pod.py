@@ -72,8 +72,11 @@ class PodRuntime(KubernetesRuntime):
                 raise
             self.api_failures_total += 1
             if self._failing is None:
-                log.warning("the API server failed (%s): the stable instance is read from "
-                            "the pod's processes until it answers", exc)  # fmt: skip
+                log.warning(
+                    "the API server failed (%s): the stable instance is read from "
+                    "the pod's processes until it answers",
+                    exc,
+                )
             self._failing = str(exc)
             local = self._local_stable()
             if local is None:
@@ -91,9 +94,10 @@ class PodRuntime(KubernetesRuntime):
             return view
         return tuple(
             dataclasses.replace(i, pids=local.pids, main_pid=local.main_pid)
-            if i.role == "stable" else i
+            if i.role == "stable"
+            else i
             for i in view
-        )  # fmt: skip
+        )
 
     # Any change this runtime makes drops the reused view, so the next tick reads it anew.
 
@@ -121,8 +125,9 @@ class PodRuntime(KubernetesRuntime):
     ) -> Instance:
         self._view = None
         try:
-            return await super().restart(name, drain_timeout_s=drain_timeout_s,
-                                         ready_timeout_s=ready_timeout_s, argv=argv)  # fmt: skip
+            return await super().restart(
+                name, drain_timeout_s=drain_timeout_s, ready_timeout_s=ready_timeout_s, argv=argv
+            )
         finally:
             self._view = None
 

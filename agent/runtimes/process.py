@@ -191,8 +191,9 @@ class ProcessRuntime:
         if main is None:
             host = target.host or "127.0.0.1"
             url = _http_url(host, target.port) if target.port is not None else ""
-            return Instance(target.name, target.role, url, target.kvpool_url, frozenset(),
-                            None, None, None)  # fmt: skip
+            return Instance(
+                target.name, target.role, url, target.kvpool_url, frozenset(), None, None, None
+            )
         return Instance(
             name=target.name,
             role=target.role,
@@ -287,8 +288,9 @@ class ProcessRuntime:
             what=f"vLLM instance {name!r} (PID {main.pid})",
             clock=self._clock,
         )
-        return StopResult(name, outcome.was_running, outcome.drained, None,
-                          outcome.killed_pids, outcome.elapsed_s)  # fmt: skip
+        return StopResult(
+            name, outcome.was_running, outcome.drained, None, outcome.killed_pids, outcome.elapsed_s
+        )
 
     async def stop(self, name: str, *, drain_timeout_s: float) -> StopResult:
         """Drain and stop the server's processes; its supervisor may well start it again."""

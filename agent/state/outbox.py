@@ -118,9 +118,13 @@ class SqliteOutbox:
                 "UPDATE outbox SET attempts = attempts + 1, last_error = ?, "  # noqa: S608 (? only)
                 "next_attempt_wall_s = ?, state = ? "
                 f"WHERE state = 'pending' AND id IN ({_placeholders(item_ids)})",
-                (mask_text(error), next_attempt_wall_s, "given_up" if give_up else "pending",
-                 *item_ids),
-            )  # fmt: skip
+                (
+                    mask_text(error),
+                    next_attempt_wall_s,
+                    "given_up" if give_up else "pending",
+                    *item_ids,
+                ),
+            )
 
     def make_pending_due(self, now_wall_s: float) -> int:
         with self._db.transaction() as conn:

@@ -29,9 +29,16 @@ class SqliteTrialStore:
                 conn.execute(
                     "INSERT INTO trials (trial_id, fingerprint, number, state, created_wall_s,"
                     " updated_wall_s, trial_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (trial.trial_id, trial.fingerprint, trial.number, trial.state.value,
-                     trial.created_wall_s, trial.updated_wall_s, _json(trial_to_dict(trial))),
-                )  # fmt: skip
+                    (
+                        trial.trial_id,
+                        trial.fingerprint,
+                        trial.number,
+                        trial.state.value,
+                        trial.created_wall_s,
+                        trial.updated_wall_s,
+                        _json(trial_to_dict(trial)),
+                    ),
+                )
         except sqlite3.IntegrityError:
             raise ValueError(f"trial {trial.trial_id} exists") from None
 
@@ -40,9 +47,13 @@ class SqliteTrialStore:
             cursor = conn.execute(
                 "UPDATE trials SET state = ?, updated_wall_s = ?, trial_json = ?"
                 " WHERE trial_id = ?",
-                (trial.state.value, trial.updated_wall_s, _json(trial_to_dict(trial)),
-                 trial.trial_id),
-            )  # fmt: skip
+                (
+                    trial.state.value,
+                    trial.updated_wall_s,
+                    _json(trial_to_dict(trial)),
+                    trial.trial_id,
+                ),
+            )
             if cursor.rowcount == 0:
                 raise KeyError(trial.trial_id)
 
@@ -83,9 +94,14 @@ class SqliteRolloutJournal:
                 " ON CONFLICT (trial_id) DO UPDATE SET phase = excluded.phase,"
                 " final = excluded.final, updated_wall_s = excluded.updated_wall_s,"
                 " record_json = excluded.record_json",
-                (record.trial_id, record.phase.value, int(record.phase.final),
-                 record.updated_wall_s, _json(record_to_dict(record))),
-            )  # fmt: skip
+                (
+                    record.trial_id,
+                    record.phase.value,
+                    int(record.phase.final),
+                    record.updated_wall_s,
+                    _json(record_to_dict(record)),
+                ),
+            )
 
     def get(self, trial_id: str) -> RolloutRecord | None:
         rows = self._db.read("SELECT record_json FROM rollouts WHERE trial_id = ?", (trial_id,))

@@ -50,8 +50,11 @@ class WriteFailures:
         outage.failures += 1
         log.error(
             "state database: cannot write %s (%s: %s); it is kept and retried every tick",
-            what, reason, exc, extra={"reason": reason, "failures": outage.failures},
-        )  # fmt: skip
+            what,
+            reason,
+            exc,
+            extra={"reason": reason, "failures": outage.failures},
+        )
         return reason
 
     def succeeded(self, now_s: float) -> None:
@@ -60,8 +63,9 @@ class WriteFailures:
         if outage is not None:
             log.warning(
                 "state database: writes succeed again after %d failed over %.0f s",
-                outage.failures, now_s - outage.started_s,
-            )  # fmt: skip
+                outage.failures,
+                now_s - outage.started_s,
+            )
 
     @property
     def failing(self) -> bool:

@@ -32,6 +32,8 @@ class TickOverruns:
             log.warning(
                 "a tick took %.2f s, longer than the %.2f s interval (%d such ticks since "
                 "the last word on it; the next tick waits, none piles up)",
-                took_s, self.interval_s, self._unsaid,
-            )  # fmt: skip
+                took_s,
+                self.interval_s,
+                self._unsaid,
+            )
             self._last_said_s, self._unsaid = now_s, 0

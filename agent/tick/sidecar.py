@@ -175,8 +175,11 @@ class Sidecar:
         per_server = await asyncio.gather(*(self._server(i, nvml) for i in instances))
         conditions = [c for server in per_server for c in server]
         now_s, now_wall_s = self._clock(), self._wall_clock()
-        events = [*self._unsaved_events, *self.remediator.take_events(),
-                  *(e for source in self.event_sources for e in source())]  # fmt: skip
+        events = [
+            *self._unsaved_events,
+            *self.remediator.take_events(),
+            *(e for source in self.event_sources for e in source()),
+        ]
         before = self.tracker.checkpoint()
         transitions = self.tracker.update(
             [*conditions, *self._pages.conditions(events)], now_s, now_wall_s
@@ -446,5 +449,8 @@ def _log_transition(transition: AlertTransition) -> None:
     ids = {"incident_id": transition.incident_id, "fingerprint": transition.fingerprint}
     log.info(
         "alert %s %s on %s",
-        labels.get("alertname"), transition.to_state, labels.get("instance"), extra=ids,
-    )  # fmt: skip
+        labels.get("alertname"),
+        transition.to_state,
+        labels.get("instance"),
+        extra=ids,
+    )

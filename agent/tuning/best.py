@@ -110,8 +110,9 @@ class BestConfig:
         if isinstance(found, str):
             self.last_reason = found
             self.misses_total += 1
-            log.info("instance %s: no validated better configuration to promote: %s",
-                     instance, found)  # fmt: skip
+            log.info(
+                "instance %s: no validated better configuration to promote: %s", instance, found
+            )
             return None
         self.last_reason = None
         return found

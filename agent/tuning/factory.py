@@ -36,12 +36,18 @@ def local_adapter(
     inst = stable_instance(config)
     tuning = tuning or config.tuning
     return LocalTunerAdapter(
-        runtime, stable_name=inst.name, canary_port=tuning.canary_port,
-        log_dir=config.state_dir / "logs", db=db, configured_argv=tuple(inst.argv),
-        config_sha256=config_sha256, canary_env=tuple(inst.env.items()),
-        canary_cpus=tuning.canary_cpus, remediation_in_progress=remediation_in_progress,
+        runtime,
+        stable_name=inst.name,
+        canary_port=tuning.canary_port,
+        log_dir=config.state_dir / "logs",
+        db=db,
+        configured_argv=tuple(inst.argv),
+        config_sha256=config_sha256,
+        canary_env=tuple(inst.env.items()),
+        canary_cpus=tuning.canary_cpus,
+        remediation_in_progress=remediation_in_progress,
         restart_stable=restart_stable,
-    )  # fmt: skip
+    )
 
 
 def stable_runtime(

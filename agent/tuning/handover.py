@@ -41,8 +41,12 @@ class HandoverJournal:
 
     def save(self, record: RolloutRecord) -> None:
         if record.trial_id == self._frozen:
-            log.info("trial %s handed over in %s: %s not saved", record.trial_id,
-                     self._last.phase.value if self._last else "?", record.phase.value)  # fmt: skip
+            log.info(
+                "trial %s handed over in %s: %s not saved",
+                record.trial_id,
+                self._last.phase.value if self._last else "?",
+                record.phase.value,
+            )
             return
         self._inner.save(record)
         self._last = record
@@ -133,8 +137,9 @@ async def resume_handed_over(
     for record in journal.open_records():
         live = runtime.stable_argv()
         if record.phase in HANDED_OVER and _same(live, record.candidate_argv):
-            done.append(await _bake(record, journal, store, runtime, observer, settings,
-                                    wall_clock))  # fmt: skip
+            done.append(
+                await _bake(record, journal, store, runtime, observer, settings, wall_clock)
+            )
         elif record.phase is Phase.REVERTING and _same(live, record.stable_argv):
             reason = record.reason or "reverted"
             journal.save(record.at(Phase.REVERTED, at_wall_s=wall_clock(), reason=reason))

@@ -98,9 +98,11 @@ class KubernetesTunerAdapter:
         argv = self._with_secrets(argv)
         try:
             await self._runtime.restart(
-                self._runtime.target.stable_name, drain_timeout_s=self._drain_s,
-                ready_timeout_s=ready_timeout_s, argv=argv,
-            )  # fmt: skip
+                self._runtime.target.stable_name,
+                drain_timeout_s=self._drain_s,
+                ready_timeout_s=ready_timeout_s,
+                argv=argv,
+            )
         except PromotionNotApplied as exc:
             raise RestartRefused(str(exc)) from exc
         except NotReady as exc:
@@ -120,10 +122,13 @@ def traffic_split(
     if canary.traffic == "replay":
         return None
     stable = call(
-        client_module().AppsV1Api(api_client).read_namespaced_deployment, target.deployment,
-        target.namespace, verb="get", resource="deployments.apps",
+        client_module().AppsV1Api(api_client).read_namespaced_deployment,
+        target.deployment,
+        target.namespace,
+        verb="get",
+        resource="deployments.apps",
         what=f"Deployment {target.namespace}/{target.deployment}",
-    )  # fmt: skip
+    )
     selector = canary_selector(api_client.sanitize_for_serialization(stable), target)
     if canary.traffic == "service":
         service = canary.service or target.deployment
@@ -133,16 +138,21 @@ def traffic_split(
     gateway = canary.gateway
     assert gateway is not None  # the configuration requires it for traffic: gateway
     return GatewayWeights(
-        api_client, namespace=target.namespace, route=gateway.httproute,
-        stable_service=gateway.stable_service, canary_service=gateway.canary_service,
+        api_client,
+        namespace=target.namespace,
+        route=gateway.httproute,
+        stable_service=gateway.stable_service,
+        canary_service=gateway.canary_service,
         canary_selector=selector,
-    )  # fmt: skip
+    )
 
 
 def canary_selector(stable: Mapping[str, Any], target: KubernetesTarget) -> dict[str, str]:
     """The canary Deployment's pod selector, exactly as `build_canary` makes it."""
     probe = objects.build_canary(
-        stable, container=target.container, command=objects.ContainerCommand(None, ("--",)),
+        stable,
+        container=target.container,
+        command=objects.ContainerCommand(None, ("--",)),
         sidecar_container=target.sidecar_container,
-    )  # fmt: skip
+    )
     return dict(probe["spec"]["selector"]["matchLabels"])

@@ -176,9 +176,11 @@ class LiveTrafficObserver:
             return self._error(f"{url} answered HTTP {got.status_code}")
         try:
             reading = read_pod(
-                got.text, taken_at_s=taken, wall_time_s=wall,
+                got.text,
+                taken_at_s=taken,
+                wall_time_s=wall,
                 sample_limit=self._limits.sample_limit,
-            )  # fmt: skip
+            )
         except MetricsParseError as exc:
             return self._error(f"{url} does not parse: {exc}")
         if reading is None:

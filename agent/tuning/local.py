@@ -111,8 +111,9 @@ class LocalTunerAdapter:
         for source in sources:
             with contextlib.suppress(SecretLost):
                 return restore_secrets(argv, source)
-        raise RuntimeFailure("a stored argv's masked secret is in neither the running argv "
-                             "nor the configured one")  # fmt: skip
+        raise RuntimeFailure(
+            "a stored argv's masked secret is in neither the running argv nor the configured one"
+        )
 
     async def start_canary(self, argv: Sequence[str], *, ready_timeout_s: float) -> str:
         argv = self._with_secrets(argv)
@@ -123,9 +124,12 @@ class LocalTunerAdapter:
         self._store.set_fact(CANARY_FACT, fact, self._wall())
         # The stable's environment (offline mode, thread binding), never its plugin port.
         spec = LocalInstanceSpec(
-            CANARY_NAME, set_flag(argv, "--port", self._canary_port), "canary",
-            (*self._canary_env, (CANARY_ID_ENV, canary_id)), cpus=self._canary_cpus,
-        )  # fmt: skip
+            CANARY_NAME,
+            set_flag(argv, "--port", self._canary_port),
+            "canary",
+            (*self._canary_env, (CANARY_ID_ENV, canary_id)),
+            cpus=self._canary_cpus,
+        )
         self._canary = LocalRuntime([spec], self._log_dir)
         try:
             await self._canary.start(CANARY_NAME, ready_timeout_s=ready_timeout_s)
@@ -142,9 +146,10 @@ class LocalTunerAdapter:
         await self._stop_left_canary()
         for other in find_vllm_mains(list_processes(), port=self._canary_port):
             log.warning(
-                "a vLLM server kvpilot did not start (PID %d) is on the canary port %d: "
-                "left alone", other.pid, self._canary_port,
-            )  # fmt: skip
+                "a vLLM server kvpilot did not start (PID %d) is on the canary port %d: left alone",
+                other.pid,
+                self._canary_port,
+            )
 
     async def aclose(self) -> None:
         """Stop the canary this adapter started if one still runs (every way out of a run);
@@ -173,9 +178,11 @@ class LocalTunerAdapter:
                 await self._restart_stable(tuple(argv), reason, restore)
             else:
                 await self._runtime.restart(
-                    self._stable, drain_timeout_s=self._drain_s, ready_timeout_s=ready_timeout_s,
+                    self._stable,
+                    drain_timeout_s=self._drain_s,
+                    ready_timeout_s=ready_timeout_s,
                     argv=argv,
-                )  # fmt: skip
+                )
         except RestartRefused:
             raise
         except RuntimeFailure as exc:

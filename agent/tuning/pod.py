@@ -143,16 +143,24 @@ class PodTuner:
         tuning = tuning or self.config.tuning
         with strict_reads():  # the Deployment's flags, never the process's view of them
             study = await asyncio.to_thread(
-                pod_study, self.config, self.runtime, tuning, self.vllm_version(),
+                pod_study,
+                self.config,
+                self.runtime,
+                tuning,
+                self.vllm_version(),
                 self.workload() if tuning.canary.traffic == "replay" else None,
-            )  # fmt: skip
+            )
             if tuning.canary.traffic != "replay" and self.traffic is None:
                 # The split of live traffic reads the stable Deployment's canary selector.
                 self.traffic = await asyncio.to_thread(
                     traffic_split, tuning.canary, self.runtime.api_client, self.runtime.target
                 )
-                self.adapter = pod_adapter(self.config, self.runtime, traffic=self.traffic,
-                                           remediation_in_progress=self._remediating)  # fmt: skip
+                self.adapter = pod_adapter(
+                    self.config,
+                    self.runtime,
+                    traffic=self.traffic,
+                    remediation_in_progress=self._remediating,
+                )
         return study
 
     @contextlib.asynccontextmanager
@@ -185,8 +193,13 @@ class PodTuner:
         resumed = await resume_handed_over(
             journal, store, self.adapter, observer, settings_of(study), wall_clock=self._wall
         )
-        recovered = await recover(journal, store, self.adapter, at_wall_s=self._wall(),
-                                  ready_timeout_s=study.ready_timeout_s)  # fmt: skip
+        recovered = await recover(
+            journal,
+            store,
+            self.adapter,
+            at_wall_s=self._wall(),
+            ready_timeout_s=study.ready_timeout_s,
+        )
         if imported is not None and self._map is not None:
             record = journal.get(imported)
             if record is None or record.phase.final:
@@ -211,8 +224,11 @@ class PodTuner:
             store.add(trial)
         if journal.get(record.trial_id) is None:
             journal.save(record)
-            log.info("trial %s handed over in %s by another pod: resuming it here",
-                     record.trial_id, record.phase.value)  # fmt: skip
+            log.info(
+                "trial %s handed over in %s by another pod: resuming it here",
+                record.trial_id,
+                record.phase.value,
+            )
         return record.trial_id
 
     def session(self, study: Study, **kw: object) -> TuningSession:
@@ -220,8 +236,15 @@ class PodTuner:
         journal = HandoverJournal(SqliteRolloutJournal(self._db))
         self.journal = journal
         runtime = HandoverRuntime(self.adapter, journal)
-        return make_session(study, runtime, self._db, api_key=self._api_key, journal=journal,
-                            traffic=self.traffic, **kw)  # type: ignore[arg-type]  # fmt: skip
+        return make_session(
+            study,
+            runtime,
+            self._db,
+            api_key=self._api_key,
+            journal=journal,
+            traffic=self.traffic,
+            **kw,
+        )  # type: ignore[arg-type]
 
     def hand_over(self) -> None:
         """kvpilot is stopping: a promotion under way is left for the next pod to bake, in
@@ -229,13 +252,11 @@ class PodTuner:
         kept = None if self.journal is None else self.journal.hand_over()
         if kept is None:
             return
-        log.warning("trial %s is %s: handed over to the next pod", kept.trial_id,
-                    kept.phase.value)  # fmt: skip
+        log.warning("trial %s is %s: handed over to the next pod", kept.trial_id, kept.phase.value)
         if self._map is None:
             return
         trial = SqliteTrialStore(self._db).get(kept.trial_id)
         try:  # kvpilot is stopping: a synchronous call is all there is time for
             self._map.put(record_to_dict(kept), None if trial is None else trial_to_dict(trial))
         except RuntimeFailure as exc:
-            log.error("the promotion of trial %s could not be handed over: %s", kept.trial_id,
-                      exc)  # fmt: skip
+            log.error("the promotion of trial %s could not be handed over: %s", kept.trial_id, exc)

@@ -122,8 +122,11 @@ def decide(
 
 
 def _unknown(part: str, previous: Ground, current: Ground) -> str:
-    what = {"vllm_version": "the vLLM version", "model": "the model",
-            "workload_key": "the workload shape"}[part]  # fmt: skip
+    what = {
+        "vllm_version": "the vLLM version",
+        "model": "the model",
+        "workload_key": "the workload shape",
+    }[part]
     if getattr(current, part) is None:
         why = {
             "vllm_version": "no /version read yet",
@@ -134,8 +137,9 @@ def _unknown(part: str, previous: Ground, current: Ground) -> str:
     return f"the last tuning run did not record {what}"
 
 
-def preemption_incidents(db_read: Callable[..., list[sqlite3.Row]], instance: str,
-                         since_wall_s: float) -> int:  # fmt: skip
+def preemption_incidents(
+    db_read: Callable[..., list[sqlite3.Row]], instance: str, since_wall_s: float
+) -> int:
     """VllmPreemptionSpike firings on `instance` since `since_wall_s`, from the audit log (the
     sidecar audits every firing, so the count holds across restarts)."""
     rows = db_read(
@@ -208,8 +212,11 @@ class RetuneWatch:
         self._open: dict[str, tuple[tuple[str, ...], tuple[str, ...], AlertEvent | None]] = {}
         for alert in restored:  # an alert an earlier kvpilot left firing stays open
             labels, notes = dict(alert.labels), dict(alert.annotations)
-            if (alert.rule == TUNING_RECOMMENDED_ALERT and labels.get("rule") == RETUNE_RULE
-                    and alert.state in ("pending", "firing")):  # fmt: skip
+            if (
+                alert.rule == TUNING_RECOMMENDED_ALERT
+                and labels.get("rule") == RETUNE_RULE
+                and alert.state in ("pending", "firing")
+            ):
                 parts = tuple(p for p in notes.get(PARTS_ANNOTATION, "").split(",") if p)
                 event = _event(labels.get("instance", ""), ("(restored)",), parts, 0.0)
                 self._open[labels.get("instance", "")] = ((), parts, event)
@@ -237,8 +244,9 @@ class RetuneWatch:
             self._act(verdict, self._wall())
         except Exception as exc:  # the sidecar ticks on; the next check tries again
             self.errors_total += 1
-            log.warning("instance %s: the re-tune check failed: %s: %s",
-                        name, type(exc).__name__, exc)  # fmt: skip
+            log.warning(
+                "instance %s: the re-tune check failed: %s: %s", name, type(exc).__name__, exc
+            )
             return None
         self.checks_total += 1
         return verdict
@@ -253,8 +261,7 @@ class RetuneWatch:
             self._grounds.save(name, self._ground(name), self._wall())
         except sqlite3.Error as exc:  # the run itself stands; the next run records again
             self.errors_total += 1
-            log.warning("instance %s: the ground of the tuning run was not recorded: %s",
-                        name, exc)  # fmt: skip
+            log.warning("instance %s: the ground of the tuning run was not recorded: %s", name, exc)
         self._last_check_s = None  # decide again at the next check
 
     def _verdict(self, name: str, now_wall_s: float) -> Verdict:
@@ -267,8 +274,14 @@ class RetuneWatch:
         except sqlite3.Error as exc:
             log.warning("instance %s: VllmPreemptionSpike incidents unreadable: %s", name, exc)
             incidents = None
-        return decide(name, tuned, self._ground(name), incidents, self._settings,
-                      lambda: self._no_better(name))  # fmt: skip
+        return decide(
+            name,
+            tuned,
+            self._ground(name),
+            incidents,
+            self._settings,
+            lambda: self._no_better(name),
+        )
 
     def _no_better(self, name: str) -> str | None:
         if self._better(name) is not None:
@@ -318,10 +331,14 @@ class RetuneWatch:
         self._said[verdict.instance] = key
         log.info("instance %s: re-tune %s: %s", verdict.instance, decision, reason)
         self._store.record_audit(
-            wall_s=self._wall(), actor="agent", action="retune", target=verdict.instance,
-            decision=decision, reason=reason,
+            wall_s=self._wall(),
+            actor="agent",
+            action="retune",
+            target=verdict.instance,
+            decision=decision,
+            reason=reason,
             details={"reopen": list(verdict.reopen), "unknown": list(verdict.unknown)},
-        )  # fmt: skip
+        )
 
 
 def _holds(verdict: Verdict) -> str:
@@ -332,9 +349,13 @@ def _event(
     instance: str, reasons: tuple[str, ...], parts: tuple[str, ...], wall_s: float
 ) -> AlertEvent:
     labels = labels_of(
-        {"alertname": TUNING_RECOMMENDED_ALERT, "instance": instance, "rule": RETUNE_RULE,
-         "severity": "info"}
-    )  # fmt: skip
+        {
+            "alertname": TUNING_RECOMMENDED_ALERT,
+            "instance": instance,
+            "rule": RETUNE_RULE,
+            "severity": "info",
+        }
+    )
     why = "; ".join(reasons)
     summary = f"re-tune {instance}: {why}"
     description = (
@@ -370,7 +391,12 @@ def retune_watch(
     if not settings.enabled:
         return None
     return RetuneWatch(
-        settings, store, instance=lambda: stable_name(instances()),
-        ground=sidecar_ground(instances, latest_vllm, workload_key), better=better,
-        schedule=schedule, restored=restored, check_every_s=settings.check_every_s,
-    )  # fmt: skip
+        settings,
+        store,
+        instance=lambda: stable_name(instances()),
+        ground=sidecar_ground(instances, latest_vllm, workload_key),
+        better=better,
+        schedule=schedule,
+        restored=restored,
+        check_every_s=settings.check_every_s,
+    )

@@ -63,10 +63,14 @@ def remediated_restarter(remediator: Remediator, instance: str) -> StableRestart
 
     async def restart(argv: tuple[str, ...], reason: str, restore: bool) -> None:
         trigger = Trigger(
-            instance=instance, rule="tuning", fingerprint=None,
-            incident_id=f"tuning-{uuid.uuid4().hex[:12]}", actor="agent",
-            requested_by="tuner", force=restore,
-        )  # fmt: skip
+            instance=instance,
+            rule="tuning",
+            fingerprint=None,
+            incident_id=f"tuning-{uuid.uuid4().hex[:12]}",
+            actor="agent",
+            requested_by="tuner",
+            force=restore,
+        )
         plan = Plan(rule="tuning", action="promote", steps=("promote",), reason=reason, argv=argv)
         outcome = await remediator.remediate(trigger, plan)
         if outcome.decision == "succeeded":
@@ -109,9 +113,13 @@ class ScheduledTuning:
 
     def add_to(self, scheduler: AsyncIOScheduler) -> None:
         scheduler.add_job(
-            self.fire, self._trigger, id="tuning", max_instances=1, coalesce=True,
+            self.fire,
+            self._trigger,
+            id="tuning",
+            max_instances=1,
+            coalesce=True,
             misfire_grace_time=600,
-        )  # fmt: skip
+        )
 
     @property
     def running(self) -> bool:
@@ -204,10 +212,14 @@ def scheduled_tuning(
     study = build_study(config, tuning, read_gpu(_pids(runtime, stable_instance(config).name)))
     name = study.stable.name
     adapter = local_adapter(
-        config, runtime, store.db, config_sha256=config_sha256, tuning=tuning,
+        config,
+        runtime,
+        store.db,
+        config_sha256=config_sha256,
+        tuning=tuning,
         remediation_in_progress=remediator.in_progress,
         restart_stable=remediated_restarter(remediator, name),
-    )  # fmt: skip
+    )
 
     async def recover() -> None:
         for done in await recover_at_startup(store.db, adapter):
@@ -237,14 +249,22 @@ def scheduled_tuning(
 
     def audit(decision: str, reason: str) -> None:
         store.record_audit(
-            wall_s=time.time(), actor="agent", action="tune", target=name,
-            decision=decision, reason=reason,
-        )  # fmt: skip
+            wall_s=time.time(),
+            actor="agent",
+            action="tune",
+            target=name,
+            decision=decision,
+            reason=reason,
+        )
 
     scheduled = ScheduledTuning(
-        tuning.schedule, run_once, remediation_in_progress=remediator.in_progress, audit=audit,
-        recover=recover, cooling_down=lambda: remediator.cooling_down(name),
-    )  # fmt: skip
+        tuning.schedule,
+        run_once,
+        remediation_in_progress=remediator.in_progress,
+        audit=audit,
+        recover=recover,
+        cooling_down=lambda: remediator.cooling_down(name),
+    )
     return scheduled
 
 
@@ -252,10 +272,13 @@ def _plan(study: Study, store: StateStore) -> str:
     """What a run would try, under remediation.dry_run."""
     tuning = study.tuning
     told, planned = dry_run(
-        study.space, BayesianSuggester(study.space, seed=tuning.seed),
-        SqliteTrialStore(store.db), study.fingerprint, tuning.trials,
+        study.space,
+        BayesianSuggester(study.space, seed=tuning.seed),
+        SqliteTrialStore(store.db),
+        study.fingerprint,
+        tuning.trials,
         initial_points=len(study.space.knobs) + 2,
-    )  # fmt: skip
+    )
     tried = "; ".join(p.candidate.describe() for p in planned)
     return f"dry-run: would try {tried} ({told} past trials told)"
 
@@ -277,24 +300,34 @@ def pod_scheduled_tuning(
     tuning = config.tuning
     assert tuning.schedule is not None
     name = runtime.target.stable_name
-    tuner = PodTuner(config, runtime, store.db, remediation_in_progress=remediator.in_progress,
-                     api_key=api_key)  # fmt: skip
+    tuner = PodTuner(
+        config, runtime, store.db, remediation_in_progress=remediator.in_progress, api_key=api_key
+    )
     tuner.vllm_version = vllm_version  # into the study's fingerprint
     tuner.workload = workload
 
     def audit(decision: str, reason: str) -> None:
         store.record_audit(
-            wall_s=time.time(), actor="agent", action="tune", target=name,
-            decision=decision, reason=reason,
-        )  # fmt: skip
+            wall_s=time.time(),
+            actor="agent",
+            action="tune",
+            target=name,
+            decision=decision,
+            reason=reason,
+        )
 
     def note(done: PodRecovery) -> None:
         for resumed in done.resumed:
-            audit("resumed", f"trial {resumed.trial_id} was handed over in {resumed.was.value}: "
-                  f"{resumed.now.value} ({resumed.reason})")  # fmt: skip
+            audit(
+                "resumed",
+                f"trial {resumed.trial_id} was handed over in {resumed.was.value}: "
+                f"{resumed.now.value} ({resumed.reason})",
+            )
         for recovered in done.recovered:
-            audit("recovered", f"trial {recovered.trial_id} was left in "
-                  f"{recovered.phase.value}: aborted")  # fmt: skip
+            audit(
+                "recovered",
+                f"trial {recovered.trial_id} was left in {recovered.phase.value}: aborted",
+            )
 
     async def recover() -> None:
         study = await tuner.study()
@@ -319,10 +352,14 @@ def pod_scheduled_tuning(
         return summary_line(summary) + (f"; {replayed.describe()}" if replayed else "")
 
     scheduled = ScheduledTuning(
-        tuning.schedule, run_once, remediation_in_progress=remediator.in_progress, audit=audit,
-        recover=recover, cooling_down=lambda: remediator.cooling_down(name),
+        tuning.schedule,
+        run_once,
+        remediation_in_progress=remediator.in_progress,
+        audit=audit,
+        recover=recover,
+        cooling_down=lambda: remediator.cooling_down(name),
         on_close=tuner.hand_over,
-    )  # fmt: skip
+    )
     return scheduled
 
 

@@ -107,14 +107,24 @@ def build_study(
     space = SearchSpace(
         knobs=(
             _memory_knob(knob_name, argv, tuning, gpu, bounds),
-            Knob("max_num_seqs", KnobKind.INTEGER, tuning.min_num_seqs, tuning.max_num_seqs,
-                 log_scale=True),
-            *(optional_knob(k.name, low=k.low, high=k.high, choices=k.choices)
-              for k in tuning.extra_knobs),
+            Knob(
+                "max_num_seqs",
+                KnobKind.INTEGER,
+                tuning.min_num_seqs,
+                tuning.max_num_seqs,
+                log_scale=True,
+            ),
+            *(
+                optional_knob(k.name, low=k.low, high=k.high, choices=k.choices)
+                for k in tuning.extra_knobs
+            ),
         ),
-        constraints=(planner_constraint(bounds), batched_tokens_constraint(),
-                     *(parse_constraint(text) for text in tuning.constraints)),
-    )  # fmt: skip
+        constraints=(
+            planner_constraint(bounds),
+            batched_tokens_constraint(),
+            *(parse_constraint(text) for text in tuning.constraints),
+        ),
+    )
     choice = chosen or _default_workload(tuning)
     workload = choice.workload
     slo = Slo(ttft_p95_s=tuning.slo.ttft_p95_s, inter_token_p95_s=tuning.slo.inter_token_p95_s)
@@ -127,10 +137,18 @@ def build_study(
     if traffic == "replay":  # live traffic: the canary has a pod (and a device) of its own
         strategy, why = canary_strategy(strategy, space.knobs[0], gpu, argv)
     return Study(
-        tuning, stable, argv, space, workload, slo,
+        tuning,
+        stable,
+        argv,
+        space,
+        workload,
+        slo,
         fingerprint(model, fixed, served, slo, vllm_version=vllm_version),
-        config.runtime.ready_timeout_s, choice, strategy, why,
-    )  # fmt: skip
+        config.runtime.ready_timeout_s,
+        choice,
+        strategy,
+        why,
+    )
 
 
 def _default_workload(tuning: TuningConfig) -> WorkloadChoice:
@@ -162,9 +180,12 @@ def _bounds(
     model = parse_server_argv(argv).model or ""
     try:
         config_json = find_model_config(
-            model, configured=configured, revision=flag_value(argv, "--revision"),
-            environ=os.environ, home=Path.home(),
-        )  # fmt: skip
+            model,
+            configured=configured,
+            revision=flag_value(argv, "--revision"),
+            environ=os.environ,
+            home=Path.home(),
+        )
         inputs = PlanInputs(
             gpu_memory_bytes=gpu.total_bytes if gpu else None,
             # The stable server's own memory is room: a promotion restarts it (the pre-flight).
@@ -243,11 +264,18 @@ def make_session(
         slo=study.slo, judge=judge, bake=t.bake, ready_timeout_s=study.ready_timeout_s
     )
     return TuningSession(
-        space=study.space, suggester=BayesianSuggester(study.space, seed=t.seed),
-        store=SqliteTrialStore(db), journal=journal or SqliteRolloutJournal(db), runtime=adapter,
-        observer=observer, fingerprint=study.fingerprint, settings=settings,
-        strategy=study.strategy, wall_clock=time.time, on_progress=on_progress,
-    )  # fmt: skip
+        space=study.space,
+        suggester=BayesianSuggester(study.space, seed=t.seed),
+        store=SqliteTrialStore(db),
+        journal=journal or SqliteRolloutJournal(db),
+        runtime=adapter,
+        observer=observer,
+        fingerprint=study.fingerprint,
+        settings=settings,
+        strategy=study.strategy,
+        wall_clock=time.time,
+        on_progress=on_progress,
+    )
 
 
 def make_observer(

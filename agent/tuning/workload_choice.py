@@ -85,14 +85,19 @@ def choose_workload(
     over = f"{shape.requests} requests over {shape.window_s:.0f} s"
     if shape.requests < learn.min_requests:
         return WorkloadChoice(
-            configured, "configured",
-            f"the window holds {over}, below the floor of {learn.min_requests}", shape=shape,
-        )  # fmt: skip
+            configured,
+            "configured",
+            f"the window holds {over}, below the floor of {learn.min_requests}",
+            shape=shape,
+        )
     try:
         learned = learned_workload(
-            shape, requests=w.requests, burst_factor=learn.burst_factor, seed=tuning.seed,
+            shape,
+            requests=w.requests,
+            burst_factor=learn.burst_factor,
+            seed=tuning.seed,
             max_model_len=max_model_len,
-        )  # fmt: skip
+        )
     except ValueError as exc:
         return WorkloadChoice(configured, "configured", f"not learned: {exc}", shape=shape)
     key = coarse_key(shape)
@@ -109,8 +114,10 @@ def window_choice(config: AgentConfig, shape: WorkloadShape | None) -> WorkloadC
     try:
         limit = flag_value(inst.argv, "--max-model-len")
         return choose_workload(
-            config.tuning, shape, max_model_len=int(limit) if limit else None,
+            config.tuning,
+            shape,
+            max_model_len=int(limit) if limit else None,
             no_shape="the window has seen no finished request yet",
-        )  # fmt: skip
+        )
     except ValueError:  # an unreadable trace file, a malformed --max-model-len
         return None

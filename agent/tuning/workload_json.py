@@ -51,8 +51,11 @@ def workload_json(
     (`no_shape`: why there is no shape, when there is none)."""
     try:
         choice = choose_workload(tuning, shape, no_shape=no_shape)
-        chosen: dict[str, Any] = {"source": choice.source, "reason": choice.reason,
-                                  "key": choice.key}  # fmt: skip
+        chosen: dict[str, Any] = {
+            "source": choice.source,
+            "reason": choice.reason,
+            "key": choice.key,
+        }
     except ValueError as exc:  # an unreadable trace file
         chosen = {"source": "trace", "reason": str(exc), "key": None}
     learn = tuning.learn

@@ -104,10 +104,13 @@ def _by_minute(increases: Sequence[Increase]) -> list[Increase]:
             generation_adds, generation = _added(last.generation, inc.generation)
             if prompt_adds and generation_adds:
                 merged[-1] = Increase(
-                    at_s=inc.at_s, prompt=prompt, generation=generation,
-                    finished=last.finished + inc.finished, hits=last.hits + inc.hits,
+                    at_s=inc.at_s,
+                    prompt=prompt,
+                    generation=generation,
+                    finished=last.finished + inc.finished,
+                    hits=last.hits + inc.hits,
                     queries=last.queries + inc.queries,
-                )  # fmt: skip
+                )
                 continue
         merged.append(inc)
     return merged

@@ -104,8 +104,9 @@ class WorkloadWindow:
         window is dropped. The next scrape of each engine sets its base, as after a restart."""
         if self._latest_s is not None:
             raise RuntimeError("restore into a window that has already seen a scrape")
-        kept = sorted((i for i in increases if now - self.window_s < i.at_s <= now),
-                      key=lambda i: i.at_s)  # fmt: skip
+        kept = sorted(
+            (i for i in increases if now - self.window_s < i.at_s <= now), key=lambda i: i.at_s
+        )
         if not kept:
             return
         self._increases.extend(kept)

@@ -220,8 +220,12 @@ class _Blocks:
         """Why these counts cannot all be true, if they cannot (the plugin counts them in one
         pass: free = cached + empty, longest run <= free <= total, a free block is a run)."""
         total, free, cached, empty, longest = (
-            self.total, self.free, self.cached, self.empty, self.longest
-        )  # fmt: skip
+            self.total,
+            self.free,
+            self.cached,
+            self.empty,
+            self.longest,
+        )
         if total is not None and free is not None and free > total:
             return f"{free} free blocks of {total}"
         if free is not None and longest is not None and longest > free:

@@ -101,9 +101,12 @@ class AgentProcess:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "kvpilot.agent", "run", "--config", str(self.config)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, env={**os.environ, "KVPILOT_CONFIG": ""},
-            )  # fmt: skip
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, "KVPILOT_CONFIG": ""},
+            )
         wait_for("the agent's /healthz", self._healthy, 60)
         return self
 

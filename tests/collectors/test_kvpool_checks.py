@@ -37,8 +37,10 @@ def reasons(sample: object) -> set[tuple[str, str]]:
 def test_sound_counts_give_the_rate() -> None:
     (engine,) = scrape(blocks("1000", "500", "100", "400", "450")).engines
     assert (engine.blocks_total, engine.blocks_free, engine.longest_free_run_blocks) == (
-        1000, 500, 450,
-    )  # fmt: skip
+        1000,
+        500,
+        450,
+    )
     assert engine.fragmentation is not None and engine.fragmentation.ratio == pytest.approx(0.1)
     assert engine.refused == ()
 
@@ -73,15 +75,18 @@ def test_a_negative_longest_run_is_no_rate_of_three() -> None:
 @pytest.mark.parametrize(
     ("line", "field", "reason"),
     [
-        (f"kvpool_internal_fragmentation_ratio{ENGINE} 1.5", "internal_fragmentation_ratio",
-         "out_of_range"),
+        (
+            f"kvpool_internal_fragmentation_ratio{ENGINE} 1.5",
+            "internal_fragmentation_ratio",
+            "out_of_range",
+        ),
         (f"kvpool_requests_running{ENGINE} +Inf", "requests_running", "non_finite"),
         (f"kvpool_preemptions_total{ENGINE} -4", "preemptions_total", "negative"),
         (f"kvpool_block_size_tokens{ENGINE} 0", "block_size_tokens", "out_of_range"),
         (f"kvpool_snapshot_age_seconds{ENGINE} NaN", "snapshot_age_s", "non_finite"),
         (f"kvpool_scheduler_steps_total{ENGINE} 1.5", "scheduler_steps_total", "not_integer"),
     ],
-)  # fmt: skip
+)
 def test_impossible_single_figures(line: str, field: str, reason: str) -> None:
     (engine,) = scrape(blocks("1000", "500", "100", "400", "450", line)).engines
     assert getattr(engine, field) is None
@@ -100,8 +105,13 @@ def test_a_conflicting_duplicate_is_unknown_and_an_identical_one_harmless() -> N
 
 
 def allocator(ratio: str = "0.333", **figures: str) -> str:
-    base = {"reserved_bytes": "1000", "allocated_bytes": "600", "active_bytes": "700",
-            "free_in_reserved_bytes": "300", "largest_free_block_bytes": "200"}  # fmt: skip
+    base = {
+        "reserved_bytes": "1000",
+        "allocated_bytes": "600",
+        "active_bytes": "700",
+        "free_in_reserved_bytes": "300",
+        "largest_free_block_bytes": "200",
+    }
     lines = [f"kvpool_allocator_{k}{DEVICE} {v}" for k, v in {**base, **figures}.items()]
     lines.append(f'kvpool_fragmentation_ratio{{device="0",rank="0",source="allocator"}} {ratio}')
     return "\n".join(lines) + "\n"

@@ -132,16 +132,21 @@ PAYLOAD = b'vllm:num_requests_running{engine="0",model_name="m"} 1\n'
 def test_vllm_source_kinds_past_each_limit() -> None:
     big = b"# padding\n" * 2000 + PAYLOAD
     many = PAYLOAD + b'python_gc_objects_collected_total{generation="0"} 1\n' * 50
-    routes = {"/big/metrics": answer(big), "/many/metrics": answer(many),
-              "/slow/metrics": drip(every_s=0.05)}  # fmt: skip
+    routes = {
+        "/big/metrics": answer(big),
+        "/many/metrics": answer(many),
+        "/slow/metrics": drip(every_s=0.05),
+    }
     limits = ScrapeLimits(timeout_s=0.5, body_size_limit_bytes=4096, sample_limit=20)
     with Misbehaving(routes) as server:
         kinds = {
             name: vllm_scrape(f"{server.url}/{name}", limits) for name in ("big", "many", "slow")
         }
     assert {name: getattr(got, "kind", got) for name, got in kinds.items()} == {
-        "big": "too_large", "many": "too_many_samples", "slow": "timeout",
-    }  # fmt: skip
+        "big": "too_large",
+        "many": "too_many_samples",
+        "slow": "timeout",
+    }
     assert all(isinstance(got, SourceError) and got.source == "vllm" for got in kinds.values())
 
 
@@ -158,13 +163,19 @@ def test_vllm_version_read_shares_the_scrape_deadline() -> None:
 
 
 def test_kvpool_source_kinds_past_each_limit() -> None:
-    routes = {"/big": answer(KVPOOL * 200), "/many": answer(KVPOOL * 30),
-              "/slow": drip(every_s=0.05), "/ok": answer(KVPOOL)}  # fmt: skip
+    routes = {
+        "/big": answer(KVPOOL * 200),
+        "/many": answer(KVPOOL * 30),
+        "/slow": drip(every_s=0.05),
+        "/ok": answer(KVPOOL),
+    }
     limits = ScrapeLimits(timeout_s=0.5, body_size_limit_bytes=4096, sample_limit=20)
     with Misbehaving(routes) as server:
         got = {name: kvpool_scrape(f"{server.url}/{name}", limits) for name in routes}
     ok = got.pop("/ok")
     assert isinstance(ok, KvPoolScrape) and ok.engines[0].blocks_free == 5
     assert {name: getattr(g, "kind", g) for name, g in got.items()} == {
-        "/big": "too_large", "/many": "too_many_samples", "/slow": "timeout",
-    }  # fmt: skip
+        "/big": "too_large",
+        "/many": "too_many_samples",
+        "/slow": "timeout",
+    }

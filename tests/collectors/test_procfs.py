@@ -91,8 +91,13 @@ def test_port_narrows_the_match_and_zombies_never_match(proc: FakeProc) -> None:
 
 
 def test_process_runtime_status_and_instances(proc: FakeProc) -> None:
-    proc.add(30, 1, (*SERVER, "--port", "9001", "--api-key", "k"), start_ticks=500,
-             env={"KVPILOT_KVPOOL_PORT": "9501"})  # fmt: skip
+    proc.add(
+        30,
+        1,
+        (*SERVER, "--port", "9001", "--api-key", "k"),
+        start_ticks=500,
+        env={"KVPILOT_KVPOOL_PORT": "9501"},
+    )
     proc.add(31, 30, ("VLLM::EngineCore",))
     wall = iter([123.0, 456.0])
     runtime = ProcessRuntime(

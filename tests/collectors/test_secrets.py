@@ -24,26 +24,54 @@ from kvpilot.collectors.secrets import (
 
 PINNED = settings(derandomize=True, deadline=None, max_examples=300)
 MODULE_FORM = [
-    "/opt/venv/bin/python3", "-m", "vllm.entrypoints.openai.api_server",
-    "--model", "/models/llama", "--port", "9001", "--api-key", "k1", "k2",
-    "--max-num-batched-tokens", "2048", "--hf_token=hf_abc", "--enforce-eager",
-]  # fmt: skip
+    "/opt/venv/bin/python3",
+    "-m",
+    "vllm.entrypoints.openai.api_server",
+    "--model",
+    "/models/llama",
+    "--port",
+    "9001",
+    "--api-key",
+    "k1",
+    "k2",
+    "--max-num-batched-tokens",
+    "2048",
+    "--hf_token=hf_abc",
+    "--enforce-eager",
+]
 
 
 @pytest.mark.parametrize(
     "name",
-    ["--api-key", "--api_key", "--hf-token", "VLLM_API_KEY", "HF_TOKEN", "hmac_secret",
-     "DB_PASSWORD", "X-Api-Key", "apiKey", "passwd"],
-)  # fmt: skip
+    [
+        "--api-key",
+        "--api_key",
+        "--hf-token",
+        "VLLM_API_KEY",
+        "HF_TOKEN",
+        "hmac_secret",
+        "DB_PASSWORD",
+        "X-Api-Key",
+        "apiKey",
+        "passwd",
+    ],
+)
 def test_names_that_say_key_token_secret_or_password_are_secret(name: str) -> None:
     assert is_secret_name(name)
 
 
 @pytest.mark.parametrize(
     "name",
-    ["--max-num-batched-tokens", "--skip-tokenizer-init", "--tokenizer", "--port",
-     "--ssl-keyfile", "--kv-cache-memory-bytes", "HF_HUB_OFFLINE"],
-)  # fmt: skip
+    [
+        "--max-num-batched-tokens",
+        "--skip-tokenizer-init",
+        "--tokenizer",
+        "--port",
+        "--ssl-keyfile",
+        "--kv-cache-memory-bytes",
+        "HF_HUB_OFFLINE",
+    ],
+)
 def test_other_names_are_not(name: str) -> None:
     assert not is_secret_name(name)
 
@@ -51,22 +79,46 @@ def test_other_names_are_not(name: str) -> None:
 def test_mask_argv_hides_every_value_of_secret_flags_in_either_spelling() -> None:
     masked = mask_argv(MODULE_FORM)
     assert masked == [
-        "/opt/venv/bin/python3", "-m", "vllm.entrypoints.openai.api_server",
-        "--model", "/models/llama", "--port", "9001", "--api-key", MASK, MASK,
-        "--max-num-batched-tokens", "2048", "--hf_token=***", "--enforce-eager",
-    ]  # fmt: skip
+        "/opt/venv/bin/python3",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "/models/llama",
+        "--port",
+        "9001",
+        "--api-key",
+        MASK,
+        MASK,
+        "--max-num-batched-tokens",
+        "2048",
+        "--hf_token=***",
+        "--enforce-eager",
+    ]
     assert argv_secrets(MODULE_FORM) == ("k1", "k2", "hf_abc")
     serve = ["vllm", "serve", "m", "--api_key", "k1", "--api-key=k2", "--port", "1"]
-    assert mask_argv(serve) == ["vllm", "serve", "m", "--api_key", MASK, "--api-key=***",
-                                "--port", "1"]  # fmt: skip
+    assert mask_argv(serve) == [
+        "vllm",
+        "serve",
+        "m",
+        "--api_key",
+        MASK,
+        "--api-key=***",
+        "--port",
+        "1",
+    ]
     assert mask_argv(["vllm", "serve", "m"]) == ["vllm", "serve", "m"]
 
 
 def test_mask_argv_reads_bare_flag_lists_and_known_secrets() -> None:
     args = ["--model", "m", "--api-key", "sk-1", "--served-model-name", "sk-known-1"]
     assert mask_argv(args, ["sk-known-1"]) == [
-        "--model", "m", "--api-key", MASK, "--served-model-name", MASK,
-    ]  # fmt: skip
+        "--model",
+        "m",
+        "--api-key",
+        MASK,
+        "--served-model-name",
+        MASK,
+    ]
 
 
 def test_restore_takes_the_masked_secrets_back_from_the_argv_they_came_from() -> None:
@@ -135,8 +187,12 @@ def test_known_secrets_are_masked_anywhere_and_short_ones_only_as_values() -> No
 
 def test_mask_walks_json_like_values() -> None:
     value = {"argv": ["--api-key", "x"], "n": 1, "reason": "token=abcd", "t": ("a", "b")}
-    assert mask(value) == {"argv": ["--api-key", MASK], "n": 1, "reason": "token=***",
-                           "t": ("a", "b")}  # fmt: skip
+    assert mask(value) == {
+        "argv": ["--api-key", MASK],
+        "n": 1,
+        "reason": "token=***",
+        "t": ("a", "b"),
+    }
 
 
 # A secret as keys are written: starts with a letter or digit, holds a digit somewhere.
@@ -159,8 +215,11 @@ def test_a_known_secret_never_survives_and_masking_is_idempotent(
 
 
 @PINNED
-@given(secret=_SECRET, spelling=st.sampled_from(["--api-key", "--api_key", "--hf-token"]),
-       joined=st.booleans())  # fmt: skip
+@given(
+    secret=_SECRET,
+    spelling=st.sampled_from(["--api-key", "--api_key", "--hf-token"]),
+    joined=st.booleans(),
+)
 def test_a_secret_flag_never_survives_in_argv_or_text(
     secret: str, spelling: str, joined: bool
 ) -> None:

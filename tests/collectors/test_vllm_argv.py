@@ -20,15 +20,33 @@ from kvpilot.collectors.vllm_argv import (
 )
 
 MODULE_FORM = [
-    "/opt/venv/bin/python3", "-m", "vllm.entrypoints.openai.api_server",
-    "--model", "/models/llama", "--host", "10.0.0.5", "--port", "9001",
-    "--api-key", "k1", "k2", "--shutdown-timeout", "30", "--served-model-name", "llama",
+    "/opt/venv/bin/python3",
+    "-m",
+    "vllm.entrypoints.openai.api_server",
+    "--model",
+    "/models/llama",
+    "--host",
+    "10.0.0.5",
+    "--port",
+    "9001",
+    "--api-key",
+    "k1",
+    "k2",
+    "--shutdown-timeout",
+    "30",
+    "--served-model-name",
+    "llama",
     "--enforce-eager",
-]  # fmt: skip
+]
 SERVE_FORM = [
-    "/usr/local/bin/vllm", "serve", "meta-llama/Llama-3.1-8B", "--port=8100",
-    "--api-key=sk-abc", "--enforce-eager", "--shutdown-timeout=10",
-]  # fmt: skip
+    "/usr/local/bin/vllm",
+    "serve",
+    "meta-llama/Llama-3.1-8B",
+    "--port=8100",
+    "--api-key=sk-abc",
+    "--enforce-eager",
+    "--shutdown-timeout=10",
+]
 
 
 def test_module_form() -> None:
@@ -167,19 +185,41 @@ def test_a_json_field_keeps_its_underscores() -> None:
     argv = ["vllm", "serve", "m", "--compilation_config.cudagraph_mode", "NONE"]
     assert flag_value(argv, "--compilation-config.cudagraph_mode") == "NONE"
     assert canonical_flags(argv) == [
-        ["--compilation-config.cudagraph_mode", "NONE"], ["--model", "m"],
-    ]  # fmt: skip
+        ["--compilation-config.cudagraph_mode", "NONE"],
+        ["--model", "m"],
+    ]
 
 
 def test_canonical_flags_are_one_for_every_way_of_writing_a_server() -> None:
     ways = [
         ["vllm", "serve", "/m", "--dtype", "half", "--enforce-eager", "--port=1"],
         ["/opt/bin/vllm", "serve", "/m", "--port", "1", "--enforce-eager", "--dtype=half"],
-        ["python3", "-m", "vllm.entrypoints.cli.main", "serve", "/m", "--port", "1",
-         "--dtype", "float32", "--enforce_eager", "--dtype", "half"],
-        ["python", "-m", "vllm.entrypoints.openai.api_server", "--model=/m", "--port", "1",
-         "--dtype", "half", "--enforce-eager"],
-    ]  # fmt: skip
+        [
+            "python3",
+            "-m",
+            "vllm.entrypoints.cli.main",
+            "serve",
+            "/m",
+            "--port",
+            "1",
+            "--dtype",
+            "float32",
+            "--enforce_eager",
+            "--dtype",
+            "half",
+        ],
+        [
+            "python",
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model=/m",
+            "--port",
+            "1",
+            "--dtype",
+            "half",
+            "--enforce-eager",
+        ],
+    ]
     expected = [["--dtype", "half"], ["--enforce-eager", ""], ["--model", "/m"], ["--port", "1"]]
     assert [canonical_flags(w) for w in ways] == [expected] * len(ways)
     # Bare flags (no launch prefix) read as they are; positionals keep their text.
@@ -188,28 +228,63 @@ def test_canonical_flags_are_one_for_every_way_of_writing_a_server() -> None:
 
 def test_set_flag_replaces_every_spelling_and_keeps_the_prefix() -> None:
     argv = ("vllm", "serve", "m", "--port=8000", "--dtype", "half", "--port", "8001")
-    assert set_flag(argv, "--port", 9000) == ("vllm", "serve", "m", "--dtype", "half",
-                                              "--port", "9000")  # fmt: skip
+    assert set_flag(argv, "--port", 9000) == (
+        "vllm",
+        "serve",
+        "m",
+        "--dtype",
+        "half",
+        "--port",
+        "9000",
+    )
     assert set_flag(("vllm", "serve", "m"), "--max_num_seqs", 4) == (
-        "vllm", "serve", "m", "--max-num-seqs", "4",
-    )  # fmt: skip
+        "vllm",
+        "serve",
+        "m",
+        "--max-num-seqs",
+        "4",
+    )
 
 
 def test_booleans_are_set_and_removed_in_either_polarity() -> None:
     argv = ("vllm", "serve", "m", "--no-enable-prefix-caching", "--dtype", "half")
     assert set_flag(argv, "--enable-prefix-caching", True) == (
-        "vllm", "serve", "m", "--dtype", "half", "--enable-prefix-caching",
-    )  # fmt: skip
+        "vllm",
+        "serve",
+        "m",
+        "--dtype",
+        "half",
+        "--enable-prefix-caching",
+    )
     assert set_flag(argv, "--enable_prefix_caching", False)[-1] == "--no-enable-prefix-caching"
     # A boolean flag takes no value: what follows it stays.
     assert without_flags(("--enforce-eager", "x", "--port", "1"), bare=["--enforce-eager"]) == (
-        "x", "--port", "1",
-    )  # fmt: skip
+        "x",
+        "--port",
+        "1",
+    )
 
 
 def test_without_flags_takes_a_flags_values_with_it() -> None:
-    argv = ("python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m",
-            "--api-key", "a", "b", "--kv_cache_memory_bytes=5", "--port", "1")  # fmt: skip
+    argv = (
+        "python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "m",
+        "--api-key",
+        "a",
+        "b",
+        "--kv_cache_memory_bytes=5",
+        "--port",
+        "1",
+    )
     assert without_flags(argv, ["--api-key", "--kv-cache-memory-bytes"]) == (
-        "python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m", "--port", "1",
-    )  # fmt: skip
+        "python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "m",
+        "--port",
+        "1",
+    )

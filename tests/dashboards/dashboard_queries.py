@@ -49,11 +49,39 @@ def fill(expr: str, *, rate_interval: str = "15s") -> str:
 
 
 _NOT_NAMES = {
-    "sum", "by", "rate", "increase", "histogram_quantile", "and", "or", "unless", "on",
-    "without", "max", "min", "offset", "deriv", "delta", "changes", "absent",
-    "min_over_time", "max_over_time", "label_values", "bool", "ignoring", "group_left",
-    "instance", "gpu", "role", "le", "model_name", "engine", "job", "source", "counter",
-}  # fmt: skip
+    "sum",
+    "by",
+    "rate",
+    "increase",
+    "histogram_quantile",
+    "and",
+    "or",
+    "unless",
+    "on",
+    "without",
+    "max",
+    "min",
+    "offset",
+    "deriv",
+    "delta",
+    "changes",
+    "absent",
+    "min_over_time",
+    "max_over_time",
+    "label_values",
+    "bool",
+    "ignoring",
+    "group_left",
+    "instance",
+    "gpu",
+    "role",
+    "le",
+    "model_name",
+    "engine",
+    "job",
+    "source",
+    "counter",
+}
 
 
 def metric_names(expr: str) -> set[str]:

@@ -54,8 +54,11 @@ def test_config_check_says_how_canaries_get_their_traffic(tmp_path: Path) -> Non
     path.write_text(_config_map(TUNING)["data"]["kvpilot.yaml"])
     gateway = "{httproute: vllm, stable_service: vllm, canary_service: vllm-kvpilot-canary}"
     said = {}
-    for traffic, extra in (("replay", {}), ("service", {}),
-                           ("gateway", {"KVPILOT_TUNING__CANARY__GATEWAY": gateway})):  # fmt: skip
+    for traffic, extra in (
+        ("replay", {}),
+        ("service", {}),
+        ("gateway", {"KVPILOT_TUNING__CANARY__GATEWAY": gateway}),
+    ):
         env = {"KVPILOT_TUNING__CANARY__TRAFFIC": traffic, **extra}
         result = CliRunner().invoke(app, ["config", "check", str(path)], env=env)
         assert result.exit_code == 0, result.output

@@ -79,12 +79,19 @@ def _start_agent(server: VllmServer, folder: Path) -> tuple[subprocess.Popen[byt
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAKE_SITE), env.get("PYTHONPATH")]))
     env["KVPILOT_FAKE_NVML"] = str(description)
     argv = [
-        sys.executable, "-m", "kvpilot.agent", "run",
-        "--vllm-url", server.url,
-        "--kvpool-url", f"http://127.0.0.1:{server.spec.kvpool_port}",
-        "--listen", f"127.0.0.1:{port}",
-        "--server-pid", str(server.pid),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "kvpilot.agent",
+        "run",
+        "--vllm-url",
+        server.url,
+        "--kvpool-url",
+        f"http://127.0.0.1:{server.spec.kvpool_port}",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--server-pid",
+        str(server.pid),
+    ]
     log = (folder / "agent.log").open("ab")
     process = subprocess.Popen(
         argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

@@ -275,8 +275,10 @@ def _backfill(folder: Path, name: str, text: str) -> None:
     source.write_text(text)
     result = subprocess.run(
         [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(source), str(folder / "data")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -293,17 +295,23 @@ def backfilled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backfilled]
     trials = _trials()
     # Recent enough for Prometheus's retention; the judged example follows the run.
     recorded = openmetrics_history(
-        trials, _live(), start_wall_s=time.time() - 4 * HOUR_S,
+        trials,
+        _live(),
+        start_wall_s=time.time() - 4 * HOUR_S,
         target_labels={"job": "kvpilot", "instance": RECORDED},
-    )  # fmt: skip
+    )
     judged = openmetrics_history(
-        [_judged(_best(trials))], _live(), start_wall_s=time.time() - 2 * HOUR_S,
+        [_judged(_best(trials))],
+        _live(),
+        start_wall_s=time.time() - 2 * HOUR_S,
         target_labels={"job": "kvpilot", "instance": JUDGED},
-    )  # fmt: skip
+    )
     live = openmetrics_history(
-        _live_run(), _live(LIVE_FIXTURE), start_wall_s=time.time() - 1 * HOUR_S,
+        _live_run(),
+        _live(LIVE_FIXTURE),
+        start_wall_s=time.time() - 1 * HOUR_S,
         target_labels={"job": "kvpilot", "instance": LIVE},
-    )  # fmt: skip
+    )
     _backfill(folder, "recorded", recorded)
     _backfill(folder, "judged", judged)
     _backfill(folder, "live", live)

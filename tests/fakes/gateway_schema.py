@@ -64,8 +64,9 @@ def _k8s_definitions() -> dict[str, Any]:
 def _format_checker() -> jsonschema.FormatChecker:
     checker = jsonschema.FormatChecker()
     for name, (low, high) in _INT_RANGES.items():
-        checker.checks(name)(lambda value, lo=low, hi=high: not isinstance(value, int)
-                             or lo <= value <= hi)  # fmt: skip
+        checker.checks(name)(
+            lambda value, lo=low, hi=high: not isinstance(value, int) or lo <= value <= hi
+        )
     return checker
 
 

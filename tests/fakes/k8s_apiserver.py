@@ -59,9 +59,11 @@ _GROUPS = {"deployments": "apps", "pods": "", "leases": "coordination.k8s.io", *
 _MODELS = {"deployments": "V1Deployment", "pods": "V1Pod", "leases": "V1Lease", **NETWORK_KINDS}
 _LISTS = {"deployments": "V1DeploymentList", "pods": "V1PodList", "leases": "V1LeaseList"}
 _API_VERSIONS = {
-    "deployments": "apps/v1", "pods": "v1", "leases": "coordination.k8s.io/v1",
+    "deployments": "apps/v1",
+    "pods": "v1",
+    "leases": "coordination.k8s.io/v1",
     **NETWORK_API_VERSIONS,
-}  # fmt: skip
+}
 # core/v1 Events (the client's model is CoreV1Event, its kind Event).
 _GROUPS["events"], _API_VERSIONS["events"] = "", "v1"
 _MODELS["events"], _LISTS["events"], _KINDS = "CoreV1Event", "CoreV1EventList", {"events": "Event"}
@@ -96,8 +98,10 @@ def strategic_merge(target: Any, patch: Any, key: str | None = None) -> Any:
     if isinstance(patch, list) and isinstance(target, list) and merge_key:
         out_list = [copy.deepcopy(item) for item in target]
         for item in patch:
-            index = next((i for i, old in enumerate(out_list)
-                          if old.get(merge_key) == item.get(merge_key)), None)  # fmt: skip
+            index = next(
+                (i for i, old in enumerate(out_list) if old.get(merge_key) == item.get(merge_key)),
+                None,
+            )
             if index is None:
                 out_list.append(copy.deepcopy(item))
             else:
@@ -222,8 +226,12 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
         meta.setdefault("namespace", namespace)
-        meta.update(uid=str(uuid.uuid4()), resourceVersion=self._next_version(), generation=1,
-                    creationTimestamp=_now())  # fmt: skip
+        meta.update(
+            uid=str(uuid.uuid4()),
+            resourceVersion=self._next_version(),
+            generation=1,
+            creationTimestamp=_now(),
+        )
         obj["status"] = {}
         entry = _Deployment(obj)
         self.deployments[(namespace, meta["name"])] = entry
@@ -273,22 +281,35 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
                         reason=crash[0], message="back-off restarting failed container"
                     )
                 )
-                last = client.V1ContainerState(terminated=client.V1ContainerStateTerminated(
-                    exit_code=1, reason="Error", message=crash[1]))  # fmt: skip
+                last = client.V1ContainerState(
+                    terminated=client.V1ContainerStateTerminated(
+                        exit_code=1, reason="Error", message=crash[1]
+                    )
+                )
             else:
                 state = client.V1ContainerState(
                     running=client.V1ContainerStateRunning(started_at=_now())
                 )
-                last = None  # fmt: skip
-            statuses.append(client.V1ContainerStatus(
-                name=c["name"], image=c["image"], image_id="", ready=crash is None,
-                restart_count=0 if crash is None else 3, started=crash is None,
-                state=state, last_state=last))  # fmt: skip
+                last = None
+            statuses.append(
+                client.V1ContainerStatus(
+                    name=c["name"],
+                    image=c["image"],
+                    image_id="",
+                    ready=crash is None,
+                    restart_count=0 if crash is None else 3,
+                    started=crash is None,
+                    state=state,
+                    last_state=last,
+                )
+            )
         ready = "False" if crash is not None else "True"
         status = client.V1PodStatus(
-            phase="Running", pod_ip=self._pod_ip_of(pod), container_statuses=statuses,
+            phase="Running",
+            pod_ip=self._pod_ip_of(pod),
+            container_statuses=statuses,
             conditions=[client.V1PodCondition(type="Ready", status=ready)],
-        )  # fmt: skip
+        )
         pod["status"] = self._api.sanitize_for_serialization(status)
 
     def _pod_ip_of(self, pod: dict[str, Any]) -> str:
@@ -317,8 +338,14 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
     # -- request handling ------------------------------------------------------------------
 
     def _status(self, code: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:
-        status = client.V1Status(api_version="v1", kind="Status", status="Failure", code=code,
-                                 reason=reason, message=message)  # fmt: skip
+        status = client.V1Status(
+            api_version="v1",
+            kind="Status",
+            status="Failure",
+            code=code,
+            reason=reason,
+            message=message,
+        )
         return code, self._api.sanitize_for_serialization(status)
 
     def handle(self, method: str, raw_path: str, ctype: str | None, raw: bytes) -> tuple[int, Any]:
@@ -330,8 +357,11 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
                 if fault.times > 0 and fault.method == method and fault.path.search(url.path):
                     fault.times -= 1
                     reason = {403: "Forbidden", 404: "NotFound", 409: "Conflict"}
-                    return self._status(fault.status, reason.get(fault.status, "InternalError"),
-                                        f"injected HTTP {fault.status}")  # fmt: skip
+                    return self._status(
+                        fault.status,
+                        reason.get(fault.status, "InternalError"),
+                        f"injected HTTP {fault.status}",
+                    )
             routed = [(p.match(url.path), r) for p, r in _ROUTES if p.match(url.path)]
             if not routed:
                 return self._status(404, "NotFound", f"no route {url.path}")
@@ -341,10 +371,15 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
             if (verb, resource) in self.forbidden:
                 group = _GROUPS[resource]
                 full = f"{resource}.{group}" if group else resource
-                return self._status(403, "Forbidden", (
-                    f'{full} "{name or ""}" is forbidden: User "system:serviceaccount:'
-                    f'{namespace}:kvpilot" cannot {verb} resource "{resource}" in API group '
-                    f'"{group}" in the namespace "{namespace}"'))  # fmt: skip
+                return self._status(
+                    403,
+                    "Forbidden",
+                    (
+                        f'{full} "{name or ""}" is forbidden: User "system:serviceaccount:'
+                        f'{namespace}:kvpilot" cannot {verb} resource "{resource}" in API group '
+                        f'"{group}" in the namespace "{namespace}"'
+                    ),
+                )
             if isinstance(body, dict) and method in ("POST", "PUT"):
                 # The API server takes the type from the URL when the body leaves it out.
                 body.setdefault("apiVersion", _API_VERSIONS[resource])
@@ -356,8 +391,11 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
     def _deployments(self, verb, namespace, name, ctype, body, query):
         key = (namespace, name)
         if verb == "list":
-            items = [self._read_deployment(e) for (ns, _), e in list(self.deployments.items())
-                     if ns == namespace]  # fmt: skip
+            items = [
+                self._read_deployment(e)
+                for (ns, _), e in list(self.deployments.items())
+                if ns == namespace
+            ]
             items = [i for i in items if i is not None]
             return 200, self._model_json({"items": items, "metadata": {}}, _LISTS["deployments"])
         if verb == "create":
@@ -437,8 +475,9 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
     def _pods(self, verb, namespace, name, ctype, body, query):
         if verb != "list":
             return self._pod_item(verb, namespace, name, ctype, body)
-        wanted = dict(part.split("=", 1) for part in
-                      (query.get("labelSelector", [""])[0]).split(",") if part)  # fmt: skip
+        wanted = dict(
+            part.split("=", 1) for part in (query.get("labelSelector", [""])[0]).split(",") if part
+        )
         items = []
         for (ns, _), entry in list(self.deployments.items()):
             if ns != namespace or (entry.deleting_reads or 0) > self.delete_reads:
@@ -462,9 +501,12 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
             if key in self.leases:
                 return self._status(409, "AlreadyExists", f'leases "{key[1]}" already exists')
             obj = copy.deepcopy(body)
-            obj["metadata"].update(namespace=namespace, uid=str(uuid.uuid4()),
-                                   resourceVersion=self._next_version(),
-                                   creationTimestamp=_now())  # fmt: skip
+            obj["metadata"].update(
+                namespace=namespace,
+                uid=str(uuid.uuid4()),
+                resourceVersion=self._next_version(),
+                creationTimestamp=_now(),
+            )
             self.leases[key] = obj
             return 201, self._model_json(obj, "V1Lease")
         current = self.leases.get(key)
@@ -474,9 +516,14 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
             return 200, self._model_json(current, "V1Lease")
         if verb == "update":
             if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
-                return self._status(409, "Conflict", (
-                    f'Operation cannot be fulfilled on leases.coordination.k8s.io "{name}": '
-                    "the object has been modified"))  # fmt: skip
+                return self._status(
+                    409,
+                    "Conflict",
+                    (
+                        f'Operation cannot be fulfilled on leases.coordination.k8s.io "{name}": '
+                        "the object has been modified"
+                    ),
+                )
             obj = copy.deepcopy(body)
             obj["metadata"]["resourceVersion"] = self._next_version()
             self.leases[key] = obj
@@ -494,16 +541,25 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
             if key in self.events:
                 return self._status(409, "AlreadyExists", f'events "{key[1]}" already exists')
             obj = copy.deepcopy(body)
-            obj["metadata"].update(namespace=namespace, uid=str(uuid.uuid4()),
-                                   resourceVersion=self._next_version(),
-                                   creationTimestamp=_now())  # fmt: skip
+            obj["metadata"].update(
+                namespace=namespace,
+                uid=str(uuid.uuid4()),
+                resourceVersion=self._next_version(),
+                creationTimestamp=_now(),
+            )
             self.events[key] = obj
             return 201, self._model_json(obj, "CoreV1Event")
         if verb == "list":
-            wanted = dict(part.split("=", 1) for part in
-                          query.get("fieldSelector", [""])[0].split(",") if part)  # fmt: skip
-            items = [e for (ns, _), e in self.events.items()
-                     if ns == namespace and _event_fields_match(e, wanted)]  # fmt: skip
+            wanted = dict(
+                part.split("=", 1)
+                for part in query.get("fieldSelector", [""])[0].split(",")
+                if part
+            )
+            items = [
+                e
+                for (ns, _), e in self.events.items()
+                if ns == namespace and _event_fields_match(e, wanted)
+            ]
             return 200, self._model_json({"items": items, "metadata": {}}, "CoreV1EventList")
         found = self.events.get((namespace, name))
         if verb == "get" and found is not None:

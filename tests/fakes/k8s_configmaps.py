@@ -35,10 +35,15 @@ class FakeApiWithConfigMaps(FakeKubernetesApi):
         with self._lock:
             self.requests.append(Request(method, url.path, ctype, body))
             if (verb, "configmaps") in self.forbidden:
-                return self._status(403, "Forbidden", (
-                    f'configmaps "{name or ""}" is forbidden: User "system:serviceaccount:'
-                    f'{namespace}:kvpilot" cannot {verb} resource "configmaps" in API group "" '
-                    f'in the namespace "{namespace}"'))  # fmt: skip
+                return self._status(
+                    403,
+                    "Forbidden",
+                    (
+                        f'configmaps "{name or ""}" is forbidden: User "system:serviceaccount:'
+                        f'{namespace}:kvpilot" cannot {verb} resource "configmaps" in API group "" '
+                        f'in the namespace "{namespace}"'
+                    ),
+                )
             if isinstance(body, dict):
                 body.setdefault("apiVersion", "v1")
                 body.setdefault("kind", "ConfigMap")
@@ -50,8 +55,9 @@ class FakeApiWithConfigMaps(FakeKubernetesApi):
                 if current is not None:
                     return self._status(409, "AlreadyExists", f'configmaps "{key[1]}" exists')
                 obj = copy.deepcopy(body)
-                obj["metadata"].update(namespace=namespace, uid=str(uuid.uuid4()),
-                                       resourceVersion=self._next_version())  # fmt: skip
+                obj["metadata"].update(
+                    namespace=namespace, uid=str(uuid.uuid4()), resourceVersion=self._next_version()
+                )
                 self.config_maps[key] = obj
                 return 201, self._model_json(obj, "V1ConfigMap")
             if current is None:
@@ -60,13 +66,20 @@ class FakeApiWithConfigMaps(FakeKubernetesApi):
                 return 200, self._model_json(current, "V1ConfigMap")
             if verb == "delete":
                 del self.config_maps[key]
-                status = {"apiVersion": "v1", "kind": "Status", "status": "Success",
-                          "details": {"name": key[1], "kind": "configmaps"}}  # fmt: skip
+                status = {
+                    "apiVersion": "v1",
+                    "kind": "Status",
+                    "status": "Success",
+                    "details": {"name": key[1], "kind": "configmaps"},
+                }
                 return 200, self._model_json(status, "V1Status")
             if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
                 return self._status(409, "Conflict", f'configmaps "{name}": object modified')
             obj = copy.deepcopy(body)
-            obj["metadata"].update(namespace=namespace, uid=current["metadata"]["uid"],
-                                   resourceVersion=self._next_version())  # fmt: skip
+            obj["metadata"].update(
+                namespace=namespace,
+                uid=current["metadata"]["uid"],
+                resourceVersion=self._next_version(),
+            )
             self.config_maps[key] = obj
             return 200, self._model_json(obj, "V1ConfigMap")

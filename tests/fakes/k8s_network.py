@@ -167,15 +167,17 @@ class NetworkObjects:
 
     def add_service(self, body: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
-            code, out = self._services("create", body["metadata"]["namespace"], None, None,
-                                       copy.deepcopy(body), {})  # fmt: skip
+            code, out = self._services(
+                "create", body["metadata"]["namespace"], None, None, copy.deepcopy(body), {}
+            )
         assert code == 201, out
         return out
 
     def add_httproute(self, body: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
-            code, out = self._httproutes("create", body["metadata"]["namespace"], None, None,
-                                         copy.deepcopy(body), {})  # fmt: skip
+            code, out = self._httproutes(
+                "create", body["metadata"]["namespace"], None, None, copy.deepcopy(body), {}
+            )
         assert code == 201, out
         return out
 
@@ -232,15 +234,23 @@ class NetworkObjects:
         if problem:
             return problem
         if merged["spec"] != self._wire_pod(pod)["spec"]:
-            return self._status(422, "Invalid", f'Pod "{name}" is invalid: spec: Forbidden: '
-                                "pod updates may not change fields other than ...")  # fmt: skip
+            return self._status(
+                422,
+                "Invalid",
+                f'Pod "{name}" is invalid: spec: Forbidden: '
+                "pod updates may not change fields other than ...",
+            )
         invalid = self.validate(merged)
         if invalid:
             return self._status(422, "Invalid", invalid)
         wanted = entry.obj["spec"]["selector"].get("matchLabels") or {}
         if not selects(wanted, merged["metadata"].get("labels")):
-            return self._status(422, "Invalid", "this fake does not orphan pods: the patch "
-                                "takes a label of its ReplicaSet's selector off")  # fmt: skip
+            return self._status(
+                422,
+                "Invalid",
+                "this fake does not orphan pods: the patch "
+                "takes a label of its ReplicaSet's selector off",
+            )
         merged["metadata"]["resourceVersion"] = self._next_version()
         pod["metadata"] = merged["metadata"]
         return 200, self._model_json(self._wire_pod(pod), "V1Pod")
@@ -254,8 +264,11 @@ class NetworkObjects:
     def _patched(self, ctype, current, body, *, strategic):
         """(the patched object, None) or (None, the error response)."""
         if ctype != "application/json-patch+json" and not isinstance(body, dict):
-            return None, self._status(400, "BadRequest", "json: cannot unmarshal array into "
-                                      "Go value of type map[string]interface {}")  # fmt: skip
+            return None, self._status(
+                400,
+                "BadRequest",
+                "json: cannot unmarshal array into Go value of type map[string]interface {}",
+            )
         try:
             if ctype == "application/json-patch+json":
                 merged = json_patch(current, body)
@@ -270,10 +283,15 @@ class NetworkObjects:
         wanted = ((body or {}).get("metadata") or {}) if isinstance(body, dict) else {}
         version = wanted.get("resourceVersion") or merged["metadata"].get("resourceVersion")
         if version != current["metadata"].get("resourceVersion"):
-            return None, self._status(409, "Conflict", (
-                f'Operation cannot be fulfilled on {current["kind"]} '
-                f'"{current["metadata"]["name"]}": the object has been modified; please apply '
-                "your changes to the latest version and try again"))  # fmt: skip
+            return None, self._status(
+                409,
+                "Conflict",
+                (
+                    f"Operation cannot be fulfilled on {current['kind']} "
+                    f'"{current["metadata"]["name"]}": the object has been modified; please apply '
+                    "your changes to the latest version and try again"
+                ),
+            )
         return merged, None
 
     def _strategic(self, current, body):
@@ -293,8 +311,13 @@ class NetworkObjects:
 
     def _stamp(self, obj: dict[str, Any], namespace: str) -> None:
         meta = obj.setdefault("metadata", {})
-        meta.update(namespace=namespace, uid=str(uuid.uuid4()), generation=1,
-                    resourceVersion=self._next_version(), creationTimestamp=_now())  # fmt: skip
+        meta.update(
+            namespace=namespace,
+            uid=str(uuid.uuid4()),
+            generation=1,
+            resourceVersion=self._next_version(),
+            creationTimestamp=_now(),
+        )
 
     def _services(self, verb, namespace, name, ctype, body, query):
         if verb == "list":
@@ -325,8 +348,9 @@ class NetworkObjects:
         if verb == "update":
             merged = copy.deepcopy(body)
             if merged["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
-                return self._status(409, "Conflict", f'services "{name}": the object has been '
-                                    "modified")  # fmt: skip
+                return self._status(
+                    409, "Conflict", f'services "{name}": the object has been modified'
+                )
         elif verb == "patch":
             merged, error = self._patched(ctype, current, body, strategic=True)
             if error:
@@ -353,24 +377,40 @@ class NetworkObjects:
             resolved = tuple((p.get("name"), _target_port(pod, p)) for p in ports)
             resolved = tuple((n, port) for n, port in resolved if port is not None)
             group = groups.setdefault(resolved, {"addresses": [], "notReadyAddresses": []})
-            address = {"ip": ip, "targetRef": {
-                "kind": "Pod", "name": pod["metadata"]["name"],
-                "namespace": meta["namespace"], "uid": pod["metadata"]["uid"]}}  # fmt: skip
+            address = {
+                "ip": ip,
+                "targetRef": {
+                    "kind": "Pod",
+                    "name": pod["metadata"]["name"],
+                    "namespace": meta["namespace"],
+                    "uid": pod["metadata"]["uid"],
+                },
+            }
             group["addresses" if _ready(pod) else "notReadyAddresses"].append(address)
         subsets = []
         for resolved, group in groups.items():
             subset = {k: v for k, v in group.items() if v}
             subset["ports"] = [{"name": n, "port": p, "protocol": "TCP"} for n, p in resolved]
             subsets.append(subset)
-        body = {"apiVersion": "v1", "kind": "Endpoints", "subsets": subsets or None,
-                "metadata": {"name": meta["name"], "namespace": meta["namespace"],
-                             "labels": meta.get("labels")}}  # fmt: skip
+        body = {
+            "apiVersion": "v1",
+            "kind": "Endpoints",
+            "subsets": subsets or None,
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "labels": meta.get("labels"),
+            },
+        }
         return self._model_json(body, "V1Endpoints")
 
     def _endpoints(self, verb, namespace, name, ctype, body, query):
         if verb == "list":
-            items = [self._endpoints_of(s) for (ns, _), s in self.services.items()
-                     if ns == namespace and s["spec"].get("selector")]  # fmt: skip
+            items = [
+                self._endpoints_of(s)
+                for (ns, _), s in self.services.items()
+                if ns == namespace and s["spec"].get("selector")
+            ]
             return 200, self._model_json({"items": items, "metadata": {}}, "V1EndpointsList")
         if verb != "get":
             return self._status(405, "MethodNotAllowed", "the endpoints controller owns these")
@@ -386,14 +426,21 @@ class NetworkObjects:
         if not problems:
             return None
         name = (obj.get("metadata") or {}).get("name", "")
-        return self._status(422, "Invalid", f'HTTPRoute.gateway.networking.k8s.io "{name}" is '
-                            f"invalid: {'; '.join(problems)}")  # fmt: skip
+        return self._status(
+            422,
+            "Invalid",
+            f'HTTPRoute.gateway.networking.k8s.io "{name}" is invalid: {"; ".join(problems)}',
+        )
 
     def _httproutes(self, verb, namespace, name, ctype, body, query):
         if verb == "list":
             items = [r for (ns, _), r in self.httproutes.items() if ns == namespace]
-            return 200, {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRouteList",
-                         "items": copy.deepcopy(items), "metadata": {}}  # fmt: skip
+            return 200, {
+                "apiVersion": "gateway.networking.k8s.io/v1",
+                "kind": "HTTPRouteList",
+                "items": copy.deepcopy(items),
+                "metadata": {},
+            }
         if verb == "create":
             problem = self._route_problem(body)
             if problem:
@@ -415,8 +462,9 @@ class NetworkObjects:
         if verb == "update":
             merged = copy.deepcopy(body)
             if merged["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
-                return self._status(409, "Conflict", f'{HTTPROUTES} "{name}": the object has '
-                                    "been modified")  # fmt: skip
+                return self._status(
+                    409, "Conflict", f'{HTTPROUTES} "{name}": the object has been modified'
+                )
         elif verb == "patch":
             merged, error = self._patched(ctype, current, body, strategic=False)
             if error:
@@ -446,5 +494,7 @@ NETWORK_ROUTES = [
 NETWORK_GROUPS = {"services": "", "endpoints": "", "httproutes": "gateway.networking.k8s.io"}
 NETWORK_KINDS = {"services": "V1Service", "endpoints": "V1Endpoints", "httproutes": "V1HTTPRoute"}
 NETWORK_API_VERSIONS = {
-    "services": "v1", "endpoints": "v1", "httproutes": "gateway.networking.k8s.io/v1",
-}  # fmt: skip
+    "services": "v1",
+    "endpoints": "v1",
+    "httproutes": "gateway.networking.k8s.io/v1",
+}

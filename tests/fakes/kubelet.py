@@ -172,9 +172,14 @@ class FakeKubelet:
         log_path = self._logs / f"{name}.log"
         with log_path.open("ab") as log:
             process = subprocess.Popen(  # the pod's own argv, never a shell
-                argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, preexec_fn=lambda: os.sched_setaffinity(0, cpus),
-            )  # fmt: skip
+                argv,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=lambda: os.sched_setaffinity(0, cpus),
+            )
         role = pod["metadata"]["labels"].get("kvpilot.dev/role", "")
         proc = PodProcess(name, role, ip, argv, process, log_path, cpus, time.monotonic())
         self.running[name] = proc

@@ -55,8 +55,10 @@ class StandInVllm(ServedInThread):
                 if body.get("stream"):
                     self._stream(tokens)
                     return
-                self._send(200, {"choices": [{"text": "x" * tokens}],
-                                 "usage": {"completion_tokens": tokens}})  # fmt: skip
+                self._send(
+                    200,
+                    {"choices": [{"text": "x" * tokens}], "usage": {"completion_tokens": tokens}},
+                )
 
             def _stream(self, tokens: int) -> None:
                 """Server-sent events, one token each, as vLLM streams a completion."""

@@ -87,8 +87,10 @@ class TrafficSplitter(ServedInThread):
         deadline = time.monotonic() + timeout_s
         while not condition(self):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"splitter: table {self.table}, counts {dict(self.counts)}, "
-                                   f"last error {self.last_error}")  # fmt: skip
+                raise TimeoutError(
+                    f"splitter: table {self.table}, counts {dict(self.counts)}, "
+                    f"last error {self.last_error}"
+                )
             time.sleep(0.01)
 
     def wait_for_fresh_table(self, timeout_s: float = 5.0) -> dict[str, float]:
@@ -120,8 +122,11 @@ class TrafficSplitter(ServedInThread):
         found = self._get(f"/api/v1/namespaces/{self.namespace}/endpoints/{service}") or {}
         out = []
         for subset in found.get("subsets") or ():
-            numbers = [p["port"] for p in subset.get("ports") or ()
-                       if name is None or p.get("name") == name]  # fmt: skip
+            numbers = [
+                p["port"]
+                for p in subset.get("ports") or ()
+                if name is None or p.get("name") == name
+            ]
             if numbers:
                 out += [f"{a['ip']}:{numbers[0]}" for a in subset.get("addresses") or ()]
         return sorted(out)
@@ -186,8 +191,7 @@ class TrafficSplitter(ServedInThread):
                     send_json(self, 503, {"error": "no healthy upstream"})
                     return
                 host, port = str(backend).rsplit(":", 1)
-                headers = {k: v for k, v in self.headers.items()
-                           if k.lower() not in _HOP_HEADERS}  # fmt: skip
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
                 upstream = http.client.HTTPConnection(host, int(port), timeout=60)
                 try:
                     upstream.request(self.command, self.path, body=body, headers=headers)

@@ -55,8 +55,10 @@ class Agent:
                 return text
             time.sleep(0.2)
         memory = ", ".join(f"{f} {self.proc_status_kib(f) // 1024} MiB" for f in ("VmRSS", "VmHWM"))
-        pytest.fail(f"{what} within {deadline_s:g} s ({memory}); last /metrics:\n"
-                    f"{text[:3000]}\nlog:\n{self.log_tail()}")  # fmt: skip
+        pytest.fail(
+            f"{what} within {deadline_s:g} s ({memory}); last /metrics:\n"
+            f"{text[:3000]}\nlog:\n{self.log_tail()}"
+        )
 
 
 @contextmanager
@@ -66,8 +68,11 @@ def kvpilot(args: Sequence[str], folder: Path, port: int) -> Iterator[Agent]:
     with log.open("ab") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "kvpilot.agent", *args],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=folder,
-        )  # fmt: skip
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=folder,
+        )
     try:
         yield Agent(f"http://127.0.0.1:{port}", process, log)
     finally:

@@ -55,9 +55,19 @@ def standin_instance(
     if metrics is not None:
         env["STANDIN_METRICS"] = str(metrics)
     # --download-dir puts the test's folder in the command line: processes_with(tmp) finds it.
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(TINY_MODEL), "--served-model-name", f"standin-{tmp.name}",
-            "--download-dir", str(tmp / "downloads"), "--port", str(port)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(TINY_MODEL),
+        "--served-model-name",
+        f"standin-{tmp.name}",
+        "--download-dir",
+        str(tmp / "downloads"),
+        "--port",
+        str(port),
+    ]
     return {"name": name, "argv": argv, "env": env}
 
 
@@ -124,9 +134,12 @@ class Agent:
     def __enter__(self) -> Self:
         self.process = subprocess.Popen(
             [*KVPILOT, *self.args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            text=True, start_new_session=True,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
         for stream in (self.process.stdout, self.process.stderr):
             reader = threading.Thread(target=self._read, args=(stream,), daemon=True)
             reader.start()

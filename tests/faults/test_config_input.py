@@ -93,9 +93,13 @@ def kvpilot(args: list[str], tmp_path: Path, **env: str) -> Finished:
         started = time.monotonic()
         launcher = subprocess.Popen(
             [sys.executable, "-c", LAUNCHER, str(ADDRESS_SPACE_CAP_BYTES), str(report), *command],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=environ, cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            env=environ,
+            cwd=tmp_path,
             start_new_session=True,
-        )  # fmt: skip
+        )
         try:
             with contextlib.suppress(subprocess.TimeoutExpired):  # then it is killed
                 launcher.wait(timeout=KILL_AFTER_S)

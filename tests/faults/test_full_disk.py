@@ -62,9 +62,13 @@ def fill_to_the_last_byte(store: StateStore) -> None:
     while size >= 8:
         try:
             store.record_audit(
-                wall_s=0.0, actor="agent", action="filler", target="disk",
-                decision="filler", reason="x" * size,
-            )  # fmt: skip
+                wall_s=0.0,
+                actor="agent",
+                action="filler",
+                target="disk",
+                decision="filler",
+                reason="x" * size,
+            )
         except sqlite3.OperationalError as exc:
             assert "database or disk is full" in str(exc)
             size //= 2
@@ -84,9 +88,11 @@ async def _scrape(client: httpx.AsyncClient, url: str) -> tuple[int, str]:
 
 
 async def _with_agent(
-    tmp_path: Path, vllm: LoopbackVllm, receiver: Receiver,
+    tmp_path: Path,
+    vllm: LoopbackVllm,
+    receiver: Receiver,
     body: Callable[[Sidecar, str, httpx.AsyncClient], Awaitable[None]],
-) -> None:  # fmt: skip
+) -> None:
     port = free_port()
     data = agent_config(
         tmp_path / "state",

@@ -45,10 +45,22 @@ def _collect(tmp_path: Path, routes: dict[str, Any], *extra: str) -> dict[str, A
     """`kvpilot collect --once --json` against a loopback server serving `routes`."""
     with Misbehaving(routes) as server:
         done = subprocess.run(
-            [sys.executable, "-m", "kvpilot.agent", "collect", "--once", "--json",
-             "--vllm-url", server.url, *extra],
-            capture_output=True, timeout=60, cwd=tmp_path, check=False,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "kvpilot.agent",
+                "collect",
+                "--once",
+                "--json",
+                "--vllm-url",
+                server.url,
+                *extra,
+            ],
+            capture_output=True,
+            timeout=60,
+            cwd=tmp_path,
+            check=False,
+        )
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
     report: dict[str, Any] = json.loads(done.stdout)
     return report

@@ -28,21 +28,55 @@ PINNED = settings(
 )
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
 PAYLOADS = [p.read_bytes() for p in sorted(FIXTURES.glob("*.prom"))]
-NASTY_NUMBERS = ["NaN", "+Inf", "-Inf", "-1", "-0", "1.5", "1e309", "-1e309", "0x10", "1_0",
-                 "", "nan", "inf", "Infinity", "3.0 1700000000000", "2 # {a=\"b\"} 1"]  # fmt: skip
-COUNT_FIELDS = ("requests_running", "requests_waiting", "num_gpu_blocks", "blocks_total",
-                "blocks_free", "block_size")  # fmt: skip
-COUNTER_FIELDS = ("preemptions_total", "prefix_cache_queries_total", "prefix_cache_hits_total",
-                  "prompt_tokens_total", "generation_tokens_total", "iterations_total")  # fmt: skip
+NASTY_NUMBERS = [
+    "NaN",
+    "+Inf",
+    "-Inf",
+    "-1",
+    "-0",
+    "1.5",
+    "1e309",
+    "-1e309",
+    "0x10",
+    "1_0",
+    "",
+    "nan",
+    "inf",
+    "Infinity",
+    "3.0 1700000000000",
+    '2 # {a="b"} 1',
+]
+COUNT_FIELDS = (
+    "requests_running",
+    "requests_waiting",
+    "num_gpu_blocks",
+    "blocks_total",
+    "blocks_free",
+    "block_size",
+)
+COUNTER_FIELDS = (
+    "preemptions_total",
+    "prefix_cache_queries_total",
+    "prefix_cache_hits_total",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "iterations_total",
+)
 
 
 # Lines of the families kvpilot reads: the "number" and "conflict" edits aim there.
 READ_LINES = (
-    b"vllm:kv_cache_usage_perc", b"vllm:num_requests_running", b"vllm:num_requests_waiting{",
-    b"vllm:num_preemptions_total", b"vllm:prefix_cache_", b"vllm:generation_tokens_total",
-    b"vllm:time_to_first_token_seconds_", b"vllm:iteration_tokens_total_",
-    b"vllm:e2e_request_latency_seconds_", b"vllm:cache_config_info",
-)  # fmt: skip
+    b"vllm:kv_cache_usage_perc",
+    b"vllm:num_requests_running",
+    b"vllm:num_requests_waiting{",
+    b"vllm:num_preemptions_total",
+    b"vllm:prefix_cache_",
+    b"vllm:generation_tokens_total",
+    b"vllm:time_to_first_token_seconds_",
+    b"vllm:iteration_tokens_total_",
+    b"vllm:e2e_request_latency_seconds_",
+    b"vllm:cache_config_info",
+)
 
 
 @st.composite
@@ -138,12 +172,25 @@ def test_mutated_real_payloads_raise_only_parse_errors(data: bytes) -> None:
     parse_all_ways(data.decode("utf-8", errors="replace"))
 
 
-KVPOOL_FAMILIES = ("kvpool_blocks_usable", "kvpool_blocks_free", "kvpool_blocks_free_cached",
-                   "kvpool_blocks_empty", "kvpool_longest_free_run_blocks",
-                   "kvpool_internal_fragmentation_ratio", "kvpool_preemptions_total",
-                   "kvpool_block_size_tokens")  # fmt: skip
-KVPOOL_COUNTS = ("blocks_total", "blocks_free", "blocks_free_cached", "blocks_empty",
-                 "longest_free_run_blocks", "preemptions_total", "block_size_tokens")  # fmt: skip
+KVPOOL_FAMILIES = (
+    "kvpool_blocks_usable",
+    "kvpool_blocks_free",
+    "kvpool_blocks_free_cached",
+    "kvpool_blocks_empty",
+    "kvpool_longest_free_run_blocks",
+    "kvpool_internal_fragmentation_ratio",
+    "kvpool_preemptions_total",
+    "kvpool_block_size_tokens",
+)
+KVPOOL_COUNTS = (
+    "blocks_total",
+    "blocks_free",
+    "blocks_free_cached",
+    "blocks_empty",
+    "longest_free_run_blocks",
+    "preemptions_total",
+    "block_size_tokens",
+)
 FIGURES = st.one_of(
     st.integers(-(10**6), 10**6).map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),

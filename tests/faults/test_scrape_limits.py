@@ -44,11 +44,25 @@ def test_collect_once_returns_within_its_deadline_when_kvpool_drips(tmp_path: Pa
     routes = _vllm_routes(**{"/kvpool": drip(every_s=0.3)})
     with Misbehaving(routes) as server:  # type: ignore[arg-type]
         process = subprocess.Popen(
-            [sys.executable, "-m", "kvpilot.agent", "collect", "--once", "--json",
-             "--vllm-url", server.url, "--kvpool-url", f"{server.url}/kvpool",
-             "--timeout", str(deadline_s)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, cwd=tmp_path,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "kvpilot.agent",
+                "collect",
+                "--once",
+                "--json",
+                "--vllm-url",
+                server.url,
+                "--kvpool-url",
+                f"{server.url}/kvpool",
+                "--timeout",
+                str(deadline_s),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            cwd=tmp_path,
+        )
         try:
             out, err = process.communicate(timeout=60)
         except subprocess.TimeoutExpired:
@@ -73,10 +87,22 @@ def test_collect_once_returns_within_its_deadline_when_kvpool_drips(tmp_path: Pa
 def test_collect_options_set_the_limits(tmp_path: Path, option: str, kind: str) -> None:
     with Misbehaving(_vllm_routes()) as server:  # type: ignore[arg-type]
         done = subprocess.run(
-            [sys.executable, "-m", "kvpilot.agent", "collect", "--once", "--json",
-             "--vllm-url", server.url, option],
-            capture_output=True, timeout=60, cwd=tmp_path, check=False,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "kvpilot.agent",
+                "collect",
+                "--once",
+                "--json",
+                "--vllm-url",
+                server.url,
+                option,
+            ],
+            capture_output=True,
+            timeout=60,
+            cwd=tmp_path,
+            check=False,
+        )
     report = json.loads(done.stdout)
     assert report["vllm"]["kind"] == kind, report["vllm"]
     assert done.returncode == 1  # the vLLM source failed: collect says so in its exit code
@@ -87,8 +113,17 @@ def test_run_keeps_ticking_while_its_kvpool_drips(tmp_path: Path) -> None:
     are served, and the kvpool source is counted as timing out."""
     port = free_port()
     with Misbehaving(_vllm_routes(**{"/kvpool": drip()})) as server:  # type: ignore[arg-type]
-        args = ["run", "--vllm-url", server.url, "--kvpool-url", f"{server.url}/kvpool",
-                "--listen", f"127.0.0.1:{port}", "--interval", "0.5"]  # fmt: skip
+        args = [
+            "run",
+            "--vllm-url",
+            server.url,
+            "--kvpool-url",
+            f"{server.url}/kvpool",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--interval",
+            "0.5",
+        ]
         with kvpilot(args, tmp_path, port) as agent:
             text = agent.wait_for("three ticks", lambda t: ticks(t) >= 3)
             health = _healthz(agent.url)
@@ -153,8 +188,15 @@ def test_a_200_mib_body_is_refused_without_being_read(tmp_path: Path) -> None:
     port = free_port()
     routes = {"/metrics": endless(total, chunk), "/version": VERSION}
     with Misbehaving(routes) as server:  # type: ignore[arg-type]
-        args = ["run", "--vllm-url", server.url, "--listen", f"127.0.0.1:{port}",
-                "--interval", "0.5"]  # fmt: skip
+        args = [
+            "run",
+            "--vllm-url",
+            server.url,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--interval",
+            "0.5",
+        ]
         with kvpilot(args, tmp_path, port) as agent:
             text = agent.wait_for(
                 "a too_large error for the vLLM source",

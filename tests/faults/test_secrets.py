@@ -116,8 +116,17 @@ def stub_executable(folder: Path) -> Path:
 
 
 def instance_argv(stub: Path, port: int) -> list[str]:
-    return [str(stub), "serve", "m", "--port", str(port), "--api-key", ARGV_API_KEY,
-            "--max-num-seqs", "8"]  # fmt: skip
+    return [
+        str(stub),
+        "serve",
+        "m",
+        "--port",
+        str(port),
+        "--api-key",
+        ARGV_API_KEY,
+        "--max-num-seqs",
+        "8",
+    ]
 
 
 def agent_config(folder: Path, *, stub: Path, vllm_port: int, receiver: int) -> dict[str, Any]:
@@ -187,9 +196,13 @@ def run_agent(folder: Path, env: dict[str, str] | None = None) -> LiveRun:
         with log_path.open("ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "kvpilot.agent", "run", "--config", str(path)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=folder,
-                start_new_session=True, env={**(env or os.environ), "KVPILOT_CONFIG": ""},
-            )  # fmt: skip
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=folder,
+                start_new_session=True,
+                env={**(env or os.environ), "KVPILOT_CONFIG": ""},
+            )
         servers: list[int] = []
         try:
 
@@ -289,12 +302,14 @@ def stored(live: LiveRun) -> LiveRun:
 
     with StateStore.open(config.state_dir) as store:
         runtime = LocalRuntime([], config.state_dir / "logs")
-        adapter = local_adapter(config, runtime, store.db, config_sha256=sha,
-                                restart_stable=restarted)  # fmt: skip
+        adapter = local_adapter(
+            config, runtime, store.db, config_sha256=sha, restart_stable=restarted
+        )
         asyncio.run(adapter.set_stable(candidate, reason="trial 1", ready_timeout_s=1.0))
         journal, trials = SqliteRolloutJournal(store.db), SqliteTrialStore(store.db)
-        record = RolloutRecord("t-1", Strategy.SEQUENTIAL, Phase.PLANNED, configured, candidate,
-                               now)  # fmt: skip
+        record = RolloutRecord(
+            "t-1", Strategy.SEQUENTIAL, Phase.PLANNED, configured, candidate, now
+        )
         journal.save(record)
         trial = new_trial("t-1", "study", 1, {"max_num_seqs": 16}, now)
         trials.add(trial)
@@ -302,9 +317,14 @@ def stored(live: LiveRun) -> LiveRun:
         trials.save(trial.to(TrialState.ABORTED, at_wall_s=now, reason=why))
         journal.save(record.at(Phase.ABORTED, at_wall_s=now, reason=why))
         store.record_audit(
-            wall_s=now, actor="agent", action="tune", target="vllm", decision="failed",
-            reason=why, details={"argv": list(candidate), "requested_by": "schedule"},
-        )  # fmt: skip
+            wall_s=now,
+            actor="agent",
+            action="tune",
+            target="vllm",
+            decision="failed",
+            reason=why,
+            details={"argv": list(candidate), "requested_by": "schedule"},
+        )
     return live
 
 
@@ -331,11 +351,23 @@ def test_the_tuning_report_shows_no_secret(stored: LiveRun) -> None:
     live = stored
     report = live.folder / "report.html"
     done = subprocess.run(
-        [sys.executable, "-m", "kvpilot.agent", "tune", "report", "--config",
-         str(live.config_path), "--output", str(report)],
-        capture_output=True, text=True, timeout=60, cwd=live.folder,
+        [
+            sys.executable,
+            "-m",
+            "kvpilot.agent",
+            "tune",
+            "report",
+            "--config",
+            str(live.config_path),
+            "--output",
+            str(report),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=live.folder,
         env={**os.environ, "KVPILOT_CONFIG": ""},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr
     html = report.read_text()
     assert "cannot run" in html  # the trial is on the page
@@ -358,8 +390,9 @@ def test_a_kubernetes_recommendation_shows_no_secret(k8s_api: Any, tmp_path: Pat
     vllm = body["spec"]["template"]["spec"]["containers"][0]
     vllm["args"] = [*vllm["args"], f"--api-key={ARGV_API_KEY}"]
     k8s_api.add_deployment(body)
-    target = KubernetesTarget(namespace=NAMESPACE, deployment="vllm", promote="recommend",
-                              state_dir=tmp_path)  # fmt: skip
+    target = KubernetesTarget(
+        namespace=NAMESPACE, deployment="vllm", promote="recommend", state_dir=tmp_path
+    )
     runtime = KubernetesRuntime(target, k8s_api.api_client(), identity="pod-a", poll_s=0.01)
     argv = [*vllm["args"], "--max-num-seqs", "16"]
 

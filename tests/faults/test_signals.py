@@ -77,8 +77,15 @@ def _hook(name: str, url: str) -> dict[str, Any]:
 
 def test_sighup_is_survived_when_there_is_nothing_to_reload() -> None:
     port = free_port()
-    args = ("run", "--vllm-url", f"http://127.0.0.1:{free_port()}",
-            "--listen", f"127.0.0.1:{port}", "--interval", "0.5")  # fmt: skip
+    args = (
+        "run",
+        "--vllm-url",
+        f"http://127.0.0.1:{free_port()}",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--interval",
+        "0.5",
+    )
     with Agent(*args) as agent:
         agent.wait_healthy(port)
         agent.signal(signal.SIGHUP)
@@ -125,9 +132,11 @@ def test_sigterm_during_a_restart_interrupts_it(tmp_path: Path) -> None:
     drain_s = 3.0
     instance = standin_instance(tmp_path, "tiny", free_port(), plan="serve,hang")
     config = base_config(
-        tmp_path, [instance], api={"token": TOKEN},
+        tmp_path,
+        [instance],
+        api={"token": TOKEN},
         remediation={"drain_timeout_s": drain_s, "verify_timeout_s": 300},
-    )  # fmt: skip
+    )
     config["runtime"]["drain_timeout_s"] = drain_s
     path = write_config(tmp_path / "kvpilot.yaml", config)
     port = config["listen"]["port"]

@@ -80,10 +80,14 @@ def test_a_slow_alert_does_not_hold_up_the_others(tmp_path: Path) -> None:
     try:
         with SlowForOne(slow="a") as receiver:
             config = base_config(tmp_path, instances, rules={"kv_saturation": {"for_s": 0}})
-            config["notifiers"] = [{
-                "kind": "webhook", "name": "oncall", "timeout_s": SLOW_S + 5,
-                "url": f"http://127.0.0.1:{receiver.port}/hook",
-            }]  # fmt: skip
+            config["notifiers"] = [
+                {
+                    "kind": "webhook",
+                    "name": "oncall",
+                    "timeout_s": SLOW_S + 5,
+                    "url": f"http://127.0.0.1:{receiver.port}/hook",
+                }
+            ]
             path = write_config(tmp_path / "kvpilot.yaml", config)
             with Agent("run", "--config", str(path)) as agent:
                 wait_until(lambda: "a" in receiver.arrived, 30, "alert a's first notification")

@@ -59,9 +59,13 @@ class Kvpilot:
         with self.output_path.open("wb") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "kvpilot.agent", *args],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, env=env, cwd=folder,
-            )  # fmt: skip
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=env,
+                cwd=folder,
+            )
 
     @property
     def pid(self) -> int:
@@ -279,9 +283,14 @@ def test_a_read_only_database_is_one_clear_message(
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVPILOT_")}
     argv = [*wrapper, sys.executable, "-m", "kvpilot.agent", "run", "--config", str(config)]
     done = subprocess.run(
-        argv, capture_output=True, text=True, timeout=30, env=env, cwd=tmp_path,
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+        cwd=tmp_path,
         stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     output = done.stdout + done.stderr
     assert done.returncode != 0, output
     assert "read-only" in output and DB in output, output

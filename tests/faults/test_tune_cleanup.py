@@ -33,9 +33,11 @@ pytestmark = pytest.mark.slow
 EXIT_S = 60.0
 GONE_S = 10.0
 TUNING = {
-    "trials": 1, "kv_max_bytes": 67_108_864, "max_num_seqs": 16,
+    "trials": 1,
+    "kv_max_bytes": 67_108_864,
+    "max_num_seqs": 16,
     "workload": {"requests": 4, "concurrency": 1, "prompt_len": 8, "output_len": 4},
-}  # fmt: skip
+}
 
 
 def _setup(tmp: Path, plan: str = "serve", **runtime: Any) -> tuple[Path, dict[str, Any]]:
@@ -112,8 +114,11 @@ def test_a_signal_mid_canary_stops_the_canary_and_the_stable_server(
     path, _ = _setup(tmp_path, plan="serve,hang")
     try:
         with Agent("tune", "--config", str(path)) as agent:
-            wait_until(lambda: _starts(tmp_path) == 2 and len(_servers(tmp_path)) >= 3,
-                       EXIT_S, "the stable and the hanging canary with its child")  # fmt: skip
+            wait_until(
+                lambda: _starts(tmp_path) == 2 and len(_servers(tmp_path)) >= 3,
+                EXIT_S,
+                "the stable and the hanging canary with its child",
+            )
             agent.check_alive("while the canary starts")
             agent.signal(sig)
             code = agent.wait(EXIT_S)
@@ -129,9 +134,12 @@ def test_a_signal_mid_canary_stops_the_canary_and_the_stable_server(
 def test_a_stable_server_that_ran_before_is_left_running(tmp_path: Path) -> None:
     path, instance = _setup(tmp_path)
     before = subprocess.Popen(
-        instance["argv"], env={**os.environ, **instance["env"]}, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        instance["argv"],
+        env={**os.environ, **instance["env"]},
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         port = instance["argv"][-1]
         wait_until(lambda: _starts(tmp_path) == 1, EXIT_S, "the server started before")
@@ -140,8 +148,11 @@ def test_a_stable_server_that_ran_before_is_left_running(tmp_path: Path) -> None
             lines = agent.output()
         assert code == 0, lines
         assert before.poll() is None, lines  # the same process still runs
-        said = _said(lines, r"the stable server 'tiny' ran before this run and still runs "
-                            r"\(PID (\d+), port (\d+)\)")  # fmt: skip
+        said = _said(
+            lines,
+            r"the stable server 'tiny' ran before this run and still runs "
+            r"\(PID (\d+), port (\d+)\)",
+        )
         assert said.groups() == (str(before.pid), port)
         assert _servers(tmp_path) == [before.pid]  # the canary is gone
     finally:
@@ -184,8 +195,11 @@ def test_the_next_run_stops_what_a_killed_run_left(tmp_path: Path) -> None:
     path, _ = _setup(tmp_path, plan="serve,hang,serve")
     try:
         with Agent("tune", "--config", str(path)) as killed:
-            wait_until(lambda: _starts(tmp_path) == 2 and len(_servers(tmp_path)) >= 3,
-                       EXIT_S, "the stable and the hanging canary with its child")  # fmt: skip
+            wait_until(
+                lambda: _starts(tmp_path) == 2 and len(_servers(tmp_path)) >= 3,
+                EXIT_S,
+                "the stable and the hanging canary with its child",
+            )
             killed.signal(signal.SIGKILL)
             assert killed.wait(EXIT_S) == -signal.SIGKILL
         left = _servers(tmp_path)
@@ -194,8 +208,10 @@ def test_the_next_run_stops_what_a_killed_run_left(tmp_path: Path) -> None:
             code = agent.wait(EXIT_S)
             lines = agent.output()
         assert code == 0, lines
-        assert "the stable server 'tiny' a killed kvpilot tune left running is this run's: " \
-            "stopped at its end" in lines, lines  # fmt: skip
+        assert (
+            "the stable server 'tiny' a killed kvpilot tune left running is this run's: "
+            "stopped at its end" in lines
+        ), lines
         _said(lines, r"stopped the stable server 'tiny' this run started \(PID \d+")
     finally:
         _none_left(tmp_path)

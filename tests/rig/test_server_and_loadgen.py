@@ -21,9 +21,12 @@ from kvpilot.tuner.loadgen import LengthDist, Workload, percentile, plan_request
 
 def test_workload_is_drawn_from_its_seed() -> None:
     workload = Workload(
-        num_requests=20, concurrency=4, prompt_len=LengthDist.uniform(4, 40),
-        output_len=LengthDist(low=1, choices=(8, 16)), seed=7,
-    )  # fmt: skip
+        num_requests=20,
+        concurrency=4,
+        prompt_len=LengthDist.uniform(4, 40),
+        output_len=LengthDist(low=1, choices=(8, 16)),
+        seed=7,
+    )
     first, second = plan_requests(workload), plan_requests(workload)
     assert first == second
     assert {len(p.prompt) for p in first} <= set(range(4, 41))
@@ -34,9 +37,11 @@ def test_workload_is_drawn_from_its_seed() -> None:
 
 def test_open_loop_arrivals_follow_the_rate() -> None:
     workload = Workload(
-        num_requests=2000, rate_rps=50.0, prompt_len=LengthDist.fixed(4),
+        num_requests=2000,
+        rate_rps=50.0,
+        prompt_len=LengthDist.fixed(4),
         output_len=LengthDist.fixed(4),
-    )  # fmt: skip
+    )
     last = plan_requests(workload)[-1].delay_s
     # 1999 exponential gaps of mean 20 ms: the total is within a few percent of 40 s.
     assert 36.0 < last < 44.0
@@ -47,9 +52,12 @@ def test_workload_needs_exactly_one_arrival_mode() -> None:
         Workload(num_requests=1, prompt_len=LengthDist.fixed(1), output_len=LengthDist.fixed(1))
     with pytest.raises(ValueError, match="exactly one"):
         Workload(
-            num_requests=1, concurrency=1, rate_rps=1.0,
-            prompt_len=LengthDist.fixed(1), output_len=LengthDist.fixed(1),
-        )  # fmt: skip
+            num_requests=1,
+            concurrency=1,
+            rate_rps=1.0,
+            prompt_len=LengthDist.fixed(1),
+            output_len=LengthDist.fixed(1),
+        )
 
 
 def test_percentile_interpolates() -> None:
@@ -74,9 +82,12 @@ def test_argv_is_a_list_and_env_controls_the_plugin() -> None:
 @pytest.mark.slow
 def test_load_against_real_server_measures_every_request(vllm_server: VllmServer) -> None:
     workload = Workload(
-        num_requests=12, concurrency=4, prompt_len=LengthDist.uniform(8, 64),
-        output_len=LengthDist.fixed(16), seed=1,
-    )  # fmt: skip
+        num_requests=12,
+        concurrency=4,
+        prompt_len=LengthDist.uniform(8, 64),
+        output_len=LengthDist.fixed(16),
+        seed=1,
+    )
     report = asyncio.run(run_load(vllm_server.url, workload))
     assert len(report.results) == 12
     assert not report.failed, report.failed[0].error
@@ -91,9 +102,11 @@ def test_load_against_real_server_measures_every_request(vllm_server: VllmServer
 @pytest.mark.slow
 def test_failed_requests_are_reported_not_raised(vllm_server: VllmServer) -> None:
     workload = Workload(
-        num_requests=2, concurrency=1, prompt_len=LengthDist.fixed(2000),  # over max_model_len
+        num_requests=2,
+        concurrency=1,
+        prompt_len=LengthDist.fixed(2000),  # over max_model_len
         output_len=LengthDist.fixed(4),
-    )  # fmt: skip
+    )
     report = asyncio.run(run_load(vllm_server.url, workload))
     assert len(report.failed) == 2
     assert all("HTTP 400" in (r.error or "") for r in report.failed)

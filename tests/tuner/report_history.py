@@ -41,8 +41,12 @@ def _cumulative(counts: tuple[int, ...]) -> Histogram:
 SHAPE = WorkloadShape(
     prompt_tokens=_cumulative((0, 0, 0, 0, 3, 20, 60, 140, 60, 17, 0, 0)),
     generation_tokens=_cumulative((0, 0, 2, 10, 60, 150, 70, 8, 0, 0, 0, 0)),
-    rate_rps=1.7, prefix_hit_ratio=0.35, requests=300, window_s=176.0, block_size=16,
-)  # fmt: skip
+    rate_rps=1.7,
+    prefix_hit_ratio=0.35,
+    requests=300,
+    window_s=176.0,
+    block_size=16,
+)
 
 
 def _window(ttft: float, itl: float, goodput: float) -> WindowMetrics:
@@ -65,27 +69,44 @@ def history() -> list[Trial]:
         (8 * MIB, 28, _result(1034.0, 8 * MIB, 0.44, 0.032), 0.43, 0.031),
         (24 * MIB, 64, _result(1290.0, 24 * MIB, 0.40, 0.030), 0.39, 0.030),
         (2 * MIB, 48, None, None, None),
-        (6 * MIB, 96, TrialResult(Outcome.PREEMPTED, 610.0, 6 * MIB, "0.4 preemptions per request"),
-         None, None),
+        (
+            6 * MIB,
+            96,
+            TrialResult(Outcome.PREEMPTED, 610.0, 6 * MIB, "0.4 preemptions per request"),
+            None,
+            None,
+        ),
         (48 * MIB, 16, _result(980.0, 48 * MIB, 0.61, 0.035), 0.60, 0.036),
-    ]  # fmt: skip
+    ]
     trials = []
     for i, (kv, seqs, result, ttft, itl) in enumerate(cases, 1):
-        trial = new_trial(f"t{i}", "study", i, {"kv_cache_memory_bytes": kv, "max_num_seqs": seqs},
-                          1_700_000_000.0 + i)  # fmt: skip
+        trial = new_trial(
+            f"t{i}",
+            "study",
+            i,
+            {"kv_cache_memory_bytes": kv, "max_num_seqs": seqs},
+            1_700_000_000.0 + i,
+        )
         if result is None:
             reason = f"planner: kv_cache_memory_bytes {kv} < {4 * MIB} (one request)"
-            trials.append(trial.to(TrialState.INFEASIBLE, at_wall_s=trial.created_wall_s + 1,
-                                   reason=reason))  # fmt: skip
+            trials.append(
+                trial.to(TrialState.INFEASIBLE, at_wall_s=trial.created_wall_s + 1, reason=reason)
+            )
             continue
         trial = trial.to(TrialState.RUNNING, at_wall_s=trial.created_wall_s + 1)
         trial = trial.finish(result, at_wall_s=trial.created_wall_s + 60)
         if ttft is not None and itl is not None:
             goodput = result.goodput_tokens_per_s or 0.0
-            canary = {"ttft_s": _spread(ttft), "inter_token_s": _spread(itl),
-                      "goodput_tokens_per_s": _spread(goodput)}  # fmt: skip
-            stable = {"ttft_s": _spread(0.42), "inter_token_s": _spread(0.031),
-                      "goodput_tokens_per_s": _spread(1030.0)}  # fmt: skip
+            canary = {
+                "ttft_s": _spread(ttft),
+                "inter_token_s": _spread(itl),
+                "goodput_tokens_per_s": _spread(goodput),
+            }
+            stable = {
+                "ttft_s": _spread(0.42),
+                "inter_token_s": _spread(0.031),
+                "goodput_tokens_per_s": _spread(1030.0),
+            }
             trial = dataclasses.replace(
                 trial, judgement=judge(canary, stable), baseline=baseline, warmup=Warmup(requests=8)
             )

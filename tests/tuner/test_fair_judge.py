@@ -84,9 +84,17 @@ def test_both_metric_sets_judge_the_same_user_facing_metrics() -> None:
             "preemptions_per_request",
         }
 
-    assert names(DEFAULT_METRICS) == names(LIVE_METRICS) == {
-        "ttft_s", "inter_token_s", "e2e_s", "goodput_tokens_per_s", "errors_ratio",
-    }  # fmt: skip
+    assert (
+        names(DEFAULT_METRICS)
+        == names(LIVE_METRICS)
+        == {
+            "ttft_s",
+            "inter_token_s",
+            "e2e_s",
+            "goodput_tokens_per_s",
+            "errors_ratio",
+        }
+    )
     for metrics in (DEFAULT_METRICS, LIVE_METRICS):
         assert [m.name for m in metrics if not m.counted] == ["kv_usage_ratio"]
 
@@ -233,9 +241,14 @@ def test_replay_samples_carry_goodput_and_kv_usage_from_the_scrapes() -> None:
 
     def scrape(at: float, tokens: float, usage: float) -> VllmScrape:
         engine = EngineSample(
-            "m", "0", at, at, kv_usage_ratio=usage, preemptions_total=0.0,
+            "m",
+            "0",
+            at,
+            at,
+            kv_usage_ratio=usage,
+            preemptions_total=0.0,
             generation_tokens_total=tokens,
-        )  # fmt: skip
+        )
         return VllmScrape(at, at, (engine,), None)
 
     got = samples(LoadReport(0.0, 1.0, ()), [scrape(0.0, 0, 0.1), scrape(0.5, 500, 0.7)])

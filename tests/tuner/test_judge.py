@@ -116,8 +116,9 @@ def test_nothing_to_judge_is_inconclusive_and_does_not_promote() -> None:
 def test_a_shift_small_against_the_slo_limit_passes() -> None:
     # Inter-token gaps from 3 ms to 7 ms: far beyond 10 % of the baseline, yet under a 100 ms
     # limit the user would not notice; with a 20 ms limit the same shift counts against.
-    itl = MetricSpec("inter_token_s", Direction.INCREASE, tolerance_ratio=0.1,
-                     slo_tolerance_ratio=0.1)  # fmt: skip
+    itl = MetricSpec(
+        "inter_token_s", Direction.INCREASE, tolerance_ratio=0.1, slo_tolerance_ratio=0.1
+    )
     canary, baseline = normal(0.007, 0.001, 300, 1), normal(0.003, 0.001, 300, 2)
     assert judge_metric(itl, canary, baseline, 0.05).verdict is Verdict.HIGH
     loose = judge_metric(itl, canary, baseline, 0.05, slo_limit=0.1)
@@ -127,10 +128,15 @@ def test_a_shift_small_against_the_slo_limit_passes() -> None:
 
 
 def test_judge_passes_the_slo_limits_by_metric_name() -> None:
-    config = JudgeConfig(metrics=(MetricSpec("inter_token_s", Direction.INCREASE,
-                                             slo_tolerance_ratio=0.1),))  # fmt: skip
+    config = JudgeConfig(
+        metrics=(MetricSpec("inter_token_s", Direction.INCREASE, slo_tolerance_ratio=0.1),)
+    )
     canary, baseline = normal(0.007, 0.001, 300, 1), normal(0.003, 0.001, 300, 2)
     assert judge({"inter_token_s": canary}, {"inter_token_s": baseline}, config).promote is False
-    loose = judge({"inter_token_s": canary}, {"inter_token_s": baseline}, config,
-                  slo_limits={"inter_token_s": 0.1})  # fmt: skip
+    loose = judge(
+        {"inter_token_s": canary},
+        {"inter_token_s": baseline},
+        config,
+        slo_limits={"inter_token_s": 0.1},
+    )
     assert loose.classification is Classification.PASS

@@ -33,9 +33,14 @@ def _shape(
     prompts: list[int], outputs: list[int], *, rate: float = 2.0, hit: float | None = None
 ) -> WorkloadShape:
     return WorkloadShape(
-        prompt_tokens=histogram(prompts), generation_tokens=histogram(outputs), rate_rps=rate,
-        prefix_hit_ratio=hit, requests=len(prompts), window_s=len(prompts) / rate, block_size=16,
-    )  # fmt: skip
+        prompt_tokens=histogram(prompts),
+        generation_tokens=histogram(outputs),
+        rate_rps=rate,
+        prefix_hit_ratio=hit,
+        requests=len(prompts),
+        window_s=len(prompts) / rate,
+        block_size=16,
+    )
 
 
 def test_bucket_lengths_follow_the_histogram() -> None:
@@ -115,9 +120,15 @@ def test_a_shape_without_lengths_or_rate_is_refused() -> None:
 def test_a_plain_workload_draws_and_hashes_as_before() -> None:
     w = Workload(8, LengthDist.fixed(5), LengthDist.uniform(1, 9), concurrency=2, seed=4)
     assert set(dataclasses.asdict(w)) == {
-        "num_requests", "prompt_len", "output_len", "concurrency", "rate_rps", "seed",
-        "vocab_size", "request_timeout_s",
-    }  # fmt: skip
+        "num_requests",
+        "prompt_len",
+        "output_len",
+        "concurrency",
+        "rate_rps",
+        "seed",
+        "vocab_size",
+        "request_timeout_s",
+    }
     assert set(dataclasses.asdict(w.prompt_len)) == {"low", "high", "choices"}
     # Recorded before ShapedWorkload existed: the same seed still sends the same traffic.
     assert workload_hash(w) == "0572f6796e5080d7"
@@ -128,12 +139,19 @@ def test_a_shaped_workload_warms_closed_loop_and_a_trace_replays_as_recorded() -
     shaped = learned_workload(_shape([50] * 30, [10] * 30), requests=10)
     warm = dataclasses.replace(shaped, num_requests=2, concurrency=2, rate_rps=None)
     assert isinstance(warm, ShapedWorkload) and len(plan_requests(warm)) == 2
-    trace = TraceWorkload(3, LengthDist.fixed(1), LengthDist.fixed(1), rate_rps=1.0,
-                          arrivals=((0.0, 7, 3), (0.5, 9, 4), (2.0, 11, 5)))  # fmt: skip
+    trace = TraceWorkload(
+        3,
+        LengthDist.fixed(1),
+        LengthDist.fixed(1),
+        rate_rps=1.0,
+        arrivals=((0.0, 7, 3), (0.5, 9, 4), (2.0, 11, 5)),
+    )
     planned = plan_requests(trace)
     assert [(p.delay_s, len(p.prompt), p.max_tokens) for p in planned] == [
-        (0.0, 7, 3), (0.5, 9, 4), (2.0, 11, 5)
-    ]  # fmt: skip
+        (0.0, 7, 3),
+        (0.5, 9, 4),
+        (2.0, 11, 5),
+    ]
 
 
 def test_coarse_key_reads_quantiles_and_rate() -> None:

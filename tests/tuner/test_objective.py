@@ -21,8 +21,12 @@ from kvpilot.tuner.objective import (
 )
 from kvpilot.tuner.startup_errors import StartupFailureKind
 
-SLO = Slo(ttft_p95_s=1.0, inter_token_p95_s=0.1, attainment_target_ratio=0.75,
-          max_preemptions_per_request=0.5)  # fmt: skip
+SLO = Slo(
+    ttft_p95_s=1.0,
+    inter_token_p95_s=0.1,
+    attainment_target_ratio=0.75,
+    max_preemptions_per_request=0.5,
+)
 
 
 def request(
@@ -31,10 +35,16 @@ def request(
     first = start_s + ttft_s
     times = tuple(first + i * gap_s for i in range(tokens))
     return RequestResult(
-        index=index, prompt_tokens=10, output_tokens_requested=tokens, start_s=start_s,
-        end_s=times[-1], first_token_s=first, token_times_s=times,
-        output_tokens=0 if error else tokens, error=error,
-    )  # fmt: skip
+        index=index,
+        prompt_tokens=10,
+        output_tokens_requested=tokens,
+        start_s=start_s,
+        end_s=times[-1],
+        first_token_s=first,
+        token_times_s=times,
+        output_tokens=0 if error else tokens,
+        error=error,
+    )
 
 
 def report(*results: RequestResult, duration_s: float = 10.0) -> LoadReport:
@@ -44,8 +54,9 @@ def report(*results: RequestResult, duration_s: float = 10.0) -> LoadReport:
 def scrapes(*preemptions: float) -> tuple[VllmScrape, ...]:
     out = []
     for i, value in enumerate(preemptions):
-        engine = EngineSample("m", "0", taken_at_s=float(i), wall_time_s=1e9 + i,
-                              preemptions_total=value)  # fmt: skip
+        engine = EngineSample(
+            "m", "0", taken_at_s=float(i), wall_time_s=1e9 + i, preemptions_total=value
+        )
         out.append(VllmScrape(float(i), 1e9 + i, (engine,), "0.32.0"))
     return tuple(out)
 
@@ -142,10 +153,16 @@ def hist(counts: tuple[float, float, float]) -> Histogram:
 
 def engine_scrape(at_s: float, n: float, slow: float, tokens: float) -> VllmScrape:
     engine = EngineSample(
-        "m", "0", taken_at_s=at_s, wall_time_s=1e9 + at_s, preemptions_total=0.0,
-        generation_tokens_total=tokens, ttft=hist((n - slow, n, n)),
-        inter_token_latency=hist((n * 10, n * 10, n * 10)), e2e_latency=hist((0.0, 0.0, n)),
-    )  # fmt: skip
+        "m",
+        "0",
+        taken_at_s=at_s,
+        wall_time_s=1e9 + at_s,
+        preemptions_total=0.0,
+        generation_tokens_total=tokens,
+        ttft=hist((n - slow, n, n)),
+        inter_token_latency=hist((n * 10, n * 10, n * 10)),
+        e2e_latency=hist((0.0, 0.0, n)),
+    )
     return VllmScrape(at_s, 1e9 + at_s, (engine,), "0.32.0")
 
 

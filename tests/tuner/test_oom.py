@@ -116,11 +116,14 @@ def test_the_kubelets_oomkilled_wins() -> None:
         "status": {
             "containerStatuses": [
                 {"name": "sidecar", "lastState": {"terminated": {"reason": "Error"}}},
-                {"name": "vllm", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-                 "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}},
+                {
+                    "name": "vllm",
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+                },
             ]
         }
-    }  # fmt: skip
+    }
     assert container_termination_reason(pod, "vllm") == "OOMKilled"
     assert container_termination_reason(pod, "other") is None
     assert container_termination_reason({}, "vllm") is None

@@ -56,10 +56,26 @@ def test_table_shows_the_plan(app: typer.Typer) -> None:
 def test_json_carries_the_same_figures(app: typer.Typer) -> None:
     result = CliRunner().invoke(
         app,
-        ["plan", LLAMA8B, "--gpu-memory", "80GiB", "--gpu-free", "80GiB", "--json",
-         "--block-size", "32", "--kv-cache-dtype", "fp8", "--max-model-len", "4096",
-         "--concurrency", "3", "--concurrency", "300"],
-    )  # fmt: skip
+        [
+            "plan",
+            LLAMA8B,
+            "--gpu-memory",
+            "80GiB",
+            "--gpu-free",
+            "80GiB",
+            "--json",
+            "--block-size",
+            "32",
+            "--kv-cache-dtype",
+            "fp8",
+            "--max-model-len",
+            "4096",
+            "--concurrency",
+            "3",
+            "--concurrency",
+            "300",
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["geometry"]["bytes_per_token"] == 32 * 8 * 256
@@ -69,24 +85,43 @@ def test_json_carries_the_same_figures(app: typer.Typer) -> None:
     assert data["capacity"]["kv_cache_size_tokens"] == int(blocks / 128 * 4096)
     assert [row["concurrency"] for row in data["lengths_at_concurrency"]] == [3, 300]
     assert data["shape"]["attention_kind"] == "grouped-query"
-    assert data["budget"]["estimates"] == ["non_torch_bytes", "activation_peak_bytes",
-                                           "cuda_graph_bytes"]  # fmt: skip
+    assert data["budget"]["estimates"] == [
+        "non_torch_bytes",
+        "activation_peak_bytes",
+        "cuda_graph_bytes",
+    ]
 
 
 def test_weights_that_do_not_fit_exit_2(app: typer.Typer) -> None:
     result = CliRunner().invoke(
-        app, ["plan", str(CONFIGS / "meta-llama_Meta-Llama-3-70B.json"), "--gpu-memory", "24GiB",
-              "--gpu-free", "24GiB"],
-    )  # fmt: skip
+        app,
+        [
+            "plan",
+            str(CONFIGS / "meta-llama_Meta-Llama-3-70B.json"),
+            "--gpu-memory",
+            "24GiB",
+            "--gpu-free",
+            "24GiB",
+        ],
+    )
     assert result.exit_code == 2
     assert "weights do not fit" in result.output and "short by" in result.output
 
 
 def test_no_room_for_one_request_exits_1(app: typer.Typer) -> None:
     result = CliRunner().invoke(
-        app, ["plan", LLAMA8B, "--kv-cache-memory-bytes", "100MiB", "--gpu-free", "1GiB",
-              "--gpu-memory", "80GiB"],
-    )  # fmt: skip
+        app,
+        [
+            "plan",
+            LLAMA8B,
+            "--kv-cache-memory-bytes",
+            "100MiB",
+            "--gpu-free",
+            "1GiB",
+            "--gpu-memory",
+            "80GiB",
+        ],
+    )
     assert result.exit_code == 1
     assert "will not start" in result.output
 

@@ -85,8 +85,15 @@ def test_trials_table_shows_every_trial_and_marks_the_best() -> None:
     console = Console(record=True, width=200)
     console.print(trials_table(history(), best_trial_id="t3"))
     text = console.export_text()
-    for needle in ("3 *", "310", "infeasible", "aborted", "kvpilot restarted", "16.0 MiB",
-                   "best feasible trial"):  # fmt: skip
+    for needle in (
+        "3 *",
+        "310",
+        "infeasible",
+        "aborted",
+        "kvpilot restarted",
+        "16.0 MiB",
+        "best feasible trial",
+    ):
         assert needle in text
     assert format_bytes(1536) == "1.5 KiB" and format_bytes(12) == "12 B"
 

@@ -67,8 +67,10 @@ def test_a_chart_without_data_is_a_sentence_never_an_empty_frame() -> None:
     assert "<svg" not in page
     for sentence in ("no convergence to draw", "no knob map to draw", "ran a canary beside"):
         assert sentence in page
-    planned = [dataclasses.replace(t, state=TrialState.PLANNED, result=None, judgement=None,
-                                   baseline=None) for t in history()]  # fmt: skip
+    planned = [
+        dataclasses.replace(t, state=TrialState.PLANNED, result=None, judgement=None, baseline=None)
+        for t in history()
+    ]
     page = render_report(planned, context=ReportContext(SPACE, STABLE))
     assert "No measured trials yet" in page and "plot-convergence" not in page
 

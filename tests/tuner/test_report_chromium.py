@@ -37,12 +37,22 @@ def _screenshot(page: str, tmp_path: Path) -> np.ndarray:
     html_path, png = tmp_path / "report.html", tmp_path / "shot.png"
     html_path.write_text(page, encoding="utf-8")
     argv = [
-        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-        "--no-first-run", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--hide-scrollbars", "--force-device-scale-factor=1",
-        f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={png}",
-        f"--window-size={WIDTH},{HEIGHT}", html_path.as_uri(),
-    ]  # fmt: skip
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        "--force-device-scale-factor=1",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        f"--screenshot={png}",
+        f"--window-size={WIDTH},{HEIGHT}",
+        html_path.as_uri(),
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0 and png.exists(), f"chromium failed: {done.stderr[-2000:]}"
     with Image.open(png) as image:

@@ -45,9 +45,12 @@ def test_the_record_keeps_the_learned_shape_and_survives_damage(tmp_path: Path) 
         assert last_workload(store) is None
         tuning = TuningConfig()
         learned = WorkloadChoice(
-            learned_workload(SHAPE, requests=16), "learned", "learned from 300 requests",
-            "k", SHAPE,
-        )  # fmt: skip
+            learned_workload(SHAPE, requests=16),
+            "learned",
+            "learned from 300 requests",
+            "k",
+            SHAPE,
+        )
         remember_workload(store, learned, 100.0)
         back = last_workload(store)
         assert back is not None and back.source == "learned" and back.wall_s == 100.0

@@ -183,11 +183,14 @@ class Rig:
 
     def rollout(self, **settings: object) -> Rollout:
         return Rollout(
-            self.runtime, self.observer, self.store, self.journal,
+            self.runtime,
+            self.observer,
+            self.store,
+            self.journal,
             RolloutSettings(slo=SLO, **settings),  # type: ignore[arg-type]
             wall_clock=lambda: float(next(self.clock)),
             on_phase=lambda _t, phase: self.phases.append(phase),
-        )  # fmt: skip
+        )
 
     def trial(self, number: int = 1):
         trial = new_trial(f"t{number}", "study", number, {"kv_cache_memory_bytes": 1}, 0.0)
@@ -201,9 +204,15 @@ async def test_parallel_promotes_a_better_candidate_through_every_persisted_phas
     assert outcome.promoted, outcome.record.reason
     assert rig.runtime.argv == GOOD and rig.runtime.canary is None
     assert rig.phases == [
-        Phase.PLANNED, Phase.STARTING, Phase.WARMING, Phase.OBSERVING, Phase.JUDGING,
-        Phase.PROMOTING, Phase.BAKING, Phase.PROMOTED,
-    ]  # fmt: skip
+        Phase.PLANNED,
+        Phase.STARTING,
+        Phase.WARMING,
+        Phase.OBSERVING,
+        Phase.JUDGING,
+        Phase.PROMOTING,
+        Phase.BAKING,
+        Phase.PROMOTED,
+    ]
     # Each runtime step happened after its phase was saved.
     assert rig.runtime.calls == [
         ("start_canary", GOOD, Phase.STARTING),

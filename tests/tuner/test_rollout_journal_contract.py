@@ -84,11 +84,16 @@ def test_a_saved_record_reads_back_equal(journal: RolloutJournal) -> None:
 
 def test_every_field_round_trips(journal: RolloutJournal) -> None:
     full = RolloutRecord(
-        "t-ü", Strategy.SEQUENTIAL, Phase.BAKING,
-        ("python", "-m", "vllm", "--chat-template", 'a "quoted" {{ x }}\n'), (),
-        1_760_000_000.125, reason="judged pass (ttft_s within 10 %)",
-        baseline_goodput_tokens_per_s=1234.5, bake_goodput_tokens_per_s=0.0,
-    )  # fmt: skip
+        "t-ü",
+        Strategy.SEQUENTIAL,
+        Phase.BAKING,
+        ("python", "-m", "vllm", "--chat-template", 'a "quoted" {{ x }}\n'),
+        (),
+        1_760_000_000.125,
+        reason="judged pass (ttft_s within 10 %)",
+        baseline_goodput_tokens_per_s=1234.5,
+        bake_goodput_tokens_per_s=0.0,
+    )
     journal.save(full)
     assert journal.get("t-ü") == full
     bare = record("bare")

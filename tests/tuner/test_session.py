@@ -64,8 +64,13 @@ def test_candidate_argv_replaces_the_knob_flags_in_either_spelling() -> None:
     cand = space.candidate({"max_num_seqs": 8, "enable_prefix_caching": True})
     base = ("vllm", "--max-num-seqs=256", "--port", "8000", "--no-enable-prefix-caching")
     assert candidate_argv(base, space, cand) == (
-        "vllm", "--port", "8000", "--max-num-seqs", "8", "--enable-prefix-caching",
-    )  # fmt: skip
+        "vllm",
+        "--port",
+        "8000",
+        "--max-num-seqs",
+        "8",
+        "--enable-prefix-caching",
+    )
 
 
 async def test_a_run_records_every_trial_and_promotes_only_the_better_one() -> None:

@@ -69,8 +69,13 @@ def test_candidate_argv_in_knob_order() -> None:
     space = default_space(BOUNDS, extra_knobs=(optional_knob("block_size"),))
     cand = space.candidate({"gpu_memory_utilization": 0.8, "max_num_seqs": 64, "block_size": 32})
     assert space.argv(cand) == [
-        "--gpu-memory-utilization", "0.8", "--max-num-seqs", "64", "--block-size", "32",
-    ]  # fmt: skip
+        "--gpu-memory-utilization",
+        "0.8",
+        "--max-num-seqs",
+        "64",
+        "--block-size",
+        "32",
+    ]
     with pytest.raises(ValueError, match="outside"):
         space.candidate({"gpu_memory_utilization": 0.99, "max_num_seqs": 64, "block_size": 32})
 
@@ -98,8 +103,9 @@ def test_planner_constraint_names_the_bound_broken() -> None:
 
 def test_batched_tokens_constraint_uses_fixed_flags_too() -> None:
     knobs = (Knob("max_num_seqs", KnobKind.INTEGER, 1, 4096),)
-    space = SearchSpace(knobs, fixed=(("max_num_batched_tokens", 2048),),
-                        constraints=(batched_tokens_constraint(),))  # fmt: skip
+    space = SearchSpace(
+        knobs, fixed=(("max_num_batched_tokens", 2048),), constraints=(batched_tokens_constraint(),)
+    )
     assert space.violation(space.candidate({"max_num_seqs": 2048})) is None
     reason = space.violation(space.candidate({"max_num_seqs": 2049}))
     assert reason == "batched_tokens: max_num_seqs 2049 > max_num_batched_tokens 2048"

@@ -48,8 +48,11 @@ def test_grid_walks_max_num_seqs_outside_and_memory_inside() -> None:
     suggester = GridSuggester(space)
     walked = [suggester.ask() for _ in range(4)]
     assert [(c["max_num_seqs"], c["gpu_memory_utilization"]) for c in walked] == [
-        (8, 0.6), (8, 0.75), (8, 0.9), (16, 0.6),
-    ]  # fmt: skip
+        (8, 0.6),
+        (8, 0.75),
+        (8, 0.9),
+        (16, 0.6),
+    ]
 
 
 def cliff_space() -> SearchSpace:
@@ -66,8 +69,9 @@ def cliff(values: dict) -> TrialResult:
     if values["gpu_memory_utilization"] > 0.8:
         return TrialResult(Outcome.FAILED_TO_START, None, None, "failed to start")
     seqs_term = abs(values["max_num_seqs"] - 64) / 64
-    return TrialResult(Outcome.FEASIBLE, 1000 * values["gpu_memory_utilization"] - 50 * seqs_term,
-                       None, None)  # fmt: skip
+    return TrialResult(
+        Outcome.FEASIBLE, 1000 * values["gpu_memory_utilization"] - 50 * seqs_term, None, None
+    )
 
 
 def test_first_points_come_from_the_safe_region() -> None:
@@ -126,18 +130,31 @@ def test_a_rising_kv_trend_sends_the_search_to_the_memory_bound() -> None:
     largest budget the constraints allow rather than another uncertain edge."""
     space = SearchSpace(
         (
-            Knob("kv_cache_memory_bytes", KnobKind.INTEGER, 1 << 20, 1 << 24, log_scale=True,
-                 levels=tuple(1 << n for n in range(20, 25))),
-            Knob("max_num_seqs", KnobKind.INTEGER, 8, 128, log_scale=True,
-                 levels=(8, 16, 32, 64, 128)),
+            Knob(
+                "kv_cache_memory_bytes",
+                KnobKind.INTEGER,
+                1 << 20,
+                1 << 24,
+                log_scale=True,
+                levels=tuple(1 << n for n in range(20, 25)),
+            ),
+            Knob(
+                "max_num_seqs",
+                KnobKind.INTEGER,
+                8,
+                128,
+                log_scale=True,
+                levels=(8, 16, 32, 64, 128),
+            ),
         )
-    )  # fmt: skip
+    )
 
     def goodput(values: dict) -> TrialResult:
         memory = space.knobs[0].to_unit(values["kv_cache_memory_bytes"])
         seqs = space.knobs[1].to_unit(values["max_num_seqs"])
-        return TrialResult(Outcome.FEASIBLE, 1000 + 1000 * memory - 200 * abs(seqs - 0.75),
-                           None, None)  # fmt: skip
+        return TrialResult(
+            Outcome.FEASIBLE, 1000 + 1000 * memory - 200 * abs(seqs - 0.75), None, None
+        )
 
     for seed in range(5):
         suggester = BayesianSuggester(space, seed=seed)
@@ -165,8 +182,12 @@ def test_the_feasibility_model_learns_a_memory_cliff_across_the_other_knob() -> 
 def test_warm_start_tells_only_history_that_fits_the_space() -> None:
     suggester = BayesianSuggester(finite_space(), seed=0)
     history = [(c.as_dict(), result_for(c.as_dict())) for c in VALID_FINITE[:3]]
-    history.append(({"gpu_memory_utilization": 0.7, "block_size": 16}, result_for({
-        "gpu_memory_utilization": 0.7, "max_num_seqs": 8})))  # fmt: skip
+    history.append(
+        (
+            {"gpu_memory_utilization": 0.7, "block_size": 16},
+            result_for({"gpu_memory_utilization": 0.7, "max_num_seqs": 8}),
+        )
+    )
     assert warm_start(suggester, finite_space(), history) == 3
     rest = {suggester.ask() for _ in range(len(VALID_FINITE) - 3)}
     assert rest == set(VALID_FINITE[3:])

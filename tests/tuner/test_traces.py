@@ -27,15 +27,19 @@ def test_csv_with_alternative_column_names_is_sorted_and_shifted(tmp_path: Path)
     path.write_text("timestamp,input_len,output_len\n12.5,100,20\n10.0,50,10\n\n11,70,5\n")
     trace = load_trace(path)
     assert trace.requests == (
-        TraceRequest(0.0, 50, 10), TraceRequest(1.0, 70, 5), TraceRequest(2.5, 100, 20),
-    )  # fmt: skip
+        TraceRequest(0.0, 50, 10),
+        TraceRequest(1.0, 70, 5),
+        TraceRequest(2.5, 100, 20),
+    )
     assert trace.duration_s == 2.5
 
 
 def test_jsonl(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
-    rows = [{"arrival_s": 0.5, "prompt_tokens": 8, "output_tokens": 4}, {"arrival_s": 0.0,
-            "prompt_len": 9, "max_tokens": 3}]  # fmt: skip
+    rows = [
+        {"arrival_s": 0.5, "prompt_tokens": 8, "output_tokens": 4},
+        {"arrival_s": 0.0, "prompt_len": 9, "max_tokens": 3},
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert load_trace(path).requests == (TraceRequest(0.0, 9, 3), TraceRequest(0.5, 8, 4))
 
@@ -71,8 +75,13 @@ def test_plan_is_seeded_scaled_and_fits_max_model_len() -> None:
 
 
 def test_synthetic_trace_and_hashes() -> None:
-    workload = Workload(num_requests=5, prompt_len=LengthDist.fixed(7),
-                        output_len=LengthDist.uniform(2, 9), rate_rps=4.0, seed=1)  # fmt: skip
+    workload = Workload(
+        num_requests=5,
+        prompt_len=LengthDist.fixed(7),
+        output_len=LengthDist.uniform(2, 9),
+        rate_rps=4.0,
+        seed=1,
+    )
     trace = synthetic_trace(workload)
     assert len(trace.requests) == 5 and all(r.prompt_tokens == 7 for r in trace.requests)
     assert trace.requests[0].arrival_s == 0.0
@@ -89,9 +98,10 @@ async def _fake_vllm(seen: list[tuple[float, dict]]) -> asyncio.Server:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
         length = next(
-            int(line.split(b":")[1]) for line in head.split(b"\r\n")
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
             if line.lower().startswith(b"content-length")
-        )  # fmt: skip
+        )
         body = json.loads(await reader.readexactly(length))
         seen.append((time.monotonic(), body))
         writer.write(
@@ -128,8 +138,13 @@ def test_replay_sends_the_trace_at_its_arrival_times() -> None:
 
 
 def test_replay_of_a_closed_loop_workload_sends_every_request() -> None:
-    workload = Workload(num_requests=5, prompt_len=LengthDist.fixed(3),
-                        output_len=LengthDist.uniform(1, 4), concurrency=2, seed=2)  # fmt: skip
+    workload = Workload(
+        num_requests=5,
+        prompt_len=LengthDist.fixed(3),
+        output_len=LengthDist.uniform(1, 4),
+        concurrency=2,
+        seed=2,
+    )
 
     async def scenario() -> tuple[list[tuple[float, dict]], object]:
         seen: list[tuple[float, dict]] = []

@@ -123,9 +123,12 @@ def test_results_and_judgements_survive_the_round_trip(store: TrialStore) -> Non
     verdict = judge({"ttft_s": [1.0] * 10}, {"ttft_s": [1.0] * 10})
     failed = TrialResult.failed_to_start("ValueError: No available memory for the cache blocks")
     done = trial.to(
-        TrialState.INFEASIBLE, at_wall_s=1.0, reason=failed.reason, result=failed,
+        TrialState.INFEASIBLE,
+        at_wall_s=1.0,
+        reason=failed.reason,
+        result=failed,
         judgement=verdict,
-    )  # fmt: skip
+    )
     store.save(done)
     assert store.get("t") == done
 
@@ -177,8 +180,10 @@ def test_a_failed_trial_is_a_record_with_its_reason(store: TrialStore) -> None:
     got = store.get("b")
     assert got == failed
     assert got is not None and (got.state, got.reason, got.updated_wall_s) == (
-        TrialState.FAILED, reason, 4.0,
-    )  # fmt: skip
+        TrialState.FAILED,
+        reason,
+        4.0,
+    )
     assert [t.trial_id for t in store.trials("s")] == ["a", "b"]
     assert store.unfinished() == []
     # Not a measurement: the suggester is not told about it, yet its number stays taken.

@@ -51,8 +51,11 @@ def test_plain_data_form_round_trips_through_json() -> None:
     failed = TrialResult.failed_to_start("ValueError: To serve at least one request with the ...")
     for res in (result, failed):
         done = trial.to(
-            TrialState.INFEASIBLE, at_wall_s=2.0, reason=res.reason, result=res,
+            TrialState.INFEASIBLE,
+            at_wall_s=2.0,
+            reason=res.reason,
+            result=res,
             judgement=judge({"ttft_s": [1.0, 2.0] * 5}, {"ttft_s": [1.0, 2.0] * 5}),
-        )  # fmt: skip
+        )
         text = json.dumps(trial_to_dict(done))
         assert trial_from_dict(json.loads(text)) == done

@@ -130,10 +130,17 @@ def _runtime(path: Path, canary_port: int, db: Database) -> tuple[LocalRuntime, 
     )
     runtime = LocalRuntime([stable], log_dir)
     adapter = LocalTunerAdapter(
-        runtime, stable_name=inst.name, canary_port=canary_port, log_dir=log_dir, db=db,
-        configured_argv=tuple(inst.argv), config_sha256=yaml_hash(path), canary_env=env,
-        canary_cpus=CANARY_CPUS, drain_timeout_s=5.0,
-    )  # fmt: skip
+        runtime,
+        stable_name=inst.name,
+        canary_port=canary_port,
+        log_dir=log_dir,
+        db=db,
+        configured_argv=tuple(inst.argv),
+        config_sha256=yaml_hash(path),
+        canary_env=env,
+        canary_cpus=CANARY_CPUS,
+        drain_timeout_s=5.0,
+    )
     return runtime, adapter
 
 
@@ -232,16 +239,22 @@ def test_parallel_canary_promotes_rolls_back_and_records_a_failed_start(study) -
         assert failure is not None and failure.kind is StartupFailureKind.CACHE_TOO_SMALL
         assert "max seq len" in (failure.log_line or ""), failure
         assert seen[first.trial.number] == {
-            "pid": stable.main_pid, "argv": configured, "serving": True, "canaries": [],
-        }  # fmt: skip
+            "pid": stable.main_pid,
+            "argv": configured,
+            "serving": True,
+            "canaries": [],
+        }
 
         # 2. Less KV than the poor stable instance: judged a fail, rolled back.
         assert second.record.phase is Phase.ROLLED_BACK, second.record.reason
         assert second.trial.judgement is not None
         assert second.trial.judgement.classification is Classification.FAIL, second.record.reason
         assert seen[second.trial.number] == {
-            "pid": stable.main_pid, "argv": configured, "serving": True, "canaries": [],
-        }  # fmt: skip
+            "pid": stable.main_pid,
+            "argv": configured,
+            "serving": True,
+            "canaries": [],
+        }
 
         # 3. Eight times the KV budget: promoted.
         _check_promoted(third, runtime, db, stable.main_pid)
@@ -274,9 +287,15 @@ def test_sequential_canary_switches_the_one_instance_and_promotes(study) -> None
     async def scenario():
         stable = await runtime.start("vllm", ready_timeout_s=READY_TIMEOUT_S)
         session = _session(
-            space, ListSuggester([good]), store, journal, adapter, marker, on_progress,
+            space,
+            ListSuggester([good]),
+            store,
+            journal,
+            adapter,
+            marker,
+            on_progress,
             strategy=Strategy.SEQUENTIAL,
-        )  # fmt: skip
+        )
         return stable, await session.run(1)
 
     try:
@@ -293,14 +312,30 @@ def test_sequential_canary_switches_the_one_instance_and_promotes(study) -> None
         kill_servers_of(marker)
 
 
-def _session(space, suggester, store, journal, adapter, marker, on_progress, *,
-             strategy: Strategy = Strategy.PARALLEL) -> TuningSession:  # fmt: skip
+def _session(
+    space,
+    suggester,
+    store,
+    journal,
+    adapter,
+    marker,
+    on_progress,
+    *,
+    strategy: Strategy = Strategy.PARALLEL,
+) -> TuningSession:
     return TuningSession(
-        space=space, suggester=suggester, store=store, journal=journal, runtime=adapter,
+        space=space,
+        suggester=suggester,
+        store=store,
+        journal=journal,
+        runtime=adapter,
         observer=LoadObserver(WORKLOAD, model=marker, scrape_interval_s=SCRAPE_INTERVAL_S),
-        fingerprint="e2e", settings=RolloutSettings(slo=SLO, ready_timeout_s=READY_TIMEOUT_S),
-        strategy=strategy, wall_clock=time.time, on_progress=on_progress,
-    )  # fmt: skip
+        fingerprint="e2e",
+        settings=RolloutSettings(slo=SLO, ready_timeout_s=READY_TIMEOUT_S),
+        strategy=strategy,
+        wall_clock=time.time,
+        on_progress=on_progress,
+    )
 
 
 def test_killed_mid_canary_is_recovered_by_trials(study) -> None:
@@ -308,16 +343,36 @@ def test_killed_mid_canary_is_recovered_by_trials(study) -> None:
     canary_port = free_port()
     log = path.parent / "tune.log"
     argv = [
-        sys.executable, "-m", "kvpilot.agent", "tune", "--config", str(path), "--trials", "1",
-        "--canary-port", str(canary_port), "--kv-max-bytes", str(GOOD_KV_BYTES),
-        "--max-seqs", str(MAX_SEQS), "--requests", str(REQUESTS), "--concurrency", str(CONCURRENCY),
-        "--canary-cpus", ",".join(map(str, CANARY_CPUS)),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "kvpilot.agent",
+        "tune",
+        "--config",
+        str(path),
+        "--trials",
+        "1",
+        "--canary-port",
+        str(canary_port),
+        "--kv-max-bytes",
+        str(GOOD_KV_BYTES),
+        "--max-seqs",
+        str(MAX_SEQS),
+        "--requests",
+        str(REQUESTS),
+        "--concurrency",
+        str(CONCURRENCY),
+        "--canary-cpus",
+        ",".join(map(str, CANARY_CPUS)),
+    ]
     with log.open("ab") as out:
         tune = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env={**os.environ, "COLUMNS": "200"},
-        )  # fmt: skip
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "COLUMNS": "200"},
+        )
     try:
         cfg = load_config(path)
         _, _, journal = open_stores(cfg.state_dir)
@@ -333,10 +388,21 @@ def test_killed_mid_canary_is_recovered_by_trials(study) -> None:
         tune.wait(timeout=10)
 
         shown = subprocess.run(
-            [sys.executable, "-m", "kvpilot.agent", "trials", "--config", str(path),
-             "--canary-port", str(canary_port)],
-            capture_output=True, text=True, timeout=180, env={**os.environ, "COLUMNS": "200"},
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "kvpilot.agent",
+                "trials",
+                "--config",
+                str(path),
+                "--canary-port",
+                str(canary_port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env={**os.environ, "COLUMNS": "200"},
+        )
         assert shown.returncode == 0, shown.stdout + shown.stderr
         print(shown.stdout)
         assert _servers_on(canary_port) == []
@@ -356,16 +422,20 @@ def test_killed_mid_canary_is_recovered_by_trials(study) -> None:
         # its history: its trial is number 2.
         again = subprocess.run(
             [*argv, "--no-bake"],
-            capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"},
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "COLUMNS": "200"},
+        )
         assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
         print(again.stdout[-2000:])
         assert "recovered trial" not in again.stdout  # nothing was left to recover
         first, second = sorted(store.trials(), key=lambda t: t.number)
         assert (first.number, first.state) == (1, TrialState.ABORTED)
         assert second.number == 2 and second.state in (
-            TrialState.COMPLETE, TrialState.INFEASIBLE
-        ), second  # fmt: skip
+            TrialState.COMPLETE,
+            TrialState.INFEASIBLE,
+        ), second
         assert _servers_on(canary_port) == []
         # The stable server the killed run started was that run's: the next run names it as
         # such and stops it at its end, so no run leaves a server behind.

@@ -112,15 +112,26 @@ def shape_from_config(raw: Mapping[str, Any]) -> ModelShape:
     dtype = cfg.get("torch_dtype") or cfg.get("dtype") or raw.get("torch_dtype")
 
     if cfg.get("kv_lora_rank"):
-        return _mla_shape(cfg, architecture, model_type, layers, hidden, heads, vocab, max_pos,
-                          dtype, quant_method)  # fmt: skip
+        return _mla_shape(
+            cfg,
+            architecture,
+            model_type,
+            layers,
+            hidden,
+            heads,
+            vocab,
+            max_pos,
+            dtype,
+            quant_method,
+        )
 
     kv_heads = (
         _positive_int(cfg, "num_key_value_heads") if cfg.get("num_key_value_heads") else heads
     )
     if heads % kv_heads:
-        raise ConfigError(f"num_attention_heads {heads} is not a multiple of "
-                          f"num_key_value_heads {kv_heads}")  # fmt: skip
+        raise ConfigError(
+            f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+        )
     head_dim = int(cfg.get("head_dim") or hidden // heads)
     if kv_heads == heads:
         kind = AttentionKind.MHA

@@ -65,9 +65,11 @@ def kv_bytes_range(
     max_model_len (the planner's floor), at most what is available and the configured
     ceiling. Raises the planner's ConfigError or PlanError (ValueErrors) for a bad model."""
     inputs = PlanInputs(
-        block_size=block_size, max_model_len=max_model_len, dtype=dtype,
+        block_size=block_size,
+        max_model_len=max_model_len,
+        dtype=dtype,
         kv_cache_memory_bytes=1,  # explicit budget: the planner bounds the knob, no GPU needed
-    )  # fmt: skip
+    )
     bounds = feasible_bounds(config_json, inputs)
     highs = [
         (float(v), why)

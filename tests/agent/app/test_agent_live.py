@@ -29,16 +29,22 @@ def _kvpool_url(server: VllmServer) -> str:
 def _collect(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*KVPILOT, "collect", "--once", *args],
-        capture_output=True, text=True, timeout=timeout_s, check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
         env={**os.environ, "COLUMNS": "200"},
-    )  # fmt: skip
+    )
 
 
 def _load(server: VllmServer, n: int = 16) -> None:
     workload = Workload(
-        num_requests=n, concurrency=8, prompt_len=LengthDist.uniform(16, 200),
-        output_len=LengthDist.fixed(32), seed=3,
-    )  # fmt: skip
+        num_requests=n,
+        concurrency=8,
+        prompt_len=LengthDist.uniform(16, 200),
+        output_len=LengthDist.fixed(32),
+        seed=3,
+    )
     report = asyncio.run(run_load(server.url, workload))
     assert not report.failed, report.failed[0].error
 
@@ -46,15 +52,29 @@ def _load(server: VllmServer, n: int = 16) -> None:
 def test_collect_once_prints_every_source(vllm_server: VllmServer) -> None:
     _load(vllm_server)
     result = _collect(
-        "--vllm-url", vllm_server.url, "--kvpool-url", _kvpool_url(vllm_server),
-        "--model-config", str(TINY_MODEL_DIR / "config.json"),
-    )  # fmt: skip
+        "--vllm-url",
+        vllm_server.url,
+        "--kvpool-url",
+        _kvpool_url(vllm_server),
+        "--model-config",
+        str(TINY_MODEL_DIR / "config.json"),
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout
     # No GPU here: NVML says so with its reason, and everything else carries on.
     assert "nvml: unavailable (" in out and "NVML" in out
-    for heading in ("KV cache and scheduler", "blocks", "free", "waiting", "preempt vllm",
-                    "frag (kv_blocks)", "ttft", "inter_token", "e2e", "queue"):  # fmt: skip
+    for heading in (
+        "KV cache and scheduler",
+        "blocks",
+        "free",
+        "waiting",
+        "preempt vllm",
+        "frag (kv_blocks)",
+        "ttft",
+        "inter_token",
+        "e2e",
+        "queue",
+    ):
         assert heading in out, heading
     assert "kvpool:" not in out  # the plugin answered
     # The planner's prediction against the live server (an explicit KV budget: exact).
@@ -90,9 +110,11 @@ def test_collect_with_span_computes_rates_between_two_scrapes(vllm_server: VllmS
         # Load runs in batches until both scrapes are done: the collect process takes a
         # moment to start, and one fixed batch can finish before its first scrape.
         workload = Workload(
-            num_requests=8, concurrency=8, prompt_len=LengthDist.fixed(64),
+            num_requests=8,
+            concurrency=8,
+            prompt_len=LengthDist.fixed(64),
             output_len=LengthDist.fixed(64),
-        )  # fmt: skip
+        )
         collected = asyncio.Event()
 
         async def keep_busy() -> None:
@@ -130,10 +152,23 @@ def test_collect_reports_an_unreachable_server_clearly() -> None:
 def test_run_serves_metrics_and_healthz_and_stops_on_sigterm(vllm_server: VllmServer) -> None:
     port = free_port()
     agent = subprocess.Popen(
-        [*KVPILOT, "run", "--vllm-url", vllm_server.url, "--kvpool-url", _kvpool_url(vllm_server),
-         "--listen", f"127.0.0.1:{port}", "--interval", "0.5"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            *KVPILOT,
+            "run",
+            "--vllm-url",
+            vllm_server.url,
+            "--kvpool-url",
+            _kvpool_url(vllm_server),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--interval",
+            "0.5",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         text = ""

@@ -60,15 +60,22 @@ async def api(tmp_path: Path) -> AsyncIterator[Api]:
         with StateStore.open(config.state_dir) as store:
             runtime = build_runtime(config)
             sidecar = Sidecar(
-                config, store=store, runtime=runtime, notifiers={},
+                config,
+                store=store,
+                runtime=runtime,
+                notifiers={},
                 remediator=Remediator(runtime, store, config.remediation),
-                client=scrapes, nvml=NvmlCollector(server_pids=frozenset),
-            )  # fmt: skip
+                client=scrapes,
+                nvml=NvmlCollector(server_pids=frozenset),
+            )
             routes = api_routes(sidecar, SecretStr(TOKEN), BodyLimits(max_bytes=1024, max_depth=4))
             app = build_app(
-                sidecar, build_registry(sidecar.servers, lambda out: None),
-                clock=sidecar.clock, stale_after_s=10.0, extra_routes=routes,
-            )  # fmt: skip
+                sidecar,
+                build_registry(sidecar.servers, lambda out: None),
+                clock=sidecar.clock,
+                stale_after_s=10.0,
+                extra_routes=routes,
+            )
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://kvpilot") as client:
                 yield Api(client, sidecar, store)
@@ -95,8 +102,9 @@ async def test_non_finite_alert_values_are_null_in_status_and_alerts(api: Api) -
     values = {"nan": math.nan, "inf": math.inf, "minus_inf": -math.inf, "finite": 0.5}
     api.sidecar.tracker.update(
         [_condition(rule, "vllm", value) for rule, value in values.items()],
-        now_s=100.0, now_wall_s=1e9,
-    )  # fmt: skip
+        now_s=100.0,
+        now_wall_s=1e9,
+    )
     for path in ("/api/v1/alerts", "/api/v1/status"):
         response = await api.client.get(path)
         assert response.status_code == 200, response.text[:300]

@@ -37,31 +37,41 @@ def anyio_backend() -> str:
 async def _served(tmp_path: Path, bodies: list[str], learn: dict[str, Any]) -> Any:
     """The API's answer after one tick per body."""
     with metrics_server(bodies) as vllm:
-        config = AgentConfig.model_validate({
-            "state_dir": str(tmp_path / "state"),
-            "runtime": {"kind": "attach",
-                        "servers": [{"name": "vllm", "url": f"http://127.0.0.1:{vllm.port}"}]},
-            "tuning": {"learn": learn},
-        })  # fmt: skip
+        config = AgentConfig.model_validate(
+            {
+                "state_dir": str(tmp_path / "state"),
+                "runtime": {
+                    "kind": "attach",
+                    "servers": [{"name": "vllm", "url": f"http://127.0.0.1:{vllm.port}"}],
+                },
+                "tuning": {"learn": learn},
+            }
+        )
         config.state_dir.mkdir(parents=True)
         window = WorkloadWindow(config.tuning.learn.window_s)
         async with httpx.AsyncClient() as scrapes:
             with StateStore.open(config.state_dir) as store:
                 runtime = build_runtime(config)
                 sidecar = Sidecar(
-                    config, store=store, runtime=runtime, notifiers={},
+                    config,
+                    store=store,
+                    runtime=runtime,
+                    notifiers={},
                     remediator=Remediator(runtime, store, config.remediation),
-                    client=scrapes, nvml=NvmlCollector(server_pids=frozenset),
-                )  # fmt: skip
+                    client=scrapes,
+                    nvml=NvmlCollector(server_pids=frozenset),
+                )
                 try:
                     for _ in bodies:
                         await sidecar.tick()
                         feed_window(window, sidecar)
                     app = build_app(
-                        sidecar, build_registry(sidecar.servers, lambda out: None),
-                        clock=sidecar.clock, stale_after_s=10.0,
+                        sidecar,
+                        build_registry(sidecar.servers, lambda out: None),
+                        clock=sidecar.clock,
+                        stale_after_s=10.0,
                         extra_routes=api_routes(sidecar, SecretStr("t"), window=window),
-                    )  # fmt: skip
+                    )
                     transport = httpx.ASGITransport(app=app)
                     async with httpx.AsyncClient(transport=transport, base_url="http://k") as c:
                         response = await c.get("/api/v1/workload")
@@ -82,8 +92,13 @@ async def test_the_learned_shape_beside_the_configured_one(tmp_path: Path) -> No
     assert learned["coarse_key"].startswith("prompt 512/512 gen 1024/1024")
     assert learned["rate_rps"] > 0
     assert body["configured"]["prompt_len"] == 384
-    assert body["window"] == {"requests": 81, "window_s": 3600.0, "min_requests": 50,
-                              "enabled": True, "burst_factor": 1.0}  # fmt: skip
+    assert body["window"] == {
+        "requests": 81,
+        "window_s": 3600.0,
+        "min_requests": 50,
+        "enabled": True,
+        "burst_factor": 1.0,
+    }
     assert body["choice"]["source"] == "learned"
     assert body["choice"]["key"] == learned["coarse_key"]
     shape = shape_from_json(body)  # what `kvpilot tune --sidecar-url` reads back

@@ -34,7 +34,10 @@ def test_trials_best_and_live_flags_are_exported() -> None:
 
 def test_promtool_finds_no_problem(tmp_path: Path) -> None:
     result = subprocess.run(
-        ["promtool", "check", "metrics"], input=_text(), capture_output=True, text=True,
+        ["promtool", "check", "metrics"],
+        input=_text(),
+        capture_output=True,
+        text=True,
         check=False,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -21,14 +21,24 @@ FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "vllm" / "v0_32_und
 
 def _kv_block(free: int, longest: int) -> KvBlockSample:
     return KvBlockSample(
-        engine="0", model_name="tiny-llama", taken_at_s=10.0, blocks_total=1023,
-        blocks_free=free, blocks_free_cached=3, blocks_empty=free - 3,
+        engine="0",
+        model_name="tiny-llama",
+        taken_at_s=10.0,
+        blocks_total=1023,
+        blocks_free=free,
+        blocks_free_cached=3,
+        blocks_empty=free - 3,
         longest_free_run_blocks=longest,
         fragmentation=kv_blocks_fragmentation(free, longest, 1023),
-        internal_fragmentation_slots=17, internal_fragmentation_ratio=0.02, requests_running=33,
-        block_size_tokens=32, preemptions_total=21, last_preemption_wall_s=1_700_000_000.0,
-        scheduler_steps_total=900, snapshot_age_s=0.01,
-    )  # fmt: skip
+        internal_fragmentation_slots=17,
+        internal_fragmentation_ratio=0.02,
+        requests_running=33,
+        block_size_tokens=32,
+        preemptions_total=21,
+        last_preemption_wall_s=1_700_000_000.0,
+        scheduler_steps_total=900,
+        snapshot_age_s=0.01,
+    )
 
 
 def _state(kv_block: KvBlockSample) -> TickState:
@@ -42,11 +52,16 @@ def _state(kv_block: KvBlockSample) -> TickState:
         durations_s=(("vllm", 0.004), ("nvml", 0.0), ("kvpool", 0.002)),
     )
     figures = EngineFigures(
-        model_name=engines[0].model_name, engine="0", span_s=30.0, preemption_rate_per_s=0.5,
-        kvpool_preemption_rate_per_s=0.7, prefix_cache_hit_ratio=None,
-        generation_tokens_per_s=120.0, iterations_per_s=8.0,
+        model_name=engines[0].model_name,
+        engine="0",
+        span_s=30.0,
+        preemption_rate_per_s=0.5,
+        kvpool_preemption_rate_per_s=0.7,
+        prefix_cache_hit_ratio=None,
+        generation_tokens_per_s=120.0,
+        iterations_per_s=8.0,
         latency_quantiles_s=(("ttft", 0.5, 0.04), ("ttft", 0.99, None)),
-    )  # fmt: skip
+    )
     state = TickState(latest=snapshot, figures=(figures,), ticks_total=5, last_tick_at_s=10.0)
     state.errors_total[("nvml", "unavailable")] = 5
     return state

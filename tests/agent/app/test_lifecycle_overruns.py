@@ -40,7 +40,10 @@ def test_a_slow_tick_is_not_skipped_loudly_nor_run_twice(
     assert most == 1
     assert 2 <= done <= 5
     assert not [r for r in caplog.records if "maximum number of running" in r.getMessage()]
-    assert not [r for r in caplog.records if r.name.startswith("apscheduler") and
-                r.levelno == logging.WARNING]  # fmt: skip
+    assert not [
+        r
+        for r in caplog.records
+        if r.name.startswith("apscheduler") and r.levelno == logging.WARNING
+    ]
     if overruns is not None:
         assert overruns.total >= 2

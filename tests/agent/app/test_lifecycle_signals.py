@@ -61,8 +61,9 @@ def _run_with_sighups(reload, sighups: int, caplog: pytest.LogCaptureFixture) ->
             ticked.set()
 
         settings = LoopSettings(listen_port=0, interval_s=0.05, shutdown_grace_s=2.0)
-        loop = asyncio.create_task(serve_and_tick(tick, Starlette(), settings, stop=stop,
-                                                  reload=reload))  # fmt: skip
+        loop = asyncio.create_task(
+            serve_and_tick(tick, Starlette(), settings, stop=stop, reload=reload)
+        )
         await asyncio.wait_for(ticked.wait(), 10)
         for _ in range(sighups):
             os.kill(os.getpid(), signal.SIGHUP)

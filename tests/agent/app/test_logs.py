@@ -39,9 +39,10 @@ def test_extra_fields_are_masked_like_the_message(
     logger, out = json_lines
     error = f"slack: HTTP 404: Cannot POST {SLACK}; webhook: /hook?token={TOKEN}"
     logger.warning(
-        "delivery: failed %s", SLACK,
+        "delivery: failed %s",
+        SLACK,
         extra={"notifier": "slack", "error": error, "nested": {"argv": ["--api-key", "sk-9"]}},
-    )  # fmt: skip
+    )
     text = out.getvalue()
     assert SLACK not in text and "slackpathsecret" not in text and TOKEN not in text
     assert "sk-9" not in text

@@ -27,9 +27,12 @@ def _reload_successful(port: int) -> str | None:
 
 def test_reload_over_http(tmp_path: Path) -> None:
     config = base_config(tmp_path, [], api={"token": TOKEN})
-    config["runtime"] = {"kind": "attach", "servers": [
-        {"name": "vllm", "url": f"http://127.0.0.1:{free_port()}"},
-    ]}  # fmt: skip
+    config["runtime"] = {
+        "kind": "attach",
+        "servers": [
+            {"name": "vllm", "url": f"http://127.0.0.1:{free_port()}"},
+        ],
+    }
     config["notifiers"] = [_hook("http://127.0.0.1:9/one")]
     path = write_config(tmp_path / "kvpilot.yaml", config)
     port = config["listen"]["port"]

@@ -16,9 +16,13 @@ from tests.agent.sidecar_harness import agent_config, server_spec
 
 def _setup(tmp_path: Path):
     path = agent_config(
-        tmp_path, spec=server_spec(), rules={}, notifiers=[], remediation={},
+        tmp_path,
+        spec=server_spec(),
+        rules={},
+        notifiers=[],
+        remediation={},
         listen_port=free_port(),
-    )  # fmt: skip
+    )
     config = load_config(path)
     configured = tuple(config.runtime.instances[0].argv)
     promoted = (*configured, "--max-num-seqs", "8")

@@ -131,8 +131,9 @@ def test_preemption_spike_is_notified_remediated_and_resolved(rig: Rig) -> None:
 
     firing = wait_for(
         "a signed VllmPreemptionSpike notification",
-        lambda: _payloads(receiver, "VllmPreemptionSpike", "firing"), 240,
-    )  # fmt: skip
+        lambda: _payloads(receiver, "VllmPreemptionSpike", "firing"),
+        240,
+    )
     request, body = firing[0]
     assert request.signature_ok is True
     assert body["version"] == "4" and body["status"] == "firing"
@@ -143,17 +144,21 @@ def test_preemption_spike_is_notified_remediated_and_resolved(rig: Rig) -> None:
 
     in_alertmanager = wait_for(
         "the alert in Alertmanager's own API",
-        lambda: [a for a in rig.alertmanager.alerts()
-                 if a["labels"].get("alertname") == "VllmPreemptionSpike"],
+        lambda: [
+            a
+            for a in rig.alertmanager.alerts()
+            if a["labels"].get("alertname") == "VllmPreemptionSpike"
+        ],
         60,
-    )  # fmt: skip
+    )
     assert in_alertmanager[0]["labels"]["instance"] == "vllm"
 
     # action: restart: drained, restarted (a new PID), verified with a probe.
     restarted = wait_for(
         "a restart that succeeded",
-        lambda: [r for r in _restarts(agent) if r["state"] == "succeeded"], 400,
-    )  # fmt: skip
+        lambda: [r for r in _restarts(agent) if r["state"] == "succeeded"],
+        400,
+    )
     assert restarted[0]["old_pid"] == first_pid
     new_pid = agent.main_pid()
     assert new_pid is not None and new_pid != first_pid
@@ -170,8 +175,9 @@ def test_preemption_spike_is_notified_remediated_and_resolved(rig: Rig) -> None:
     assert reports and len(reports[0].ok) > 0  # the load really reached the server
     resolved = wait_for(
         "the resolved notification once the load stopped",
-        lambda: _payloads(receiver, "VllmPreemptionSpike", "resolved"), 180,
-    )  # fmt: skip
+        lambda: _payloads(receiver, "VllmPreemptionSpike", "resolved"),
+        180,
+    )
     fired_alert = alert
     resolved_alert = next(
         a for a in resolved[0][1]["alerts"] if a["labels"]["alertname"] == "VllmPreemptionSpike"
@@ -206,17 +212,22 @@ def test_a_killed_server_is_detected_and_restarted_once(rig: Rig) -> None:
     os.kill(victim, signal.SIGKILL)
     wait_for(
         "VllmServerDown firing",
-        lambda: [a for a in agent.status()["alerts"]
-                 if dict(a["labels"])["alertname"] == "VllmServerDown" and a["state"] == "firing"],
+        lambda: [
+            a
+            for a in agent.status()["alerts"]
+            if dict(a["labels"])["alertname"] == "VllmServerDown" and a["state"] == "firing"
+        ],
         60,
-    )  # fmt: skip
+    )
     wait_for(
         "the server back under a new PID",
-        lambda: agent.target()["state"] == "running"
-        and agent.main_pid() not in (None, victim)
-        and len([r for r in _restarts(agent) if r["state"] == "succeeded"]) > before,
+        lambda: (
+            agent.target()["state"] == "running"
+            and agent.main_pid() not in (None, victim)
+            and len([r for r in _restarts(agent) if r["state"] == "succeeded"]) > before
+        ),
         400,
-    )  # fmt: skip
+    )
     # The notifications could not be delivered: they wait in the outbox.
     assert agent.status()["outbox_backlog"] > 0
     assert not _payloads(receiver, "VllmServerDown", "firing")
@@ -233,8 +244,9 @@ def test_kvpilot_killed_and_started_again_delivers_what_it_owed(rig: Rig) -> Non
     wait_for("the target adopted", lambda: agent.main_pid() == serving_pid, 60)
     fired = wait_for(
         "the owed VllmServerDown notification",
-        lambda: _payloads(receiver, "VllmServerDown", "firing"), 120,
-    )  # fmt: skip
+        lambda: _payloads(receiver, "VllmServerDown", "firing"),
+        120,
+    )
     # Duplicates, if any, carry the same de-duplication key.
     keys = {request.headers["x-kvpilot-dedup-key"] for request, _ in fired}
     assert len(keys) == 1

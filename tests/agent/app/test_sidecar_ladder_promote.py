@@ -56,14 +56,21 @@ async def _until(what: str, probe: Callable[[], T | None], timeout_s: float = 30
 def _promoted_trial(store: StateStore, study: Study, seqs: int) -> None:
     values = (("kv_cache_memory_bytes", 32 << 20), ("max_num_seqs", seqs))
     trial = Trial(
-        "t1", study.fingerprint, 1, values, TrialState.COMPLETE, 1.0, 2.0,
+        "t1",
+        study.fingerprint,
+        1,
+        values,
+        TrialState.COMPLETE,
+        1.0,
+        2.0,
         result=TrialResult(Outcome.FEASIBLE, 150.0, 32 << 20, None),
         judgement=Judgement(Classification.PASS, 1.0, (), "from the test"),
-    )  # fmt: skip
+    )
     SqliteTrialStore(store.db).add(trial)
     candidate = set_flag(study.configured_argv, "--max-num-seqs", seqs)
-    record = RolloutRecord("t1", Strategy.PARALLEL, Phase.PROMOTED, study.configured_argv,
-                           candidate, 2.0)  # fmt: skip
+    record = RolloutRecord(
+        "t1", Strategy.PARALLEL, Phase.PROMOTED, study.configured_argv, candidate, 2.0
+    )
     SqliteRolloutJournal(store.db).save(record)
 
 
@@ -73,10 +80,11 @@ def test_a_spike_after_a_validated_trial_promotes_its_flags(tmp_path: Path) -> N
     instance = standin_instance(tmp_path, "vllm", free_port(), metrics=metrics)
     instance["argv"] += ["--kv-cache-memory-bytes", str(64 << 20), "--max-num-seqs", "4"]
     data: dict[str, Any] = base_config(
-        tmp_path, [instance],
+        tmp_path,
+        [instance],
         rules={"preemption_spike": {"window_s": 2.0, "floor_per_s": 1.0}},
         remediation={"cooldown_s": 0, "preflight": {"enabled": False}},
-    )  # fmt: skip
+    )
     config = load_config(write_config(tmp_path / "kvpilot.yaml", data))
     study = config_studies(config)("vllm", tuple(instance["argv"]))
     assert isinstance(study, Study), study
@@ -95,8 +103,9 @@ def test_a_spike_after_a_validated_trial_promotes_its_flags(tmp_path: Path) -> N
 
     async def main() -> None:
         stop = asyncio.Event()
-        agent = asyncio.create_task(run_sidecar(config, stop=stop, config_sha256="sha-1",
-                                                on_tick=on_tick))  # fmt: skip
+        agent = asyncio.create_task(
+            run_sidecar(config, stop=stop, config_sha256="sha-1", on_tick=on_tick)
+        )
         try:
             sidecar = await _until("the first tick", lambda: ticked[-1] if ticked else None)
 

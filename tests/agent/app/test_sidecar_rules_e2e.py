@@ -95,9 +95,13 @@ def test_fragmentation_on_real_kv_blocks_restarts_and_resolves(tmp_path: Path) -
             seed = 0
             while not stop.is_set():
                 workload = Workload(
-                    num_requests=24, concurrency=12, prompt_len=LengthDist.uniform(16, 600),
-                    output_len=LengthDist.uniform(8, 200), seed=seed, request_timeout_s=240,
-                )  # fmt: skip
+                    num_requests=24,
+                    concurrency=12,
+                    prompt_len=LengthDist.uniform(16, 600),
+                    output_len=LengthDist.uniform(8, 200),
+                    seed=seed,
+                    request_timeout_s=240,
+                )
                 asyncio.run(run_load(spec.url, workload, model=marker))
                 seed += 1
 

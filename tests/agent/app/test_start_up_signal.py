@@ -43,9 +43,12 @@ def test_signals_while_composing_are_the_agents_a_sigterm_stops_it_cleanly(
 ) -> None:
     caplog.set_level(logging.INFO)
     data = agent_config(
-        tmp_path / "state", vllm_url=vllm.url, receiver_url="http://127.0.0.1:9/unused",
-        listen_port=free_port(), interval_s=0.2,
-    )  # fmt: skip
+        tmp_path / "state",
+        vllm_url=vllm.url,
+        receiver_url="http://127.0.0.1:9/unused",
+        listen_port=free_port(),
+        interval_s=0.2,
+    )
     config = validate_config(data, {}, warn=False)
     reconcile = Sidecar.reconcile
 

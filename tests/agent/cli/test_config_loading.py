@@ -33,9 +33,13 @@ STATEFUL = ["tune", "tune report", "trials"]
 
 def _config(tmp_path: Path, **changes: Any) -> Path:
     path = agent_config(
-        tmp_path, spec=server_spec(), rules={}, notifiers=[], remediation={},
+        tmp_path,
+        spec=server_spec(),
+        rules={},
+        notifiers=[],
+        remediation={},
         listen_port=free_port(),
-    )  # fmt: skip
+    )
     if changes:
         data = yaml.safe_load(path.read_text())
         data.update(changes)
@@ -56,8 +60,12 @@ def _clean_env(**extra: str) -> dict[str, str]:
 def _kvpilot(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "kvpilot.agent", *args],
-        capture_output=True, text=True, env=env, timeout=120, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 @pytest.mark.parametrize("command", STATEFUL)

@@ -24,11 +24,16 @@ KV_BYTES_PER_TOKEN = 1024  # the tiny model: 2 layers x 2 KV heads x 64 dims x 2
 def _config(cpus: tuple[int, int] | None = (0, 1)):  # type: ignore[no-untyped-def]
     return validate_config(
         demo_config(
-            listen_port=9400, server_port=8000, kvpool_port=9500, canary_port=8199,
-            state_dir="/tmp/kvpilot-demo-test", webhook_url="http://127.0.0.1:1/alerts",
-            webhook_secret="s" * 48, cpus=cpus,
+            listen_port=9400,
+            server_port=8000,
+            kvpool_port=9500,
+            canary_port=8199,
+            state_dir="/tmp/kvpilot-demo-test",
+            webhook_url="http://127.0.0.1:1/alerts",
+            webhook_secret="s" * 48,
+            cpus=cpus,
         )
-    )  # fmt: skip
+    )
 
 
 def _blocks(kv_bytes: int) -> int:

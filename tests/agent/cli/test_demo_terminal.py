@@ -82,9 +82,18 @@ def test_the_demo_in_a_terminal_plays_four_phases_and_leaves_no_debris(tmp_path:
     stream = pyte.ByteStream(screen)
     # One trial: the session's mechanics are the same as with the default two, a minute
     # (a canary start and a promotion) shorter.
-    argv = [sys.executable, "-c", "from kvpilot.agent.cli import main; main()", "demo",
-            "--listen-port", str(free_port()), "--log-file", str(log_file),
-            "--trials", "1"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-c",
+        "from kvpilot.agent.cli import main; main()",
+        "demo",
+        "--listen-port",
+        str(free_port()),
+        "--log-file",
+        str(log_file),
+        "--trials",
+        "1",
+    ]
     started = time.monotonic()
     code = _run_in_pty(argv, screen, stream)
     took = time.monotonic() - started

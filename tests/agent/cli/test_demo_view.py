@@ -130,10 +130,13 @@ def test_log_lines_go_to_the_panel_while_the_view_is_on_and_nowhere_else() -> No
     view = DemoView(Console(file=out, width=WIDTH, height=HEIGHT, force_terminal=True))
     with view:
         assert view.panel in root.handlers
-        assert not [  # nothing else that writes to a terminal
-            h for h in root.handlers
-            if type(h) is logging.StreamHandler or getattr(h, "stream", None) is out
-        ]  # fmt: skip
+        assert (
+            not [  # nothing else that writes to a terminal
+                h
+                for h in root.handlers
+                if type(h) is logging.StreamHandler or getattr(h, "stream", None) is out
+            ]
+        )
         logging.getLogger("kvpilot.test").warning("a line for the panel")
         view.show(_snapshot())
     assert root.handlers == before
@@ -200,9 +203,19 @@ def test_a_trial_row_says_why_a_trial_did_not_complete_before_its_judgement() ->
     values = (("kv_cache_memory_bytes", 3 * 2**20), ("max_num_seqs", 11))
     trials = [
         Trial("b", "f", 2, values, TrialState.COMPLETE, 0.0, 0.0, None, None, judged),
-        Trial("a", "f", 1, values, TrialState.INFEASIBLE, 0.0, 0.0, "ttft p95 over the SLO",
-              None, judged),
-    ]  # fmt: skip
+        Trial(
+            "a",
+            "f",
+            1,
+            values,
+            TrialState.INFEASIBLE,
+            0.0,
+            0.0,
+            "ttft p95 over the SLO",
+            None,
+            judged,
+        ),
+    ]
     first, second = trial_rows(trials)
     assert first.number == 1 and first.candidate == "kv 3.0 MiB, seqs 11"
     assert first.verdict == "ttft p95 over the SLO (judge: pass: score 100%)"

@@ -19,9 +19,13 @@ from tests.agent.sidecar_harness import agent_config, server_spec
 
 def _config(tmp_path: Path, tuning: dict[str, Any] | None = None) -> Path:
     path = agent_config(
-        tmp_path, spec=server_spec(), rules={}, notifiers=[], remediation={},
+        tmp_path,
+        spec=server_spec(),
+        rules={},
+        notifiers=[],
+        remediation={},
         listen_port=free_port(),
-    )  # fmt: skip
+    )
     if tuning is not None:
         data = yaml.safe_load(path.read_text())
         data["tuning"] = tuning
@@ -92,17 +96,26 @@ def test_a_schedule_must_be_a_crontab_line(tmp_path: Path) -> None:
 
 def test_a_schedule_needs_the_local_runtime(tmp_path: Path) -> None:
     path = tmp_path / "k.yaml"
-    path.write_text(yaml.safe_dump({
-        "runtime": {"kind": "process", "port": 8000},
-        "tuning": {"schedule": "0 3 * * *"},
-    }))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "runtime": {"kind": "process", "port": 8000},
+                "tuning": {"schedule": "0 3 * * *"},
+            }
+        )
+    )
     with pytest.raises(ConfigError, match=r"tuning\.schedule needs the local runtime"):
         load_config(path)
 
 
 def test_the_lower_ends_narrow_the_search(tmp_path: Path) -> None:
-    tuning = {"trials": 5, "kv_min_bytes": 8 << 20, "kv_max_bytes": 16 << 20,
-              "min_num_seqs": 12, "max_num_seqs": 16}  # fmt: skip
+    tuning = {
+        "trials": 5,
+        "kv_min_bytes": 8 << 20,
+        "kv_max_bytes": 16 << 20,
+        "min_num_seqs": 12,
+        "max_num_seqs": 16,
+    }
     result = _tune("--config", str(_config(tmp_path, tuning)), "--dry-run")
     assert result.exit_code == 0, result.output
     planned = _planned(result.output)

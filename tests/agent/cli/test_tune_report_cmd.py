@@ -24,9 +24,13 @@ from tests.tuner.report_history import history
 
 def _config(tmp_path: Path) -> Path:
     return agent_config(
-        tmp_path, spec=server_spec(kv_cache_memory_bytes=32 << 20), rules={}, notifiers=[],
-        remediation={}, listen_port=free_port(),
-    )  # fmt: skip
+        tmp_path,
+        spec=server_spec(kv_cache_memory_bytes=32 << 20),
+        rules={},
+        notifiers=[],
+        remediation={},
+        listen_port=free_port(),
+    )
 
 
 def _knob_map(path: Path, tmp_path: Path) -> str:

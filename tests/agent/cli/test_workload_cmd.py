@@ -27,9 +27,13 @@ BODIES = ("v0_32_idle.prom", "v0_32_under_load.prom")
 
 def _config(tmp_path: Path, port: int, learn: dict[str, Any] | None = None) -> Path:
     path = agent_config(
-        tmp_path, spec=server_spec(port=port), rules={}, notifiers=[], remediation={},
+        tmp_path,
+        spec=server_spec(port=port),
+        rules={},
+        notifiers=[],
+        remediation={},
         listen_port=free_port(),
-    )  # fmt: skip
+    )
     if learn is not None:
         data = yaml.safe_load(path.read_text())
         data["tuning"] = {"learn": learn}

@@ -29,8 +29,9 @@ SENT = 110  # the floor and a margin for requests that finish before the first s
 
 
 def _load(url: str, n: int, seed: int) -> LoadReport:
-    workload = Workload(n, LengthDist.uniform(24, 40), LengthDist.uniform(3, 5),
-                        concurrency=16, seed=seed)  # fmt: skip
+    workload = Workload(
+        n, LengthDist.uniform(24, 40), LengthDist.uniform(3, 5), concurrency=16, seed=seed
+    )
     return asyncio.run(run_load(url, workload, model="tiny-llama"))
 
 
@@ -44,9 +45,13 @@ def test_tune_learns_the_workload_from_a_serving_server(
     per_request_s = (time.monotonic() - started) / 24
     observe_s = max(15, round(3 * SENT * per_request_s) + 5)
     config = agent_config(
-        tmp_path, spec=server_spec(port=vllm_server.spec.port), rules={}, notifiers=[],
-        remediation={}, listen_port=free_port(),
-    )  # fmt: skip
+        tmp_path,
+        spec=server_spec(port=vllm_server.spec.port),
+        rules={},
+        notifiers=[],
+        remediation={},
+        listen_port=free_port(),
+    )
     data = yaml.safe_load(config.read_text())
     data["tuning"] = {"learn": {"min_requests": FLOOR}}
     config.write_text(yaml.safe_dump(data))

@@ -41,11 +41,18 @@ def _runtime_url(argv: list[str]) -> str:
     "argv",
     [
         ["python3", "-m", "vllm.entrypoints.cli.main", "serve", "/models/m", "--port", "8123"],
-        ["/opt/venv/bin/python3.11", "-u", "-m", "vllm.entrypoints.cli.main", "serve", "m",
-         "--port=8123"],
+        [
+            "/opt/venv/bin/python3.11",
+            "-u",
+            "-m",
+            "vllm.entrypoints.cli.main",
+            "serve",
+            "m",
+            "--port=8123",
+        ],
         ["python", "/opt/venv/bin/vllm", "serve", "m", "--port", "8123"],
     ],
-)  # fmt: skip
+)
 def test_config_check_accepts_every_launch_form_the_runtime_starts(
     tmp_path: Path, argv: list[str]
 ) -> None:
@@ -80,11 +87,18 @@ LAUNCHERS = (
     ["vllm", "serve", MODEL],
     ["/opt/venv/bin/vllm", "serve", MODEL],
     ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL],
-    ["/usr/bin/python3.11", "-u", "-X", "dev", "-m", "vllm.entrypoints.openai.api_server",
-     f"--model={MODEL}"],
+    [
+        "/usr/bin/python3.11",
+        "-u",
+        "-X",
+        "dev",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        f"--model={MODEL}",
+    ],
     ["python3", "-m", "vllm.entrypoints.cli.main", "serve", MODEL],
     ["python", "/opt/venv/bin/vllm", "serve", MODEL],
-)  # fmt: skip
+)
 NOT_SERVERS = (
     ["vllm", "bench", "serve", MODEL],
     ["pythonic", "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL],

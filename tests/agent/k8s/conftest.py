@@ -45,9 +45,12 @@ def make_runtime(
     fake: FakeKubernetesApi, port: int, tmp_path: Path, **target: Any
 ) -> KubernetesRuntime:
     settings: dict[str, Any] = dict(
-        namespace=NAMESPACE, deployment="vllm", port=port,
-        stable_url=f"http://127.0.0.1:{port}", state_dir=tmp_path,
-    )  # fmt: skip
+        namespace=NAMESPACE,
+        deployment="vllm",
+        port=port,
+        stable_url=f"http://127.0.0.1:{port}",
+        state_dir=tmp_path,
+    )
     settings.update(target)
     return KubernetesRuntime(
         KubernetesTarget(**settings), fake.api_client(), identity="pod-a", poll_s=0.01

@@ -21,24 +21,34 @@ def pod_ip(pod: dict) -> str:
 
 
 def service(selector: dict[str, str], name: str = "vllm") -> dict:
-    return {"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": name, "namespace": NAMESPACE},
-            "spec": {"selector": selector,
-                     "ports": [{"name": "http", "port": 8000, "targetPort": "http"}]}}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "selector": selector,
+            "ports": [{"name": "http", "port": 8000, "targetPort": "http"}],
+        },
+    }
 
 
 def route(*refs: dict) -> dict:
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "HTTPRoute",
-            "metadata": {"name": "vllm", "namespace": NAMESPACE},
-            "spec": {"parentRefs": [{"name": "gateway"}],
-                     "rules": [{"backendRefs": list(refs)}]}}  # fmt: skip
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "HTTPRoute",
+        "metadata": {"name": "vllm", "namespace": NAMESPACE},
+        "spec": {"parentRefs": [{"name": "gateway"}], "rules": [{"backendRefs": list(refs)}]},
+    }
 
 
 def canary_body(port: int) -> dict:
     body = base_deployment(port)
     body["metadata"]["name"] = "vllm-kvpilot-canary"
-    for labels in (body["metadata"]["labels"], body["spec"]["selector"]["matchLabels"],
-                   body["spec"]["template"]["metadata"]["labels"]):  # fmt: skip
+    for labels in (
+        body["metadata"]["labels"],
+        body["spec"]["selector"]["matchLabels"],
+        body["spec"]["template"]["metadata"]["labels"],
+    ):
         labels["kvpilot.dev/role"] = "canary"
     return body
 
@@ -118,7 +128,8 @@ def test_the_schema_comes_from_the_published_package() -> None:
     assert MODEL_FILE.is_file(), "run ./scripts/setup"
     schema = httproute_schema()
     weight = schema["properties"]["spec"]["properties"]["rules"]["items"]["properties"][
-        "backendRefs"]["items"]["properties"]["weight"]  # fmt: skip
+        "backendRefs"
+    ]["items"]["properties"]["weight"]
     assert (weight["minimum"], weight["maximum"]) == (0, 1000000)
     good = route({"name": "vllm", "port": 8000, "weight": 90})
     assert validate_httproute(good) == []
@@ -136,14 +147,22 @@ def test_an_invalid_httproute_patch_is_refused_with_the_schemas_reason(fake) -> 
 
     with pytest.raises(client.ApiException) as caught:
         api.patch_namespaced_custom_object(
-            *args, [{"op": "add", "path": "/spec/rules/0/backendRefs/-",
-                     "value": {"name": "vllm-canary", "port": 8000, "weight": 2000000}}],
+            *args,
+            [
+                {
+                    "op": "add",
+                    "path": "/spec/rules/0/backendRefs/-",
+                    "value": {"name": "vllm-canary", "port": 8000, "weight": 2000000},
+                }
+            ],
             _content_type=JSON_PATCH,
-        )  # fmt: skip
+        )
 
     assert caught.value.status == 422
-    assert "spec.rules[0].backendRefs[1].weight: 2000000 is greater than the maximum of " \
-        "1000000" in caught.value.body  # fmt: skip
+    assert (
+        "spec.rules[0].backendRefs[1].weight: 2000000 is greater than the maximum of "
+        "1000000" in caught.value.body
+    )
     assert fake.httproute(NAMESPACE, "vllm")["spec"]["rules"][0]["backendRefs"] == [
         {"name": "vllm", "port": 8000}
     ]
@@ -156,21 +175,27 @@ def test_httproutes_take_json_and_merge_patches_not_strategic_ones(fake) -> None
 
     with pytest.raises(client.ApiException) as caught:
         api.patch_namespaced_custom_object(
-            *args, {"metadata": {"labels": {"a": "b"}}},
+            *args,
+            {"metadata": {"labels": {"a": "b"}}},
             _content_type="application/strategic-merge-patch+json",
-        )  # fmt: skip
+        )
     assert caught.value.status == 415
     with pytest.raises(client.ApiException) as caught:  # a failed `test` applies nothing
-        api.patch_namespaced_custom_object(*args, [
-            {"op": "test", "path": "/spec/rules/0/backendRefs/0/name", "value": "other"},
-            {"op": "replace", "path": "/spec/rules/0/backendRefs/0/port", "value": 1}],
-            _content_type=JSON_PATCH)  # fmt: skip
+        api.patch_namespaced_custom_object(
+            *args,
+            [
+                {"op": "test", "path": "/spec/rules/0/backendRefs/0/name", "value": "other"},
+                {"op": "replace", "path": "/spec/rules/0/backendRefs/0/port", "value": 1},
+            ],
+            _content_type=JSON_PATCH,
+        )
     assert caught.value.status == 422
 
     patched = api.patch_namespaced_custom_object(
-        *args, [{"op": "add", "path": "/spec/rules/0/backendRefs/0/weight", "value": 7}],
+        *args,
+        [{"op": "add", "path": "/spec/rules/0/backendRefs/0/weight", "value": 7}],
         _content_type=JSON_PATCH,
-    )  # fmt: skip
+    )
     assert patched["spec"]["rules"][0]["backendRefs"][0]["weight"] == 7
     assert patched["metadata"]["generation"] == 2
     stale = {"metadata": {"resourceVersion": "1", "labels": {"a": "b"}}}

@@ -50,9 +50,11 @@ def test_a_refused_lease_names_the_tuning_overlay(fake) -> None:
 
 def test_a_verb_no_role_grants_says_so() -> None:
     refused = api_error(
-        ApiException(status=403, reason="Forbidden"), verb="update", resource="deployments.apps",
+        ApiException(status=403, reason="Forbidden"),
+        verb="update",
+        resource="deployments.apps",
         what="Deployment serving/vllm",
-    )  # fmt: skip
+    )
     assert isinstance(refused, Forbidden)
     assert "no Role of kvpilot's grants it: add the verb 'update' on 'deployments.apps'" in str(
         refused

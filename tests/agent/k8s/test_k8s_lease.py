@@ -22,8 +22,14 @@ class Clock:
 
 
 def lease(fake, identity: str, clock: Clock, duration_s: int = 30) -> DeploymentLease:
-    return DeploymentLease(fake.api_client(), namespace=NAMESPACE, deployment="vllm",
-                           identity=identity, duration_s=duration_s, wall_clock=clock)  # fmt: skip
+    return DeploymentLease(
+        fake.api_client(),
+        namespace=NAMESPACE,
+        deployment="vllm",
+        identity=identity,
+        duration_s=duration_s,
+        wall_clock=clock,
+    )
 
 
 def stored(fake) -> dict:
@@ -63,7 +69,10 @@ def test_conflict_names_the_holder_then_takeover_after_expiry(fake) -> None:
     clock.now_s = T0 + 31
     record = b.acquire()
     assert (record.holder, record.transitions_total, record.acquired_at_wall_s) == (
-        "pod-b", 1, T0 + 31)  # fmt: skip
+        "pod-b",
+        1,
+        T0 + 31,
+    )
 
 
 def test_the_old_holder_learns_it_lost(fake) -> None:

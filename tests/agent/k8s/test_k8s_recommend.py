@@ -36,8 +36,13 @@ EVENTS_PATH = f"/api/v1/namespaces/{NAMESPACE}/events"
 
 
 def _args(port: int) -> list[str]:
-    return ["--model=Qwen/Qwen2.5-1.5B-Instruct", "--host=0.0.0.0", f"--port={port}",
-            f"--api-key={SECRET}", "--max-num-seqs=32"]  # fmt: skip
+    return [
+        "--model=Qwen/Qwen2.5-1.5B-Instruct",
+        "--host=0.0.0.0",
+        f"--port={port}",
+        f"--api-key={SECRET}",
+        "--max-num-seqs=32",
+    ]
 
 
 def _promote(runtime: KubernetesRuntime, port: int) -> Any:
@@ -59,9 +64,13 @@ def test_a_gitops_owned_deployment_gets_the_patch_as_a_file_and_an_event(
     assert [(r.method, r.path) for r in fake.writes()] == [("POST", EVENTS_PATH)]
     (event,) = fake.events.values()
     assert event["involvedObject"] == {
-        "apiVersion": "apps/v1", "kind": "Deployment", "name": "vllm", "namespace": NAMESPACE,
-        "uid": stable["metadata"]["uid"], "resourceVersion": stable["metadata"]["resourceVersion"],
-    }  # fmt: skip
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "vllm",
+        "namespace": NAMESPACE,
+        "uid": stable["metadata"]["uid"],
+        "resourceVersion": stable["metadata"]["resourceVersion"],
+    }
     assert (event["type"], event["reason"]) == ("Normal", EVENT_REASON)
     assert str(rec.path) in event["message"] and rec.kubectl in event["message"]
     assert "GitOps" in event["message"] and SECRET not in event["message"]
@@ -97,11 +106,18 @@ def test_a_ladder_promotion_on_a_gitops_deployment_is_a_recommendation_not_a_fai
     better = ("python3", "-m", "vllm.entrypoints.openai.api_server", *_args(standin.port))
     journal = MemoryJournal()
     remediator = Remediator(
-        runtime, journal, remediation_config(cooldown_s=0.0, preflight={"enabled": False}),
+        runtime,
+        journal,
+        remediation_config(cooldown_s=0.0, preflight={"enabled": False}),
         better_config=lambda name: better if name == "vllm" else None,
-    )  # fmt: skip
-    trigger = Trigger("vllm", "preemption_spike", None, "inc-1",
-                      facts=AlertFacts(Action.LADDER, capacity_leak=False))  # fmt: skip
+    )
+    trigger = Trigger(
+        "vllm",
+        "preemption_spike",
+        None,
+        "inc-1",
+        facts=AlertFacts(Action.LADDER, capacity_leak=False),
+    )
 
     outcome = asyncio.run(remediator.remediate(trigger))
 
@@ -118,23 +134,32 @@ def test_the_status_shows_the_latest_recommendation(
     runtime = make_runtime(fake, standin.port, tmp_path)
     rec = _promote(runtime, standin.port).recommendation
     config = AgentConfig.model_validate(
-        {"state_dir": str(tmp_path / "state"),
-         "runtime": {"kind": "attach", "servers": [{"name": "vllm", "url": "http://x:9"}]}}
-    )  # fmt: skip
+        {
+            "state_dir": str(tmp_path / "state"),
+            "runtime": {"kind": "attach", "servers": [{"name": "vllm", "url": "http://x:9"}]},
+        }
+    )
     config.state_dir.mkdir(parents=True)
 
     async def main() -> dict[str, Any]:
         async with httpx.AsyncClient() as scrapes:
             with StateStore.open(config.state_dir) as store:
                 sidecar = Sidecar(
-                    config, store=store, runtime=runtime, notifiers={},
+                    config,
+                    store=store,
+                    runtime=runtime,
+                    notifiers={},
                     remediator=Remediator(runtime, store, config.remediation),
-                    client=scrapes, nvml=NvmlCollector(server_pids=frozenset),
-                )  # fmt: skip
+                    client=scrapes,
+                    nvml=NvmlCollector(server_pids=frozenset),
+                )
                 app = build_app(
-                    sidecar, build_registry(sidecar.servers, lambda out: None),
-                    clock=sidecar.clock, stale_after_s=10.0, extra_routes=api_routes(sidecar, None),
-                )  # fmt: skip
+                    sidecar,
+                    build_registry(sidecar.servers, lambda out: None),
+                    clock=sidecar.clock,
+                    stale_after_s=10.0,
+                    extra_routes=api_routes(sidecar, None),
+                )
                 transport = httpx.ASGITransport(app=app)
                 async with httpx.AsyncClient(transport=transport, base_url="http://k") as api:
                     answer = await api.get("/api/v1/status")
@@ -145,7 +170,12 @@ def test_the_status_shows_the_latest_recommendation(
     body = asyncio.run(main())
     (shown,) = body["recommendations"]
     assert shown == {
-        "deployment": "vllm", "namespace": NAMESPACE, "path": str(rec.path),
-        "reason": rec.reason, "kubectl": rec.kubectl, "event": rec.event, "wall_s": rec.wall_s,
-    }  # fmt: skip
+        "deployment": "vllm",
+        "namespace": NAMESPACE,
+        "path": str(rec.path),
+        "reason": rec.reason,
+        "kubectl": rec.kubectl,
+        "event": rec.event,
+        "wall_s": rec.wall_s,
+    }
     assert "GitOps" in shown["reason"] and shown["event"].startswith("Event ")

@@ -18,8 +18,13 @@ CANARY = "vllm-kvpilot-canary"
 
 
 def candidate(port: int) -> list[str]:
-    return ["--model=Qwen/Qwen2.5-1.5B-Instruct", "--host=0.0.0.0", f"--port={port}",
-            "--gpu-memory-utilization=0.80", "--max-num-seqs=64"]  # fmt: skip
+    return [
+        "--model=Qwen/Qwen2.5-1.5B-Instruct",
+        "--host=0.0.0.0",
+        f"--port={port}",
+        "--gpu-memory-utilization=0.80",
+        "--max-num-seqs=64",
+    ]
 
 
 def test_canary_created_from_the_stable_template_and_cleaned_up(fake, standin, tmp_path) -> None:
@@ -27,8 +32,9 @@ def test_canary_created_from_the_stable_template_and_cleaned_up(fake, standin, t
     runtime = make_runtime(fake, standin.port, tmp_path)
     argv = candidate(standin.port)
 
-    instance = asyncio.run(runtime.restart(CANARY, drain_timeout_s=5, ready_timeout_s=10,
-                                           argv=argv))  # fmt: skip
+    instance = asyncio.run(
+        runtime.restart(CANARY, drain_timeout_s=5, ready_timeout_s=10, argv=argv)
+    )
 
     assert instance.role == "canary"
     assert instance.url == f"http://127.0.0.1:{standin.port}"  # the pod IP
@@ -47,12 +53,16 @@ def test_canary_created_from_the_stable_template_and_cleaned_up(fake, standin, t
     # vLLM's volumes come along; the sidecar's (its configuration, its state claim) do not.
     stable_volumes = stable["spec"]["template"]["spec"]["volumes"]
     mounted = {m["name"] for m in containers["vllm"].get("volumeMounts") or ()}
-    assert spec["template"]["spec"]["volumes"] == [v for v in stable_volumes
-                                                   if v["name"] in mounted]  # fmt: skip
+    assert spec["template"]["spec"]["volumes"] == [
+        v for v in stable_volumes if v["name"] in mounted
+    ]
     assert {"config", "state"} & mounted == set() and len(mounted) >= 2
     owner = canary["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner["uid"]) == (
-        "Deployment", "vllm", stable["metadata"]["uid"])  # fmt: skip
+        "Deployment",
+        "vllm",
+        stable["metadata"]["uid"],
+    )
     assert [i.role for i in runtime.instances()] == ["stable", "canary"]
 
     result = asyncio.run(runtime.stop(CANARY, drain_timeout_s=5))
@@ -86,8 +96,9 @@ def test_promotion_patches_args_and_waits_for_the_rollout(fake, standin, tmp_pat
     runtime = make_runtime(fake, standin.port, tmp_path, promote="apply")
     argv = candidate(standin.port)
 
-    instance = asyncio.run(runtime.restart("vllm", drain_timeout_s=5, ready_timeout_s=10,
-                                           argv=argv))  # fmt: skip
+    instance = asyncio.run(
+        runtime.restart("vllm", drain_timeout_s=5, ready_timeout_s=10, argv=argv)
+    )
 
     patch = fake.writes("PATCH")[0]
     assert patch.content_type == "application/strategic-merge-patch+json"
@@ -118,10 +129,12 @@ def test_promotion_retries_a_conflict_on_the_new_version(fake, standin, tmp_path
 
 @pytest.mark.parametrize(
     ("labels", "mode"),
-    [({"argocd.argoproj.io/instance": "serving"}, "auto"),
-     ({"app.kubernetes.io/managed-by": "flux"}, "auto"),
-     ({}, "recommend")],
-)  # fmt: skip
+    [
+        ({"argocd.argoproj.io/instance": "serving"}, "auto"),
+        ({"app.kubernetes.io/managed-by": "flux"}, "auto"),
+        ({}, "recommend"),
+    ],
+)
 def test_recommend_only_writes_the_patch_and_never_patches(
     fake, standin, tmp_path, labels, mode
 ) -> None:
@@ -145,8 +158,10 @@ def test_recommend_only_writes_the_patch_and_never_patches(
     fake.forbidden.clear()
     runtime_apply = make_runtime(fake, standin.port, tmp_path, promote="apply")
     asyncio.run(asyncio.to_thread(runtime_apply._patch, "vllm", written))
-    assert fake.deployment(NAMESPACE, "vllm")["spec"]["template"]["spec"]["containers"][0][
-        "args"] == argv  # fmt: skip
+    assert (
+        fake.deployment(NAMESPACE, "vllm")["spec"]["template"]["spec"]["containers"][0]["args"]
+        == argv
+    )
 
 
 def test_rollout_restart_patches_the_restarted_at_annotation(fake, standin, tmp_path) -> None:
@@ -191,8 +206,12 @@ def test_the_fake_rejects_an_invalid_body(fake, standin) -> None:
     body = base_deployment(standin.port)
     body["spec"]["template"]["spec"]["containers"][0]["argz"] = ["--x"]
     assert fake.validate(body) is not None  # strict: unknown fields fail
-    status, payload = fake.handle("POST", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments",
-                                  "application/json", json.dumps(body).encode())  # fmt: skip
+    status, payload = fake.handle(
+        "POST",
+        f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments",
+        "application/json",
+        json.dumps(body).encode(),
+    )
     assert (status, payload["reason"]) == (422, "Invalid")
     assert fake.validate(base_deployment(standin.port)) is None
 

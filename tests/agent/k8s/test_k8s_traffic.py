@@ -68,14 +68,24 @@ def seed(fake: FakeKubernetesApi, port: int, *, service_share: bool) -> dict[str
         body["spec"]["template"]["metadata"]["labels"].update(SERVING)
         selector = SERVING
     stable = fake.add_deployment(body)
-    fake.add_service({"apiVersion": "v1", "kind": "Service",
-                      "metadata": {"name": "vllm", "namespace": NAMESPACE},
-                      "spec": {"selector": selector, "ports": [
-                          {"name": "http", "port": 8000, "targetPort": "http"}]}})  # fmt: skip
+    fake.add_service(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "vllm", "namespace": NAMESPACE},
+            "spec": {
+                "selector": selector,
+                "ports": [{"name": "http", "port": 8000, "targetPort": "http"}],
+            },
+        }
+    )
     canary = build_canary(
-        stable, container="vllm", command=ContainerCommand(None, tuple(vllm["args"])),
-        sidecar_container="kvpilot", serve_labels=SERVING if service_share else None,
-    )  # fmt: skip
+        stable,
+        container="vllm",
+        command=ContainerCommand(None, tuple(vllm["args"])),
+        sidecar_container="kvpilot",
+        serve_labels=SERVING if service_share else None,
+    )
     return fake.add_deployment(canary)
 
 
@@ -122,8 +132,12 @@ def test_service_share_sends_real_requests_and_pulls_them_back(fake, servers, de
     port = stable_server.port
     canary = seed(fake, port, service_share=True)
     canary_backend = f"{CANARY_IP}:{port}"
-    split = ServiceShare(fake.api_client(), namespace=NAMESPACE, service="vllm",
-                         canary_selector=canary["spec"]["selector"]["matchLabels"])  # fmt: skip
+    split = ServiceShare(
+        fake.api_client(),
+        namespace=NAMESPACE,
+        service="vllm",
+        canary_selector=canary["spec"]["selector"]["matchLabels"],
+    )
 
     assert asyncio.run(split.canary_labels()) == SERVING  # what build_canary was given
 
@@ -164,15 +178,26 @@ def test_gateway_weights_send_a_tenth_and_pull_it_back_in_one_patch(
     stable_server, canary_server = servers
     port = stable_server.port
     canary = seed(fake, port, service_share=False)
-    fake.add_httproute({
-        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
-        "metadata": {"name": "vllm", "namespace": NAMESPACE},
-        "spec": {"parentRefs": [{"name": "gateway"}],
-                 "rules": [{"backendRefs": [{"name": "vllm", "port": 8000}]}]}})  # fmt: skip
+    fake.add_httproute(
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
+            "metadata": {"name": "vllm", "namespace": NAMESPACE},
+            "spec": {
+                "parentRefs": [{"name": "gateway"}],
+                "rules": [{"backendRefs": [{"name": "vllm", "port": 8000}]}],
+            },
+        }
+    )
     canary_backend = f"{CANARY_IP}:{port}"
-    split = GatewayWeights(fake.api_client(), namespace=NAMESPACE, route="vllm",
-                           stable_service="vllm", canary_service=CANARY_SVC,
-                           canary_selector=canary["spec"]["selector"]["matchLabels"])  # fmt: skip
+    split = GatewayWeights(
+        fake.api_client(),
+        namespace=NAMESPACE,
+        route="vllm",
+        stable_service="vllm",
+        canary_service=CANARY_SVC,
+        canary_selector=canary["spec"]["selector"]["matchLabels"],
+    )
 
     with TrafficSplitter(fake.host, NAMESPACE, route="vllm") as splitter:
         assert splitter.table == {f"{STABLE_IP}:{port}": 1.0}  # the canary is in no Service
@@ -181,8 +206,10 @@ def test_gateway_weights_send_a_tenth_and_pull_it_back_in_one_patch(
         assert (shares.stable_percent, shares.canary_percent) == (90.0, 10.0)
         assert shares.how == "HTTPRoute vllm: weights 90/10"
         refs = fake.httproute(NAMESPACE, "vllm")["spec"]["rules"][0]["backendRefs"]
-        assert refs == [{"name": "vllm", "port": 8000, "weight": 90},
-                        {"name": CANARY_SVC, "port": 8000, "weight": 10}]  # fmt: skip
+        assert refs == [
+            {"name": "vllm", "port": 8000, "weight": 90},
+            {"name": CANARY_SVC, "port": 8000, "weight": 10},
+        ]
         assert fake.service(NAMESPACE, CANARY_SVC)["spec"]["selector"]["kvpilot.dev/role"] == (
             "canary"
         )
@@ -210,15 +237,28 @@ def test_gateway_weights_send_a_tenth_and_pull_it_back_in_one_patch(
 
 def test_gateway_weights_follow_a_route_changed_in_between(fake) -> None:
     canary = seed(fake, 8000, service_share=False)
-    fake.add_httproute({
-        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
-        "metadata": {"name": "vllm", "namespace": NAMESPACE},
-        "spec": {"parentRefs": [{"name": "gateway"}], "rules": [
-            {"backendRefs": [{"name": "other", "port": 80}]},
-            {"backendRefs": [{"name": "vllm", "port": 8000, "weight": 3}]}]}})  # fmt: skip
-    split = GatewayWeights(fake.api_client(), namespace=NAMESPACE, route="vllm",
-                           stable_service="vllm", canary_service=CANARY_SVC,
-                           canary_selector=canary["spec"]["selector"]["matchLabels"])  # fmt: skip
+    fake.add_httproute(
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
+            "metadata": {"name": "vllm", "namespace": NAMESPACE},
+            "spec": {
+                "parentRefs": [{"name": "gateway"}],
+                "rules": [
+                    {"backendRefs": [{"name": "other", "port": 80}]},
+                    {"backendRefs": [{"name": "vllm", "port": 8000, "weight": 3}]},
+                ],
+            },
+        }
+    )
+    split = GatewayWeights(
+        fake.api_client(),
+        namespace=NAMESPACE,
+        route="vllm",
+        stable_service="vllm",
+        canary_service=CANARY_SVC,
+        canary_selector=canary["spec"]["selector"]["matchLabels"],
+    )
     read = split._read_route
     reads = []
 
@@ -226,9 +266,12 @@ def test_gateway_weights_follow_a_route_changed_in_between(fake) -> None:
         route = await read()
         reads.append(route)
         if len(reads) == 1:  # another writer's patch lands between our read and our patch
-            fake.handle("PATCH", "/apis/gateway.networking.k8s.io/v1/namespaces/serving/"
-                        "httproutes/vllm", "application/merge-patch+json",
-                        b'{"metadata": {"labels": {"team": "serving"}}}')  # fmt: skip
+            fake.handle(
+                "PATCH",
+                "/apis/gateway.networking.k8s.io/v1/namespaces/serving/httproutes/vllm",
+                "application/merge-patch+json",
+                b'{"metadata": {"labels": {"team": "serving"}}}',
+            )
         return route
 
     split._read_route = read_then_someone_writes
@@ -248,9 +291,14 @@ def test_gateway_weights_follow_a_route_changed_in_between(fake) -> None:
 
 def test_an_out_of_range_share_is_refused_before_any_write(fake) -> None:
     canary = seed(fake, 8000, service_share=False)
-    split = GatewayWeights(fake.api_client(), namespace=NAMESPACE, route="vllm",
-                           stable_service="vllm", canary_service=CANARY_SVC,
-                           canary_selector=canary["spec"]["selector"]["matchLabels"])  # fmt: skip
+    split = GatewayWeights(
+        fake.api_client(),
+        namespace=NAMESPACE,
+        route="vllm",
+        stable_service="vllm",
+        canary_service=CANARY_SVC,
+        canary_selector=canary["spec"]["selector"]["matchLabels"],
+    )
     fake.requests.clear()
     with pytest.raises(ValueError, match="0-100 %"):
         asyncio.run(split.send_share(150))
@@ -269,8 +317,12 @@ def test_service_share_refuses_a_service_it_could_not_pull_back_from(
 ) -> None:
     canary = seed(fake, 8000, service_share=False)
     fake.services[(NAMESPACE, "vllm")]["spec"]["selector"] = selector
-    split = ServiceShare(fake.api_client(), namespace=NAMESPACE, service="vllm",
-                         canary_selector=canary["spec"]["selector"]["matchLabels"])  # fmt: skip
+    split = ServiceShare(
+        fake.api_client(),
+        namespace=NAMESPACE,
+        service="vllm",
+        canary_selector=canary["spec"]["selector"]["matchLabels"],
+    )
     with pytest.raises(RuntimeFailure, match=why):
         asyncio.run(split.send_share(10))
     assert fake.writes() == []
@@ -280,8 +332,9 @@ def test_build_canary_keeps_the_service_labels_only_when_asked(fake) -> None:
     stable = fake.add_deployment(base_deployment(8000))
     command = ContainerCommand(None, ("--model=m",))
     plain = build_canary(stable, container="vllm", command=command, sidecar_container=None)
-    shared = build_canary(stable, container="vllm", command=command, sidecar_container=None,
-                          serve_labels=SERVING)  # fmt: skip
+    shared = build_canary(
+        stable, container="vllm", command=command, sidecar_container=None, serve_labels=SERVING
+    )
 
     assert "kvpilot.dev/serving" not in plain["spec"]["template"]["metadata"]["labels"]
     labels = shared["spec"]["template"]["metadata"]["labels"]
@@ -289,14 +342,23 @@ def test_build_canary_keeps_the_service_labels_only_when_asked(fake) -> None:
     assert labels["kvpilot.dev/role"] == "canary"
     assert "kvpilot.dev/serving" not in shared["spec"]["selector"]["matchLabels"]
     with pytest.raises(ValueError, match="cannot share"):
-        build_canary(stable, container="vllm", command=command, sidecar_container=None,
-                     serve_labels={"kvpilot.dev/role": "stable"})  # fmt: skip
+        build_canary(
+            stable,
+            container="vllm",
+            command=command,
+            sidecar_container=None,
+            serve_labels={"kvpilot.dev/role": "stable"},
+        )
 
 
 def test_a_refused_pull_back_names_the_verb_and_the_resource(fake) -> None:
     canary = seed(fake, 8000, service_share=True)
-    split = ServiceShare(fake.api_client(), namespace=NAMESPACE, service="vllm",
-                         canary_selector=canary["spec"]["selector"]["matchLabels"])  # fmt: skip
+    split = ServiceShare(
+        fake.api_client(),
+        namespace=NAMESPACE,
+        service="vllm",
+        canary_selector=canary["spec"]["selector"]["matchLabels"],
+    )
     fake.forbid("patch", "pods")
 
     with pytest.raises(Forbidden, match="may not 'patch' pods") as caught:

@@ -62,12 +62,18 @@ def session(adapter: KubernetesTunerAdapter, fake) -> tuple[TuningSession, InMem
     store, ids = InMemoryTrialStore(), (f"t{i}" for i in itertools.count(1))
     clock = itertools.count(100.0)
     return TuningSession(
-        space=SPACE, suggester=GridSuggester(SPACE), store=store,
-        journal=InMemoryRolloutJournal(), runtime=adapter, observer=DeploymentObserver(fake),
-        fingerprint="k8s", settings=RolloutSettings(slo=SLO, ready_timeout_s=10),
-        strategy=Strategy.PARALLEL, wall_clock=lambda: float(next(clock)),
+        space=SPACE,
+        suggester=GridSuggester(SPACE),
+        store=store,
+        journal=InMemoryRolloutJournal(),
+        runtime=adapter,
+        observer=DeploymentObserver(fake),
+        fingerprint="k8s",
+        settings=RolloutSettings(slo=SLO, ready_timeout_s=10),
+        strategy=Strategy.PARALLEL,
+        wall_clock=lambda: float(next(clock)),
         new_id=lambda: next(ids),
-    ), store  # fmt: skip
+    ), store
 
 
 def stable_args(fake) -> list[str]:

@@ -58,9 +58,14 @@ PROMPT, OUTPUT, CLIENTS = 400, 512, 12
 # tokens for one core, 1 to 1.5 s on a slow machine; the poor budget queues for 5 s and more.
 SLO = Slo(ttft_p95_s=3.0, inter_token_p95_s=0.5, max_preemptions_per_request=0.1)
 CANARY = CanaryConfig(
-    traffic="gateway", weight_percent=25, warmup_s=4, analysis_s=20, analysis_interval_s=2,
-    bake_s=12, gateway={"httproute": "vllm", "stable_service": "vllm"},
-)  # fmt: skip
+    traffic="gateway",
+    weight_percent=25,
+    warmup_s=4,
+    analysis_s=20,
+    analysis_interval_s=2,
+    bake_s=12,
+    gateway={"httproute": "vllm", "stable_service": "vllm"},
+)
 
 
 def deployment(port: int) -> dict:
@@ -68,11 +73,25 @@ def deployment(port: int) -> dict:
     vllm = body["spec"]["template"]["spec"]["containers"][0]
     vllm["command"] = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     vllm["args"] = [
-        "--model", str(TINY_MODEL_DIR), "--served-model-name", "tiny-llama",
-        "--host", "0.0.0.0", f"--port={port}", "--load-format", "dummy",
-        "--skip-tokenizer-init", "--dtype", "bfloat16", "--enforce-eager",
-        "--max-model-len", "1024", "--block-size", "32", f"--kv-cache-memory-bytes={POOR}",
-    ]  # fmt: skip
+        "--model",
+        str(TINY_MODEL_DIR),
+        "--served-model-name",
+        "tiny-llama",
+        "--host",
+        "0.0.0.0",
+        f"--port={port}",
+        "--load-format",
+        "dummy",
+        "--skip-tokenizer-init",
+        "--dtype",
+        "bfloat16",
+        "--enforce-eager",
+        "--max-model-len",
+        "1024",
+        "--block-size",
+        "32",
+        f"--kv-cache-memory-bytes={POOR}",
+    ]
     (http,) = [p for p in vllm["ports"] if p["name"] == "http"]  # the Service's targetPort
     http["containerPort"] = port
     return body
@@ -105,8 +124,13 @@ class CountedSplit:
 
 async def live_load(url: str, stop: asyncio.Event) -> None:
     """Real users: CLIENTS at once, each sending its next request when one finishes."""
-    workload = Workload(CLIENTS, LengthDist.fixed(PROMPT), LengthDist.fixed(OUTPUT),
-                        concurrency=CLIENTS, request_timeout_s=120)  # fmt: skip
+    workload = Workload(
+        CLIENTS,
+        LengthDist.fixed(PROMPT),
+        LengthDist.fixed(OUTPUT),
+        concurrency=CLIENTS,
+        request_timeout_s=120,
+    )
     while not stop.is_set():
         report = await run_load(url, workload, model="tiny-llama")
         if report.failed:  # no stable endpoint while a rolling update replaces the pod
@@ -121,27 +145,48 @@ def test_a_good_canary_is_promoted_and_a_bad_one_aborted_on_live_traffic(
     kubelet = FakeKubelet(namespace=NAMESPACE)
     with KubeletApi(kubelet) as fake, kubelet:
         stable_body = fake.add_deployment(deployment(port))
-        fake.add_service({"apiVersion": "v1", "kind": "Service",
-                          "metadata": {"name": "vllm", "namespace": NAMESPACE},
-                          "spec": {"selector": stable_body["spec"]["selector"]["matchLabels"],
-                                   "ports": [{"name": "http", "port": 8000,
-                                              "targetPort": "http"}]}})  # fmt: skip
-        fake.add_httproute({
-            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
-            "metadata": {"name": "vllm", "namespace": NAMESPACE},
-            "spec": {"parentRefs": [{"name": "gateway"}],
-                     "rules": [{"backendRefs": [{"name": "vllm", "port": 8000}]}]}})  # fmt: skip
+        fake.add_service(
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": "vllm", "namespace": NAMESPACE},
+                "spec": {
+                    "selector": stable_body["spec"]["selector"]["matchLabels"],
+                    "ports": [{"name": "http", "port": 8000, "targetPort": "http"}],
+                },
+            }
+        )
+        fake.add_httproute(
+            {
+                "apiVersion": "gateway.networking.k8s.io/v1",
+                "kind": "HTTPRoute",
+                "metadata": {"name": "vllm", "namespace": NAMESPACE},
+                "spec": {
+                    "parentRefs": [{"name": "gateway"}],
+                    "rules": [{"backendRefs": [{"name": "vllm", "port": 8000}]}],
+                },
+            }
+        )
         kubelet.wait_ready("stable")
         target = KubernetesTarget(
-            namespace=NAMESPACE, deployment="vllm", port=port, kvpool_port=None,
-            stable_url=None, promote="apply", state_dir=tmp_path,
-        )  # fmt: skip
+            namespace=NAMESPACE,
+            deployment="vllm",
+            port=port,
+            kvpool_port=None,
+            stable_url=None,
+            promote="apply",
+            state_dir=tmp_path,
+        )
         runtime = KubernetesRuntime(target, fake.api_client(), identity="pod-a", poll_s=0.2)
         built = traffic_split(CANARY, fake.api_client(), target)
         assert built is not None
         journal, store = InMemoryRolloutJournal(), InMemoryTrialStore()
-        settings = RolloutSettings(slo=SLO, judge=JudgeConfig(metrics=LIVE_METRICS),
-                                   ready_timeout_s=240, bake_tolerance_ratio=0.5)  # fmt: skip
+        settings = RolloutSettings(
+            slo=SLO,
+            judge=JudgeConfig(metrics=LIVE_METRICS),
+            ready_timeout_s=240,
+            bake_tolerance_ratio=0.5,
+        )
         clock = time.time
 
         with TrafficSplitter(fake.host, NAMESPACE, route="vllm") as splitter:
@@ -151,8 +196,13 @@ def test_a_good_canary_is_promoted_and_a_bad_one_aborted_on_live_traffic(
 
             async def trial(number: int, kv_bytes: int):
                 rollout = Rollout(adapter, observer, store, journal, settings, wall_clock=clock)
-                t = new_trial(f"t{number}", "live", number, {"kv_cache_memory_bytes": kv_bytes},
-                              at_wall_s=clock())  # fmt: skip
+                t = new_trial(
+                    f"t{number}",
+                    "live",
+                    number,
+                    {"kv_cache_memory_bytes": kv_bytes},
+                    at_wall_s=clock(),
+                )
                 store.add(t)
                 argv = with_kv(adapter.stable_argv(), kv_bytes)
                 return await rollout.run(t, argv, Strategy.PARALLEL)
@@ -190,8 +240,10 @@ def test_a_good_canary_is_promoted_and_a_bad_one_aborted_on_live_traffic(
             print(f"  trial 1: {good.record.phase.value}: {good.record.reason}")
             print(f"    shares: {good.trial.reason}")
             judged = good.trial.judgement
-            print(f"    judge: {judged.classification.value if judged else None}: "
-                  f"{judged.reason if judged else None}")  # fmt: skip
+            print(
+                f"    judge: {judged.classification.value if judged else None}: "
+                f"{judged.reason if judged else None}"
+            )
             if judged is not None:
                 for m in judged.metrics:
                     print(

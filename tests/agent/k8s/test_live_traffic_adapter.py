@@ -128,8 +128,9 @@ def test_the_split_is_built_from_the_canary_settings_and_the_stable_deployment(f
     assert (service.service, service.canary_selector) == ("vllm", wanted)
     gateway = traffic_split(
         CanaryConfig.model_validate({"traffic": "gateway", "gateway": {"httproute": "llm"}}),
-        fake.api_client(), target,
-    )  # fmt: skip
+        fake.api_client(),
+        target,
+    )
     assert isinstance(gateway, GatewayWeights)
     assert (gateway.route, gateway.stable_service) == ("llm", "vllm")
     assert (gateway.canary_service, gateway.canary_selector) == ("vllm-kvpilot-canary", wanted)

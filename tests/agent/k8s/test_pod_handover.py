@@ -73,8 +73,9 @@ def handed_over_record(fake, standin, tmp_path, *, phase: Phase):
         TrialState.COMPLETE, at_wall_s=102.0, result=evaluate(window(0.5).measurement, SLO)
     )
     store.add(trial)
-    journal.save(RolloutRecord("t1", Strategy.PARALLEL, phase, (*command, *old),
-                               (*command, *new), 103.0))  # fmt: skip
+    journal.save(
+        RolloutRecord("t1", Strategy.PARALLEL, phase, (*command, *old), (*command, *new), 103.0)
+    )
     return db, store, journal, old, new
 
 
@@ -82,8 +83,11 @@ def resume(fake, standin, tmp_path, store, journal, observer):
     runtime = make_runtime(fake, standin.port, tmp_path, promote="apply")  # the new pod's
     adapter = KubernetesTunerAdapter(runtime, drain_timeout_s=5)
     clock = itertools.count(200.0)
-    return asyncio.run(resume_handed_over(journal, store, adapter, observer, SETTINGS,
-                                          wall_clock=lambda: float(next(clock))))  # fmt: skip
+    return asyncio.run(
+        resume_handed_over(
+            journal, store, adapter, observer, SETTINGS, wall_clock=lambda: float(next(clock))
+        )
+    )
 
 
 def test_a_handed_over_bake_that_holds_ends_promoted(fake, standin, tmp_path) -> None:
@@ -139,11 +143,18 @@ def test_a_pod_replaced_while_baking_hands_over_and_the_next_pod_bakes(
     observer = Windows(hold_bake=True)
     clock, ids = itertools.count(100.0), (f"t{i}" for i in itertools.count(1))
     session = TuningSession(
-        space=SPACE, suggester=GridSuggester(SPACE), store=store, journal=journal,
-        runtime=HandoverRuntime(adapter, journal), observer=observer, fingerprint="k8s",
-        settings=SETTINGS, strategy=Strategy.PARALLEL, wall_clock=lambda: float(next(clock)),
+        space=SPACE,
+        suggester=GridSuggester(SPACE),
+        store=store,
+        journal=journal,
+        runtime=HandoverRuntime(adapter, journal),
+        observer=observer,
+        fingerprint="k8s",
+        settings=SETTINGS,
+        strategy=Strategy.PARALLEL,
+        wall_clock=lambda: float(next(clock)),
         new_id=lambda: next(ids),
-    )  # fmt: skip
+    )
 
     async def replaced_while_baking() -> None:
         run = asyncio.create_task(session.run(1))

@@ -36,13 +36,24 @@ def fake() -> Iterator[FakeApiWithConfigMaps]:
 
 
 def pod_tuner(fake, state: Path, port: int, pod: str) -> tuple[PodTuner, Database]:
-    config = validate_config({
-        "state_dir": str(state),
-        "runtime": {"kind": "pod", "port": port, "model_config": str(TINY),
-                    "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host,
-                                   "promote": "apply", "handover": "configmap"}},
-        "tuning": {"bake": False},
-    }, warn=False)  # fmt: skip
+    config = validate_config(
+        {
+            "state_dir": str(state),
+            "runtime": {
+                "kind": "pod",
+                "port": port,
+                "model_config": str(TINY),
+                "kubernetes": {
+                    "namespace": NAMESPACE,
+                    "api_url": fake.host,
+                    "promote": "apply",
+                    "handover": "configmap",
+                },
+            },
+            "tuning": {"bake": False},
+        },
+        warn=False,
+    )
     assert isinstance(config.runtime, PodRuntimeConfig)
     runtime = build_pod_runtime(config, config.runtime, {"POD_NAME": pod})
     db = Database.open(state)
@@ -95,5 +106,7 @@ def test_a_refused_handover_is_logged_not_raised(fake, standin, tmp_path, caplog
     hand_over_from_pod_a(fake, standin, tmp_path)
 
     assert MAP not in fake.config_maps
-    assert any("could not be handed over" in r.message and "'kvpilot-tuning' grants it"
-               in r.message for r in caplog.records)  # fmt: skip
+    assert any(
+        "could not be handed over" in r.message and "'kvpilot-tuning' grants it" in r.message
+        for r in caplog.records
+    )

@@ -18,12 +18,21 @@ from tests.agent.k8s.conftest import NAMESPACE, base_deployment
 
 
 def pod_config(tmp_path: Path, **kubernetes: object):
-    return validate_config({
-        "state_dir": str(tmp_path / "state"),
-        "runtime": {"kind": "pod", "name": "llm", "host": "127.0.0.1", "port": 8000,
-                    "kvpool_port": 9500, "api_key": "sk-test",
-                    "kubernetes": {"deployment": "vllm", "promote": "apply", **kubernetes}},
-    }, warn=False)  # fmt: skip
+    return validate_config(
+        {
+            "state_dir": str(tmp_path / "state"),
+            "runtime": {
+                "kind": "pod",
+                "name": "llm",
+                "host": "127.0.0.1",
+                "port": 8000,
+                "kvpool_port": 9500,
+                "api_key": "sk-test",
+                "kubernetes": {"deployment": "vllm", "promote": "apply", **kubernetes},
+            },
+        },
+        warn=False,
+    )
 
 
 def test_the_pod_runtime_reaches_the_deployment_and_signals_by_process(fake, tmp_path) -> None:

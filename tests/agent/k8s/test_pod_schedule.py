@@ -23,13 +23,23 @@ TINY = Path(__file__).resolve().parents[3] / "rig" / "models" / "tiny-llama"
 
 
 def scheduled(fake, tmp_path: Path, port: int):
-    config = validate_config({
-        "state_dir": str(tmp_path / "state"),
-        "runtime": {"kind": "pod", "port": port, "model_config": str(TINY),
-                    "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host}},
-        "tuning": {"schedule": "0 3 * * *", "trials": 2,
-                   "memory_knob": "kv_cache_memory_bytes"},
-    }, warn=False)  # fmt: skip
+    config = validate_config(
+        {
+            "state_dir": str(tmp_path / "state"),
+            "runtime": {
+                "kind": "pod",
+                "port": port,
+                "model_config": str(TINY),
+                "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host},
+            },
+            "tuning": {
+                "schedule": "0 3 * * *",
+                "trials": 2,
+                "memory_knob": "kv_cache_memory_bytes",
+            },
+        },
+        warn=False,
+    )
     assert isinstance(config.runtime, PodRuntimeConfig)
     runtime = build_pod_runtime(config, config.runtime, {"POD_NAME": "pod-a"})
     store = StateStore.open(config.state_dir)
@@ -61,8 +71,9 @@ def test_a_firing_plans_from_the_deployments_flags_under_its_lease(fake, tmp_pat
 def test_a_firing_while_another_pod_holds_the_lease_is_skipped(fake, tmp_path) -> None:
     fake.add_deployment(base_deployment(8000))
     tuning, store = scheduled(fake, tmp_path, 8000)
-    other = DeploymentLease(fake.api_client(), namespace=NAMESPACE, deployment="vllm",
-                            identity="pod-b")  # fmt: skip
+    other = DeploymentLease(
+        fake.api_client(), namespace=NAMESPACE, deployment="vllm", identity="pod-b"
+    )
 
     async def main() -> str:
         await tuning.start_up()
@@ -78,15 +89,31 @@ def test_a_firing_while_another_pod_holds_the_lease_is_skipped(fake, tmp_path) -
 
 def test_a_pod_tuner_on_live_traffic_splits_it_through_the_configured_route(fake, tmp_path) -> None:
     fake.add_deployment(base_deployment(8000))
-    config = validate_config({
-        "state_dir": str(tmp_path / "state"),
-        "runtime": {"kind": "pod", "port": 8000, "model_config": str(TINY),
-                    "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host}},
-        "tuning": {"trials": 1, "memory_knob": "kv_cache_memory_bytes",
-                   "canary": {"traffic": "gateway", "weight_percent": 10,
-                              "gateway": {"httproute": "vllm", "stable_service": "vllm",
-                                          "canary_service": "vllm-kvpilot-canary"}}},
-    }, warn=False)  # fmt: skip
+    config = validate_config(
+        {
+            "state_dir": str(tmp_path / "state"),
+            "runtime": {
+                "kind": "pod",
+                "port": 8000,
+                "model_config": str(TINY),
+                "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host},
+            },
+            "tuning": {
+                "trials": 1,
+                "memory_knob": "kv_cache_memory_bytes",
+                "canary": {
+                    "traffic": "gateway",
+                    "weight_percent": 10,
+                    "gateway": {
+                        "httproute": "vllm",
+                        "stable_service": "vllm",
+                        "canary_service": "vllm-kvpilot-canary",
+                    },
+                },
+            },
+        },
+        warn=False,
+    )
     assert isinstance(config.runtime, PodRuntimeConfig)
     runtime = build_pod_runtime(config, config.runtime, {"POD_NAME": "pod-a"})
     store = StateStore.open(config.state_dir)
@@ -132,13 +159,25 @@ def test_a_pod_replay_sends_the_learned_workload_live_traffic_does_not(fake, tmp
 def _config(fake, tmp_path: Path, traffic: str):  # type: ignore[no-untyped-def]
     canary = {"traffic": traffic}
     if traffic == "gateway":
-        canary |= {"gateway": {"httproute": "vllm", "stable_service": "vllm",
-                               "canary_service": "vllm-kvpilot-canary"}}  # fmt: skip
-    config = validate_config({
-        "state_dir": str(tmp_path / "state"),
-        "runtime": {"kind": "pod", "port": 8000, "model_config": str(TINY),
-                    "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host}},
-        "tuning": {"trials": 1, "memory_knob": "kv_cache_memory_bytes", "canary": canary},
-    }, warn=False)  # fmt: skip
+        canary |= {
+            "gateway": {
+                "httproute": "vllm",
+                "stable_service": "vllm",
+                "canary_service": "vllm-kvpilot-canary",
+            }
+        }
+    config = validate_config(
+        {
+            "state_dir": str(tmp_path / "state"),
+            "runtime": {
+                "kind": "pod",
+                "port": 8000,
+                "model_config": str(TINY),
+                "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host},
+            },
+            "tuning": {"trials": 1, "memory_knob": "kv_cache_memory_bytes", "canary": canary},
+        },
+        warn=False,
+    )
     assert isinstance(config.runtime, PodRuntimeConfig)
     return config

@@ -36,14 +36,22 @@ async def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = 
 def test_the_sidecar_resumes_a_handed_over_promotion_at_start_up(fake, standin, tmp_path) -> None:
     db, _, _, _, new = handed_over_record(fake, standin, tmp_path, phase=Phase.BAKING)
     db.close()  # the pod that promoted is gone; its state stays on the volume
-    config = validate_config({
-        "listen": {"host": "127.0.0.1", "port": free_port()},
-        "interval_s": 0.2,
-        "state_dir": str(tmp_path / "state"),
-        "runtime": {"kind": "pod", "port": standin.port, "model_config": str(TINY),
-                    "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host}},
-        "tuning": {"schedule": "0 3 * * *", "bake": False},
-    }, {}, warn=False)  # fmt: skip
+    config = validate_config(
+        {
+            "listen": {"host": "127.0.0.1", "port": free_port()},
+            "interval_s": 0.2,
+            "state_dir": str(tmp_path / "state"),
+            "runtime": {
+                "kind": "pod",
+                "port": standin.port,
+                "model_config": str(TINY),
+                "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host},
+            },
+            "tuning": {"schedule": "0 3 * * *", "bake": False},
+        },
+        {},
+        warn=False,
+    )
 
     async def main() -> tuple[Sidecar, str]:
         stop = asyncio.Event()

@@ -18,12 +18,20 @@ TINY = Path(__file__).resolve().parents[3] / "rig" / "models" / "tiny-llama"
 
 def pod_yaml(fake, tmp_path: Path) -> Path:
     path = tmp_path / "kvpilot.yaml"
-    path.write_text(yaml.safe_dump({
-        "state_dir": str(tmp_path / "state"),
-        "runtime": {"kind": "pod", "port": 8000, "model_config": str(TINY),
-                    "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host}},
-        "tuning": {"trials": 2, "memory_knob": "kv_cache_memory_bytes"},
-    }))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "state_dir": str(tmp_path / "state"),
+                "runtime": {
+                    "kind": "pod",
+                    "port": 8000,
+                    "model_config": str(TINY),
+                    "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host},
+                },
+                "tuning": {"trials": 2, "memory_knob": "kv_cache_memory_bytes"},
+            }
+        )
+    )
     return path
 
 
@@ -45,8 +53,9 @@ def test_dry_run_plans_from_the_deployments_flags(fake, tmp_path) -> None:
 
 def test_a_lease_held_by_another_pod_is_a_plain_error(fake, tmp_path) -> None:
     fake.add_deployment(base_deployment(8000))
-    DeploymentLease(fake.api_client(), namespace=NAMESPACE, deployment="vllm",
-                    identity="pod-b").acquire()  # fmt: skip
+    DeploymentLease(
+        fake.api_client(), namespace=NAMESPACE, deployment="vllm", identity="pod-b"
+    ).acquire()
 
     result = tune("--config", str(pod_yaml(fake, tmp_path)))
 

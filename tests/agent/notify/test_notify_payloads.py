@@ -23,9 +23,17 @@ from tests.agent.notify.notify_helpers import START_WALL_S, FakeClock, make_even
 from tests.agent.notify.notify_receiver import Receiver
 
 V4_KEYS = {
-    "version", "groupKey", "truncatedAlerts", "status", "receiver", "groupLabels",
-    "commonLabels", "commonAnnotations", "externalURL", "alerts",
-}  # fmt: skip
+    "version",
+    "groupKey",
+    "truncatedAlerts",
+    "status",
+    "receiver",
+    "groupLabels",
+    "commonLabels",
+    "commonAnnotations",
+    "externalURL",
+    "alerts",
+}
 ALERT_KEYS = {
     "status",
     "labels",

@@ -37,13 +37,22 @@ def test_every_notifier_masks_what_the_receiver_repeats() -> None:
         async def errors() -> list[str]:
             async with httpx.AsyncClient() as client:
                 notifiers: list[Notifier] = [
-                    WebhookNotifier("webhook", f"{base}/a?token=querytoken1", client,
-                                    headers={"X-Auth": SecretStr("headervalue1")}),
-                    AlertmanagerNotifier("am", base, client, username="u",
-                                         password=SecretStr("ampassword1"),
-                                         headers={"X-Scope-OrgID": SecretStr("tenantsecret1")}),
+                    WebhookNotifier(
+                        "webhook",
+                        f"{base}/a?token=querytoken1",
+                        client,
+                        headers={"X-Auth": SecretStr("headervalue1")},
+                    ),
+                    AlertmanagerNotifier(
+                        "am",
+                        base,
+                        client,
+                        username="u",
+                        password=SecretStr("ampassword1"),
+                        headers={"X-Scope-OrgID": SecretStr("tenantsecret1")},
+                    ),
                     SlackNotifier("slack", SecretStr(f"{base}/services/T1/B1/slackpath1"), client),
-                ]  # fmt: skip
+                ]
                 found = []
                 for notifier in notifiers:
                     try:

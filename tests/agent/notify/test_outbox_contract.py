@@ -287,8 +287,11 @@ def test_pending_rows_survive_a_reopen(reopen: Reopen) -> None:
     assert item.id == waiting
     first, second = outbox.due(20.0)
     assert (first.id, first.attempts, first.last_error, first.event) == (
-        failed, 1, "refused", event(2),
-    )  # fmt: skip
+        failed,
+        1,
+        "refused",
+        event(2),
+    )
     assert second.id == waiting
 
 

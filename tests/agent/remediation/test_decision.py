@@ -18,8 +18,14 @@ from .remediation_helpers import FixedPreflight, Harness, condition, remediation
 def test_the_values_are_the_strings_already_exported() -> None:
     # kvpilot_remediations_total's `outcome` label (documented in the README) and the audit.
     assert {d.value for d in OUTCOMES} == {
-        "succeeded", "failed", "skipped", "vetoed", "dry_run", "alert_only", "recommended",
-    }  # fmt: skip
+        "succeeded",
+        "failed",
+        "skipped",
+        "vetoed",
+        "dry_run",
+        "alert_only",
+        "recommended",
+    }
     assert {d.value for d in set(Decision) - OUTCOMES} == {"planned", "escalated", "interrupted"}
 
 
@@ -31,9 +37,13 @@ def test_stored_rows_in_the_old_spellings_read_back_as_the_enum(tmp_path: Path) 
             )
         read = [a.decision for a in reversed(store.audit_records())]
     assert read == [
-        Decision.DRY_RUN, Decision.ALERT_ONLY, Decision.DRY_RUN, Decision.ESCALATED,
-        "allowed", "created",
-    ]  # fmt: skip
+        Decision.DRY_RUN,
+        Decision.ALERT_ONLY,
+        Decision.DRY_RUN,
+        Decision.ESCALATED,
+        "allowed",
+        "created",
+    ]
     assert all(isinstance(d, Decision) for d in read[:4])
     assert not any(isinstance(d, Decision) for d in read[4:])  # guard verdicts, the API's own
     assert read_decision("alert only") is Decision.ALERT_ONLY

@@ -57,11 +57,17 @@ def test_a_remediation_reads_back_as_written_and_moves_on(journal: RemediationJo
     rid = start(journal, incident_id="inc-1", fingerprint="fp-1", old_pid=41)
     (record,) = journal.remediations()
     assert (record.id, record.instance, record.action, record.state) == (
-        rid, "vllm-0", "restart", "planned",
-    )  # fmt: skip
+        rid,
+        "vllm-0",
+        "restart",
+        "planned",
+    )
     assert (record.incident_id, record.fingerprint, record.old_pid, record.new_pid) == (
-        "inc-1", "fp-1", 41, None,
-    )  # fmt: skip
+        "inc-1",
+        "fp-1",
+        41,
+        None,
+    )
     assert (record.started_wall_s, record.finished_wall_s, record.finished) == (100.0, None, False)
 
     journal.update_remediation(rid, state="draining", reason="SIGTERM", now_wall_s=101.0)
@@ -140,9 +146,12 @@ def test_reconcile_fails_what_a_crash_left_and_restores_the_guards(
 
     def remediator() -> Remediator:  # a fresh kvpilot over the same journal
         return Remediator(
-            runtime, journal, remediation_config(cooldown_s=0.0, preflight={"enabled": False}),
-            clock=clock, wall_clock=clock.wall,
-        )  # fmt: skip
+            runtime,
+            journal,
+            remediation_config(cooldown_s=0.0, preflight={"enabled": False}),
+            clock=clock,
+            wall_clock=clock.wall,
+        )
 
     mid_restart = start(journal, incident_id="inc-1", started_wall_s=clock.wall() - 5)
     journal.update_remediation(mid_restart, state="restarting", now_wall_s=clock.wall() - 4)
@@ -163,8 +172,9 @@ def test_reconcile_fails_what_a_crash_left_and_restores_the_guards(
     assert all(records[i].state == "failed" and records[i].finished for i in records)
     interrupted = [a for a in journal.audit_records() if a.decision is Decision.INTERRUPTED]
     assert sorted((a.remediation_id, a.details["previous_state"]) for a in interrupted) == [
-        (mid_restart, "restarting"), (planned, "planned"),
-    ]  # fmt: skip
+        (mid_restart, "restarting"),
+        (planned, "planned"),
+    ]
     # The restart that may have happened counts against the budget; the veto holds.
     assert second.budget.used("vllm-0", clock.now_s) == 1
     assert second.status().vetoed_instances == ("vllm-1",)
@@ -187,24 +197,41 @@ def test_audit_rows_read_back_newest_first_with_their_decisions(
 ) -> None:
     rid = start(journal)
     first = journal.record_audit(
-        wall_s=5.0, actor="rule", action="restart", target="vllm-0", decision=Decision.PLANNED,
-        reason="planned", incident_id="inc-1", remediation_id=rid,
+        wall_s=5.0,
+        actor="rule",
+        action="restart",
+        target="vllm-0",
+        decision=Decision.PLANNED,
+        reason="planned",
+        incident_id="inc-1",
+        remediation_id=rid,
         details={"steps": ("restart",), "rule": "kv_saturation"},
-    )  # fmt: skip
+    )
     second = journal.record_audit(
-        wall_s=6.0, actor="api", action="cooldown", target="vllm-0", decision="allowed",
+        wall_s=6.0,
+        actor="api",
+        action="cooldown",
+        target="vllm-0",
+        decision="allowed",
         reason="no earlier action",
-    )  # fmt: skip
+    )
     legacy = journal.record_audit(
-        wall_s=6.0, actor="agent", action="restart", target="vllm-0", decision="dry-run",
+        wall_s=6.0,
+        actor="agent",
+        action="restart",
+        target="vllm-0",
+        decision="dry-run",
         reason="written before the enum",
-    )  # fmt: skip
+    )
     assert first < second < legacy
     newest, middle, oldest = journal.audit_records()
     assert [newest.id, middle.id, oldest.id] == [legacy, second, first]
     assert (oldest.wall_s, oldest.actor, oldest.action, oldest.target) == (
-        5.0, "rule", "restart", "vllm-0",
-    )  # fmt: skip
+        5.0,
+        "rule",
+        "restart",
+        "vllm-0",
+    )
     assert (oldest.incident_id, oldest.remediation_id, oldest.reason) == ("inc-1", rid, "planned")
     assert oldest.details == {"steps": ["restart"], "rule": "kv_saturation"}  # through JSON
     assert oldest.decision is Decision.PLANNED

@@ -51,9 +51,13 @@ KV = 32 << 20
 
 def _config(tmp_path: Path) -> AgentConfig:
     path = agent_config(
-        tmp_path, spec=server_spec(), rules={}, notifiers=[], remediation={},
+        tmp_path,
+        spec=server_spec(),
+        rules={},
+        notifiers=[],
+        remediation={},
         listen_port=free_port(),
-    )  # fmt: skip
+    )
     return load_config(path)
 
 
@@ -82,10 +86,16 @@ def _trial(
     trial_id = f"t{number}"
     values = (("kv_cache_memory_bytes", KV), ("max_num_seqs", seqs))
     trial = Trial(
-        trial_id, fingerprint or study.fingerprint, number, values, TrialState.COMPLETE,
-        1.0, 2.0, result=TrialResult(Outcome.FEASIBLE, goodput, KV, None),
+        trial_id,
+        fingerprint or study.fingerprint,
+        number,
+        values,
+        TrialState.COMPLETE,
+        1.0,
+        2.0,
+        result=TrialResult(Outcome.FEASIBLE, goodput, KV, None),
         judgement=Judgement(verdict, 1.0, (), "from the test"),
-    )  # fmt: skip
+    )
     SqliteTrialStore(db).add(trial)
     stable = study.configured_argv
     candidate = set_flag(stable, "--max-num-seqs", seqs)
@@ -126,8 +136,11 @@ def test_the_best_trial_judged_pass_and_promoted_is_the_one(tmp_path: Path, db: 
         for f in canonical_flags(better)
         if f[0] not in ("--max-num-seqs", "--kv-cache-memory-bytes")
     ]
-    assert rest == [f for f in canonical_flags(_configured(config))
-                    if f[0] not in ("--max-num-seqs", "--kv-cache-memory-bytes")]  # fmt: skip
+    assert rest == [
+        f
+        for f in canonical_flags(_configured(config))
+        if f[0] not in ("--max-num-seqs", "--kv-cache-memory-bytes")
+    ]
 
 
 def test_a_spike_promotes_the_best_configuration_instead_of_restarting(
@@ -199,8 +212,12 @@ def test_a_runtime_that_cannot_change_flags_recommends_the_configuration(
     _trial(db, _study(config), 1, seqs=16, goodput=150.0)
 
     async def main() -> None:
-        h = Harness(FAST, instances=[_instance(config)], can_change_flags=False,
-                    better_config=_source(db, config, _instance(config)))  # fmt: skip
+        h = Harness(
+            FAST,
+            instances=[_instance(config)],
+            can_change_flags=False,
+            better_config=_source(db, config, _instance(config)),
+        )
         (task,) = h.tick(condition(SPIKE, "vllm", action="ladder", capacity_leak="true"))
         outcome = await task
         assert outcome.decision == "recommended" and outcome.steps == ("recommend_config",)
@@ -221,9 +238,14 @@ def test_the_recommendation_masks_the_secrets_of_the_flags() -> None:
     argv = ("vllm", "serve", "m", "--api-key", "s3cret-key", "--max-num-seqs", "8")
     better = (*argv[:-1], "16")
     plan = plan_for(
-        SPIKE, AlertFacts(Action.LADDER, False), "vllm", light_step_enabled=False,
-        better_config=lambda _name: better, can_change_flags=False, current_argv=argv,
-    )  # fmt: skip
+        SPIKE,
+        AlertFacts(Action.LADDER, False),
+        "vllm",
+        light_step_enabled=False,
+        better_config=lambda _name: better,
+        can_change_flags=False,
+        current_argv=argv,
+    )
     assert plan.steps == ("recommend_config",) and plan.argv == better
     assert "--max-num-seqs 16 (was 8)" in plan.reason and "s3cret" not in plan.reason
 
@@ -253,10 +275,12 @@ def test_a_spike_promotes_through_the_real_local_runtime(tmp_path: Path) -> None
     runtime = LocalRuntime([spec], tmp_path / "logs")
     store = StateStore(db)
     remediator = Remediator(
-        runtime, MemoryJournal(), FAST,
+        runtime,
+        MemoryJournal(),
+        FAST,
         better_config=BestConfig(db, runtime.instances, config_studies(config)),
         on_promoted=remember_promotion(config, store, "sha-1"),
-    )  # fmt: skip
+    )
     facts = AlertFacts(Action.LADDER, capacity_leak=False)
 
     async def main() -> None:

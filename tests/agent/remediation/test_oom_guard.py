@@ -75,8 +75,12 @@ class DyingRuntime(RecordingRuntimeDouble):
 
 def _instance(kv_bytes: int = 100 * GIB) -> Instance:
     base = make_instance()
-    return Instance(**{**{f: getattr(base, f) for f in base.__slots__},  # type: ignore[arg-type]
-                       "argv": (*(base.argv or ()), KV, str(kv_bytes))})  # fmt: skip
+    return Instance(
+        **{
+            **{f: getattr(base, f) for f in base.__slots__},  # type: ignore[arg-type]
+            "argv": (*(base.argv or ()), KV, str(kv_bytes)),
+        }
+    )
 
 
 class Rig:
@@ -88,12 +92,16 @@ class Rig:
             **{"cooldown_s": 0.0, "preflight": {"enabled": False}, **remediation}
         )
         self.promoted: list[tuple[str, tuple[str, ...], str]] = []
-        self.guard = OomGuard(section.oom, self.runtime, lambda name, argv: RANGE,
-                              events_file=self.events)  # fmt: skip
+        self.guard = OomGuard(
+            section.oom, self.runtime, lambda name, argv: RANGE, events_file=self.events
+        )
         self.remediator = Remediator(
-            self.runtime, MemoryJournal(), section, oom=self.guard,
+            self.runtime,
+            MemoryJournal(),
+            section,
+            oom=self.guard,
             on_promoted=lambda *args: self.promoted.append(args),
-        )  # fmt: skip
+        )
 
     def oom_kill(self) -> None:
         count = int(self.events.read_text().split()[-1])
@@ -216,8 +224,9 @@ def test_an_alert_only_server_down_is_suggested_not_applied(tmp_path: Path) -> N
 
 def test_disabled_the_guard_is_not_asked(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
-    guard = OomGuard(OomConfig(enabled=False), rig.runtime, lambda n, a: RANGE,
-                     events_file=rig.events)  # fmt: skip
+    guard = OomGuard(
+        OomConfig(enabled=False), rig.runtime, lambda n, a: RANGE, events_file=rig.events
+    )
     assert guard.plan(down(), rig.runtime.instances()[0]) is None
 
 

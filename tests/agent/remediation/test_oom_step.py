@@ -67,8 +67,12 @@ def test_the_ceiling_holds_the_step() -> None:
 
 
 def test_the_utilisation_steps_down_by_the_ratio() -> None:
-    step = plan_step((*ARGV, "--gpu-memory-utilization", "0.9"), BIG, OomConfig(step_ratio=0.1),
-                     utilization_range())  # fmt: skip
+    step = plan_step(
+        (*ARGV, "--gpu-memory-utilization", "0.9"),
+        BIG,
+        OomConfig(step_ratio=0.1),
+        utilization_range(),
+    )
     assert isinstance(step, Step) and step.new_value == pytest.approx(0.81)
     assert flag_value(step.argv, "--gpu-memory-utilization") == "0.81"
 
@@ -98,9 +102,13 @@ def test_the_pre_flight_refuses_out_of_range_values() -> None:
 
 def test_the_planners_floor_for_the_tiny_model_is_one_request() -> None:
     found = kv_bytes_range(
-        TINY_MODEL_DIR / "config.json", block_size=32, max_model_len=1024, dtype="bfloat16",
-        available_bytes=GIB, ceiling_bytes=64 * MIB,
-    )  # fmt: skip
+        TINY_MODEL_DIR / "config.json",
+        block_size=32,
+        max_model_len=1024,
+        dtype="bfloat16",
+        available_bytes=GIB,
+        ceiling_bytes=64 * MIB,
+    )
     # 2 layers x K and V x 2 heads x 64 x 2 bytes = 1 KiB a token: 1024 tokens and more.
     assert found.low is not None and MIB <= found.low < 4 * MIB
     assert (found.high, found.high_reason) == (64 * MIB, "the configured ceiling")

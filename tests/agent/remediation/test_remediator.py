@@ -472,9 +472,13 @@ def test_reconcile_after_a_crash_mid_restart_does_not_restart_the_incident_again
         assert [a.decision for a in journal.audit if a.actor == "agent"] == ["interrupted"]
         # The incident is still firing after the restart of kvpilot: no second restart.
         trigger = Trigger(
-            "vllm-0", "fragmentation_allocator", condition().fingerprint, "inc-1",
-            condition().labels, AlertFacts.from_annotations(condition().annotations),
-        )  # fmt: skip
+            "vllm-0",
+            "fragmentation_allocator",
+            condition().fingerprint,
+            "inc-1",
+            condition().labels,
+            AlertFacts.from_annotations(condition().annotations),
+        )
         again = await second.remediate(trigger)
         assert again.decision == "skipped" and "already restarted" in again.reason
         assert len(first.runtime.restarts) == 0
@@ -542,9 +546,13 @@ def test_the_sqlite_store_is_a_journal_and_reconcile_works_across_processes(tmp_
         (record,) = reopened.remediations()
         assert record.state == "failed" and record.finished_wall_s is not None
         trigger = Trigger(
-            "vllm-0", "fragmentation_allocator", condition().fingerprint, record.incident_id,
-            condition().labels, AlertFacts.from_annotations(condition().annotations),
-        )  # fmt: skip
+            "vllm-0",
+            "fragmentation_allocator",
+            condition().fingerprint,
+            record.incident_id,
+            condition().labels,
+            AlertFacts.from_annotations(condition().annotations),
+        )
         assert (await second.remediate(trigger)).decision == "skipped"
         audit = reopened.audit_records()
         assert any(a.decision == "interrupted" for a in audit)

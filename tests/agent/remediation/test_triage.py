@@ -22,17 +22,26 @@ def decide(t: Trigger, *, instance=None, plan=None, restarted=False, vetoed=None
         return restarted
 
     return triage(
-        t, plan, make_instance() if instance is None else instance,
-        light_step_enabled=False, better_config=no_better_config,
-        incident_restarted=incident_restarted, veto=lambda _: vetoed,
-    )  # fmt: skip
+        t,
+        plan,
+        make_instance() if instance is None else instance,
+        light_step_enabled=False,
+        better_config=no_better_config,
+        incident_restarted=incident_restarted,
+        veto=lambda _: vetoed,
+    )
 
 
 def test_unknown_instances_and_canaries_are_declined_before_any_plan() -> None:
     unknown = triage(
-        trigger(), None, None, light_step_enabled=False, better_config=no_better_config,
-        incident_restarted=lambda _: False, veto=lambda _: None,
-    )  # fmt: skip
+        trigger(),
+        None,
+        None,
+        light_step_enabled=False,
+        better_config=no_better_config,
+        incident_restarted=lambda _: False,
+        veto=lambda _: None,
+    )
     assert unknown == Declined(Decision.SKIPPED, "unknown instance")
     canary = decide(trigger(), instance=make_instance(role="canary"), plan=manual_plan("x"))
     assert isinstance(canary, Declined) and canary.plan is None  # even an operator's

@@ -37,8 +37,15 @@ def _standin(tmp_path: Path, plan: str, program: str = sys.executable) -> LocalI
         "STANDIN_STARTS": str(tmp_path / "starts"),
         "STANDIN_TAG": str(tmp_path),
     }
-    argv = (program, "-m", "vllm.entrypoints.openai.api_server", "--model", "m",
-            "--port", str(free_port()))  # fmt: skip
+    argv = (
+        program,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "m",
+        "--port",
+        str(free_port()),
+    )
     return LocalInstanceSpec("tiny", argv, env=tuple(env.items()))
 
 
@@ -113,8 +120,9 @@ def test_the_hint_names_the_interpreter_a_shim_ran(tmp_path: Path) -> None:
     shim = tmp_path / "python"
     shim.write_text("#!/bin/sh\n")
     shim.chmod(0o755)
-    hint = no_vllm_hint(["python", "-m", "vllm.entrypoints.openai.api_server"], str(tmp_path),
-                        PYENV_LOG)  # fmt: skip
+    hint = no_vllm_hint(
+        ["python", "-m", "vllm.entrypoints.openai.api_server"], str(tmp_path), PYENV_LOG
+    )
     assert hint is not None
     assert hint.startswith(
         f"the argv's 'python' resolved to {shim} (which ran /root/.pyenv/versions/3.11.7/bin/"

@@ -64,10 +64,13 @@ class Stubs:
             command = [sys.executable, str(SUPERVISOR), "--", *command]
         with (self.tmp / f"{ready.name}.log").open("ab") as log:
             process = subprocess.Popen(
-                command, env={**os.environ, "STUB_READY_FILE": str(ready)},
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                command,
+                env={**os.environ, "STUB_READY_FILE": str(ready)},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own group: stopped whole, whatever it started
-            )  # fmt: skip
+            )
         self.started.append(process)
         wait_until(f"stand-in {args} to be up", ready.exists)
         return process

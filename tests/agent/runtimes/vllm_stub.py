@@ -63,8 +63,9 @@ def handler_for(model: str) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
             tokens = int(body.get("max_tokens") or 1)
-            self._send(200, {"choices": [{"text": "x" * tokens}],
-                             "usage": {"completion_tokens": tokens}})  # fmt: skip
+            self._send(
+                200, {"choices": [{"text": "x" * tokens}], "usage": {"completion_tokens": tokens}}
+            )
 
         def log_message(self, *args: object) -> None:
             """Quiet."""

@@ -39,8 +39,9 @@ def test_a_second_acquire_is_refused_naming_the_holder(tmp_path: Path) -> None:
 def test_the_lock_dies_with_its_holder_even_under_sigkill(tmp_path: Path) -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(tmp_path)],
-        stdout=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
         with pytest.raises(StateLocked) as refused:

@@ -34,18 +34,26 @@ def _file_bytes(tmp_path: Path) -> bytes:
 def test_audit_rows_facts_and_remediations_are_masked(store: StateStore, tmp_path: Path) -> None:
     why = f"cannot run {shlex.join(STABLE)}"
     store.record_audit(
-        wall_s=1.0, actor="agent", action="tune", target="vllm", decision="failed",
-        reason=why, details={"argv": list(STABLE), "url": "http://h/x?token=abcdef12"},
-    )  # fmt: skip
+        wall_s=1.0,
+        actor="agent",
+        action="tune",
+        target="vllm",
+        decision="failed",
+        reason=why,
+        details={"argv": list(STABLE), "url": "http://h/x?token=abcdef12"},
+    )
     store.set_fact("tuning.promoted", {"argv": list(CANDIDATE), "reason": "trial 1"}, 1.0)
-    rid = store.start_remediation(instance="vllm", action="restart", state="planned",
-                                  reason=why, started_wall_s=1.0)  # fmt: skip
+    rid = store.start_remediation(
+        instance="vllm", action="restart", state="planned", reason=why, started_wall_s=1.0
+    )
     store.update_remediation(rid, state="failed", reason=f"{why}: exited", now_wall_s=2.0)
 
     (audit,) = store.audit_records()
     assert audit.reason == "cannot run vllm serve m --api-key *** --max-num-seqs 8"
-    assert audit.details == {"argv": [*STABLE[:4], "***", *STABLE[5:]],
-                             "url": "http://h/x?token=***"}  # fmt: skip
+    assert audit.details == {
+        "argv": [*STABLE[:4], "***", *STABLE[5:]],
+        "url": "http://h/x?token=***",
+    }
     assert store.get_fact("tuning.promoted")["argv"][4] == "***"
     remediation = store.remediation(rid)
     assert remediation is not None and "--api-key ***" in remediation.reason
@@ -66,8 +74,9 @@ def test_trials_and_rollout_records_are_masked(store: StateStore, tmp_path: Path
     trials.add(trial)
     why = f"not switched: {shlex.join(CANDIDATE)}"
     trials.save(trial.to(TrialState.ABORTED, at_wall_s=2.0, reason=why))
-    journal.save(RolloutRecord("t1", Strategy.SEQUENTIAL, Phase.ABORTED, STABLE, CANDIDATE, 2.0,
-                               reason=why))  # fmt: skip
+    journal.save(
+        RolloutRecord("t1", Strategy.SEQUENTIAL, Phase.ABORTED, STABLE, CANDIDATE, 2.0, reason=why)
+    )
     got = journal.get("t1")
     assert got is not None and got.stable_argv[4] == got.candidate_argv[4] == "***"
     aborted = trials.get("t1")

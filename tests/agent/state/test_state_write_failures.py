@@ -77,9 +77,13 @@ LABELS = labels_of({"alertname": "VllmKvCacheSaturated", "instance": "vllm-0"})
 
 def _active() -> Condition:
     return Condition(
-        rule="instant", labels=LABELS, active=True, value=1.0, summary="s",
+        rule="instant",
+        labels=LABELS,
+        active=True,
+        value=1.0,
+        summary="s",
         annotations=labels_of({"summary": "s"}),
-    )  # fmt: skip
+    )
 
 
 def test_a_rolled_back_update_is_decided_and_sent_again() -> None:

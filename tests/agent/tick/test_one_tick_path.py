@@ -62,8 +62,12 @@ def _agent(
     log = (folder / "agent.log").open("ab")
     process = subprocess.Popen(
         [sys.executable, "-m", "kvpilot.agent", "run", "--config", str(path)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=folder,
-    )  # fmt: skip
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=folder,
+    )
     log.close()
     listen = config["listen"]
     assert isinstance(listen, dict)
@@ -172,12 +176,23 @@ def test_run_with_a_url_takes_the_sidecar_path(tmp_path: Path) -> None:
     port = free_port()
     with ServedInThread(_RecordedVllm) as vllm:
         process = subprocess.Popen(
-            [sys.executable, "-m", "kvpilot.agent", "run",
-             "--vllm-url", f"http://127.0.0.1:{vllm.port}",
-             "--listen", f"127.0.0.1:{port}", "--interval", "0.5"],
-            stdout=(tmp_path / "agent.log").open("ab"), stderr=subprocess.STDOUT,
-            start_new_session=True, cwd=tmp_path,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "kvpilot.agent",
+                "run",
+                "--vllm-url",
+                f"http://127.0.0.1:{vllm.port}",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--interval",
+                "0.5",
+            ],
+            stdout=(tmp_path / "agent.log").open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=tmp_path,
+        )
         try:
             text = _metrics_after_ticks(f"http://127.0.0.1:{port}", 2, tmp_path)
             status = httpx.get(f"http://127.0.0.1:{port}/api/v1/status", timeout=5.0)

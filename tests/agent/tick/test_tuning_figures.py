@@ -121,12 +121,18 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         counting = CountingTrialStore(SqliteTrialStore(store.db))
         async with httpx.AsyncClient(timeout=2.0) as client:
             sidecar = Sidecar(
-                config, store=store, runtime=runtime, notifiers={},
+                config,
+                store=store,
+                runtime=runtime,
+                notifiers={},
                 remediator=Remediator(runtime, store, config.remediation, clock=clock),
-                client=client, nvml=NvmlCollector(),  # type: ignore[arg-type]
-                clock=clock, wall_clock=lambda: 1_760_000_000.0 + clock(),
-                trial_store=counting, tuning_refresh_s=REFRESH_S,
-            )  # fmt: skip
+                client=client,
+                nvml=NvmlCollector(),  # type: ignore[arg-type]
+                clock=clock,
+                wall_clock=lambda: 1_760_000_000.0 + clock(),
+                trial_store=counting,
+                tuning_refresh_s=REFRESH_S,
+            )
             own = sidecar_families(sidecar.counters)
 
             def extra(out: Any) -> None:  # as `kvpilot run` wires /metrics

@@ -88,9 +88,15 @@ def groups() -> Iterator[list[int]]:
 def _adapter(tmp_path: Path, db: Database, canary_port: int) -> LocalTunerAdapter:
     stable = LocalRuntime([], tmp_path / "logs")  # the stable instance plays no part here
     return LocalTunerAdapter(
-        stable, stable_name="vllm", canary_port=canary_port, log_dir=tmp_path / "logs", db=db,
-        configured_argv=("vllm", "serve", "m"), config_sha256="sha", drain_timeout_s=5.0,
-    )  # fmt: skip
+        stable,
+        stable_name="vllm",
+        canary_port=canary_port,
+        log_dir=tmp_path / "logs",
+        db=db,
+        configured_argv=("vllm", "serve", "m"),
+        config_sha256="sha",
+        drain_timeout_s=5.0,
+    )
 
 
 def _not_ours(stub: Path, port: int, groups: list[int]) -> subprocess.Popen[bytes]:

@@ -23,16 +23,40 @@ from tests.fakes.standin_vllm import StandInVllm
 from tests.fakes.trial_store import InMemoryTrialStore
 from tests.tuner.test_rollout import GOOD, InMemoryTunerRuntime
 
-TTFT_LE = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-           10.0, 20.0, 40.0, 80.0)  # fmt: skip
+TTFT_LE = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 ITL_LE = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 E2E_LE = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0)
 SLO = Slo(ttft_p95_s=1.0, inter_token_p95_s=0.2, max_preemptions_per_request=1.0)
 INTERVAL_S = 10.0
 CONFIG = CanaryConfig(
-    traffic="gateway", weight_percent=10, warmup_s=30, analysis_s=60,
-    analysis_interval_s=INTERVAL_S, bake_s=30, gateway={},
-)  # fmt: skip
+    traffic="gateway",
+    weight_percent=10,
+    warmup_s=30,
+    analysis_s=60,
+    analysis_interval_s=INTERVAL_S,
+    bake_s=30,
+    gateway={},
+)
 
 
 @dataclass
@@ -279,8 +303,7 @@ def test_a_rollout_on_live_traffic_ends_an_aborted_canary_infeasible_and_removes
 
     runtime = Runtime(journal)
     settings = RolloutSettings(slo=SLO, judge=JudgeConfig(metrics=LIVE_METRICS))
-    rollout = Rollout(runtime, observer(split, clock), store, journal, settings,
-                      wall_clock=clock)  # fmt: skip
+    rollout = Rollout(runtime, observer(split, clock), store, journal, settings, wall_clock=clock)
     trial = new_trial("t1", "fp", 1, {"kv_cache_memory_bytes": 1}, at_wall_s=1.0)
     store.add(trial)
 

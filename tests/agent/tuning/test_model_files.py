@@ -34,9 +34,11 @@ def test_a_wrong_configured_path_is_an_error_not_a_fallback(tmp_path: Path) -> N
     cached_model(tmp_path / "hf" / "hub", "Org/Name")
     with pytest.raises(ModelConfigNotFound, match=r"runtime\.model_config") as caught:
         find_model_config(
-            "Org/Name", configured=tmp_path / "nope", environ={"HF_HOME": str(tmp_path / "hf")},
+            "Org/Name",
+            configured=tmp_path / "nope",
+            environ={"HF_HOME": str(tmp_path / "hf")},
             home=tmp_path,
-        )  # fmt: skip
+        )
     assert caught.value.looked == (f"{tmp_path / 'nope'} (runtime.model_config)",)
 
 

@@ -54,8 +54,10 @@ def _config(tmp_path: Path) -> tuple[Path, AgentConfig]:
         {"name": "a", "argv": list(CONFIGURED)},
         {"name": "b", "argv": [*CONFIGURED, "--port", "8001"]},  # a second stable instance
     ]
-    data = {"state_dir": str(tmp_path / "state"),
-            "runtime": {"kind": "local", "instances": instances}}  # fmt: skip
+    data = {
+        "state_dir": str(tmp_path / "state"),
+        "runtime": {"kind": "local", "instances": instances},
+    }
     path = tmp_path / "kvpilot.yaml"
     path.write_text(yaml.safe_dump(data))
     return path, load_config(path)
@@ -114,8 +116,10 @@ KEYED_PROMOTED = (*KEYED[:-1], "16")
 
 def test_a_promotion_is_stored_masked_and_runs_with_the_configured_key(tmp_path: Path) -> None:
     instances = [{"name": "a", "argv": list(KEYED)}]
-    data = {"state_dir": str(tmp_path / "state"),
-            "runtime": {"kind": "local", "instances": instances}}  # fmt: skip
+    data = {
+        "state_dir": str(tmp_path / "state"),
+        "runtime": {"kind": "local", "instances": instances},
+    }
     path = tmp_path / "kvpilot.yaml"
     path.write_text(yaml.safe_dump(data))
     config = load_config(path)

@@ -74,10 +74,17 @@ def watch(
 ) -> RetuneWatch:
     current = ground if ground is not None else [now]
     return RetuneWatch(
-        settings or RetuneConfig(), store, instance=lambda: NAME,
-        ground=lambda _name: current[-1], better=better or Better(), schedule=schedule,
-        restored=restored, wall_clock=clock, clock=clock, check_every_s=0.0,
-    )  # fmt: skip
+        settings or RetuneConfig(),
+        store,
+        instance=lambda: NAME,
+        ground=lambda _name: current[-1],
+        better=better or Better(),
+        schedule=schedule,
+        restored=restored,
+        wall_clock=clock,
+        clock=clock,
+        check_every_s=0.0,
+    )
 
 
 def fired(events: list[AlertEvent], status: str = "firing") -> list[AlertEvent]:
@@ -89,10 +96,15 @@ def spike(
 ) -> None:
     """A VllmPreemptionSpike firing as the sidecar audits it."""
     store.record_audit(
-        wall_s=wall_s, actor="rule", action="alert", target=NAME, decision="firing",
-        reason="preemptions", incident_id=incident,
+        wall_s=wall_s,
+        actor="rule",
+        action="alert",
+        target=NAME,
+        decision="firing",
+        reason="preemptions",
+        incident_id=incident,
         details={"labels": {"alertname": alertname, "instance": NAME}},
-    )  # fmt: skip
+    )
 
 
 def retune_audits(store: StateStore) -> list[tuple[str, str]]:
@@ -282,10 +294,17 @@ def test_an_alert_left_firing_by_an_earlier_agent_resolves_when_the_ground_holds
     first.check()
     event = fired(first.take_events())[0]
     left = AlertView(
-        fingerprint=event.fingerprint, rule=TUNING_RECOMMENDED_ALERT, labels=event.labels,
-        annotations=event.annotations, state="firing", active=True, value=None, reason=None,
-        active_since_wall_s=clock(), incident_id=event.incident_id,
-    )  # fmt: skip
+        fingerprint=event.fingerprint,
+        rule=TUNING_RECOMMENDED_ALERT,
+        labels=event.labels,
+        annotations=event.annotations,
+        state="firing",
+        active=True,
+        value=None,
+        reason=None,
+        active_since_wall_s=clock(),
+        incident_id=event.incident_id,
+    )
     GroundStore(store.db).save(NAME, Ground("0.11.0", "m", None), clock())  # tuned meanwhile
     again = watch(store, Ground("0.11.0", "m", None), clock, restored=(left,))
     again.check()
@@ -308,9 +327,11 @@ async def _the_next_firing_says_it_was_reopened() -> None:
         return "ran 1 trials"
 
     scheduled = ScheduledTuning(
-        "0 3 * * *", run_once, remediation_in_progress=lambda: False,
+        "0 3 * * *",
+        run_once,
+        remediation_in_progress=lambda: False,
         audit=lambda d, r: said.append((d, r)),
-    )  # fmt: skip
+    )
     await scheduled.start_up()
     scheduled.reopen("vLLM 0.9.1 -> 0.10.0")
     await scheduled.fire()
@@ -326,8 +347,12 @@ def test_the_retune_settings_are_validated() -> None:
     assert TuningConfig().retune == RetuneConfig(
         enabled=True, preemption_incidents=3, within_h=24.0
     )
-    for bad in ({"preemption_incidents": 0}, {"within_h": 0}, {"check_every_s": -1},
-                {"incidents": 3}):  # fmt: skip
+    for bad in (
+        {"preemption_incidents": 0},
+        {"within_h": 0},
+        {"check_every_s": -1},
+        {"incidents": 3},
+    ):
         with pytest.raises(ValueError):
             RetuneConfig.model_validate(bad)
 
@@ -341,10 +366,17 @@ def test_an_alert_from_before_a_schedule_resolves_when_the_schedule_takes_over(
     first.check()
     event = fired(first.take_events())[0]
     left = AlertView(
-        fingerprint=event.fingerprint, rule=TUNING_RECOMMENDED_ALERT, labels=event.labels,
-        annotations=event.annotations, state="firing", active=True, value=None, reason=None,
-        active_since_wall_s=clock(), incident_id=event.incident_id,
-    )  # fmt: skip
+        fingerprint=event.fingerprint,
+        rule=TUNING_RECOMMENDED_ALERT,
+        labels=event.labels,
+        annotations=event.annotations,
+        state="firing",
+        active=True,
+        value=None,
+        reason=None,
+        active_since_wall_s=clock(),
+        incident_id=event.incident_id,
+    )
     schedule = Schedule()
     again = watch(store, Ground("0.10.0", "m", None), clock, schedule=schedule, restored=(left,))
     again.check()
@@ -359,9 +391,13 @@ def test_a_check_that_fails_is_counted_not_raised(store: StateStore) -> None:
         raise RuntimeError("the scrape went away")
 
     w = RetuneWatch(
-        RetuneConfig(), store, instance=lambda: NAME, ground=broken, better=Better(),
+        RetuneConfig(),
+        store,
+        instance=lambda: NAME,
+        ground=broken,
+        better=Better(),
         check_every_s=0.0,
-    )  # fmt: skip
+    )
     assert w.check() is None
     assert w.errors_total == 1 and w.take_events() == []
 

@@ -114,9 +114,12 @@ def test_an_upgraded_server_raises_tuning_recommended_once_and_it_resolves(
     async def scenario(vllm: UpgradableVllm) -> None:
         port = free_port()
         data = agent_config(
-            state_dir, vllm_url=vllm.url, receiver_url=receiver.url, listen_port=port,
+            state_dir,
+            vllm_url=vllm.url,
+            receiver_url=receiver.url,
+            listen_port=port,
             interval_s=0.2,
-        )  # fmt: skip
+        )
         data["tuning"] = {"retune": {"check_every_s": 0.2}}
         config = validate_config(data, {}, warn=False)
         stop = asyncio.Event()

@@ -31,9 +31,13 @@ def test_the_ladders_study_carries_the_version_tuning_ran_on(tmp_path: Path) -> 
     from tests.agent.sidecar_harness import agent_config, server_spec
 
     path = agent_config(
-        tmp_path, spec=server_spec(), rules={}, notifiers=[], remediation={},
+        tmp_path,
+        spec=server_spec(),
+        rules={},
+        notifiers=[],
+        remediation={},
         listen_port=free_port(),
-    )  # fmt: skip
+    )
     config = load_config(path)
     argv = tuple(config.runtime.instances[0].argv)
     versions = {"vllm": "0.10.0"}
@@ -63,18 +67,28 @@ def test_a_dry_run_tells_the_trials_of_the_last_runs_vllm_version(tmp_path: Path
     from tests.agent.sidecar_harness import agent_config, server_spec
 
     path = agent_config(
-        tmp_path, spec=server_spec(), rules={}, notifiers=[], remediation={},
+        tmp_path,
+        spec=server_spec(),
+        rules={},
+        notifiers=[],
+        remediation={},
         listen_port=free_port(),
-    )  # fmt: skip
+    )
     config = load_config(path)
     study = build_study(config, config.tuning, None, vllm_version="0.10.0")
     config.state_dir.mkdir(parents=True)
     with StateStore.open(config.state_dir) as store:
         values = (("kv_cache_memory_bytes", 32 << 20), ("max_num_seqs", 8))
         trial = Trial(
-            "t1", study.fingerprint, 1, values, TrialState.COMPLETE, 1.0, 2.0,
+            "t1",
+            study.fingerprint,
+            1,
+            values,
+            TrialState.COMPLETE,
+            1.0,
+            2.0,
             result=TrialResult(Outcome.FEASIBLE, 150.0, 32 << 20, None),
-        )  # fmt: skip
+        )
         SqliteTrialStore(store.db).add(trial)
 
     def told() -> str:

@@ -56,9 +56,13 @@ def _config(tmp_path: Path, marker: str, canary_port: int) -> Path:
         cpus=STABLE_CPUS,
     )
     path = agent_config(
-        tmp_path, spec=spec, rules={}, notifiers=[], listen_port=free_port(),
+        tmp_path,
+        spec=spec,
+        rules={},
+        notifiers=[],
+        listen_port=free_port(),
         remediation={"cooldown_s": 300, "drain_timeout_s": 10, "verify_timeout_s": 300},
-    )  # fmt: skip
+    )
     data = yaml.safe_load(path.read_text())
     data["tuning"] = {
         "schedule": "* * * * *",  # every minute: the first firing comes within 60 s
@@ -67,13 +71,19 @@ def _config(tmp_path: Path, marker: str, canary_port: int) -> Path:
         "canary_cpus": list(CANARY_CPUS),
         # Every candidate in this range holds the whole workload at once: a clear winner
         # (12 sequences queued the first wave to a TTFT max of 3.6 s on a slow machine).
-        "kv_min_bytes": 8 << 20, "kv_max_bytes": 16 << 20,
-        "min_num_seqs": 14, "max_num_seqs": MAX_SEQS,
-        "workload": {"requests": REQUESTS, "concurrency": CONCURRENCY,
-                     "prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN},
+        "kv_min_bytes": 8 << 20,
+        "kv_max_bytes": 16 << 20,
+        "min_num_seqs": 14,
+        "max_num_seqs": MAX_SEQS,
+        "workload": {
+            "requests": REQUESTS,
+            "concurrency": CONCURRENCY,
+            "prompt_len": PROMPT_LEN,
+            "output_len": OUTPUT_LEN,
+        },
         "slo": {"ttft_p95_s": TTFT_P95_S, "inter_token_p95_s": INTER_TOKEN_P95_S},
         "bake": False,
-    }  # fmt: skip
+    }
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
@@ -83,8 +93,9 @@ def test_the_schedule_runs_a_canary_and_promotes_through_the_remediator(tmp_path
     canary_port = free_port()
     path = _config(tmp_path, marker, canary_port)
     state_dir = tmp_path / "state"
-    agent = AgentProcess(path, int(yaml.safe_load(path.read_text())["listen"]["port"]),
-                         tmp_path / "agent.log")  # fmt: skip
+    agent = AgentProcess(
+        path, int(yaml.safe_load(path.read_text())["listen"]["port"]), tmp_path / "agent.log"
+    )
     try:
         agent.start()
         wait_for("the stable instance", lambda: agent.collector_up("vllm"), 300)
@@ -94,8 +105,10 @@ def test_the_schedule_runs_a_canary_and_promotes_through_the_remediator(tmp_path
             assert agent.process is not None and agent.process.poll() is None, agent.log_tail()
             db = Database.open(state_dir)
             try:
-                return any(a.action == "tune" and a.decision in ("finished", "failed")
-                           for a in StateStore(db).audit_records())  # fmt: skip
+                return any(
+                    a.action == "tune" and a.decision in ("finished", "failed")
+                    for a in StateStore(db).audit_records()
+                )
             finally:
                 db.close()
 
@@ -109,8 +122,11 @@ def test_the_schedule_runs_a_canary_and_promotes_through_the_remediator(tmp_path
             # during the run is skipped, one after the promotion waits out the cooldown.
             ran = [d for _, d, _ in tune if d not in ("skipped", "deferred")]
             assert ran == ["started", "finished"], tune
-            assert all("cooldown" in r or r == "the previous tuning run is still going"
-                       for _, d, r in tune if d == "skipped"), tune  # fmt: skip
+            assert all(
+                "cooldown" in r or r == "the previous tuning run is still going"
+                for _, d, r in tune
+                if d == "skipped"
+            ), tune
             (trial,) = SqliteTrialStore(db).trials()
             (record,) = SqliteRolloutJournal(db).records()
             assert record.phase is Phase.PROMOTED, record.reason

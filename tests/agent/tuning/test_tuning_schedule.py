@@ -14,8 +14,15 @@ from kvpilot.tuner.ports import RestartRefused
 from kvpilot.tuner.session import TuningBlocked
 from tests.agent.remediation.remediation_helpers import Harness, remediation_config
 
-NEW_FLAGS = ("python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m",
-             "--max-num-seqs", "8")  # fmt: skip
+NEW_FLAGS = (
+    "python",
+    "-m",
+    "vllm.entrypoints.openai.api_server",
+    "--model",
+    "m",
+    "--max-num-seqs",
+    "8",
+)
 
 
 class Scheduled:
@@ -29,10 +36,12 @@ class Scheduled:
         self.runs = 0
         self.result = result
         self.tuning = ScheduledTuning(
-            "0 3 * * *", self._run, remediation_in_progress=lambda: self.remediating,
+            "0 3 * * *",
+            self._run,
+            remediation_in_progress=lambda: self.remediating,
             audit=lambda decision, reason: self.audits.append((decision, reason)),
             cooling_down=lambda: self.cooling,
-        )  # fmt: skip
+        )
 
     async def started(self) -> Scheduled:
         await self.tuning.start_up()
@@ -84,8 +93,10 @@ def test_no_run_starts_within_the_cooldown_of_a_restart_of_the_stable_instance()
         s = await Scheduled().started()
         s.cooling = "cooldown: last action 40 s ago, next allowed in 260 s"
         said = await s.tuning.fire()
-        assert said == ("skipped: the stable instance was restarted recently: cooldown: last "
-                        "action 40 s ago, next allowed in 260 s")  # fmt: skip
+        assert said == (
+            "skipped: the stable instance was restarted recently: cooldown: last "
+            "action 40 s ago, next allowed in 260 s"
+        )
         assert s.runs == 0
         s.cooling = None
         s.release.set()

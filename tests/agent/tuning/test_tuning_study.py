@@ -22,9 +22,13 @@ H100 = GpuMemory(total_bytes=80 * GIB, free_bytes=60 * GIB, name="NVIDIA H100 80
 
 def _config(tmp_path: Path, **spec: object):
     path = agent_config(
-        tmp_path, spec=server_spec(**spec), rules={}, notifiers=[], remediation={},
+        tmp_path,
+        spec=server_spec(**spec),
+        rules={},
+        notifiers=[],
+        remediation={},
         listen_port=free_port(),
-    )  # fmt: skip
+    )
     return load_config(path)
 
 
@@ -44,9 +48,12 @@ def test_with_a_gpu_and_no_explicit_budget_it_searches_the_utilisation(tmp_path:
     # Other processes hold 20 of 80 GiB: vLLM refuses a utilisation above the free 75 %.
     assert memory.high == 0.75
     assert 0 < memory.low < 0.05  # the tiny model needs little for one request
-    assert study.space.violation(study.space.candidate(
-        {"gpu_memory_utilization": 0.7, "max_num_seqs": 8}
-    )) is None  # fmt: skip
+    assert (
+        study.space.violation(
+            study.space.candidate({"gpu_memory_utilization": 0.7, "max_num_seqs": 8})
+        )
+        is None
+    )
 
 
 def test_an_explicit_budget_in_the_argv_keeps_the_kv_knob_even_with_a_gpu(tmp_path: Path) -> None:
@@ -68,14 +75,20 @@ def test_the_utilisation_knob_needs_a_gpu_and_room_on_it(tmp_path: Path) -> None
 
 def test_extra_knobs_and_own_constraints_join_the_space(tmp_path: Path) -> None:
     tuning = TuningConfig(
-        extra_knobs=({"name": "max_num_batched_tokens", "low": 256, "high": 4096},
-                     {"name": "enable_prefix_caching"}),
+        extra_knobs=(
+            {"name": "max_num_batched_tokens", "low": 256, "high": 4096},
+            {"name": "enable_prefix_caching"},
+        ),
         constraints=("max_num_seqs * 64 <= max_num_batched_tokens",),
-    )  # fmt: skip
+    )
     study = build_study(_config(tmp_path), tuning)
     names = [k.name for k in study.space.knobs]
-    assert names == ["kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens",
-                     "enable_prefix_caching"]  # fmt: skip
+    assert names == [
+        "kv_cache_memory_bytes",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "enable_prefix_caching",
+    ]
     values = {"kv_cache_memory_bytes": 8 << 20, "enable_prefix_caching": True}
     too_many = study.space.candidate({**values, "max_num_seqs": 32, "max_num_batched_tokens": 512})
     assert "max_num_seqs * 64 <= max_num_batched_tokens" in (study.space.violation(too_many) or "")
@@ -97,14 +110,22 @@ def test_the_study_holds_the_other_flags_fixed_in_either_spelling(tmp_path: Path
     argv = list(inst.argv)
     at = argv.index("--kv-cache-memory-bytes")
     argv[at : at + 2] = ["--kv-cache-memory-bytes=1234567"]  # another value, other spelling
-    moved = config.model_copy(update={"runtime": config.runtime.model_copy(update={
-        "instances": (inst.model_copy(update={"argv": tuple(argv)}),)
-    })})  # fmt: skip
+    moved = config.model_copy(
+        update={
+            "runtime": config.runtime.model_copy(
+                update={"instances": (inst.model_copy(update={"argv": tuple(argv)}),)}
+            )
+        }
+    )
     assert build_study(moved, TuningConfig()).fingerprint == base.fingerprint
     # A flag the study holds fixed changed: another study.
-    other = moved.model_copy(update={"runtime": moved.runtime.model_copy(update={
-        "instances": (inst.model_copy(update={"argv": (*argv, "--seed", "7")}),)
-    })})  # fmt: skip
+    other = moved.model_copy(
+        update={
+            "runtime": moved.runtime.model_copy(
+                update={"instances": (inst.model_copy(update={"argv": (*argv, "--seed", "7")}),)}
+            )
+        }
+    )
     assert build_study(other, TuningConfig()).fingerprint != base.fingerprint
 
 

@@ -86,9 +86,13 @@ def test_learn_config_is_validated() -> None:
 
 def _config(tmp_path: Path):  # type: ignore[no-untyped-def]
     path = agent_config(
-        tmp_path, spec=server_spec(), rules={}, notifiers=[], remediation={},
+        tmp_path,
+        spec=server_spec(),
+        rules={},
+        notifiers=[],
+        remediation={},
         listen_port=free_port(),
-    )  # fmt: skip
+    )
     return load_config(path)
 
 
@@ -98,8 +102,9 @@ def test_the_configured_study_keeps_its_fingerprint(tmp_path: Path) -> None:
     study = build_study(config, TuningConfig())
     w = TuningConfig().workload
     assert type(study.workload) is Workload
-    plain = Workload(w.requests, study.workload.prompt_len, study.workload.output_len,
-                     w.concurrency)  # fmt: skip
+    plain = Workload(
+        w.requests, study.workload.prompt_len, study.workload.output_len, w.concurrency
+    )
     assert workload_hash(study.workload) == workload_hash(plain)
     assert (
         study.fingerprint

@@ -111,8 +111,14 @@ def test_the_keeper_saves_at_most_once_a_minute(tmp_path: Path) -> None:
 
 def _record(**minute: object) -> dict[str, object]:
     """A window record of one minute, with `minute`'s fields changed."""
-    one = {"wall_s": WALL0, "prompt": None, "generation": None, "finished": 1.0,
-           "hits": 0.0, "queries": 0.0}  # fmt: skip
+    one = {
+        "wall_s": WALL0,
+        "prompt": None,
+        "generation": None,
+        "finished": 1.0,
+        "hits": 0.0,
+        "queries": 0.0,
+    }
     return {"format": 1, "first_wall_s": WALL0, "block_size": 16, "minutes": [one | minute]}
 
 
@@ -192,8 +198,13 @@ def test_kvpilot_run_keeps_the_window_across_its_restart(tmp_path: Path) -> None
     port = free_port()
 
     def config(vllm_url: str) -> AgentConfig:
-        data = agent_config(tmp_path / "state", vllm_url=vllm_url, receiver_url="http://127.0.0.1:9",
-                            listen_port=port, interval_s=0.2)  # fmt: skip
+        data = agent_config(
+            tmp_path / "state",
+            vllm_url=vllm_url,
+            receiver_url="http://127.0.0.1:9",
+            listen_port=port,
+            interval_s=0.2,
+        )
         data["notifiers"] = []
         return validate_config(data, {}, warn=False)
 

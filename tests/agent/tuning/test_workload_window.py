@@ -83,8 +83,13 @@ def test_engines_add_up_and_a_returning_engine_starts_a_new_base() -> None:
     window.observe(scrape(10.0, a1, b1))
     assert window.requests() == 30  # 20 + 10
     window.observe(scrape(20.0, engine([100] * 40, [10] * 40, at_s=20)))  # engine 1 gone
-    window.observe(scrape(30.0, engine([100] * 40, [10] * 40, at_s=30),
-                          engine([900] * 99, [90] * 99, at_s=30, engine_id="1")))  # fmt: skip
+    window.observe(
+        scrape(
+            30.0,
+            engine([100] * 40, [10] * 40, at_s=30),
+            engine([900] * 99, [90] * 99, at_s=30, engine_id="1"),
+        )
+    )
     assert window.requests() == 40  # engine 1's return is a base, not 99 new requests
 
 

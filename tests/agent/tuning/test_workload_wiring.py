@@ -26,9 +26,13 @@ def _shape(requests: int, prompt: int = 300) -> WorkloadShape | None:
 
 def _config(tmp_path: Path) -> AgentConfig:
     path = agent_config(
-        tmp_path, spec=server_spec(), rules={}, notifiers=[], remediation={},
+        tmp_path,
+        spec=server_spec(),
+        rules={},
+        notifiers=[],
+        remediation={},
         listen_port=free_port(),
-    )  # fmt: skip
+    )
     return load_config(path)
 
 

@@ -31,11 +31,17 @@ def engine(
 ) -> EngineSample:
     """One engine whose cumulative counters hold these finished requests."""
     return EngineSample(
-        model_name="m", engine=engine_id, taken_at_s=at_s, wall_time_s=at_s,
-        request_prompt_tokens=histogram(prompts), request_generation_tokens=histogram(outputs),
+        model_name="m",
+        engine=engine_id,
+        taken_at_s=at_s,
+        wall_time_s=at_s,
+        request_prompt_tokens=histogram(prompts),
+        request_generation_tokens=histogram(outputs),
         requests_success_total=float(len(prompts)) if success is None else success,
-        prefix_cache_hits_total=hits, prefix_cache_queries_total=queries, block_size=block_size,
-    )  # fmt: skip
+        prefix_cache_hits_total=hits,
+        prefix_cache_queries_total=queries,
+        block_size=block_size,
+    )
 
 
 def scrape(at_s: float, *engines: EngineSample) -> VllmScrape:
@@ -46,5 +52,6 @@ def served(
     n: int, *, at_s: float, prompt: int = 300, output: int = 60, hits: float = 0.0
 ) -> VllmScrape:
     """A one-engine server that has finished `n` requests of these lengths by `at_s`."""
-    return scrape(at_s, engine([prompt] * n, [output] * n, at_s=at_s, hits=hits,
-                               queries=float(prompt * n)))  # fmt: skip
+    return scrape(
+        at_s, engine([prompt] * n, [output] * n, at_s=at_s, hits=hits, queries=float(prompt * n))
+    )
