@@ -243,8 +243,8 @@ class PodTuner:
             api_key=self._api_key,
             journal=journal,
             traffic=self.traffic,
-            **kw,
-        )  # type: ignore[arg-type]
+            **kw,  # type: ignore[arg-type]
+        )
 
     def hand_over(self) -> None:
         """kvpilot is stopping: a promotion under way is left for the next pod to bake, in
