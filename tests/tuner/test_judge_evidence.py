@@ -44,6 +44,15 @@ def test_preemptions_in_40_percent_of_the_intervals_against_none_count_against()
     assert v.verdict is Verdict.HIGH and v.counts_against, v.reason
 
 
+def test_a_canary_that_drains_the_workload_in_three_seconds_is_judged_on_its_preemptions() -> None:
+    # A larger KV budget finishes the same workload faster: less exposure, no preemptions.
+    fast = judge_metric(PREEMPTIONS, Counts(0, 3.0), Counts(15, 10.0), 0.05)
+    assert fast.verdict is Verdict.PASS, fast.reason
+    # A second of scrapes with nothing in it shows nothing either way.
+    short = judge_metric(PREEMPTIONS, Counts(0, 1.0), Counts(0, 1.0), 0.05)
+    assert short.verdict is Verdict.INCONCLUSIVE, short.reason
+
+
 def test_a_canary_judged_on_latencies_alone_does_not_pass() -> None:
     same = {
         "ttft_s": [0.1 + 0.001 * i for i in range(40)],
