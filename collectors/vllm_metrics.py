@@ -89,6 +89,11 @@ class VllmMetricsSource:
         except MetricsParseError as e:
             self._version_known = False
             return self._error("parse_error", f"{self.metrics_url} does not parse: {e}")
+        except ArithmeticError as e:  # a number no check foresaw must not stop the tick
+            self._version_known = False
+            return self._error(
+                "parse_error", f"{self.metrics_url}: a value out of range: {type(e).__name__}"
+            )
         if not engines:
             return self._error(
                 "stats_disabled",

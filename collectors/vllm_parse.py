@@ -374,17 +374,23 @@ def _cache_fields(
     }
 
 
+# The largest integer a label may carry: every int up to it is exact as a float, so the block
+# arithmetic (and prometheus_client's printing of it) cannot overflow. No pool comes close.
+MAX_LABEL_INT = 2**53
+
+
 def _int_label(text: str | None, field: str, checks: Checks, least: int) -> int | None:
-    """An integer label value of at least `least`; None for absent, "None" and anything else
-    that is no integer (a number below `least` is refused with its reason)."""
+    """An integer label value in `least`..``MAX_LABEL_INT``; None for absent, "None" and
+    anything else that is no integer (a number out of range is refused with its reason)."""
     if text is None:
         return None
     try:
         value = int(text)
-    except ValueError:
+    except ValueError:  # also past Python's 4,300-digit limit on int()
         return None
-    if value < least:
-        checks.refuse(field, "out_of_range", f"cache_config_info's {field} is {value}")
+    if not least <= value <= MAX_LABEL_INT:
+        shown = str(value) if len(text) <= 20 else f"{text[:12]}... ({len(text)} characters)"
+        checks.refuse(field, "out_of_range", f"cache_config_info's {field} is {shown}")
         return None
     return value
 

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvpilot.collectors.promtext import Labels
 from kvpilot.collectors.vllm_metrics import VllmScrape
 from kvpilot.tuner.planner import Calibration, predict_from_cache_config
 from kvpilot.tuner.planner.model_shape import ConfigError
@@ -39,26 +40,32 @@ def model_config_of(argv: tuple[str, ...] | None) -> Path | None:
 
 
 class PlannerCheck:
-    """Compares each engine's live cache settings with the plan; recomputed only on change."""
+    """Compares each engine's live cache settings with the plan; recomputed only on change.
+
+    One comparison is kept per engine present in the latest scrape: a server whose labels
+    change on every scrape costs a recomputation each time, never a growing cache.
+    """
 
     def __init__(self, model_config: Path) -> None:
         self.model_config = model_config
-        self._cache: dict[tuple[tuple[str, str], ...], EngineCalibration] = {}
+        self._cache: dict[tuple[str, str], tuple[Labels, EngineCalibration]] = {}
 
     def check(self, scrape: VllmScrape) -> tuple[EngineCalibration, ...]:
         engines = [e for e in scrape.engines if e.cache_config]
-        out = []
+        kept: dict[tuple[str, str], tuple[Labels, EngineCalibration]] = {}
         for engine in engines:
-            key = (("engine", engine.engine), ("model", engine.model_name), *engine.cache_config)
-            if key not in self._cache:
-                self._cache[key] = self._compare(
+            key = (engine.engine, engine.model_name)
+            cached = self._cache.get(key)
+            if cached is None or cached[0] != engine.cache_config:
+                found = self._compare(
                     engine.model_name, engine.engine, engine.cache_config, len(engines)
                 )
-                found = self._cache[key]
                 if found.calibration is not None and found.calibration.warning:
                     log.warning("planner: %s", found.calibration.summary)
-            out.append(self._cache[key])
-        return tuple(out)
+                cached = (engine.cache_config, found)
+            kept[key] = cached
+        self._cache = kept
+        return tuple(found for _, found in kept.values())
 
     def _compare(
         self, model_name: str, engine: str, labels: tuple[tuple[str, str], ...], engines: int
@@ -67,6 +74,6 @@ class PlannerCheck:
             calibration = predict_from_cache_config(
                 self.model_config, labels, data_parallel_size=max(1, engines)
             )
-        except (ConfigError, PlanError, OSError, ValueError) as exc:
+        except (ConfigError, PlanError, OSError, ValueError, ArithmeticError) as exc:
             return EngineCalibration(model_name, engine, None, f"{type(exc).__name__}: {exc}")
         return EngineCalibration(model_name, engine, calibration)
