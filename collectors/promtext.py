@@ -4,7 +4,8 @@ Speed comes from two things. A line whose metric name does not start with one of
 caller's prefixes is dropped with one ``str.startswith`` before anything else is read. And
 a line's head (``name{labels}``) is parsed once and cached: a server exports the same
 series scrape after scrape, so a steady-state line costs a split, a cache lookup and a
-``float()``. The caches are bounded (``functools.lru_cache``, thread-safe). Comments
+``float()``. The caches are bounded in bytes (``ByteBudgetMemo``, thread-safe): label values
+that change on every scrape, or run long, cost at most the budget. Comments
 (``# HELP``, ``# TYPE``) carry nothing this module needs and are skipped; ``# EOF`` ends
 the input.
 
@@ -20,8 +21,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import lru_cache
 from itertools import pairwise
+
+from kvpilot.collectors.bytecache import ByteBudgetMemo
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -82,8 +84,8 @@ def parse_samples(
 
 def clear_caches() -> None:
     """Forget every parsed line head and label block (for cold-start measurements)."""
-    _parse_head.cache_clear()
-    _parse_labels.cache_clear()
+    _parse_head.clear()
+    _parse_labels.clear()
 
 
 def scan(
@@ -133,8 +135,7 @@ def scan(
             yield sample
 
 
-@lru_cache(maxsize=16384)
-def _parse_head(head: str) -> tuple[str, Labels] | None:
+def _parse_head_uncached(head: str) -> tuple[str, Labels] | None:
     """``name`` or ``name{labels}`` exactly; None for anything else (the slow path decides)."""
     m = _NAME.match(head)
     if m is None:
@@ -199,8 +200,7 @@ def _number(token: str, line_no: int, line: str) -> float:
         ) from None
 
 
-@lru_cache(maxsize=8192)
-def _parse_labels(block: str) -> Labels:
+def _parse_labels_uncached(block: str) -> Labels:
     """The inside of a label block as pairs sorted by name; cached because blocks repeat."""
     pairs: list[tuple[str, str]] = []
     pos = 0
@@ -225,6 +225,18 @@ def _parse_labels(block: str) -> Labels:
         if a[0] == b[0]:
             raise _LabelError(f"duplicate label {a[0]!r}")
     return tuple(pairs)
+
+
+def _cost(text: str) -> int:
+    """What one memo entry keyed by `text` holds: the key, and about as much again parsed."""
+    return 2 * len(text)
+
+
+# About 20,000 heads of a typical vLLM exposition fit; a changing or huge label cannot grow them.
+HEAD_MEMO_BYTES = 8 << 20
+LABEL_MEMO_BYTES = 4 << 20
+_parse_head = ByteBudgetMemo(_parse_head_uncached, _cost, budget_bytes=HEAD_MEMO_BYTES)
+_parse_labels = ByteBudgetMemo(_parse_labels_uncached, _cost, budget_bytes=LABEL_MEMO_BYTES)
 
 
 def _unescape(m: re.Match[str]) -> str:
