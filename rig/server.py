@@ -58,6 +58,8 @@ class ServerSpec:
     kvpool_port: int | None = None
     plugin_enabled: bool = True
     disable_log_stats: bool = False
+    # vLLM's KV block residency histograms (lifetime, idle before eviction, reuse gaps).
+    kv_cache_metrics: bool = False
     api_key: str | None = None
     shutdown_timeout_s: int | None = None
     extra_args: tuple[str, ...] = ()
@@ -103,6 +105,8 @@ def build_argv(spec: ServerSpec, python: str = sys.executable) -> list[str]:
         argv += ["--num-gpu-blocks-override", str(spec.num_gpu_blocks_override)]
     if spec.disable_log_stats:
         argv.append("--disable-log-stats")
+    if spec.kv_cache_metrics:
+        argv.append("--kv-cache-metrics")
     if spec.api_key is not None:
         argv += ["--api-key", spec.api_key]
     if spec.shutdown_timeout_s is not None:

@@ -79,6 +79,12 @@ def test_argv_is_a_list_and_env_controls_the_plugin() -> None:
     assert "VLLM_PLUGINS" not in enabled  # vLLM's default: load every installed plugin
 
 
+def test_kv_cache_metrics_is_asked_for_only_when_set() -> None:
+    assert "--kv-cache-metrics" not in build_argv(ServerSpec(port=1), python="python")
+    argv = build_argv(ServerSpec(port=1, kv_cache_metrics=True), python="python")
+    assert argv.count("--kv-cache-metrics") == 1
+
+
 @pytest.mark.slow
 def test_load_against_real_server_measures_every_request(vllm_server: VllmServer) -> None:
     workload = Workload(
