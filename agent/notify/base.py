@@ -19,6 +19,7 @@ ZERO_TIME = "0001-01-01T00:00:00Z"
 # Statuses that say "try again later"; every other 4xx means the request itself is wrong.
 RETRYABLE_STATUSES = frozenset({408, 425, 429})
 MAX_RETRY_AFTER_S = 3600.0
+MAX_ANSWER_BYTES = 64 * 1024  # of a receiver's answer: enough for its error message
 
 
 class DeliveryError(Exception):
@@ -82,8 +83,7 @@ def with_headers(custom: Mapping[str, SecretStr], ours: Mapping[str, str]) -> di
     return headers
 
 
-def _retry_after_s(response: httpx.Response) -> float | None:
-    value = response.headers.get("retry-after")
+def _retry_after_s(value: str | None) -> float | None:
     if value is None:
         return None
     try:
@@ -104,23 +104,24 @@ async def post(
     dedup_key: str | None = None,
     delivered: frozenset[str] = frozenset(),
     secrets: Iterable[str] = (),
-) -> httpx.Response:
+) -> None:
     """POST and classify the outcome; messages never carry the URL (it may hold a token),
     and what the receiver or the transport says is masked: the URL's secret parts, the
     notifier's own `secrets` (credentials, header values) and whatever reads as a secret.
 
     `timeout_s` bounds the whole request (connect, send, answer) in place of the client's own
-    timeouts; None keeps the client's.
+    timeouts; None keeps the client's. The answer is streamed and at most
+    `MAX_ANSWER_BYTES` of it is read: a receiver that answers with gigabytes costs that much.
     """
     known = (*secrets, *url_secrets(url))
     try:
         if timeout_s is None:
-            response = await client.post(url, content=content, headers=dict(headers))
+            status, answer, retry_after = await _exchange(client, url, content, headers, None)
         else:
             # httpx's timeout applies to each phase; the deadline bounds them together.
             async with asyncio.timeout(timeout_s):
-                response = await client.post(
-                    url, content=content, headers=dict(headers), timeout=timeout_s
+                status, answer, retry_after = await _exchange(
+                    client, url, content, headers, timeout_s
                 )
     except (httpx.TimeoutException, TimeoutError) as exc:
         after = "" if timeout_s is None else f" after {timeout_s:g} s"
@@ -137,15 +138,34 @@ async def post(
             delivered=delivered,
             dedup_key=dedup_key,
         ) from exc
-    status = response.status_code
     if 200 <= status < 300:
-        return response
-    excerpt = mask_text(response.text[:200].strip(), known)
+        return
+    excerpt = mask_text(answer[:200].decode("utf-8", errors="replace").strip(), known)
     retryable = status >= 500 or status in RETRYABLE_STATUSES
     raise DeliveryError(
         f"{name}: HTTP {status}" + (f": {excerpt}" if excerpt else ""),
         retryable,
         delivered=delivered,
         dedup_key=dedup_key,
-        retry_after_s=_retry_after_s(response) if retryable else None,
+        retry_after_s=_retry_after_s(retry_after) if retryable else None,
     )
+
+
+async def _exchange(
+    client: httpx.AsyncClient,
+    url: str,
+    content: bytes,
+    headers: Mapping[str, str],
+    timeout_s: float | None,
+) -> tuple[int, bytes, str | None]:
+    """The status, the first `MAX_ANSWER_BYTES` of the answer and its Retry-After; the rest of
+    the answer is never read (leaving the stream early closes the connection)."""
+    extra = {} if timeout_s is None else {"timeout": timeout_s}
+    sent = {**headers, "Accept-Encoding": "identity"}  # the cap bounds what is decoded too
+    async with client.stream("POST", url, content=content, headers=sent, **extra) as r:
+        answer = bytearray()
+        async for chunk in r.aiter_raw():
+            answer += chunk[: MAX_ANSWER_BYTES - len(answer)]
+            if len(answer) >= MAX_ANSWER_BYTES:
+                break
+        return r.status_code, bytes(answer), r.headers.get("retry-after")

@@ -83,7 +83,7 @@ def drip(every_s: float = 0.3, head: bytes = b"# HELP kvpool_blocks_free Free bl
     return write
 
 
-def endless(total_bytes: int, chunk: bytes) -> Writer:
+def endless(total_bytes: int, chunk: bytes, status: int = 200) -> Writer:
     """`total_bytes` of body made by a generator, `chunk` after `chunk`, with no
     Content-Length; records, per request, what was written before the client stopped."""
 
@@ -95,7 +95,7 @@ def endless(total_bytes: int, chunk: bytes) -> Writer:
             yield piece
 
     def write(handler: BaseHTTPRequestHandler, server: Misbehaving) -> None:
-        handler.send_response(200)
+        handler.send_response(status)
         handler.send_header("Content-Type", "text/plain; version=0.0.4")
         handler.end_headers()
         written = 0
@@ -114,8 +114,8 @@ def endless(total_bytes: int, chunk: bytes) -> Writer:
 
 
 class Misbehaving:
-    """Serves `routes` (path -> writer; unknown paths get a 404) from a thread inside `with`;
-    records when each request arrived."""
+    """Serves `routes` (path -> writer; unknown paths get a 404) from a thread inside `with`,
+    to GET and POST alike (a POST's body is read first); records when each request arrived."""
 
     def __init__(self, routes: dict[str, Writer]) -> None:
         self.routes = routes
@@ -134,6 +134,10 @@ class Misbehaving:
                     self.send_error(404)
                     return
                 writer(self, outer)
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.do_GET()
 
             def log_message(self, *args: object) -> None:
                 """Quiet."""
