@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
@@ -28,6 +27,7 @@ from pydantic import (
 from starlette.requests import Request
 from starlette.routing import Route
 
+from kvpilot.agent.app.control_token import ControlToken, control_token
 from kvpilot.agent.app.json_render import JsonResponse, error_response
 from kvpilot.agent.app.request_body import BodyLimits, RequestRejected, read_json
 from kvpilot.agent.config import AgentConfig, LocalRuntimeConfig
@@ -138,24 +138,22 @@ def _problems(exc: ValidationError) -> list[str]:
 
 def api_routes(
     sidecar: Sidecar,
-    token: SecretStr | None,
+    token: ControlToken | SecretStr | None,
     limits: BodyLimits = DEFAULT_LIMITS,
     *,
     window: WorkloadWindow | None = None,
 ) -> list[Route]:
+    control = control_token(token)
     background: set[asyncio.Task[Any]] = set()
 
     def protected(handler: Handler) -> Handler:
         async def guarded(request: Request) -> JsonResponse:
             # Before anything else, the body included: an unauthenticated caller gets nothing
             # parsed. The body may be left unread, so the connection closes after the answer.
-            if token is None:
-                return error_response(
-                    403, "the control API is disabled: configure api.token", close=True
-                )
-            given = request.headers.get("authorization", "")
-            expected = f"Bearer {token.get_secret_value()}"
-            if not hmac.compare_digest(given.encode(), expected.encode()):
+            verdict = control.check(request.headers.get("authorization", ""))
+            if verdict == "disabled":
+                return error_response(403, control.disabled_reason(), close=True)
+            if verdict == "refused":
                 log.warning(
                     "control API: refused %s %s (bad or missing token)",
                     request.method,

@@ -7,16 +7,18 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from kvpilot.agent.app.api import api_routes
+from kvpilot.agent.app.control_token import ControlToken
 from kvpilot.agent.app.exposition import build_registry, sidecar_families, tuning_families
 from kvpilot.agent.app.http import build_app
 from kvpilot.agent.app.lifecycle import (
+    NO_RELOAD,
     LoopSettings,
     bind_listener,
     own_signals,
@@ -242,7 +244,8 @@ async def _run(
             tuning_families(sidecar.tuning_families())(out)
 
         registry = build_registry(sidecar.servers, extra)
-        token = config.api.control_token()
+        config.api.control_token()  # a token file that cannot be read stops the start
+        token = ControlToken(config.api.token, config.api.token_file)
         stale_after_s = max(10.0, 5 * config.interval_s)
         control_routes = [
             *api_routes(sidecar, token, window=learned),
@@ -294,7 +297,7 @@ async def _run(
                 add_jobs=tuning.add_to if tuning else None,
                 overruns=sidecar.overruns,
                 sock=sock,
-                reload=reloader.reload if reloader else None,  # it logs its outcome
+                reload=_on_sighup(token, reloader),  # it logs its outcome
                 control=control,
             )
         finally:
@@ -305,6 +308,19 @@ async def _run(
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await starting
+
+
+def _on_sighup(token: ControlToken, reloader: Reloader | None) -> Callable[[], Awaitable[object]]:
+    """SIGHUP reads the control token's file again, and reloads where a reloader exists."""
+
+    async def on_sighup() -> object:
+        token.reread()
+        if reloader is None:
+            log.warning("SIGHUP: the control token is read again; %s", NO_RELOAD)
+            return None
+        return await reloader.reload()
+
+    return on_sighup
 
 
 def _runtime_or_exit(config: AgentConfig, promoted: dict[str, tuple[str, ...]]) -> Runtime:

@@ -10,7 +10,6 @@ changed. Each reload is audited.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from kvpilot.agent.app.control_token import ControlToken, control_token
 from kvpilot.agent.config import AgentConfig, ConfigError, NotifierConfig
 from kvpilot.agent.notify import Notifier
 from kvpilot.agent.tick.sidecar import Sidecar
@@ -122,15 +122,15 @@ class Reloader:
             log.exception("reload: recording the audit record failed")
 
 
-def reload_routes(reloader: Reloader, token: SecretStr | None) -> list[Route]:
+def reload_routes(reloader: Reloader, token: ControlToken | SecretStr | None) -> list[Route]:
     """`POST /-/reload`, behind the control API's bearer token like every POST."""
+    control = control_token(token)
 
     async def reload(request: Request) -> JSONResponse:
-        if token is None:
-            return JSONResponse({"error": "the control API is disabled: configure api.token"}, 403)
-        given = request.headers.get("authorization", "")
-        expected = f"Bearer {token.get_secret_value()}"
-        if not hmac.compare_digest(given.encode(), expected.encode()):
+        verdict = control.check(request.headers.get("authorization", ""))
+        if verdict == "disabled":
+            return JSONResponse({"error": control.disabled_reason()}, 403)
+        if verdict == "refused":
             log.warning("control API: refused POST /-/reload (bad or missing token)")
             return JSONResponse({"error": "missing or wrong bearer token"}, 401)
         result = await reloader.reload()
