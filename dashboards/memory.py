@@ -2,28 +2,32 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from grafana_foundation_sdk.builders import dashboard as dashboard_builders
 from grafana_foundation_sdk.models.dashboard import Dashboard, DashboardCursorSync
 
+from kvpilot.dashboards.annotations import annotation_queries
+from kvpilot.dashboards.overview import stat_row
 from kvpilot.dashboards.panels import (
-    DATASOURCE,
+    BYTES,
+    COUNT,
     ENGINE,
     GPU,
     INSTANCE,
+    PER_SECOND,
+    RATIO,
+    SECONDS,
     VLLM_ENGINE,
     Item,
     Query,
     datasource_variable,
     query_variable,
+    scope_variables,
     timeseries_panel,
 )
+from kvpilot.dashboards.vllm_signals import vllm_signals_row
 
 UID = "kvpilot-memory"
 TITLE = "kvpilot / Memory"
-# Alert names whose states the dashboard marks (the agent's rules and kvpilot's self-watch).
-ALERT_NAMES_REGEX = "Vllm.*|Kvpilot.*"
 # Panels that need the CUDA caching allocator: empty where vLLM runs without CUDA.
 ALLOCATOR_PANELS = frozenset({"Allocator memory"})
 
@@ -40,7 +44,7 @@ def _gpu_row() -> list[Item]:
                     "GPU {{gpu}} {{state}} ({{instance}})",
                 )
             ],
-            unit="bytes",
+            unit=BYTES,
         ),
         timeseries_panel(
             "vLLM against its neighbours",
@@ -53,7 +57,7 @@ def _gpu_row() -> list[Item]:
                     "GPU {{gpu}} {{owner}} {{server}} ({{instance}})",
                 )
             ],
-            unit="bytes",
+            unit=BYTES,
         ),
     ]
 
@@ -76,13 +80,13 @@ def _kv_row(fragmentation_threshold_ratio: float) -> list[Item]:
                 Query(f'{blocks}, state="free"}}', "free {{model_name}}/{{engine}}"),
                 Query(f'{blocks}, state="free_cached"}}', "cached {{model_name}}/{{engine}}"),
             ],
-            unit="short",
+            unit=COUNT,
         ),
         timeseries_panel(
             "KV cache usage",
             "vLLM's KV-cache usage ratio.",
             [Query(f"kvpilot_kv_usage_ratio{{{ENGINE}}}", "{{model_name}}/{{engine}}")],
-            unit="percentunit",
+            unit=RATIO,
             max_value=1,
         ),
         timeseries_panel(
@@ -96,7 +100,7 @@ def _kv_row(fragmentation_threshold_ratio: float) -> list[Item]:
                     "{{source}} {{model_name}}/{{engine}} {{device}} {{rank}}",
                 )
             ],
-            unit="percentunit",
+            unit=RATIO,
             max_value=1,
             threshold=fragmentation_threshold_ratio,
         ),
@@ -109,7 +113,7 @@ def _kv_row(fragmentation_threshold_ratio: float) -> list[Item]:
                     "{{model_name}}/{{engine}}",
                 )
             ],
-            unit="short",
+            unit=COUNT,
         ),
     ]
 
@@ -126,7 +130,7 @@ def _allocator_row() -> list[Item]:
                     "{{state}} device {{device}} rank {{rank}}",
                 )
             ],
-            unit="bytes",
+            unit=BYTES,
             width=24,
         ),
     ]
@@ -145,7 +149,7 @@ def _scheduling_row() -> list[Item]:
                     "{{counter}} {{model_name}}/{{engine}}",
                 )
             ],
-            unit="ops",
+            unit=PER_SECOND,
         ),
         timeseries_panel(
             "Requests running and waiting",
@@ -154,7 +158,7 @@ def _scheduling_row() -> list[Item]:
                 Query(f"kvpilot_requests_running{{{ENGINE}}}", "running {{model_name}}/{{engine}}"),
                 Query(f"kvpilot_requests_waiting{{{ENGINE}}}", "waiting {{model_name}}/{{engine}}"),
             ],
-            unit="short",
+            unit=COUNT,
         ),
     ]
 
@@ -175,7 +179,7 @@ def _latency_panel(title: str, metric: str, vllm_histogram: str) -> Item:
                 "p99 {{model_name}} (vLLM histogram)",
             ),
         ],
-        unit="s",
+        unit=SECONDS,
     )
 
 
@@ -194,30 +198,12 @@ def _agent_row() -> list[Item]:
             "Collector health",
             "1 when the source's last read succeeded.",
             [Query(f"kvpilot_collector_up{{{INSTANCE}}}", "{{source}} ({{instance}})")],
-            unit="short",
+            unit=COUNT,
             max_value=1,
             width=24,
             height=6,
         ),
     ]
-
-
-def annotation_queries() -> Sequence[dashboard_builders.AnnotationQuery]:
-    """Alert states (Prometheus's ALERTS series) and the agent's remediations."""
-    return (
-        dashboard_builders.AnnotationQuery()
-        .name("kvpilot alerts")
-        .datasource(DATASOURCE)
-        .enable(True)
-        .icon_color("red")
-        .expr(f'ALERTS{{{INSTANCE}, alertname=~"{ALERT_NAMES_REGEX}", alertstate="firing"}}'),
-        dashboard_builders.AnnotationQuery()
-        .name("kvpilot remediations")
-        .datasource(DATASOURCE)
-        .enable(True)
-        .icon_color("orange")
-        .expr(f"increase(kvpilot_remediations_total{{{INSTANCE}}}[$__rate_interval]) > 0"),
-    )
 
 
 def memory_dashboard(*, fragmentation_threshold_ratio: float = 0.30) -> Dashboard:
@@ -233,37 +219,37 @@ def memory_dashboard(*, fragmentation_threshold_ratio: float = 0.30) -> Dashboar
         .time("now-1h", "now")
         .timezone("browser")
         .with_variable(datasource_variable())
-        .with_variable(
-            query_variable("instance", "Instance", "label_values(kvpilot_build_info, instance)")
-        )
-        .with_variable(
+    )
+    for variable in scope_variables("kvpilot_build_info"):
+        builder = builder.with_variable(variable)
+    builder = (
+        builder.with_variable(
             query_variable(
-                "model",
-                "Model",
-                'label_values(kvpilot_kv_usage_ratio{instance=~"$instance"}, model_name)',
+                "model", "Model", f"label_values(kvpilot_kv_usage_ratio{{{INSTANCE}}}, model_name)"
             )
         )
         .with_variable(
             query_variable(
                 "engine",
                 "Engine",
-                'label_values(kvpilot_kv_usage_ratio{instance=~"$instance", '
-                'model_name=~"$model"}, engine)',
+                f'label_values(kvpilot_kv_usage_ratio{{{INSTANCE}, model_name=~"$model"}}, engine)',
             )
         )
         .with_variable(
             query_variable(
-                "gpu", "GPU", 'label_values(kvpilot_gpu_memory_bytes{instance=~"$instance"}, gpu)'
+                "gpu", "GPU", f"label_values(kvpilot_gpu_memory_bytes{{{INSTANCE}}}, gpu)"
             )
         )
     )
     for annotation in annotation_queries():
         builder = builder.annotation(annotation)
     rows = (
-        _gpu_row()
+        stat_row()
+        + _gpu_row()
         + _kv_row(fragmentation_threshold_ratio)
         + _allocator_row()
         + _scheduling_row()
+        + vllm_signals_row()
         + _latency_row()
         + _agent_row()
     )

@@ -7,12 +7,14 @@ from dataclasses import dataclass
 
 from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders import dashboard as dashboard_builders
-from grafana_foundation_sdk.builders import prometheus, timeseries
+from grafana_foundation_sdk.builders import prometheus, stat, timeseries
+from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models.dashboard import (
     DataSourceRef,
     Threshold,
     ThresholdsMode,
+    VariableModel,
     VariableRefresh,
     VariableSort,
 )
@@ -21,17 +23,34 @@ from grafana_foundation_sdk.models.dashboard import (
 GRAFANA_VERSION = "11.6"
 DATASOURCE_VARIABLE = "datasource"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid=f"${{{DATASOURCE_VARIABLE}}}")
-# Every kvpilot selector narrows by the instance variable; the engine ones also by model
-# and engine, the GPU ones by GPU.
-INSTANCE = 'instance=~"$instance"'
-ENGINE = 'instance=~"$instance", model_name=~"$model", engine=~"$engine"'
-GPU = 'instance=~"$instance", gpu=~"$gpu"'
-# vLLM's own series come from vLLM's target, whose instance differs from the agent's.
-VLLM_ENGINE = 'model_name=~"$model", engine=~"$engine"'
+# Every selector narrows by where the series comes from: the cluster (a label that remote
+# storage or federation adds; on a single Prometheus it is absent, and the variable's 'All',
+# `.*`, matches a missing label), and the namespace and pod the ServiceMonitor's targets add.
+SCOPE = 'cluster=~"$cluster", namespace=~"$namespace", pod=~"$pod"'
+# kvpilot's own series also by its instance; the engine ones by model and engine, the GPU
+# ones by GPU.
+INSTANCE = f'{SCOPE}, instance=~"$instance"'
+ENGINE = f'{INSTANCE}, model_name=~"$model", engine=~"$engine"'
+GPU = f'{INSTANCE}, gpu=~"$gpu"'
+# vLLM's own series come from vLLM's target, whose instance differs from the agent's (its pod
+# is the same one when kvpilot runs as the sidecar).
+VLLM_ENGINE = f'{SCOPE}, model_name=~"$model", engine=~"$engine"'
+# kube-state-metrics' series of the vLLM container: named by the `container` variable.
+VLLM_CONTAINER = f'{SCOPE}, container=~"$container"'
+DEFAULT_VLLM_CONTAINER = "vllm"  # deploy/base's container name
+
+# Units, by what a query measures: Grafana's built-in ones and custom suffixes for rates that
+# are neither operations nor requests.
+BYTES = "bytes"
+RATIO = "percentunit"
+SECONDS = "s"
+COUNT = "short"
+PER_SECOND = "suffix: /s"  # events per second: preemptions, restored blocks
+TOKENS_PER_SECOND = "suffix: tok/s"
 
 
 # A dashboard is a sequence of rows and panels, in layout order.
-Item = dashboard_builders.Row | timeseries.Panel
+Item = dashboard_builders.Row | timeseries.Panel | stat.Panel
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +82,60 @@ def query_variable(name: str, label: str, query: str) -> dashboard_builders.Quer
         .multi(True)
         .include_all(True)
         .all_value(".*")
+    )
+
+
+def scope_variables(anchor: str) -> list[cogbuilder.Builder[VariableModel]]:
+    """Cluster, namespace, pod and instance, each narrowed by the ones before it, read from
+    `anchor` (a series every kvpilot exports), and the vLLM container's name."""
+    out: list[cogbuilder.Builder[VariableModel]] = []
+    narrowed: list[str] = []
+    for name, label in (
+        ("cluster", "Cluster"),
+        ("namespace", "Namespace"),
+        ("pod", "Pod"),
+        ("instance", "Instance"),
+    ):
+        selector = f"{anchor}{{{', '.join(narrowed)}}}" if narrowed else anchor
+        out.append(query_variable(name, label, f"label_values({selector}, {name})"))
+        narrowed.append(f'{name}=~"${name}"')
+    out.append(
+        dashboard_builders.TextBoxVariable("container")
+        .label("vLLM container")
+        .description("The vLLM container's name, for kube-state-metrics' restart counts.")
+        .default_value(DEFAULT_VLLM_CONTAINER)
+    )
+    return out
+
+
+def stat_panel(
+    title: str,
+    description: str,
+    query: Query,
+    *,
+    unit: str,
+    width: int = 3,
+    show_name: bool = False,
+) -> stat.Panel:
+    """A stat of the query's latest value (`show_name`: its legend, for labels as text)."""
+    return (
+        stat.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .span(width)
+        .height(4)
+        .graph_mode(common.BigValueGraphMode.NONE)
+        .text_mode(common.BigValueTextMode.NAME if show_name else common.BigValueTextMode.VALUE)
+        .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]))
+        .with_target(
+            prometheus.Dataquery()
+            .expr(query.expr)
+            .legend_format(query.legend)
+            .ref_id("A")
+            .datasource(DATASOURCE)
+        )
     )
 
 

@@ -14,12 +14,19 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
+from kvpilot.dashboards.annotations import annotation_queries
 from kvpilot.dashboards.panels import (
+    COUNT,
     DATASOURCE,
     INSTANCE,
+    PER_SECOND,
+    RATIO,
+    SECONDS,
+    TOKENS_PER_SECOND,
     Query,
     datasource_variable,
     query_variable,
+    scope_variables,
     timeseries_panel,
 )
 from kvpilot.dashboards.tuning_metrics import (
@@ -35,7 +42,7 @@ from kvpilot.tuner.judge import DEFAULT_METRICS
 
 UID = "kvpilot-tuning"
 TITLE = "kvpilot / Tuning"
-SERVER = 'instance=~"$instance", server=~"$server"'
+SERVER = f'{INSTANCE}, server=~"$server"'
 # Labels Prometheus adds or the table does not need.
 _HIDDEN_COLUMNS = ("Time", "Value", "__name__", "job", "instance")
 
@@ -85,7 +92,7 @@ def _trials_row() -> list[Item]:
                 ),
                 Query(f"{BEST_GOODPUT}{{{INSTANCE}}}", "best ({{instance}})"),
             ],
-            unit="short",
+            unit=TOKENS_PER_SECOND,
             width=24,
             height=9,
         )
@@ -99,14 +106,14 @@ def _trials_row() -> list[Item]:
             "Trial preemption rate",
             "Preemptions per second over each finished trial's measurement window.",
             [Query(f"{TRIAL_PREEMPTION_RATE}{{{INSTANCE}}}", "#{{trial}}")],
-            unit="ops",
+            unit=PER_SECOND,
         ),
         timeseries_panel(
             "Trials by final state",
             "Trials finished: complete, infeasible (the candidate's fault), failed (the "
             "tuner's or runtime's), aborted (interrupted).",
             [Query(f"sum by (state) ({TRIALS_TOTAL}{{{INSTANCE}}})", "{{state}}")],
-            unit="short",
+            unit=COUNT,
         ),
         _table_panel(
             "Trials",
@@ -134,13 +141,15 @@ def _live_flags_row() -> list[Item]:
 
 
 def _unit(metric: str) -> str:
+    if metric.endswith("_tokens_per_s"):
+        return TOKENS_PER_SECOND
     if metric.endswith("_per_s"):
-        return "ops"
+        return PER_SECOND
     if metric.endswith("_s"):
-        return "s"
+        return SECONDS
     if metric.endswith("_ratio"):
-        return "percentunit"
-    return "short"
+        return RATIO
+    return COUNT
 
 
 def _canary_row() -> list[Item]:
@@ -183,17 +192,14 @@ def tuning_dashboard() -> Dashboard:
         .time("now-6h", "now")
         .timezone("browser")
         .with_variable(datasource_variable())
-        .with_variable(
-            query_variable("instance", "Instance", f"label_values({TRIALS_TOTAL}, instance)")
-        )
-        .with_variable(
-            query_variable(
-                "server",
-                "Server",
-                f'label_values({LIVE_FLAGS_INFO}{{instance=~"$instance"}}, server)',
-            )
-        )
     )
+    for variable in scope_variables(TRIALS_TOTAL):
+        builder = builder.with_variable(variable)
+    builder = builder.with_variable(
+        query_variable("server", "Server", f"label_values({LIVE_FLAGS_INFO}{{{INSTANCE}}}, server)")
+    )
+    for annotation in annotation_queries():
+        builder = builder.annotation(annotation)
     rows = _trials_row() + _live_flags_row() + _canary_row()
     # Grafana keys panels by id: give each a stable one in layout order.
     for panel_id, item in enumerate(rows, start=1):

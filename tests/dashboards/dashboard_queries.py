@@ -42,10 +42,24 @@ def variable_queries(model: dict[str, Any]) -> list[str]:
     return [v["query"] for v in model["templating"]["list"] if v["type"] == "query"]
 
 
-def fill(expr: str, *, rate_interval: str = "15s") -> str:
+# The dashboards' variables (every one a regex, 'All' being `.*`).
+VARIABLES = (
+    "cluster",
+    "namespace",
+    "pod",
+    "instance",
+    "container",
+    "model",
+    "engine",
+    "gpu",
+    "server",
+)
+
+
+def fill(expr: str, *, rate_interval: str = "15s", time_range: str = "1h") -> str:
     """The query as Grafana sends it with every variable on 'All' (`.*`)."""
-    expr = expr.replace("$__rate_interval", rate_interval)
-    return re.sub(r"\$(instance|model|engine|gpu)\b", ".*", expr)
+    expr = expr.replace("$__rate_interval", rate_interval).replace("$__range", time_range)
+    return re.sub(rf"\$({'|'.join(VARIABLES)})\b", ".*", expr)
 
 
 _NOT_NAMES = {
@@ -81,6 +95,15 @@ _NOT_NAMES = {
     "job",
     "source",
     "counter",
+    "cluster",
+    "namespace",
+    "pod",
+    "outcome",
+    "reason",
+    "count",
+    "count_over_time",
+    "vector",
+    "__range",
 }
 
 

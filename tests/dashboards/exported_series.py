@@ -37,6 +37,13 @@ from kvpilot.tuner.trials import trial_from_dict
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 VLLM_PAYLOAD = FIXTURES / "vllm" / "v0_32_under_load.prom"
+# A real server with --kv-cache-metrics (block lifetime, idle before eviction), and a GPU
+# server's CPU KV offload families, derived from vLLM's source (tests/fixtures/vllm/README.md).
+VLLM_KV_CACHE_METRICS_PAYLOAD = FIXTURES / "vllm" / "v0_32_kv_cache_metrics_under_load.prom"
+VLLM_CPU_OFFLOAD_PAYLOAD = FIXTURES / "vllm" / "derived_simple_cpu_offload.prom"
+VLLM_PAYLOADS = (VLLM_PAYLOAD, VLLM_KV_CACHE_METRICS_PAYLOAD, VLLM_CPU_OFFLOAD_PAYLOAD)
+# kube-state-metrics' restart counter: a named external source (its README says how written).
+KSM_PAYLOAD = FIXTURES / "kube_state_metrics" / "restarts.prom"
 TRIALS = FIXTURES / "tuning_live" / "trials.jsonl"  # a real session, judged
 SERVER_PID, NEIGHBOUR_PID = 4100, 5200
 AGENT_PORT = ListenConfig().port  # the port Prometheus scrapes kvpilot on by default
@@ -211,9 +218,35 @@ def kvpilot_series(host: str = "a", *, kvpool: bool = True) -> tuple[Series, ...
     return scraped(agent_exposition(kvpool=kvpool), target)
 
 
-def vllm_series(instance: str = "a:8000") -> tuple[Series, ...]:
+def vllm_series(instance: str = "a:8000", payload: Path = VLLM_PAYLOAD) -> tuple[Series, ...]:
     """vLLM's series, from a recorded vLLM 0.32 payload, as the `vllm` job stores them."""
-    return scraped(VLLM_PAYLOAD.read_text(), {"job": "vllm", "instance": instance})
+    return scraped(payload.read_text(), {"job": "vllm", "instance": instance})
+
+
+def in_kubernetes(series: Iterable[Series], *, pod: str, container: str) -> tuple[Series, ...]:
+    """`series` as kube-prometheus-stack stores them: the Prometheus Operator's ServiceMonitor
+    targets add `namespace`, `service`, `pod`, `container` and `endpoint`, and a Thanos or
+    Mimir in front of several clusters shows each Prometheus's `cluster` external label."""
+    target = {
+        "cluster": "eu-1",
+        "namespace": "serving",
+        "service": "vllm",
+        "pod": pod,
+        "container": container,
+        "endpoint": container,
+    }
+    return tuple(_with(s, target) for s in series)
+
+
+def _with(series: Series, labels: Mapping[str, str]) -> Series:
+    return Series(series.name, tuple(sorted({**dict(series.labels), **labels}.items())))
+
+
+def kube_state_metrics_series() -> tuple[Series, ...]:
+    """kube-state-metrics' series as kube-prometheus-stack's job stores them: its own labels
+    kept (`honorLabels`), the cluster's external label shown by Thanos or Mimir."""
+    target = {"job": "kube-state-metrics", "instance": "10.0.0.9:8080"}
+    return tuple(_with(s, {"cluster": "eu-1"}) for s in scraped(KSM_PAYLOAD.read_text(), target))
 
 
 def up_series(job: str, instance: str) -> Series:

@@ -29,7 +29,18 @@ VLLM_NAMES = {
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
     "vllm:iteration_tokens_total_count",
+    "vllm:num_requests_waiting_by_reason",
+    "vllm:request_num_preemptions_bucket",
+    "vllm:request_num_preemptions_sum",
+    "vllm:request_num_preemptions_count",
+    "vllm:kv_block_lifetime_seconds_bucket",
+    "vllm:kv_block_idle_before_evict_seconds_bucket",
+    "vllm:engine_sleep_state",
+    "vllm:simple_kv_offload_load_blocks_total",
+    "vllm:simple_kv_offload_save_outcomes_total",
 }
+# Series of a named external source: kube-state-metrics (tests/fixtures/kube_state_metrics).
+EXTERNAL_NAMES = {"kube_pod_container_status_restarts_total"}
 # Prometheus's own series, and the rules' recorded ones.
 PROMETHEUS_NAMES = {"ALERTS", "up"}
 RECORDED = {
@@ -97,7 +108,17 @@ def test_memory_dashboard_targets_grafana_11_6_and_has_its_variables() -> None:
     model = _memory()
     assert model["schemaVersion"] == 41  # Grafana 11.6's dashboard schema
     names = [v["name"] for v in model["templating"]["list"]]
-    assert names == ["datasource", "instance", "model", "engine", "gpu"]
+    assert names == [
+        "datasource",
+        "cluster",
+        "namespace",
+        "pod",
+        "instance",
+        "container",
+        "model",
+        "engine",
+        "gpu",
+    ]
     ids = [p["id"] for p in model["panels"]]
     assert len(ids) == len(set(ids))
     frag = next(p for p in model["panels"] if p["title"] == "Fragmentation rate")
@@ -115,16 +136,18 @@ def test_every_name_the_dashboards_and_rules_read_is_exported() -> None:
     exprs += [rule["expr"] for group in groups for rule in group["rules"]]
     read = set().union(*(metric_names(expr) for expr in exprs))
     assert "kvpilot_fragmentation_ratio" in read and "vllm:num_requests_running" in read
-    known = set(CATALOG) | VLLM_NAMES | PROMETHEUS_NAMES | RECORDED
+    known = set(CATALOG) | VLLM_NAMES | PROMETHEUS_NAMES | RECORDED | EXTERNAL_NAMES
     assert read - known == set()
 
 
 def test_vllm_names_exist_in_vllm() -> None:
     spec = importlib.util.find_spec("vllm")  # located, not imported: importing vLLM is slow
     assert spec is not None and spec.origin is not None
-    source = (Path(spec.origin).parent / "v1" / "metrics" / "loggers.py").read_text()
+    root = Path(spec.origin).parent
+    source = (root / "v1" / "metrics" / "loggers.py").read_text()
+    source += (root / "v1" / "simple_kv_offload" / "metrics.py").read_text()
     for name in VLLM_NAMES:
-        family = name.removesuffix("_bucket").removesuffix("_count")
+        family = name.removesuffix("_bucket").removesuffix("_count").removesuffix("_sum")
         assert f'"{family}"' in source, family
 
 
@@ -147,7 +170,15 @@ def _tuning() -> dict:
 def test_tuning_dashboard_has_its_variables_and_a_canary_panel_per_judged_metric() -> None:
     model = _tuning()
     assert model["schemaVersion"] == 41
-    assert [v["name"] for v in model["templating"]["list"]] == ["datasource", "instance", "server"]
+    assert [v["name"] for v in model["templating"]["list"]] == [
+        "datasource",
+        "cluster",
+        "namespace",
+        "pod",
+        "instance",
+        "container",
+        "server",
+    ]
     ids = [p["id"] for p in model["panels"]]
     assert len(ids) == len(set(ids))
     titles = {p["title"] for p in model["panels"]}

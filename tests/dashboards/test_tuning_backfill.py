@@ -24,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from dashboard_queries import fill, panel_queries, variable_queries
+from dashboard_queries import annotation_queries, fill, panel_queries, variable_queries
 from prometheus_server import PROMTOOL, PrometheusServer
 
 from kvpilot.dashboards.build import build_dashboards
@@ -434,3 +434,27 @@ def test_template_variables_find_the_instances_and_servers(backfilled: Backfille
         )
         assert answer["status"] == "success", (query, answer)
         assert {s["instance"] for s in answer["data"]} == {RECORDED, JUDGED, LIVE}, query
+
+
+@pytest.mark.slow
+def test_trials_and_promotions_are_marked_on_the_backfilled_runs(backfilled: Backfilled) -> None:
+    annotations = {q.panel: q.expr for q in annotation_queries(_tuning())}
+
+    def marked(name: str, instance: str) -> list[dict]:
+        # Over the run and the minute after it, where the last trial's mark lies.
+        start, end = backfilled.windows[instance]
+        params = {"query": _for(annotations[name], re.escape(instance)), "step": 30}
+        params |= {"start": start, "end": end + 60}
+        answer = backfilled.prometheus.api("query_range", params)
+        assert answer["status"] == "success", answer
+        return answer["data"]["result"]
+
+    # Every finished trial of the recorded run is marked when its record first appears.
+    trials = marked("kvpilot trials", RECORDED)
+    assert {r["metric"]["trial"] for r in trials} == {t.trial_id for t in _trials()}
+    first = min(float(v[0]) for r in trials for v in r["values"])
+    assert first == backfilled.windows[RECORDED][0]  # the first trial's end, not before
+    # The judged trial's promotion is marked with its flags; the configured run has none.
+    (promotion,) = marked("kvpilot promotions", JUDGED)
+    assert promotion["metric"]["flags"] == flags_text(_judged(_best(_trials())).values)
+    assert marked("kvpilot promotions", RECORDED) == []
