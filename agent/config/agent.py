@@ -63,6 +63,12 @@ def parse_host_port(text: str) -> dict[str, Any]:
     return {"host": host, "port": int(port)}
 
 
+# A tick less often than every five minutes leaves nothing to alert on in time; more often than
+# ten times a second, the agent spends its CPU on itself.
+MIN_INTERVAL_S = 0.1
+MAX_INTERVAL_S = 300.0
+
+
 class ApiConfig(Model):
     """The control API's token: POST endpoints are refused while neither is set."""
 
@@ -116,18 +122,21 @@ class ScrapeConfig(Model):
     timeout_s: float | None = Field(
         None,
         gt=0,
+        le=60,
         description="Deadline for a source's whole response (connection, headers and body). "
         "Default: the tick interval, at least 2 s and at most 5 s.",
     )
     body_size_limit_bytes: int = Field(
         16 * 1024 * 1024,
         gt=0,
+        le=1 << 30,
         description="Largest body read; the read stops past it (a vLLM /metrics body is about "
         "60 KiB per engine).",
     )
     sample_limit: int = Field(
         100_000,
         gt=0,
+        le=10_000_000,
         description="Most sample lines in one exposition (about 600 per vLLM engine).",
     )
 
@@ -143,7 +152,13 @@ class AgentConfig(Model):
 
     listen: ListenConfig = Field(default_factory=ListenConfig, description="HTTP listener.")
     api: ApiConfig = Field(default_factory=ApiConfig, description="Control API security.")
-    interval_s: float = Field(1.0, gt=0, description="Seconds between collection ticks.")
+    interval_s: float = Field(
+        1.0,
+        ge=MIN_INTERVAL_S,
+        le=MAX_INTERVAL_S,
+        description=f"Seconds between collection ticks ({MIN_INTERVAL_S:g} to "
+        f"{MAX_INTERVAL_S:g}: /healthz goes stale after five intervals).",
+    )
     state_dir: Path = Field(
         Path("kvpilot-state"), description="Holds kvpilot.db and the servers' logs."
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -107,10 +108,16 @@ class _RuntimeBase(Model):
         None, description="The vLLM server's --api-key, sent on probes (never logged)."
     )
     drain_timeout_s: float = Field(
-        30.0, gt=0, description="After SIGTERM, how long vLLM may drain before SIGKILL."
+        30.0,
+        gt=0,
+        le=3600,
+        description="After SIGTERM, how long vLLM may drain before SIGKILL (at most an hour).",
     )
     ready_timeout_s: float = Field(
-        240.0, gt=0, description="How long a (re)started server may take to become healthy."
+        240.0,
+        gt=0,
+        le=86400,
+        description="How long a (re)started server may take to become healthy (at most a day).",
     )
 
 
@@ -124,6 +131,14 @@ class LocalRuntimeConfig(_RuntimeBase):
     def _distinct(self) -> LocalRuntimeConfig:
         require_unique("instance name", [i.name for i in self.instances])
         require_unique("server address", [f"{i.host}:{i.port}" for i in self.instances])
+        for i, a in enumerate(self.instances):
+            for b in self.instances[i + 1 :]:
+                if a.port == b.port and _binds_overlap(a.server_args.host, b.server_args.host):
+                    raise ValueError(
+                        f"instances {a.name!r} and {b.name!r} both listen on port {a.port} "
+                        f"(--host {a.server_args.host or 'absent'} and "
+                        f"{b.server_args.host or 'absent'} share an address)"
+                    )
         kvpool = [i.kvpool_port for i in self.instances if i.kvpool_port is not None]
         require_unique("kvpool_port", kvpool)
         clash = set(kvpool) & {i.port for i in self.instances}
@@ -210,6 +225,37 @@ class PodRuntimeConfig(_ProcessFields):
     kubernetes: KubernetesConfig = Field(
         default_factory=KubernetesConfig, description="The Deployment and how to change it."
     )
+
+
+_EVERY_ADDRESS = "*"
+_LOCALHOST = frozenset({"127.0.0.1", "::1"})  # what `localhost` resolves to, by convention
+
+
+def _bound_addresses(host: str | None) -> frozenset[str]:
+    """The addresses a `--host` binds, as far as can be told without resolving names."""
+    if host is None:
+        return frozenset({_EVERY_ADDRESS})
+    bare = host.removeprefix("[").removesuffix("]").lower()
+    if bare in WILDCARD_HOSTS or bare == "":
+        return frozenset({_EVERY_ADDRESS})
+    if bare in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return _LOCALHOST
+    try:
+        return frozenset({str(ipaddress.ip_address(bare))})
+    except ValueError:
+        pass
+    if re.fullmatch(r"[0-9.]+", bare):  # 127.000.000.001, 127.1: what inet_aton reads
+        try:
+            return frozenset({socket.inet_ntoa(socket.inet_aton(bare))})
+        except OSError:
+            pass
+    return frozenset({bare})  # another name: equal only to itself
+
+
+def _binds_overlap(a: str | None, b: str | None) -> bool:
+    """Whether two servers with these `--host`s cannot both bind one port."""
+    left, right = _bound_addresses(a), _bound_addresses(b)
+    return _EVERY_ADDRESS in left or _EVERY_ADDRESS in right or bool(left & right)
 
 
 def _is_ipv6(text: str) -> bool:
