@@ -210,3 +210,14 @@ def read_pid_namespace(pid: int | str, proc_root: Path = PROC) -> str | None:
         return os.readlink(proc_root / str(pid) / "ns" / "pid")
     except OSError:
         return None
+
+
+def read_uids(pid: int, proc_root: Path = PROC) -> tuple[int, int] | None:
+    """A process's real and effective user ids (`Uid:` of /proc/PID/status); None when gone."""
+    text = read_status_text(pid, proc_root)
+    for line in (text or "").splitlines():
+        if line.startswith("Uid:"):
+            fields = line.split()
+            if len(fields) >= 3 and fields[1].isdigit() and fields[2].isdigit():
+                return int(fields[1]), int(fields[2])
+    return None

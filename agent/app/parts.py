@@ -96,6 +96,7 @@ def _process_target(runtime: ProcessRuntimeConfig | PodRuntimeConfig) -> Process
         cmdline_regex=runtime.cmdline_regex,
         kvpool_url=kvpool_url,
         api_key=api_key,
+        expected_uid=runtime.expected_uid,
     )
 
 

@@ -171,6 +171,13 @@ class _ProcessFields(_RuntimeBase):
     )
     port: Port = Field(description="The server's --port (8000 when absent); tells servers apart.")
     kvpool_port: Port | None = Field(None, description="The kvpool plugin's port, if enabled.")
+    expected_uid: int | None = Field(
+        None,
+        ge=0,
+        description="The user id the server runs as (real and effective); a process of "
+        "another user is never the server. Unset: the agent's own uid. Images that run vLLM "
+        "as root need 0 here.",
+    )
 
     @field_validator("cmdline_regex")
     @classmethod

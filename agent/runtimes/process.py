@@ -12,6 +12,9 @@ A process is a target's server when all of these hold:
 * `cmdline_regex` set: the expression is found (`re.search`) in its arguments joined by
   single spaces.
 
+A process that matches is trusted only when it runs as the expected uid (the agent's own
+unless configured) and, with `host` unset, its `--host` is this machine's (process_trust).
+
 Exactly one process must match; none or several, and nothing is signalled. Right before each
 signal the process is read again from /proc: it must still be the same process (PID and start
 time) and the main process must still match. The signal goes through a pidfd opened before
@@ -43,6 +46,7 @@ from kvpilot.agent.runtimes.base import (
 )
 from kvpilot.agent.runtimes.drain import drain_then_kill, wait_for
 from kvpilot.agent.runtimes.probe import wait_ready
+from kvpilot.agent.runtimes.process_trust import expected_uid, own_listen_host, uid_problem
 from kvpilot.agent.runtimes.processes import find_vllm_mains, send_signal
 from kvpilot.collectors.kvpool.ports import PORT_ENV as KVPOOL_PORT_ENV
 from kvpilot.collectors.procfs import (
@@ -80,6 +84,7 @@ class ProcessTarget:
     cmdline_regex: str | None = None  # narrows to a command line (arguments joined by spaces)
     kvpool_url: str | None = None  # else from KVPILOT_KVPOOL_PORT in the server's environment
     api_key: str | None = None  # else --api-key, else VLLM_API_KEY in its environment
+    expected_uid: int | None = None  # the uid the server runs as; None: the agent's own
 
 
 def _bare_host(host: str) -> str:
@@ -139,7 +144,11 @@ class ProcessRuntime:
             raise UnknownInstance(f"no attached instance named {name!r}") from None
 
     def _matches(self, target: ProcessTarget, info: ProcInfo) -> bool:
-        """Whether `info` is `target`'s server by its command line (the module's rules)."""
+        """Whether `info` is `target`'s server: by its command line, and trusted."""
+        return self._looks_like(target, info) and self._distrust(target, info) is None
+
+    def _looks_like(self, target: ProcessTarget, info: ProcInfo) -> bool:
+        """Whether `info`'s command line is `target`'s server (the module's rules)."""
         try:
             args = parse_server_argv(info.argv)
         except NotAVllmServer:
@@ -151,6 +160,19 @@ class ProcessRuntime:
         pattern = self._patterns.get(target.name)
         return pattern is None or pattern.search(" ".join(info.argv)) is not None
 
+    def _distrust(self, target: ProcessTarget, info: ProcInfo) -> str | None:
+        """Why a process that looks like the server is not trusted as it (process_trust)."""
+        problem = uid_problem(info.pid, expected_uid(target.expected_uid), self._proc_root)
+        if problem is not None:
+            return problem
+        host = parse_server_argv(info.argv).host
+        if target.host is None and own_listen_host(host) is None:
+            return (
+                f"PID {info.pid} says --host {host}, which is not this machine's: set the "
+                "runtime's host to reach it there"
+            )
+        return None
+
     def _criteria(self, target: ProcessTarget) -> str:
         said = [f"--port {target.port}"] if target.port is not None else []
         said += [f"listening at {target.host}"] if target.host is not None else []
@@ -160,10 +182,14 @@ class ProcessRuntime:
 
     def _find(self, target: ProcessTarget) -> _Found:
         procs = list_processes(self._proc_root)
-        mains = [info for info in find_vllm_mains(procs) if self._matches(target, info)]
+        alike = [info for info in find_vllm_mains(procs) if self._looks_like(target, info)]
+        distrust = {info.pid: self._distrust(target, info) for info in alike}
+        mains = [info for info in alike if distrust[info.pid] is None]
         where = self._criteria(target)
         if not mains:
-            return _Found(None, (), f"no vLLM server process{where} found in /proc")
+            why = "; ".join(d for d in distrust.values() if d)
+            untrusted = f" (not trusted: {why})" if why else ""
+            return _Found(None, (), f"no vLLM server process{where} found in /proc{untrusted}")
         if len(mains) > 1:
             pids = [info.pid for info in mains]
             return _Found(None, (), f"{len(mains)} vLLM servers{where} match (PIDs {pids})")
@@ -183,8 +209,10 @@ class ProcessRuntime:
         return args.api_key or (read_environ(main.pid, self._proc_root) or {}).get("VLLM_API_KEY")
 
     def _url(self, target: ProcessTarget, args: ServerArgs) -> str:
-        """Where the agent reaches the server: `host` when set, else where it listens."""
-        return args.url if target.host is None else _http_url(target.host, args.port)
+        """Where the agent reaches the server: `host` when set, else where it listens on
+        this machine (a matched process has one: `_distrust`)."""
+        host = target.host or own_listen_host(args.host) or "127.0.0.1"
+        return _http_url(host, args.port)
 
     def _instance(self, target: ProcessTarget, found: _Found) -> Instance:
         main = found.main
