@@ -39,6 +39,7 @@ from kvpilot.agent.remediation.remediator import Outcome
 from kvpilot.agent.rules.config import RulesConfig
 from kvpilot.agent.rules.engine import RuleEngine
 from kvpilot.agent.runtimes import Runtime
+from kvpilot.agent.runtimes.offloop import runtime_read
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.trials import SqliteTrialStore
 from kvpilot.agent.state.write_failures import WriteFailures
@@ -168,7 +169,7 @@ class Sidecar:
     # -- the tick ----------------------------------------------------------------------
 
     async def tick(self) -> list[AlertTransition]:
-        instances = self.runtime.instances()
+        instances = await runtime_read(self.runtime, self.runtime.instances)
         self._forget_gone({i.name for i in instances})
         nvml = await read_nvml(self._nvml, self._clock)
         self._latest_nvml = nvml.value
@@ -213,7 +214,7 @@ class Sidecar:
         self._roles[instance.name] = instance.role
         self._pids[instance.name] = instance.pids
         snapshot = await ticker.tick(nvml)
-        status = self.runtime.status(instance.name)
+        status = await runtime_read(self.runtime, self.runtime.status, instance.name)
         why = status.reason or (
             f"exit code {status.exit_code}" if status.exit_code is not None else None
         )
