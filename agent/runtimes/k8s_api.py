@@ -12,6 +12,9 @@ from kvpilot.agent.runtimes.base import RuntimeFailure
 T = TypeVar("T")
 INSTALL_HINT = "the Kubernetes runtime needs the official client: pip install 'kvpilot[kubernetes]'"
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+# Every request's deadline, (connect, read) in seconds: without one the client's socket
+# waits for ever on an API server that accepts a connection and never answers.
+REQUEST_TIMEOUT_S: tuple[float, float] = (5.0, 10.0)
 
 
 # Which of kvpilot's Roles grants each (verb, resource) the agent's calls use, and where the
@@ -66,6 +69,25 @@ class Conflict(KubernetesApiError):
     """The object changed since it was read (resourceVersion), or it already exists."""
 
 
+class UnexpectedAnswer(KubernetesApiError):
+    """The API server (or a proxy in front of it) answered with something that is not the
+    object asked for: an HTML page with 200, an empty body."""
+
+
+def _unexpected(found: object) -> str | None:
+    """Why `found` is not an API object, or None. An HTML body reaches the caller as a str
+    (a custom object), or as a model whose every field is empty: it has no metadata."""
+    if isinstance(found, str | bytes):
+        return f"a body that is not JSON ({str(found)[:60]!r})"
+    if isinstance(found, dict) and not found:
+        return "an empty object"
+    kind = type(found).__name__
+    has_metadata = "metadata" in (getattr(found, "attribute_map", None) or {})
+    if has_metadata and kind != "V1Status" and getattr(found, "metadata", None) is None:
+        return f"a {kind} without metadata (the body was not one)"
+    return None
+
+
 def client_module() -> Any:
     """`kubernetes.client`, or a RuntimeFailure that says how to install it."""
     try:
@@ -108,14 +130,24 @@ def api_error(exc: Exception, *, verb: str, resource: str, what: str) -> Kuberne
 
 
 def call(fn: Callable[..., T], *args: Any, verb: str, resource: str, what: str, **kw: Any) -> T:
-    """Call one client method; its ApiException or connection error becomes a failure."""
+    """Call one client method within REQUEST_TIMEOUT_S; its ApiException, connection error,
+    timeout or an answer that is not an API object becomes a failure."""
     client = client_module()
     import urllib3  # the client's transport, installed with it
 
+    kw.setdefault("_request_timeout", REQUEST_TIMEOUT_S)
     try:
-        return fn(*args, **kw)
+        found = fn(*args, **kw)
     except (client.ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
         raise api_error(exc, verb=verb, resource=resource, what=what) from exc
+    except (ValueError, TypeError, AttributeError) as exc:  # the client could not read it
+        raise UnexpectedAnswer(
+            f"the API server's answer to {verb} {what} is not an API object: {exc}", 200
+        ) from exc
+    problem = _unexpected(found)
+    if problem is not None:
+        raise UnexpectedAnswer(f"the API server answered {verb} {what} with {problem}", 200)
+    return found
 
 
 def pod_namespace(environ: Mapping[str, str], service_account: Path = SERVICE_ACCOUNT) -> str:
@@ -150,6 +182,7 @@ def make_api_client(api_url: str | None) -> Any:
     proxy`), or, when None, of the pod's own cluster with its service account's token."""
     client = client_module()
     configuration = client.Configuration()
+    configuration.retries = 1  # one retry of a reset connection: a deadline of two timeouts
     if api_url is not None:
         configuration.host = api_url
         return client.ApiClient(configuration)

@@ -59,6 +59,8 @@ class KubernetesRuntime:
     kind = "kubernetes"
     # Through the Deployment; recommend-only writes the patch and says so (PromotionNotApplied).
     can_change_flags = True
+    # Its reads wait on the API server: the tick runs them in a thread (runtimes.offloop).
+    blocking_reads = True
 
     def __init__(
         self,

@@ -59,11 +59,16 @@ class PodRuntime(KubernetesRuntime):
     api_reads_total = 0
     _view: tuple[float, tuple[Instance, ...]] | None = None
 
+    _failed_at_s: float | None = None
+
     def instances(self) -> tuple[Instance, ...]:
         if not _STRICT.get() and self._view is not None:
             read_at_s, view = self._view
             if self._clock() - read_at_s < self.api_read_interval_s:
                 return self._with_local_pids(view)
+        local_now = self._while_failing()
+        if local_now is not None:
+            return (local_now,)
         try:
             self.api_reads_total += 1
             found = super().instances()
@@ -78,15 +83,26 @@ class PodRuntime(KubernetesRuntime):
                     exc,
                 )
             self._failing = str(exc)
+            self._failed_at_s = self._clock()
             local = self._local_stable()
             if local is None:
                 raise
             return (local,)
         if self._failing is not None:
             log.info("the API server answers again")
-            self._failing = None
+            self._failing = self._failed_at_s = None
         self._view = (self._clock(), found)
         return found
+
+    def _while_failing(self) -> Instance | None:
+        """The pod's own stable instance while the API server was failing a moment ago: each
+        try costs a tick up to the request deadline, so it is tried again only once per
+        `api_read_interval_s` (strict reads always try)."""
+        if _STRICT.get() or self._failed_at_s is None:
+            return None
+        if self._clock() - self._failed_at_s >= self.api_read_interval_s:
+            return None
+        return self._local_stable()
 
     def _with_local_pids(self, view: tuple[Instance, ...]) -> tuple[Instance, ...]:
         local = self._local_stable()

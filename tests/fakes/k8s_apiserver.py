@@ -110,11 +110,16 @@ def strategic_merge(target: Any, patch: Any, key: str | None = None) -> Any:
     return copy.deepcopy(patch)
 
 
+HANG = 0  # a Fault's status: accept the request and never answer (until the fake stops)
+HTML = -1  # a Fault's status: answer 200 with an HTML page, as a misrouted proxy does
+HTML_PAGE = b"<html><body><h1>Welcome to nginx!</h1></body></html>"
+
+
 @dataclass
 class Fault:
     method: str
     path: re.Pattern[str]
-    status: int
+    status: int  # an HTTP status, HANG or HTML
     times: int
 
 
@@ -159,6 +164,7 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
         self.crash: dict[str, tuple[str, str]] = {}
         self._version = 0
         self._lock = threading.Lock()
+        self._unhang = threading.Event()
         self._api = client.ApiClient()
         self._init_network()
         ServedInThread.__init__(self, self._handler())
@@ -173,8 +179,26 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
         return client.ApiClient(client.Configuration(host=self.host))
 
     def fail(self, method: str, path_regex: str, status: int, times: int = 1) -> None:
-        """Answer the next `times` matching requests with `status`."""
+        """Answer the next `times` matching requests with `status` (or HANG, or HTML)."""
         self.faults.append(Fault(method, re.compile(path_regex), status, times))
+
+    def hang(self, method: str, path_regex: str, times: int = 1_000_000) -> None:
+        """Accept the next `times` matching requests and never answer them."""
+        self.fail(method, path_regex, HANG, times)
+
+    def answer_html(self, method: str, path_regex: str, times: int = 1_000_000) -> None:
+        """Answer the next `times` matching requests 200 with an HTML page."""
+        self.fail(method, path_regex, HTML, times)
+
+    def heal(self) -> None:
+        """Drop the faults still pending, and let the hung requests go (they then fail)."""
+        with self._lock:
+            self.faults.clear()
+        self._unhang.set()
+
+    def __exit__(self, *exc: object) -> None:
+        self._unhang.set()  # a hung handler thread must not hold up the server's shutdown
+        super().__exit__(*exc)
 
     def forbid(self, verb: str, resource: str) -> None:
         """RBAC says no to `verb` on `resource` (deployments, pods, leases)."""
@@ -356,6 +380,8 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
             for fault in self.faults:
                 if fault.times > 0 and fault.method == method and fault.path.search(url.path):
                     fault.times -= 1
+                    if fault.status in (HANG, HTML):
+                        return fault.status, None
                     reason = {403: "Forbidden", 404: "NotFound", 409: "Conflict"}
                     return self._status(
                         fault.status,
@@ -580,6 +606,17 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
                     code, payload = fake.handle(self.command, self.path, ctype, raw)
                 except Exception as exc:  # a bug in the fake: answer it, the test fails on it
                     code, payload = fake._status(500, "InternalError", f"fake: {exc!r}")
+                if code == HANG:
+                    fake._unhang.wait(timeout=60)
+                    self.close_connection = True  # no answer at all
+                    return
+                if code == HTML:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/html")
+                    self.send_header("Content-Length", str(len(HTML_PAGE)))
+                    self.end_headers()
+                    self.wfile.write(HTML_PAGE)
+                    return
                 send_json(self, code, payload)
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve

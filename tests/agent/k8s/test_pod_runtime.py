@@ -92,16 +92,24 @@ def test_while_the_api_server_fails_the_stable_comes_from_the_pods_processes(
     fake.add_deployment(base_deployment(8000))
     runtime = build_runtime(pod_config(tmp_path, namespace=NAMESPACE, api_url=fake.host))
     assert isinstance(runtime, PodRuntime)
+    now = [1000.0]
+    runtime._clock = lambda: now[0]
     fake.fail("GET", r"/deployments/vllm$", 500, times=2)
 
-    first, second = runtime.instances(), runtime.instances()  # the tick goes on
+    first = runtime.instances()  # the tick goes on
+    gets = len(fake.requests)
+    second = runtime.instances()  # within the read interval: not tried again
+    assert len(fake.requests) == gets
+    now[0] += runtime.api_read_interval_s
+    third = runtime.instances()  # tried again, failing still
 
-    for found in (first, second):
+    for found in (first, second, third):
         (stable,) = found
         assert (stable.name, stable.role, stable.url) == ("llm", "stable", "http://127.0.0.1:8000")
         assert stable.argv is None  # no vLLM process in this test's /proc
     assert runtime.api_failures_total == 2
     assert sum("the API server failed" in r.message for r in caplog.records) == 1  # once
+    now[0] += runtime.api_read_interval_s
     (stable,) = runtime.instances()  # answering again: the Deployment's view
     assert stable.argv is not None and "--model=Qwen/Qwen2.5-1.5B-Instruct" in stable.argv
 
