@@ -31,7 +31,7 @@ service), so it is compared and shown but never counted (`MetricSpec.counted`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from kvpilot.tuner import evidence
@@ -108,10 +108,15 @@ DEFAULT_METRICS: tuple[MetricSpec, ...] = (
 
 
 # Live traffic splits it unevenly: per-request and per-share figures compare, totals do not
-# (a canary on 10 % sees a tenth of the preemptions). Goodput is the generation rate divided
-# by the side's share; KV usage is a ratio of each side's own budget.
+# (a canary on 10 % sees a tenth of the preemptions). Each side is judged at the rate it
+# receives: the splitter, not the server, sets how many requests a side gets, so its
+# generation rate divided by its share measures the split as much as the server, and one
+# interval's rate swings with the arrivals in it. It is shown, not counted; the latencies
+# say whether a side keeps up with what it gets, and TTFT (every request has one) is
+# required, as errors and preemptions are. KV usage is a ratio of each side's own budget.
 LIVE_METRICS: tuple[MetricSpec, ...] = (
-    *_LATENCIES,
+    replace(_LATENCIES[0], required=True),
+    *_LATENCIES[1:],
     MetricSpec(
         "preemptions_per_request",
         Direction.INCREASE,
@@ -120,7 +125,7 @@ LIVE_METRICS: tuple[MetricSpec, ...] = (
         kind=Kind.RATE,
         required=True,
     ),
-    _GOODPUT,
+    replace(_GOODPUT, required=False, counted=False),
     _ERRORS,
     KV_USAGE_INFO,
 )

@@ -3,15 +3,17 @@ pod of the fake API server, each on its own loopback address and core), a real l
 the weighted splitter that reads the fake's HTTPRoute (the stand-in for a Gateway), and the
 judge on each server's real /metrics.
 
-The stable pod's KV budget is poor (96 blocks, while each request grows to 29: it queues and
-preempts). Trial 1, a roomy budget, is judged better and promoted by a patch of the stable
-Deployment's args; the rolling update replaces the stable pod. Trial 2, the smallest budget
-that serves one max-length request (33 blocks), admits two prompts that then outgrow it,
-preempts and queues on its share, breaks the SLO within the analysis (TTFT, or preemptions
-per request once ten have finished) and is aborted:
-the HTTPRoute weight goes back to 0 at once, and the splitter sends the canary nothing
-after that. Four vLLM starts (stable, canary, promoted stable, canary), never more than two
-at once; about four minutes on two cores.
+Many short requests, half of them to the canary: the judge passes a canary only on
+evidence, and showing a failure rate under five points takes some 55 answered requests a
+side. The stable pod's KV budget is poor (40 blocks: six clients a side send prompts of 8
+blocks that grow to 10, so it admits five and preempts as they grow). Trial 1, a roomy budget,
+is judged better and promoted by a patch of the stable Deployment's args; the rolling update
+replaces the stable pod. Trial 2, the smallest budget that serves one max-length request (17
+blocks), admits two prompts that then outgrow it, preempts on its share, breaks the SLO
+within the analysis (preemptions per request once ten have finished, or TTFT) and is
+aborted: the HTTPRoute weight goes back to 0 at once, and the splitter sends the canary
+nothing after that. Four vLLM starts (stable, canary, promoted stable, canary), never more
+than two at once; about four minutes on two cores.
 
 The load is closed-loop (each client sends its next request when one finishes), so its
 total rate is what the servers can do: the stable pod alone on one core after the
@@ -50,18 +52,17 @@ from tests.tuner.tune_study import needs_two_cores, quiet
 pytestmark = [pytest.mark.slow, needs_two_cores, quiet]
 
 BLOCK = 32 * 1024  # the tiny model's KV bytes per 32-token block
-POOR, ROOMY, TINY = 96 * BLOCK, 2048 * BLOCK, 33 * BLOCK  # TINY: one 1024-token request
-# 400-token prompts (13 blocks) growing by 512 tokens to 29 blocks; 12 clients, 9 of them
-# on the stable side, 3 on the canary's.
-PROMPT, OUTPUT, CLIENTS = 400, 512, 12
-# TTFT 3 s: after each promotion the 12 clients land on the new pod at once, 4800 prompt
+POOR, ROOMY, TINY = 40 * BLOCK, 2048 * BLOCK, 17 * BLOCK  # TINY: one 512-token request
+# 256-token prompts (8 blocks) growing by 64 tokens to 10 blocks; 12 clients, 6 a side.
+PROMPT, OUTPUT, CLIENTS = 256, 64, 12
+# TTFT 3 s: after each promotion the 12 clients land on the new pod at once, 3072 prompt
 # tokens for one core, 1 to 1.5 s on a slow machine; the poor budget queues for 5 s and more.
 SLO = Slo(ttft_p95_s=3.0, inter_token_p95_s=0.5, max_preemptions_per_request=0.1)
 CANARY = CanaryConfig(
     traffic="gateway",
-    weight_percent=25,
+    weight_percent=50,
     warmup_s=4,
-    analysis_s=20,
+    analysis_s=30,
     analysis_interval_s=2,
     bake_s=12,
     gateway={"httproute": "vllm", "stable_service": "vllm"},
@@ -87,7 +88,7 @@ def deployment(port: int) -> dict:
         "bfloat16",
         "--enforce-eager",
         "--max-model-len",
-        "1024",
+        "512",
         "--block-size",
         "32",
         f"--kv-cache-memory-bytes={POOR}",
@@ -273,7 +274,7 @@ def test_a_good_canary_is_promoted_and_a_bad_one_aborted_on_live_traffic(
     assert good.record.phase is Phase.PROMOTED, good.record.reason
     assert good.trial.state is TrialState.COMPLETE
     assert (good.trial.reason or "").startswith(
-        "traffic stable 75 %, canary 25 % (HTTPRoute vllm: weights 75/25); finished requests:"
+        "traffic stable 50 %, canary 50 % (HTTPRoute vllm: weights 50/50); finished requests:"
     )
     (patch,) = [w for w in fake.writes("PATCH") if w.path.endswith("/deployments/vllm")]
     (container,) = patch.body["spec"]["template"]["spec"]["containers"]
