@@ -1,4 +1,4 @@
-"""How many trials the Bayesian suggester needs, against random search and two grids.
+"""The tuner against random search, auto_tune.sh and Optuna, on measured landscapes.
 
 Two modes:
 
@@ -10,20 +10,28 @@ Two modes:
   header comment; a rerun measures only the cells a table lacks. `--pass N` measures the
   grid again apart; `--shuffled` takes its cells in an order shuffled by N, so that a change
   in the machine's load during the pass falls on random cells, not on a row of the grid.
-* replay (the default): run each strategy over each table many times (`tuner_replay.py`). A
-  trial is a lookup of the cell the strategy asked for. Prints, per landscape and strategy,
-  the trials to reach 95 % of the table's best feasible goodput (median and spread over
-  seeds), a one-sided Mann-Whitney U test of Bayesian against random search, and a verdict.
-  Each cell pools the windows of the complete passes, except a pass the table's header sets
-  aside with a comment `# pass N: ...; not replayed: why`. `--reversed-kv` replays each
-  table with its KV budgets in reverse order (goodput falling as memory grows): what the
-  Bayesian suggester's rising-memory prior costs where it is wrong. `--passes 3` replays
-  one pass alone.
+  `--rates 1,1.5,2.25` sends each landscape's requests open-loop (Poisson arrivals) at
+  each rate instead of all at once, one table per landscape and rate (`at_rate`); no
+  such table is committed yet (measuring them takes hours on the CPU vLLM).
+* replay (the default): run each strategy over each table many times, a trial drawing one
+  measured window of the cell it asks for (`tuner_noise`, `tuner_strategies`). Prints, per
+  landscape and strategy, the regret of the configuration it would recommend after 4, 8
+  and 16 trials against the memory-priced best (the least KV budget within 5 % of the best
+  goodput), the share of runs within 95 % of it at 8 trials, the server starts spent, the
+  goals met or not (`tuner_goals`), and one-sided Wilcoxon signed-rank tests of the
+  Bayesian suggester against each other strategy, paired across landscapes
+  (`tuner_regret`). Each cell pools the windows of the complete passes, except a pass the
+  table's header sets aside with a comment `# pass N: ...; not replayed: why`. Each table
+  is replayed as measured and with its KV axis mirrored (`--mirror none|only|both`); a
+  mirror reuses the measurements and is counted as a landscape of its own, said so in the
+  output. `--table PATH` (repeatable) replays any table in this CSV format, judged the same
+  way (the built-in landscapes then only with `--landscapes`). `--passes 3` replays one
+  pass alone.
 
     .venv/bin/python benchmarks/tuner_efficiency.py --measure   # the committed tables
     .venv/bin/python benchmarks/tuner_efficiency.py             # replay every landscape
-    .venv/bin/python benchmarks/tuner_efficiency.py --quick     # CI: a few seeds
-    .venv/bin/python benchmarks/tuner_efficiency.py --reversed-kv   # the prior's adversary
+    .venv/bin/python benchmarks/tuner_efficiency.py --quick     # CI: one seed, 8 trials
+    .venv/bin/python benchmarks/tuner_efficiency.py --table gpu.csv   # a table from elsewhere
 
 `MEASURE_WORKLOAD`, `MEASURE_SLO`, `load_table` and `table_space` also describe the older
 single grid (`data/tuner_grid.csv`) that `scripts/record_tuning_fixture.py` replays.
@@ -39,8 +47,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, when imported
 
-from tuner_landscapes import BY_NAME, BYTES_PER_BLOCK
-from tuner_replay import Cell, load_table, replay_tables, table_space
+from tuner_goals import Source, replay_tables
+from tuner_landscapes import BY_NAME, BYTES_PER_BLOCK, at_rate
+from tuner_replay import Cell, load_table, table_space
 
 from kvpilot.tuner.loadgen import LengthDist, Workload
 from kvpilot.tuner.objective import Slo
@@ -71,6 +80,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--landscapes", default=",".join(BY_NAME), help="which, in order")
     parser.add_argument("--kv-blocks", default=KV_BLOCKS, help="KV budgets in 32-token blocks")
     parser.add_argument("--seqs", default=SEQS, help="max_num_seqs values")
+    parser.add_argument(
+        "--rates",
+        default="",
+        help="measure: open-loop arrival rates (requests/s), one table per landscape and rate",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="windows per landscape and cell")
     parser.add_argument("--pass", dest="pass_", type=int, default=1, help="1, 2, ...: again")
     parser.add_argument(
@@ -78,19 +92,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--server-cpus", default="0", help="the server's cores ('' = unpinned)")
     parser.add_argument("--loadgen-cpus", default="1", help="the load generator's cores")
-    parser.add_argument("--seeds", type=int, default=50, help="replay: seeds per strategy")
+    parser.add_argument("--seeds", type=int, default=20, help="replay: runs per strategy")
     parser.add_argument("--quick", action="store_true", help="a short replay for CI")
     parser.add_argument("--passes", default="", help="replay: only these passes (e.g. 3,4)")
     parser.add_argument(
-        "--reversed-kv", action="store_true", help="replay with the KV budgets reversed"
+        "--mirror",
+        choices=("both", "none", "only"),
+        default="both",
+        help="replay each table as measured, with its KV axis mirrored, or both",
+    )
+    parser.add_argument(
+        "--table",
+        action="append",
+        default=[],
+        type=Path,
+        help="replay this table (the committed CSV format); repeatable",
     )
     args = parser.parse_args(args_list)
+    explicit_landscapes = any(a.startswith("--landscapes") for a in args_list)
+    if args.table and not explicit_landscapes:
+        args.landscapes = ""
+    if args.seeds < 1:
+        parser.error("--seeds must be at least 1")
     names = [n.strip() for n in args.landscapes.split(",") if n.strip()]
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
         parser.error(f"unknown landscape(s) {', '.join(unknown)}; known: {', '.join(BY_NAME)}")
     chosen = [BY_NAME[n] for n in names]
     if args.measure:
+        try:
+            rates = [float(r) for r in args.rates.split(",") if r.strip()]
+            chosen = [at_rate(ls, r) for ls in chosen for r in rates] if rates else chosen
+        except ValueError as exc:
+            parser.error(f"--rates {args.rates}: {exc}")
         from tuner_measure import Pinning, measure
 
         pinning = Pinning(tuple(_ints(args.server_cpus)), tuple(_ints(args.loadgen_cpus)))
@@ -112,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "--pass",
             str(args.pass_),
             *(["--shuffled"] if args.shuffled else []),
+            *(["--rates", args.rates] if args.rates else []),
         ]
         command = " ".join(shlex.quote(a) for a in explicit)
         measure(
@@ -129,11 +164,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         f".venv/bin/python benchmarks/tuner_efficiency.py --measure --kv-blocks {args.kv_blocks} "
         f"--seqs {args.seqs} --repeats {args.repeats} --landscapes "
     )
-    tables = [(ls.name, ls.table, finish + ls.name) for ls in chosen]
     grid = [(b * BYTES_PER_BLOCK, n) for n in _ints(args.seqs) for b in _ints(args.kv_blocks)]
-    seeds = 5 if args.quick else args.seeds
+    sources = [Source(ls.name, ls.table, grid, finish + ls.name) for ls in chosen]
+    sources += [
+        Source(path.stem, path, None, f"measure it again: {path} lacks cells")
+        for path in args.table
+    ]
+    for path in args.table:
+        if not path.is_file():
+            parser.error(f"--table {path}: no such file")
     passes = set(_ints(args.passes)) or None
-    return replay_tables(tables, grid, seeds, reverse_kv=args.reversed_kv, passes=passes)
+    if args.quick:
+        return replay_tables(sources, 1, (4, 8), args.mirror, passes)
+    return replay_tables(sources, args.seeds, (4, 8, 16), args.mirror, passes)
 
 
 if __name__ == "__main__":

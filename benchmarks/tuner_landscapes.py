@@ -118,6 +118,20 @@ LANDSCAPES = (
 )
 BY_NAME = {landscape.name: landscape for landscape in LANDSCAPES}
 
+
+def at_rate(landscape: Landscape, rate_rps: float) -> Landscape:
+    """The landscape's requests sent open-loop (Poisson arrivals at `rate_rps`) instead of
+    all at once: its own table, `landscape_<name>-<rate>rps.csv`, replayed with `--table`.
+
+    A closed burst measures how fast a cell drains one burst; arrivals at several rates
+    measure what it sustains under the SLO, where an inter-token limit can bind as
+    `max_num_seqs` grows."""
+    if rate_rps <= 0:
+        raise ValueError(f"a rate must be positive, not {rate_rps:g}")
+    workload = replace(landscape.workload, concurrency=None, rate_rps=rate_rps)
+    return replace(landscape, name=f"{landscape.name}-{rate_rps:g}rps", workload=workload)
+
+
 COLUMNS = (
     "kv_cache_memory_bytes",
     "max_num_seqs",
@@ -138,6 +152,7 @@ COLUMNS = (
     "measure_s",  # this landscape's windows in this cell, wall time
     "server_start_s",  # the cell's server start and warm-up, shared by its landscapes
     "pass",  # 1, 2, ...: a later pass measures every cell again, at another time
+    "windows_feasible_each",  # each window's feasibility, ';'-separated (tables since it)
 )
 
 
@@ -185,6 +200,7 @@ def cell_row(
         "measure_s": f"{times_s[0]:.1f}",
         "server_start_s": f"{times_s[1]:.1f}",
         "pass": str(pass_),
+        "windows_feasible_each": ";".join("1" if r.feasible else "0" for r in results),
     }
 
 
@@ -205,14 +221,22 @@ def measured_cells(path: Path, pass_: int = 1) -> set[tuple[int, int]]:
     }
 
 
+def _header(path: Path) -> tuple[str, ...]:
+    lines = (line for line in path.read_text().splitlines() if not line.startswith("#"))
+    return tuple(next(csv.reader(lines), COLUMNS))
+
+
 def append_row(path: Path, header: Sequence[str], row: dict[str, str]) -> None:
     """Append one cell; a new file first gets the header comment lines and the CSV header."""
     new = not path.is_file()
     path.parent.mkdir(parents=True, exist_ok=True)
+    # A table begun before a column was added keeps its header: rows appended to it leave
+    # the new column out rather than shift every value after it.
+    fields = COLUMNS if new else _header(path)
     with path.open("a", newline="") as handle:
         if new:
             handle.writelines(f"# {line}\n" for line in header)
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
         if new:
             writer.writeheader()
         writer.writerow(row)

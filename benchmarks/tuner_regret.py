@@ -1,0 +1,160 @@
+"""The measure: regret against the memory-priced best, and the goals, per landscape.
+
+* The memory-priced best of a table: among its feasible cells (pooled truth) within 5 % of
+  the best goodput, the one with the least KV budget (then the higher goodput).
+* What a strategy recommends after k trials: the same rule over what it observed (a cell
+  tried more than once counts its mean goodput, and is feasible when most of its windows
+  were), so every strategy is judged by one rule, not by its own.
+* Regret of a recommendation r against the best b: 1 - min(1, goodput_r / goodput_b,
+  kv_b / kv_r), where goodput and feasibility are r's pooled truth, not the window the
+  strategy saw; 1 when r is infeasible or nothing was recommended. Memory over the best
+  counts as lost share: at equal goodput, twice the best's KV budget is a regret of 0.5.
+  "Within 95 %" is a regret of at most 0.05.
+* Server starts: one a trial, plus auto_tune's descent.
+* Significance across landscapes, not seeds: each landscape gives one figure per strategy
+  (its mean regret at 8 trials over the seeds), and a one-sided Wilcoxon signed-rank test
+  pairs the figures by landscape.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tuner_noise import Key, NoisyTable
+from tuner_replay import Table
+from tuner_strategies import RUNNERS, Run, Trial
+
+MEMORY_TIE_RATIO = 0.05
+WITHIN_REGRET = 0.05
+GOAL_TRIALS = 8
+GOAL_SHARE = 0.80
+MIN_LANDSCAPES = 6
+
+
+def memory_priced(cells: Mapping[Key, tuple[float, bool]]) -> Key | None:
+    """Least KV among feasible cells within 5 % of the best goodput; None if none feasible."""
+    feasible = {k: g for k, (g, ok) in cells.items() if ok}
+    if not feasible:
+        return None
+    top = max(feasible.values())
+    near = [k for k, g in feasible.items() if g >= (1 - MEMORY_TIE_RATIO) * top]
+    return min(near, key=lambda k: (k[0], -feasible[k]))
+
+
+def best_of(table: Table) -> Key | None:
+    """The table's memory-priced best, from its pooled truth."""
+    return memory_priced({k: (c.goodput_tokens_per_s or 0.0, c.feasible) for k, c in table.items()})
+
+
+def recommend(trials: Sequence[Trial]) -> Key | None:
+    """What a strategy would recommend after these trials (the same rule for all)."""
+    seen: dict[Key, list[Trial]] = {}
+    for trial in trials:
+        seen.setdefault(trial.key, []).append(trial)
+    return memory_priced(
+        {
+            key: (
+                statistics.fmean(t.result.goodput_tokens_per_s or 0.0 for t in group),
+                2 * sum(t.result.feasible for t in group) > len(group),
+            )
+            for key, group in seen.items()
+        }
+    )
+
+
+def regret(table: Table, best: Key, chosen: Key | None) -> float:
+    """1 - min(1, goodput share, memory share); 1 for no or an infeasible recommendation."""
+    if chosen is None or not table[chosen].feasible:
+        return 1.0
+    goodput = (table[chosen].goodput_tokens_per_s or 0.0) / (table[best].goodput_tokens_per_s or 1)
+    return 1.0 - min(1.0, goodput, best[0] / chosen[0])
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """One strategy on one landscape, over the seeds."""
+
+    regret: dict[int, tuple[float, ...]]  # trials -> regret per seed
+    starts: tuple[int, ...]  # starts over the whole budget, per seed
+    starts_to_match: tuple[float, ...]  # starts until auto_tune's result; inf: never
+
+    def mean_regret(self, trials: int) -> float:
+        return statistics.fmean(self.regret[trials])
+
+    def within(self, trials: int) -> float:
+        return sum(r <= WITHIN_REGRET for r in self.regret[trials]) / len(self.regret[trials])
+
+
+@dataclass(frozen=True, slots=True)
+class Landscape:
+    """One replayed landscape: its best and every strategy's figures."""
+
+    name: str
+    cells: int
+    feasible: int
+    best: Key
+    best_goodput: float
+    top: Key  # the best goodput, memory not priced
+    top_goodput: float
+    figures: dict[str, Figures]
+
+
+def _starts_to(run: Run, table: Table, best: Key, target: float) -> float:
+    for k in range(1, len(run.trials) + 1):
+        if regret(table, best, recommend(run.trials[:k])) <= target + 1e-9:
+            return float(run.starts_after(k))
+    return math.inf
+
+
+def replay_landscape(
+    name: str,
+    noisy: NoisyTable,
+    seeds: int,
+    checkpoints: Sequence[int],
+    strategies: Sequence[str],
+) -> Landscape:
+    """Every strategy, `seeds` runs each, for max(checkpoints) trials."""
+    table: Table = {key: cell.truth for key, cell in noisy.items()}
+    best = best_of(table)
+    assert best is not None, "the caller replays only tables with a feasible cell"
+    budget = max(checkpoints)
+    runs = {s: [RUNNERS[s](noisy, seed, budget) for seed in range(seeds)] for s in strategies}
+    anchor = [regret(table, best, recommend(r.trials)) for r in runs.get("auto_tune", [])]
+    figures = {}
+    for strategy, done in runs.items():
+        figures[strategy] = Figures(
+            regret={
+                k: tuple(regret(table, best, recommend(r.trials[:k])) for r in done)
+                for k in checkpoints
+            },
+            starts=tuple(r.starts_after(budget) for r in done),
+            starts_to_match=tuple(
+                _starts_to(r, table, best, a) for r, a in zip(done, anchor, strict=False)
+            ),
+        )
+    feasible = {k: c.goodput_tokens_per_s or 0.0 for k, c in table.items() if c.feasible}
+    top = max(feasible, key=lambda k: feasible[k])
+    return Landscape(
+        name=name,
+        cells=len(table),
+        feasible=len(feasible),
+        best=best,
+        best_goodput=feasible[best],
+        top=top,
+        top_goodput=feasible[top],
+        figures=figures,
+    )
+
+
+def paired_p(ours: Sequence[float], theirs: Sequence[float]) -> float | None:
+    """One-sided Wilcoxon signed-rank p that ours < theirs, paired; None under 6 pairs."""
+    from scipy.stats import wilcoxon
+
+    if len(ours) < MIN_LANDSCAPES:
+        return None
+    if all(math.isclose(a, b) for a, b in zip(ours, theirs, strict=True)):
+        return 1.0
+    return float(wilcoxon(ours, theirs, alternative="less").pvalue)

@@ -1,0 +1,209 @@
+"""The tuner benchmark's replay: noisy trials, memory priced, the anchors, goals, tables by path."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvpilot.tuner.objective import Outcome, TrialResult
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the tuner benchmark's modules
+
+import tuner_efficiency as bench  # noqa: E402
+import tuner_goals as goals  # noqa: E402
+import tuner_landscapes as landscapes  # noqa: E402
+import tuner_noise as noise  # noqa: E402
+import tuner_regret as regret  # noqa: E402
+import tuner_strategies as strategies  # noqa: E402
+from tuner_replay import Cell  # noqa: E402
+
+KV = (1024, 2048, 4096)
+SEQS = (4, 8, 16)
+
+
+def _window(goodput: float, feasible: bool) -> TrialResult:
+    outcome = Outcome.FEASIBLE if feasible else Outcome.SLO_BROKEN
+    return TrialResult(outcome, goodput, None, None if feasible else "slow")
+
+
+def _small_table(path: Path) -> Path:
+    """3 x 3 cells: 4 sequences break the SLO; goodput grows with sequences and stops
+    growing above 2048 bytes of KV, so the memory-priced best is (2048, 16)."""
+    for seqs in SEQS:
+        for kv in KV:
+            base = 100.0 * seqs * (0.5 if kv == KV[0] else 1.0)
+            ok = seqs > SEQS[0]
+            windows = [_window(base * f, ok) for f in (0.9, 1.0, 1.1)]
+            row = landscapes.cell_row(kv, seqs, windows, [None] * 3, (1.0, 2.0))
+            landscapes.append_row(path, ("made by: this test",), row)
+    return path
+
+
+def _noisy(goodputs: dict[tuple[int, int], tuple[float, bool]]) -> noise.NoisyTable:
+    return {
+        key: noise.NoisyCell(Cell(g, ok, "" if ok else "slow"), (noise.Window(g, float(ok)),))
+        for key, (g, ok) in goodputs.items()
+    }
+
+
+def test_a_trial_draws_one_of_the_cells_windows_not_its_median() -> None:
+    windows = tuple(noise.Window(g, 1.0) for g in (100.0, 300.0, 500.0))
+    cell = noise.NoisyCell(Cell(300.0, True, ""), windows)
+    drawn = [noise.draw(cell, seed, (1, 8), 0).goodput_tokens_per_s for seed in range(60)]
+    assert set(drawn) == {100.0, 300.0, 500.0}
+    # Seeded by (seed, cell, visit): every strategy meets the same window on a first visit.
+    assert noise.draw(cell, 7, (1, 8), 0) == noise.draw(cell, 7, (1, 8), 0)
+    assert {noise.draw(cell, 7, (1, 8), v).goodput_tokens_per_s for v in range(30)} == set(drawn)
+
+
+def test_a_drawn_windows_feasibility_is_its_own_or_its_rows_share(tmp_path: Path) -> None:
+    table = tmp_path / "t.csv"
+    windows = [_window(300.0, True), _window(50.0, False), _window(100.0, True)]
+    landscapes.append_row(table, (), landscapes.cell_row(8, 4, windows, [None] * 3, (0, 0)))
+    cell = noise.load_noisy(table)[(8, 4)]
+    draws = [noise.draw(cell, seed, (8, 4), 0) for seed in range(100)]
+    assert all(d.feasible == (d.goodput_tokens_per_s != 50.0) for d in draws)
+    # A committed table knows only the count ("2/3"): a window is feasible at that ratio.
+    old = tmp_path / "old.csv"
+    old.write_text(
+        "kv_cache_memory_bytes,max_num_seqs,goodput_tokens_per_s,feasible,reason,"
+        "windows_feasible,goodput_windows\n8,4,100,1,,2/3,300;50;100\n"
+    )
+    cell = noise.load_noisy(old)[(8, 4)]
+    share = sum(noise.draw(cell, seed, (8, 4), 0).feasible for seed in range(300)) / 300
+    assert 0.55 < share < 0.78
+
+
+def test_the_memory_priced_best_is_the_least_kv_within_5_percent_of_the_best() -> None:
+    table = {
+        (4096, 8): Cell(1000.0, True, ""),
+        (2048, 8): Cell(960.0, True, ""),
+        (1024, 8): Cell(900.0, True, ""),
+        (1024, 16): Cell(2000.0, False, "slow"),
+    }
+    best = regret.best_of(table)
+    assert best == (2048, 8)
+    assert regret.regret(table, best, (4096, 8)) == pytest.approx(0.5)  # twice the memory
+    assert regret.regret(table, best, (1024, 8)) == pytest.approx(1 - 900 / 960)
+    assert regret.regret(table, best, (1024, 16)) == 1.0  # infeasible
+    assert regret.regret(table, best, None) == 1.0  # nothing to recommend
+
+
+def test_a_recommendation_prices_memory_and_needs_most_windows_feasible() -> None:
+    def trial(key: tuple[int, int], goodput: float, ok: bool) -> strategies.Trial:
+        return strategies.Trial(key, _window(goodput, ok))
+
+    seen = [trial((4096, 8), 1000.0, True), trial((2048, 8), 980.0, True)]
+    assert regret.recommend(seen) == (2048, 8)
+    flaky = [*seen, trial((1024, 8), 5000.0, True), trial((1024, 8), 5000.0, False)]
+    assert regret.recommend(flaky) == (2048, 8)  # one window of two feasible: not enough
+    assert regret.recommend([trial((1024, 8), 1.0, False)]) is None
+
+
+def test_auto_tune_starts_once_at_the_largest_budget_then_walks_max_num_seqs() -> None:
+    cells = {(kv, s): (float(s), True) for kv in KV for s in SEQS}
+    run = strategies.auto_tune(_noisy(cells), seed=0, budget=16)
+    assert [t.key for t in run.trials] == [(4096, 4), (4096, 8), (4096, 16)]
+    assert (run.setup_starts, run.starts_after(16), run.starts_after(2)) == (1, 4, 3)
+    failing = _noisy(cells)
+    failing[(4096, 16)] = noise.NoisyCell(Cell(None, False, "failed to start: OOM"), ())
+    nothing = strategies.auto_tune(failing, seed=0, budget=16)
+    assert (nothing.trials, nothing.starts_after(16)) == ((), 1)
+
+
+def test_optuna_samplers_search_the_table_under_constraints() -> None:
+    pytest.importorskip("optuna")
+    cells = _noisy({(kv, s): (float(s), s > 4) for kv in KV for s in SEQS})
+    for name in strategies.OPTUNA_STRATEGIES:
+        run = strategies.RUNNERS[name](cells, 3, 4)  # 3 random, then one from the model
+        assert len(run.trials) == 4 and all(t.key in cells for t in run.trials), name
+        assert run.starts_after(4) == 4
+    tpe = strategies.RUNNERS["optuna-tpe"]
+    assert tpe(cells, 3, 6) == tpe(cells, 3, 6)  # seeded
+
+
+def test_a_paired_test_needs_six_landscapes_and_pairs_them() -> None:
+    assert regret.paired_p([0.0] * 5, [1.0] * 5) is None
+    lower = regret.paired_p([0.1 * i for i in range(8)], [0.1 * i + 0.2 for i in range(8)])
+    assert lower == pytest.approx(1 / 256)
+    assert regret.paired_p([0.5] * 8, [0.5] * 8) == 1.0
+
+
+def _landscape(within: float, to_match: float, gp_regret: float) -> regret.Landscape:
+    runs = 10
+    hits = round(within * runs)
+    ours = regret.Figures(
+        {8: (0.0,) * hits + (0.3,) * (runs - hits)}, (16,) * runs, (to_match,) * runs
+    )
+    anchor = regret.Figures({8: (0.5,) * runs}, (6,) * runs, (math.inf,) * runs)
+    gp = regret.Figures({8: (gp_regret,) * runs}, (16,) * runs, (math.inf,) * runs)
+    figures = {"bayesian": ours, "auto_tune": anchor, "optuna-gp": gp}
+    return regret.Landscape("x", 9, 6, (1, 8), 100.0, (4, 8), 101.0, figures)
+
+
+def test_each_goal_says_met_or_not_met_with_its_figures() -> None:
+    met = goals.goals(_landscape(0.8, 5.0, 0.2), None)
+    assert [g.met for g in met] == [True, True, True]
+    missed = goals.goals(_landscape(0.7, math.inf, 0.0), None)
+    assert [g.met for g in missed] == [False, False, False]
+    lines = [g.line("x") for g in missed]
+    assert lines[0] == "  goal x, within 95 % at 8 trials in >= 80% of runs: NOT met (70% of runs)"
+    assert "median never starts against auto_tune's 6" in lines[1]
+    assert "mean 0.090 against 0.000" in lines[2]
+
+
+def test_a_table_given_by_path_is_replayed_and_judged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = _small_table(tmp_path / "gpu.csv")
+    assert bench.main(["--table", str(table), "--quick", "--mirror", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "landscape gpu: 9 cells, 6 feasible;" in out
+    assert "memory-priced best 1600 tok/s at kv=2 KiB seqs=16" in out
+    assert out.count("  goal gpu, ") == 3
+    assert "landscape chat" not in out  # a table by path replaces the built-in set
+
+
+def test_a_table_that_is_not_a_landscape_table_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("kv,seqs\n1,2\n")
+    assert bench.main(["--table", str(bad), "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {bad}: not a landscape table: no column kv_cache_memory_bytes")
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--table", str(tmp_path / "absent.csv")])
+    assert exc.value.code == 2
+
+
+def test_without_optuna_the_replay_says_so_and_judges_no_goal_against_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    why = "optuna is not installed (a dev dependency: .venv/bin/pip install optuna)"
+    monkeypatch.setattr(goals, "optuna_missing", lambda: why)
+    source = goals.Source("t", _small_table(tmp_path / "t.csv"), None, "finish")
+    assert goals.replay_tables([source], seeds=1, checkpoints=(4, 8), mirror="none") == 0
+    out = capsys.readouterr().out
+    assert f"optuna-gp, optuna-tpe: not run: {why}" in out
+    assert f"goal t, lower regret than optuna-gp: not judged ({why})" in out
+    assert "\n  optuna-gp " not in out
+
+
+def test_an_open_loop_landscape_sends_at_its_rate_into_its_own_table() -> None:
+    chat = landscapes.BY_NAME["chat"]
+    fast = landscapes.at_rate(chat, 2.0)
+    assert (fast.name, fast.workload.rate_rps, fast.workload.concurrency) == (
+        "chat-2rps",
+        2.0,
+        None,
+    )
+    assert fast.table.name == "landscape_chat-2rps.csv"
+    planned = fast.plan(0)
+    assert planned[-1].delay_s > 0.0 and planned[0].delay_s == 0.0  # arrivals spread, not a burst
+    with pytest.raises(ValueError, match="positive"):
+        landscapes.at_rate(chat, 0.0)
