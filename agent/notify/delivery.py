@@ -10,6 +10,9 @@ items until its backoff expires, so a resolved event never overtakes the firing 
 follows. Lanes run concurrently (a bounded number per notifier) and a pass does not wait for
 a slow one, so one slow or failing receiver, or alert, never holds up another.
 
+Time is the worker's own (`SteadyTime`): backoff and the expiry after `max_age_s` run on a
+steady clock, so a step of the wall clock moves neither.
+
 The backoff belongs to the worker, not to the rows: a new worker (the agent started again)
 makes every pending row due on its first pass. What it owes goes out at once, one attempt
 per start, instead of waiting out up to `Backoff.max_s` that an earlier process set against
@@ -28,6 +31,7 @@ from typing import Literal, Protocol
 
 from kvpilot.agent.model import AlertEvent
 from kvpilot.agent.notify.base import DeliveryError, Notifier
+from kvpilot.agent.notify.steady_time import SteadyTime
 from kvpilot.collectors.secrets import mask_text
 
 log = logging.getLogger(__name__)
@@ -169,12 +173,14 @@ class DeliveryWorker:
         batch_limit: int = 100,
         lanes_per_notifier: int = DEFAULT_LANES_PER_NOTIFIER,
         pass_wait_s: float = DEFAULT_PASS_WAIT_S,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
         if lanes_per_notifier < 1 or batch_limit < 1:
             raise ValueError("lanes_per_notifier and batch_limit must be at least 1")
         self._outbox = outbox
         self._notifiers = dict(notifiers)
-        self._clock = clock
+        self._time = SteadyTime(clock, monotonic)
+        self._clock = self._time.now
         self._backoff = backoff or Backoff()
         self._random = random or random_module.Random().random
         self._max_age_s = max_age_s
@@ -243,7 +249,7 @@ class DeliveryWorker:
         rows that running lanes hold, so that they never crowd the others out."""
         limit = self._batch_limit + sum(n for _, n in self._running.values())
         while True:
-            items = self._outbox.due(now, limit)
+            items = self._outbox.due(self._time.due_by(now), limit)
             lanes: dict[LaneKey, list[OutboxItem]] = {}
             for item in items:
                 lanes.setdefault((item.notifier, item.event.fingerprint), []).append(item)
@@ -272,9 +278,12 @@ class DeliveryWorker:
                 return None
             state = self._states.get(key)
             if state is not None and now < state.blocked_until_wall_s:
-                # Held back so that they go after the older items that failed, in order.
+                # Held back so that they go after the older items that failed, in order; those
+                # already held until then (seen early after a wall-clock step) stay as they are.
+                until = state.blocked_until_wall_s
+                new = [i for i in items if i.next_attempt_wall_s < until]
                 error = f"deferred behind earlier failures: {state.last_error}"
-                self._fail(key, items, error, state.blocked_until_wall_s, now, "deferred")
+                self._fail(key, new, error, until, now, "deferred")
                 return None
         except Exception as exc:  # the outbox failed while recording: the items stay pending
             self._outbox_failed(name, exc)
@@ -388,6 +397,7 @@ class DeliveryWorker:
         if items:
             self._outbox.mark_delivered([i.id for i in items], now)
             self._counts[(name, "delivered")] += len(items)
+            self._time.forget(i.id for i in items)
 
     def _fail(
         self,
@@ -401,8 +411,9 @@ class DeliveryWorker:
         """Items to try again at `next_attempt_wall_s`, or given up once too old; returns how
         many stay pending."""
         name = key[0]
-        expired = [i for i in items if now - i.created_wall_s >= self._max_age_s]
-        retried = [i for i in items if now - i.created_wall_s < self._max_age_s]
+        ages = {i.id: self._time.age_s(i.id, i.created_wall_s, now) for i in items}
+        expired = [i for i in items if ages[i.id] >= self._max_age_s]
+        retried = [i for i in items if ages[i.id] < self._max_age_s]
         if retried:
             self._outbox.mark_failed([i.id for i in retried], error, next_attempt_wall_s)
             self._counts[(name, outcome)] += len(retried)
@@ -414,6 +425,7 @@ class DeliveryWorker:
             )
             self._outbox.mark_failed([i.id for i in expired], reason, now, give_up=True)
             self._counts[(name, "given_up")] += len(expired)
+            self._time.forget(i.id for i in expired)
         return len(retried)
 
     def _report(self, backlog: int | None, reason: str | None) -> DeliveryReport:
