@@ -29,7 +29,7 @@ from kvpilot.agent.runtimes.base import (
 from kvpilot.agent.runtimes.drain import drain_then_kill
 from kvpilot.agent.runtimes.launch_hint import no_vllm_hint, not_found_hint
 from kvpilot.agent.runtimes.probe import START_MARKER, StartFailed, wait_ready
-from kvpilot.agent.runtimes.processes import find_vllm_mains, kill_group, send_signal
+from kvpilot.agent.runtimes.processes import GroupWatch, find_vllm_mains, send_signal
 from kvpilot.collectors.kvpool.ports import PORT_ENV as KVPOOL_PORT_ENV
 from kvpilot.collectors.procfs import (
     ProcRef,
@@ -327,15 +327,19 @@ class LocalRuntime:
             elif adopted is not None:
                 send_signal(adopted, signal.SIGTERM)
 
-        def kill() -> list[int]:
-            return kill_group(pgid)
+        # The group id is ours while our child is not reaped (an adopted leader: while it
+        # lives); after that only the members seen meanwhile, and their children, are killed.
+        if process is not None:
+            group = GroupWatch(pgid, lambda: process.returncode is None)
+        else:
+            group = GroupWatch(pgid, lambda: is_alive(adopted))  # type: ignore[arg-type]
 
         slot.stopped_by_runtime = True
         outcome = await drain_then_kill(
             terminate=terminate,
             main_exited=main_exited,
-            survivors=lambda: live_group_members(pgid),
-            kill=kill,
+            survivors=group.live_pids,
+            kill=group.kill,
             drain_timeout_s=drain_timeout_s,
             what=f"vLLM instance {slot.spec.name!r}",
             clock=self._clock,

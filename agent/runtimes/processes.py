@@ -86,3 +86,46 @@ def group_refs(pgid: int, proc_root: Path = PROC) -> list[ProcRef]:
 def kill_group(pgid: int, proc_root: Path = PROC) -> list[int]:
     """SIGKILL each live member of group `pgid`, one by one through its pidfd; returns PIDs."""
     return signal_refs(group_refs(pgid, proc_root), signal.SIGKILL, proc_root)
+
+
+class GroupWatch:
+    """The members of a process group that belong to the process started, and only those.
+
+    A process group's id is its leader's PID, and once every member has gone the kernel may
+    give that PID, and so the group id, to an unrelated process. So the group is trusted only
+    while its leader is known to hold the id (`leader_holds()`: running, or exited but not
+    yet reaped); the members seen then are remembered by identity (PID and start time).
+    Afterwards a member counts only if it was seen then, or its parent is one that counts (a
+    process the server started meanwhile). Signals go through each member's pidfd
+    (`send_signal`), so a PID reused between the check and the signal is never hit.
+    """
+
+    def __init__(self, pgid: int, leader_holds: Callable[[], bool], proc_root: Path = PROC):
+        self.pgid = pgid
+        self._leader_holds = leader_holds
+        self._proc_root = proc_root
+        self._known: set[ProcRef] = set()
+        self.members()  # seen while the caller still holds the leader
+
+    def members(self) -> list[ProcRef]:
+        """The group's live members that belong to it, as identities."""
+        procs = list_processes(self._proc_root)
+        group = {i.pid: i for i in procs.values() if i.pgid == self.pgid and i.alive}
+        if self._leader_holds():
+            self._known.update(i.ref for i in group.values())
+            return sorted((i.ref for i in group.values()), key=lambda r: r.pid)
+        ours = {i.pid for i in group.values() if i.ref in self._known}
+        grew = True
+        while grew:  # children of members that count count too
+            more = {pid for pid, i in group.items() if pid not in ours and i.ppid in ours}
+            grew = bool(more)
+            ours |= more
+        self._known.update(group[pid].ref for pid in ours)
+        return sorted((group[pid].ref for pid in ours), key=lambda r: r.pid)
+
+    def live_pids(self) -> list[int]:
+        return [ref.pid for ref in self.members()]
+
+    def kill(self) -> list[int]:
+        """SIGKILL each member that belongs to the group; returns the PIDs signalled."""
+        return signal_refs(self.members(), signal.SIGKILL, self._proc_root)
