@@ -1,16 +1,23 @@
 """One tuner per Deployment: a `coordination.k8s.io/v1` Lease with holder, renewal and expiry.
 
-A lease is free when it has no holder or its holder has not renewed it within its duration
-(judged on the injected wall clock against the lease's `renewTime`, so the clocks of the
-pods must agree to within a small part of the duration). Every write carries the
-resourceVersion that was read, so two tuners racing for a free lease cannot both win: the
-loser gets a 409 and sees the winner on the next read.
+A lease is free when it has no holder or its holder has not renewed it within its duration,
+measured as client-go measures it: on the observer's own monotonic clock, from when it first
+saw the lease's current record, never by comparing `renewTime` (another pod's clock) with its
+own. Every write carries the resourceVersion that was read, so two tuners racing for a free
+lease cannot both win: the loser gets a 409 and sees the winner on the next read.
+
+While held, renewal outlives transient errors (a 500, a 429, a reset): it tries again until
+the renew deadline (two thirds of the duration, on its own clock) has passed since the last
+renewal that succeeded; then, or when another holder shows, the lease is lost: `lost` is set,
+the tuning body is cancelled and every write the runtime would make is refused
+(`ensure_ours`). On leaving, the lease is released unless it was lost.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -20,7 +27,9 @@ from typing import Any
 from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.k8s_api import Conflict, NotFound, call, client_module
 
+log = logging.getLogger(__name__)
 RESOURCE = "leases.coordination.k8s.io"
+RELEASE_TRIES = 3
 LEASE_SUFFIX = "-kvpilot-tuner"
 DEFAULT_DURATION_S = 60
 
@@ -80,6 +89,7 @@ class DeploymentLease:
         identity: str,
         duration_s: int = DEFAULT_DURATION_S,
         wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if duration_s < 1:
             raise ValueError("lease duration must be at least 1 s")
@@ -89,7 +99,14 @@ class DeploymentLease:
         self.identity = identity
         self.duration_s = duration_s
         self._wall_clock = wall_clock
+        self._clock = clock
         self.record: LeaseRecord | None = None
+        self.lost: LeaseLost | None = None  # set when lost while held: writes are refused
+        self.renewed_at_s: float | None = None  # own clock, the last renewal that succeeded
+        self.renew_failures_total = 0
+        # (holder, renewTime, resourceVersion) of another holder's record, and when (own
+        # clock) this observer first saw it: expiry is measured from there.
+        self._observed: tuple[tuple[str, str, str], float] | None = None
 
     def _what(self) -> str:
         return f"Lease {self.namespace}/{self.name}"
@@ -131,18 +148,44 @@ class DeploymentLease:
             resource_version=lease.metadata.resource_version,
         )
         self.record = record
+        self.renewed_at_s = self._clock()
         return record
 
-    def expires_at_wall_s(self, lease: Any) -> float | None:
-        """When the current holder's claim runs out; None when nobody holds it."""
+    def ensure_ours(self) -> None:
+        """Refuse a write once this tuner has lost the lease (another may tune by now)."""
+        if self.lost is not None:
+            raise LeaseLost(f"refused: {self.lost}")
+
+    def remaining_s(self, lease: Any) -> float | None:
+        """How long the current holder's claim still runs on this observer's clock: its
+        duration from when this record (holder, renewTime, resourceVersion) was first seen
+        here; None when nobody holds it."""
         spec = lease.spec
         if spec is None or not spec.holder_identity:
             return None
-        renewed = _wall_s(spec.renew_time) or _wall_s(spec.acquire_time) or 0.0
-        return renewed + float(spec.lease_duration_seconds or 0)
+        key = (
+            str(spec.holder_identity),
+            str(spec.renew_time),
+            str(lease.metadata.resource_version),
+        )
+        now_s = self._clock()
+        if self._observed is None or self._observed[0] != key:
+            self._observed = (key, now_s)
+        seen_s = now_s - self._observed[1]
+        return float(spec.lease_duration_seconds or 0) - seen_s
+
+    def expires_at_wall_s(self, lease: Any) -> float | None:
+        """When the current holder's claim runs out, as a time on this pod's wall clock."""
+        remaining = self.remaining_s(lease)
+        return None if remaining is None else self._wall_clock() + remaining
 
     def acquire(self) -> LeaseRecord:
         """Take the lease (create it, take it over once expired, or re-take our own)."""
+        record = self._acquire()
+        self.lost = None
+        return record
+
+    def _acquire(self) -> LeaseRecord:
         client = client_module()
         now_s = self._wall_clock()
         current = self._read()
@@ -166,14 +209,14 @@ class DeploymentLease:
                 return self._after_race()
             return self._record(created)
         spec = current.spec or client.V1LeaseSpec()
-        expires = self.expires_at_wall_s(current)
         holder = spec.holder_identity
-        if holder and holder != self.identity and expires is not None and expires > now_s:
+        remaining = self.remaining_s(current) if holder != self.identity else None
+        if holder and remaining is not None and remaining > 0:
             raise LeaseHeld(
-                f"{self._what()} is held by {holder!r} for another {expires - now_s:.0f} s: "
-                "another tuner is running on this Deployment",
+                f"{self._what()} is held by {holder!r} for another {remaining:.0f} s at most "
+                "(unless it renews): another tuner is running on this Deployment",
                 holder,
-                expires,
+                now_s + remaining,
             )
         ours = holder == self.identity
         acquired_s = (_wall_s(spec.acquire_time) or now_s) if ours else now_s
@@ -216,6 +259,7 @@ class DeploymentLease:
         if current is None or holder != self.identity:
             self.record = None
             raise LeaseLost(f"{self._what()} is no longer ours (holder now: {holder!r})")
+        self._observed = None
         spec = current.spec
         acquired_s = _wall_s(spec.acquire_time) or self._wall_clock()
         current.spec = self._spec(
@@ -228,6 +272,17 @@ class DeploymentLease:
         except Conflict as exc:
             self.record = None
             raise LeaseLost(f"{self._what()} changed under us while renewing: {exc}") from exc
+
+    def release_quietly(self) -> bool:
+        """`release`, tried RELEASE_TRIES times over transient errors; a lease that cannot be
+        released is logged and lapses by its duration (False)."""
+        for attempt in range(1, RELEASE_TRIES + 1):
+            try:
+                return self.release()
+            except RuntimeFailure as exc:
+                log.warning("releasing %s failed (try %d): %s", self._what(), attempt, exc)
+        self.record = None
+        return False
 
     def release(self) -> bool:
         """Give the lease up so the next tuner need not wait for expiry; False if not ours."""
@@ -260,35 +315,61 @@ class DeploymentLease:
     async def held(self, *, renew_every_s: float | None = None) -> AsyncIterator[LeaseRecord]:
         """Hold the lease for a tuning run: acquire, renew in the background, release.
 
-        A renewal that finds the lease lost cancels the body's task, so a tuner that lost
-        its lease stops instead of racing the new holder.
+        A renewal that fails is tried again (every quarter of the renew period) until the
+        renew deadline passes on this pod's clock; a lease lost (taken over, or not renewed
+        within the deadline) cancels the body's task, so a tuner that lost its lease stops
+        instead of racing the new holder, and the body sees LeaseLost.
         """
         every_s = renew_every_s if renew_every_s is not None else self.duration_s / 3
         record = await asyncio.to_thread(self.acquire)
         body = asyncio.current_task()
-        lost: list[LeaseLost] = []
+
+        def lose(exc: LeaseLost) -> None:
+            self.lost, self.record = exc, None
+            log.error("%s", exc)
+            if body is not None:
+                body.cancel()
 
         async def renew_loop() -> None:
+            wait_s = every_s
             while True:
-                await asyncio.sleep(every_s)
+                await asyncio.sleep(wait_s)
                 try:
                     await asyncio.to_thread(self.renew)
+                    wait_s = every_s
                 except LeaseLost as exc:
-                    lost.append(exc)
-                    if body is not None:
-                        body.cancel()
+                    lose(exc)
                     return
+                except RuntimeFailure as exc:
+                    self.renew_failures_total += 1
+                    since_s = self._clock() - (self.renewed_at_s or self._clock())
+                    if since_s >= self.renew_deadline_s:
+                        lose(
+                            LeaseLost(
+                                f"{self._what()} not renewed for {since_s:.0f} s, past its renew "
+                                f"deadline of {self.renew_deadline_s:.0f} s (last: {exc})"
+                            )
+                        )
+                        return
+                    log.warning("renewing %s failed, trying again: %s", self._what(), exc)
+                    wait_s = every_s / 4
 
         renewer = asyncio.create_task(renew_loop())
         try:
             yield record
         except asyncio.CancelledError:
-            if lost:
-                raise lost[0] from None
+            if self.lost is not None:
+                raise self.lost from None
             raise
         finally:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
-            if not lost:
-                await asyncio.to_thread(self.release)
+            if self.lost is None:
+                await asyncio.to_thread(self.release_quietly)
+
+    @property
+    def renew_deadline_s(self) -> float:
+        """How long renewal may fail before this tuner gives the lease up: two thirds of the
+        duration, so it stops before any observer counts the lease expired."""
+        return self.duration_s * 2 / 3

@@ -94,6 +94,7 @@ class KubernetesRuntime:
             identity=identity or f"kvpilot-{target.deployment}",
             duration_s=lease_duration_s,
             wall_clock=wall_clock,
+            clock=clock,
         )
 
     # -- API calls -----------------------------------------------------------------------
@@ -137,6 +138,7 @@ class KubernetesRuntime:
         return [self._json(pod) for pod in found.items]
 
     def _patch(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.lease.ensure_ours()
         patched = call(
             self._apps.patch_namespaced_deployment,
             name,
@@ -256,6 +258,7 @@ class KubernetesRuntime:
             sidecar_container=self.target.sidecar_container,
         )
         what = f"Deployment {self.target.namespace}/{self.target.canary_name}"
+        self.lease.ensure_ours()
         try:
             await asyncio.to_thread(
                 call,
@@ -312,6 +315,7 @@ class KubernetesRuntime:
         if existing is None:
             return StopResult(name, False, False, None, (), 0.0)
         options = client.V1DeleteOptions(propagation_policy="Foreground")
+        self.lease.ensure_ours()  # the canary's name is shared: it may be the new holder's
         try:
             await asyncio.to_thread(
                 call,

@@ -75,6 +75,7 @@ class KubernetesTunerAdapter:
 
     async def stop_canary(self) -> None:
         """Take the canary's traffic back (live traffic), then delete the canary."""
+        self._runtime.lease.ensure_ours()  # after a loss the route is the new holder's
         if self._traffic is not None:
             try:
                 shares = await self._traffic.pull_back()

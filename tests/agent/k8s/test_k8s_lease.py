@@ -1,4 +1,5 @@
-"""The tuning Lease against the fake API server, on an injected wall clock."""
+"""The tuning Lease against the fake API server, on an injected clock (wall and monotonic
+alike: expiry is measured on the observer's own clock, from when it first saw a record)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,14 @@ def lease(fake, identity: str, clock: Clock, duration_s: int = 30) -> Deployment
         identity=identity,
         duration_s=duration_s,
         wall_clock=clock,
+        clock=clock,
     )
+
+
+def observe(candidate: DeploymentLease) -> None:
+    """The candidate reads the lease and finds it held: its expiry clock starts here."""
+    with pytest.raises(LeaseHeld):
+        candidate.acquire()
 
 
 def stored(fake) -> dict:
@@ -59,6 +67,7 @@ def test_conflict_names_the_holder_then_takeover_after_expiry(fake) -> None:
     clock = Clock()
     lease(fake, "pod-a", clock).acquire()
     b = lease(fake, "pod-b", clock)
+    observe(b)
 
     clock.now_s += 29
     with pytest.raises(LeaseHeld, match="held by 'pod-a'") as caught:
@@ -79,8 +88,10 @@ def test_the_old_holder_learns_it_lost(fake) -> None:
     clock = Clock()
     a = lease(fake, "pod-a", clock)
     a.acquire()
+    b = lease(fake, "pod-b", clock)
+    observe(b)
     clock.now_s += 31
-    lease(fake, "pod-b", clock).acquire()
+    b.acquire()
     with pytest.raises(LeaseLost, match="pod-b"):
         a.renew()
     assert a.release() is False
@@ -90,10 +101,12 @@ def test_the_old_holder_learns_it_lost(fake) -> None:
 def test_a_race_lost_on_resource_version_reports_the_winner(fake) -> None:
     clock = Clock()
     lease(fake, "pod-a", clock).acquire()
+    b = lease(fake, "pod-b", clock)
+    observe(b)
     clock.now_s += 31
     fake.fail("PUT", r"/leases/vllm-kvpilot-tuner$", 409)
     with pytest.raises(LeaseHeld, match="taken by 'pod-a'"):
-        lease(fake, "pod-b", clock).acquire()
+        b.acquire()
 
 
 def test_held_renews_in_the_background_and_releases(fake) -> None:
