@@ -11,7 +11,10 @@ database keeps them.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.agent.runtimes.k8s_api import Conflict, NotFound, call, client_module
@@ -25,6 +28,20 @@ TRIAL_KEY = "trial.json"
 
 def handover_name(deployment: str) -> str:
     return f"{deployment}{SUFFIX}"
+
+
+def data_digest(data: Mapping[str, str]) -> str:
+    """The SHA-256 of a handover's data, as its writer vouches for it in the Lease."""
+    return hashlib.sha256(json.dumps(dict(data), sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class HandedOver:
+    """A handover as read: the rollout record and trial (dicts), and its data's digest."""
+
+    rollout: dict[str, Any]
+    trial: dict[str, Any] | None
+    digest: str
 
 
 class HandoverConfigMap:
@@ -53,8 +70,9 @@ class HandoverConfigMap:
         )
         return client.V1ConfigMap(api_version="v1", kind="ConfigMap", metadata=meta, data=data)
 
-    def put(self, rollout: dict[str, Any], trial: dict[str, Any] | None) -> None:
-        """Create or replace the handover with this rollout record and trial (as dicts)."""
+    def put(self, rollout: dict[str, Any], trial: dict[str, Any] | None) -> str:
+        """Create or replace the handover with this rollout record and trial (as dicts);
+        returns its data's digest."""
         data = {ROLLOUT_KEY: json.dumps(mask(rollout), sort_keys=True)}
         if trial is not None:
             data[TRIAL_KEY] = json.dumps(mask(trial), sort_keys=True)
@@ -69,7 +87,7 @@ class HandoverConfigMap:
                     resource=RESOURCE,
                     what=self._what(),
                 )
-                return
+                return data_digest(data)
             except Conflict:
                 current = self._read()  # created meanwhile: replace it below
         version = None if current is None else current.metadata.resource_version
@@ -82,6 +100,7 @@ class HandoverConfigMap:
             resource=RESOURCE,
             what=self._what(),
         )
+        return data_digest(data)
 
     def _read(self) -> Any | None:
         try:
@@ -99,6 +118,11 @@ class HandoverConfigMap:
     def get(self) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
         """The rollout record and trial handed over (as dicts), or None when there is none
         or it cannot be read as one (a malformed handover is not resumed)."""
+        found = self.read()
+        return None if found is None else (found.rollout, found.trial)
+
+    def read(self) -> HandedOver | None:
+        """The handover with its digest, or None (none, or not one: not resumed)."""
         found = self._read()
         data = (found.data or {}) if found is not None else {}
         if ROLLOUT_KEY not in data:
@@ -110,7 +134,7 @@ class HandoverConfigMap:
             return None
         if not isinstance(rollout, dict) or not (trial is None or isinstance(trial, dict)):
             return None
-        return rollout, trial
+        return HandedOver(rollout, trial, data_digest(data))
 
     def delete(self) -> None:
         with contextlib.suppress(NotFound):  # already gone

@@ -273,6 +273,59 @@ class DeploymentLease:
             self.record = None
             raise LeaseLost(f"{self._what()} changed under us while renewing: {exc}") from exc
 
+    def annotations(self) -> dict[str, str]:
+        """The Lease's annotations (where kvpilot vouches for a handover); {} when absent."""
+        current = self._read()
+        if current is None or current.metadata is None:
+            return {}
+        return dict(current.metadata.annotations or {})
+
+    def annotate(self, changes: dict[str, str | None]) -> bool:
+        """Set (None: remove) annotations on the Lease while it is ours or free, creating a
+        free Lease when there is none; False when another tuner holds it (or took it while
+        writing): only the holder speaks through its Lease."""
+        client = client_module()
+        current = self._read()
+        if current is None:
+            current = client.V1Lease(
+                api_version="coordination.k8s.io/v1",
+                kind="Lease",
+                metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
+                spec=client.V1LeaseSpec(lease_duration_seconds=self.duration_s),
+            )
+        holder = None if current.spec is None else current.spec.holder_identity
+        if holder not in (None, "", self.identity):
+            return False
+        kept = dict(current.metadata.annotations or {})
+        kept.update({k: v for k, v in changes.items() if v is not None})
+        for gone in (k for k, v in changes.items() if v is None):
+            kept.pop(gone, None)
+        current.metadata.annotations = kept
+        verb = "update" if current.metadata.resource_version else "create"
+        try:
+            if verb == "create":
+                call(
+                    self._api.create_namespaced_lease,
+                    self.namespace,
+                    current,
+                    verb=verb,
+                    resource=RESOURCE,
+                    what=self._what(),
+                )
+            else:
+                call(
+                    self._api.replace_namespaced_lease,
+                    self.name,
+                    self.namespace,
+                    current,
+                    verb=verb,
+                    resource=RESOURCE,
+                    what=self._what(),
+                )
+        except Conflict:
+            return False
+        return True
+
     def release_quietly(self) -> bool:
         """`release`, tried RELEASE_TRIES times over transient errors; a lease that cannot be
         released is logged and lapses by its duration (False)."""

@@ -15,6 +15,7 @@ from typing import Any
 from kvpilot.agent.config import AgentConfig, PodRuntimeConfig
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes.base import RuntimeFailure
+from kvpilot.agent.runtimes.k8s_handover import HandedOver
 from kvpilot.agent.runtimes.k8s_lease import LeaseHeld
 from kvpilot.agent.runtimes.k8s_traffic import TrafficSplit
 from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
@@ -33,6 +34,7 @@ from kvpilot.agent.tuning.handover import (
     Resumed,
     resume_handed_over,
 )
+from kvpilot.agent.tuning.handover_trust import consume_vouch, refusal, vouch
 from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter, traffic_split
 from kvpilot.agent.tuning.study import (
     Study,
@@ -134,6 +136,7 @@ class PodTuner:
         self._api_key = api_key
         self._wall = wall_clock
         self.journal: HandoverJournal | None = None  # the current session's
+        self.refused_handovers: list[str] = []  # why, each handover not resumed
         self._map = runtime.handover_map if isinstance(runtime, PodRuntime) else None
         self.vllm_version: Callable[[], str | None] = lambda: None  # the stable server's
         # What a replay would send (the learned workload once its window is full).
@@ -187,8 +190,10 @@ class PodTuner:
     async def recover(self, study: Study) -> PodRecovery:
         """Within the Lease: resume what an earlier pod handed over, recover the rest."""
         journal, store = SqliteRolloutJournal(self._db), SqliteTrialStore(self._db)
-        found = None if self._map is None else await asyncio.to_thread(self._map.get)
-        imported = None if found is None else self._import_handover(found, journal, store)
+        found = None if self._map is None else await asyncio.to_thread(self._map.read)
+        imported = None
+        if found is not None and await asyncio.to_thread(self._trusted, found, study):
+            imported = self._import_handover((found.rollout, found.trial), journal, store)
         observer, _ = make_observer(study, api_key=self._api_key, traffic=self.traffic)
         resumed = await resume_handed_over(
             journal, store, self.adapter, observer, settings_of(study), wall_clock=self._wall
@@ -205,6 +210,24 @@ class PodTuner:
             if record is None or record.phase.final:
                 await asyncio.to_thread(self._map.delete)  # done with: nobody resumes it again
         return PodRecovery(resumed, recovered)
+
+    def _trusted(self, found: HandedOver, study: Study) -> bool:
+        """Whether the handover may be resumed (handover_trust); the vouch is consumed
+        either way, so the same record is never resumed twice (blocking: in a thread)."""
+        try:
+            record = record_from_dict(found.rollout)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.error("the handover ConfigMap is not a rollout: %s", exc)
+            return False
+        argvs = {"candidate": record.candidate_argv, "stable": record.stable_argv}
+        live = self.adapter.stable_argv()
+        why = refusal(self.runtime.lease, found.digest, argvs, live, study.space)
+        consume_vouch(self.runtime.lease)
+        if why is not None:
+            log.error("the handover of trial %s is not resumed: %s", record.trial_id, why)
+            self.refused_handovers.append(why)
+            return False
+        return True
 
     def _import_handover(
         self,
@@ -257,6 +280,10 @@ class PodTuner:
             return
         trial = SqliteTrialStore(self._db).get(kept.trial_id)
         try:  # kvpilot is stopping: a synchronous call is all there is time for
-            self._map.put(record_to_dict(kept), None if trial is None else trial_to_dict(trial))
+            digest = self._map.put(
+                record_to_dict(kept), None if trial is None else trial_to_dict(trial)
+            )
+            if not vouch(self.runtime.lease, digest):
+                log.error("trial %s: another tuner holds the Lease; not vouched for", kept.trial_id)
         except RuntimeFailure as exc:
             log.error("the promotion of trial %s could not be handed over: %s", kept.trial_id, exc)

@@ -1,0 +1,70 @@
+"""Whether a handed-over promotion may be resumed: the ConfigMap is only a carrier.
+
+Anyone who can write `<deployment>-kvpilot-handover` could otherwise make kvpilot patch the
+Deployment with any command line (another model, `--trust-remote-code`), and a stale record
+would roll it back to old flags weeks later. So the pod that writes a handover vouches for it
+in the Deployment's tuning Lease, which only a holder writes (the data's SHA-256 under an
+annotation, set while the Lease is its own or free); the next holder resumes only a handover
+whose digest the Lease vouches for, consumes the vouch, and only when the record's flags
+differ from the live Deployment's in the tuned flags alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvpilot.agent.runtimes.k8s_lease import DeploymentLease
+from kvpilot.collectors.secrets import mask_argv
+from kvpilot.collectors.vllm_argv import canonical_flags, without_flags
+from kvpilot.tuner.space import KnobKind, SearchSpace
+
+VOUCH = "kvpilot.dev/handover-sha256"
+VOUCHED_BY = "kvpilot.dev/handover-by"
+
+
+def vouch(lease: DeploymentLease, digest: str) -> bool:
+    """Vouch for the handover just written (False: another tuner holds the Lease)."""
+    return lease.annotate({VOUCH: digest, VOUCHED_BY: lease.identity})
+
+
+def consume_vouch(lease: DeploymentLease) -> None:
+    """The handover is taken: the same record found again later is not resumed."""
+    lease.annotate({VOUCH: None, VOUCHED_BY: None})
+
+
+def beyond_tuned_flags(
+    argv: Sequence[str], live: Sequence[str], space: SearchSpace
+) -> list[list[str]]:
+    """The [flag, value] pairs in which `argv` and the live argv differ outside the tuned
+    flags (both masked: the record keeps its secrets masked); [] when none."""
+    valued = [k.flag for k in space.knobs if k.kind is not KnobKind.FLAG]
+    bare = [k.flag for k in space.knobs if k.kind is KnobKind.FLAG]
+    ours = canonical_flags(without_flags(mask_argv(argv), valued, bare))
+    theirs = canonical_flags(without_flags(mask_argv(live), valued, bare))
+    return [pair for pair in ours if pair not in theirs] + [
+        pair for pair in theirs if pair not in ours
+    ]
+
+
+def refusal(
+    lease: DeploymentLease,
+    digest: str,
+    argvs: dict[str, Sequence[str]],
+    live: Sequence[str],
+    space: SearchSpace,
+) -> str | None:
+    """Why a handover must not be resumed, or None when it may be (see the module)."""
+    annotations = lease.annotations()
+    if annotations.get(VOUCH) != digest:
+        vouched = annotations.get(VOUCH)
+        return (
+            "no Lease holder vouches for it (the ConfigMap was written by someone else, or "
+            f"is stale: the Lease vouches for {vouched[:12] if vouched else 'none'}, "
+            f"the ConfigMap holds {digest[:12]})"
+        )
+    for which, argv in argvs.items():
+        differing = beyond_tuned_flags(argv, live, space)
+        if differing:
+            shown = ", ".join(f"{f or '(positional)'}={v}" for f, v in differing[:4])
+            return f"its {which} flags differ from the live Deployment's beyond the tuned: {shown}"
+    return None
