@@ -328,6 +328,8 @@ def pod_scheduled_tuning(
                 "recovered",
                 f"trial {recovered.trial_id} was left in {recovered.phase.value}: aborted",
             )
+        if done.swept is not None:
+            audit("recovered", done.swept)
 
     async def recover() -> None:
         study = await tuner.study()
