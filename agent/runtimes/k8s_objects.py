@@ -196,6 +196,16 @@ def build_canary(
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": new_meta, "spec": new_spec}
 
 
+def is_canary_of(obj: Mapping[str, Any], deployment: str) -> bool:
+    """Whether `obj` is a canary `build_canary` made of `deployment`: its role label and its
+    canary-of annotation (a Deployment of that name made by someone else is left alone)."""
+    meta = obj.get("metadata") or {}
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    return (
+        labels.get(ROLE_LABEL) == "canary" and annotations.get(CANARY_OF_ANNOTATION) == deployment
+    )
+
+
 def args_patch(container: str, command: ContainerCommand, resource_version: str | None) -> Obj:
     """A strategic-merge patch that sets one container's args (and command if given).
 

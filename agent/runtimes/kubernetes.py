@@ -211,6 +211,13 @@ class KubernetesRuntime:
             out.append(self._instance("canary", canary))
         return tuple(out)
 
+    def orphan_canary(self) -> str | None:
+        """The canary Deployment, when one kvpilot made for this Deployment exists. Blocking."""
+        found = self._get(self.target.canary_name)
+        if found is None or not objects.is_canary_of(found, self.target.deployment):
+            return None
+        return f"{self.target.namespace}/{self.target.canary_name}"
+
     def status(self, name: str) -> InstanceStatus:
         role = self._role_of(name)
         if role == "stable" and self._process is not None:

@@ -8,7 +8,9 @@ removed; where it cannot, the canary keeps serving rather than leave its share t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -23,6 +25,10 @@ from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime, PromotionNotApp
 from kvpilot.agent.tuning.live_observer import describe
 from kvpilot.collectors.secrets import SecretLost, has_masked, restore_secrets
 from kvpilot.tuner.ports import CandidateStartFailed, RestartRefused
+
+log = logging.getLogger(__name__)
+PULL_BACK_TRIES = 3
+PULL_BACK_PAUSE_S = 0.5  # doubled after each failed try
 
 
 class KubernetesTunerAdapter:
@@ -77,13 +83,7 @@ class KubernetesTunerAdapter:
         """Take the canary's traffic back (live traffic), then delete the canary."""
         self._runtime.lease.ensure_ours()  # after a loss the route is the new holder's
         if self._traffic is not None:
-            try:
-                shares = await self._traffic.pull_back()
-            except Exception as exc:
-                raise RuntimeFailure(
-                    "the canary keeps running: its share of the traffic could not be sent "
-                    f"back to the stable pods ({type(exc).__name__}: {exc})"
-                ) from exc
+            shares = await self._pull_back(self._traffic)
             self.pulled_back.append(describe(shares))
             if shares.canary_percent > 0:
                 raise RuntimeFailure(
@@ -91,6 +91,48 @@ class KubernetesTunerAdapter:
                     f"({describe(shares)})"
                 )
         await self._runtime.stop(self._runtime.target.canary_name, drain_timeout_s=self._drain_s)
+
+    async def _pull_back(self, traffic: TrafficSplit) -> Any:
+        """The canary's share back to the stable pods, tried PULL_BACK_TRIES times (a 403,
+        a 500 or a conflict may pass); a share that cannot come back is logged as an error
+        that needs a person, and raised: the canary keeps serving rather than fail it."""
+        pause_s = PULL_BACK_PAUSE_S
+        for attempt in range(1, PULL_BACK_TRIES + 1):
+            try:
+                return await traffic.pull_back()
+            except Exception as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+                log.warning(
+                    "pulling the canary's traffic back failed (try %d): %s", attempt, failure
+                )
+                if attempt < PULL_BACK_TRIES:
+                    await asyncio.sleep(pause_s)
+                    pause_s *= 2
+                    continue
+                log.error(
+                    "the canary %s keeps its share of live traffic: pulling it back failed "
+                    "%d times (%s); a person must move the traffic back and delete the canary",
+                    self._runtime.target.canary_name,
+                    PULL_BACK_TRIES,
+                    failure,
+                )
+                raise RuntimeFailure(
+                    "the canary keeps running: its share of the traffic could not be sent "
+                    f"back to the stable pods ({failure})"
+                ) from exc
+        raise AssertionError("unreachable")
+
+    async def sweep_orphaned_canary(self) -> str | None:
+        """A canary that no trial of this pod owns (a pod evicted mid-trial left it, with
+        its share of the traffic): its share taken back and the canary deleted. Call it
+        holding the Lease, after recovery; returns what was done, or None (no canary)."""
+        canary = await asyncio.to_thread(self._runtime.orphan_canary)
+        if canary is None:
+            return None
+        log.warning("a canary no trial owns was found (%s): cleaning it up", canary)
+        await self.stop_canary()
+        pulled = f"; traffic: {self.pulled_back[-1]}" if self._traffic is not None else ""
+        return f"removed the orphaned canary {canary}{pulled}"
 
     async def set_stable(
         self, argv: Sequence[str], *, reason: str, ready_timeout_s: float, restore: bool = False

@@ -111,6 +111,7 @@ def settings_of(study: Study) -> RolloutSettings:
 class PodRecovery:
     resumed: list[Resumed]
     recovered: list[Recovered]
+    swept: str | None = None  # an orphaned canary cleaned up, in words
 
 
 class PodTuner:
@@ -209,7 +210,9 @@ class PodTuner:
             record = journal.get(imported)
             if record is None or record.phase.final:
                 await asyncio.to_thread(self._map.delete)  # done with: nobody resumes it again
-        return PodRecovery(resumed, recovered)
+        # What is left is nobody's: another pod's, evicted mid-trial, with its emptyDir.
+        swept = await self.adapter.sweep_orphaned_canary()
+        return PodRecovery(resumed, recovered, swept)
 
     def _trusted(self, found: HandedOver, study: Study) -> bool:
         """Whether the handover may be resumed (handover_trust); the vouch is consumed
