@@ -1,0 +1,237 @@
+"""The canary judge calibrated on the real CPU vLLM: A/A windows, then injected regressions.
+
+Two servers with one configuration, each pinned to a core of its own (as a parallel canary
+runs beside the stable server), get the same workload at the same time, window after window,
+through the tuner's own observer (`LoadObserver`). The sides swap every window, so a slower
+core is noise here, not a bias. Each window's samples (one per request, per interval for
+goodput, counts for errors and preemptions) are kept in a JSON-lines file, and then:
+
+* **False-fail rate**: the share of A/A windows the judge calls FAIL or MARGINAL (worse on
+  some counted metric, the whole family together), with its 95 % Wilson interval; also the
+  shares of PASS and INCONCLUSIVE (evidence too thin to promote).
+* **Power**: a 10 % regression is injected into the canary side of recorded windows (every
+  TTFT times 1.1, which moves the p95 by 10 %; or goodput times 0.9), and the judge runs on
+  analyses of k consecutive windows pooled, k = 1, 2, 4, ...: the share of analyses it counts
+  that metric against the canary, and the share it passes (would promote). TTFT is judged
+  with the SLO's tolerance (10 % of the SLO's limit: a change far below the limit is let
+  through by design) and without it. The noise is real (what the servers did); only the
+  shift is made.
+* **What it takes to pass**: the share of A/A analyses of k windows that pass, since a
+  judge that needs evidence to pass also needs the analysis time to gather it.
+
+    .venv/bin/python benchmarks/judge_calibration.py --pairs 60       # measure, then analyse
+    .venv/bin/python benchmarks/judge_calibration.py --analyse FILE   # analyse recorded pairs
+
+The goal: a false-fail rate of at most 5 %, family-wise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvpilot.agent.tuning.observer import LoadObserver
+from kvpilot.rig.server import ServerSpec, VllmServer, free_port
+from kvpilot.tuner.evidence import Counts, Samples
+from kvpilot.tuner.judge import Classification, JudgeConfig, Judgement, judge
+from kvpilot.tuner.loadgen import LengthDist, Workload
+from kvpilot.tuner.objective import Slo
+
+DATA = Path(__file__).resolve().parent / "data"
+BLOCK_BYTES = 32 * 1024  # the tiny model's KV bytes per 32-token block
+# The tuning tests' study at a roomy budget: 384-token prompts, 64 tokens out, 16 at once.
+WORKLOAD = Workload(
+    num_requests=48,
+    prompt_len=LengthDist.uniform(256, 512),
+    output_len=LengthDist.uniform(32, 96),
+    concurrency=16,
+    seed=7,
+)
+SLO = Slo(ttft_p95_s=3.5, inter_token_p95_s=0.25)
+KV_BYTES = 512 * BLOCK_BYTES
+FALSE_FAIL_GOAL = 0.05
+SHIFT = 0.10
+WORSE = (Classification.FAIL, Classification.MARGINAL)
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """One A/A window: the canary side's samples and the baseline side's."""
+
+    canary: Mapping[str, Samples]
+    baseline: Mapping[str, Samples]
+
+
+def _to_json(samples: Mapping[str, Samples]) -> dict[str, object]:
+    return {
+        name: {"events": v.events, "exposure": v.exposure} if isinstance(v, Counts) else list(v)
+        for name, v in samples.items()
+    }
+
+
+def _from_json(raw: Mapping[str, object]) -> dict[str, Samples]:
+    out: dict[str, Samples] = {}
+    for name, v in raw.items():
+        if isinstance(v, dict):
+            out[name] = Counts(float(v["events"]), float(v["exposure"]))
+        elif isinstance(v, list):
+            out[name] = tuple(float(x) for x in v)
+    return out
+
+
+def load_pairs(path: Path) -> list[Pair]:
+    pairs = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            raw = json.loads(line)
+            pairs.append(Pair(_from_json(raw["canary"]), _from_json(raw["baseline"])))
+    return pairs
+
+
+async def _measure(path: Path, pairs: int, cpus: Sequence[int]) -> None:
+    specs = [
+        ServerSpec(port=free_port(), kv_cache_memory_bytes=KV_BYTES, max_num_seqs=16, cpus=(c,))
+        for c in cpus[:2]
+    ]
+    with VllmServer(specs[0]) as a, VllmServer(specs[1]) as b:
+        a.wait_healthy()
+        b.wait_healthy()
+        observer = LoadObserver(WORKLOAD, model="tiny-llama")
+        await observer.warm([a.url, b.url])
+        with path.open("a") as out:
+            for i in range(pairs):
+                started = time.monotonic()
+                first, second = await observer.observe([a.url, b.url])
+                canary, baseline = (second, first) if i % 2 == 0 else (first, second)
+                record = {
+                    "canary": _to_json(canary.samples),
+                    "baseline": _to_json(baseline.samples),
+                    "canary_url": canary.url,
+                    "seconds": round(time.monotonic() - started, 2),
+                }
+                out.write(json.dumps(record) + "\n")
+                out.flush()
+                print(f"pair {i + 1}/{pairs}: {record['seconds']} s", flush=True)
+
+
+def _pooled(pairs: Sequence[Pair], side: str) -> dict[str, Samples]:
+    out: dict[str, Samples] = {}
+    for pair in pairs:
+        for name, v in getattr(pair, side).items():
+            have = out.get(name)
+            if isinstance(v, Counts):
+                prior = have if isinstance(have, Counts) else Counts(0.0, 0.0)
+                out[name] = Counts(prior.events + v.events, prior.exposure + v.exposure)
+            else:
+                out[name] = (*(have if isinstance(have, tuple) else ()), *v)
+    return out
+
+
+def _analyses(pairs: Sequence[Pair], k: int) -> Iterator[tuple[dict, dict]]:
+    """Every run of k consecutive windows pooled into one analysis (overlapping)."""
+    for start in range(len(pairs) - k + 1):
+        chunk = pairs[start : start + k]
+        yield _pooled(chunk, "canary"), _pooled(chunk, "baseline")
+
+
+def _regressed(samples: Mapping[str, Samples], metric: str) -> dict[str, Samples]:
+    out = dict(samples)
+    values = out.get(metric, ())
+    factor = 1 + SHIFT if metric == "ttft_s" else 1 - SHIFT
+    if not isinstance(values, Counts):
+        out[metric] = tuple(x * factor for x in values)
+    return out
+
+
+def _wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return 0.0, 1.0
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _shares(verdicts: Sequence[Judgement]) -> str:
+    n = max(len(verdicts), 1)
+    counts = {c: sum(v.classification is c for v in verdicts) for c in Classification}
+    return ", ".join(f"{c.value} {counts[c] / n:.0%}" for c in Classification)
+
+
+def analyse(pairs: Sequence[Pair], window_s: float) -> bool:
+    """Print the calibration; True when the false-fail goal is met on single windows."""
+    config = JudgeConfig()
+    limits = SLO.judge_limits()
+    verdicts = [judge(p.canary, p.baseline, config, limits) for p in pairs]
+    n = len(verdicts)
+    worse = sum(v.classification in WORSE for v in verdicts)
+    low, high = _wilson(worse, n)
+    met = n > 0 and worse / n <= FALSE_FAIL_GOAL
+    print(f"A/A: {n} windows of about {window_s:.1f} s, one configuration on both sides")
+    print(f"  single windows: {_shares(verdicts)}")
+    print(
+        f"  false-fail rate (fail or marginal, all metrics together): {worse / max(n, 1):.1%} "
+        f"(95 % interval {low:.1%}-{high:.1%}); goal <= {FALSE_FAIL_GOAL:.0%}: "
+        f"{'met' if met else 'NOT met'}"
+    )
+    against: dict[str, int] = {}
+    for v in verdicts:
+        for m in v.metrics:
+            if m.counts_against:
+                against[m.name] = against.get(m.name, 0) + 1
+    if against:
+        named = ", ".join(f"{k} {v}" for k, v in against.items())
+        print(f"  metrics counted against the canary: {named}")
+    print("analyses of k consecutive windows pooled (overlapping runs):")
+    k = 1
+    while k <= n:
+        runs = list(_analyses(pairs, k))
+        same = [judge(c, b, config, limits) for c, b in runs]
+        print(f"  k={k} (about {k * window_s:.0f} s), A/A: {_shares(same)}")
+        for metric, judged_limits in (
+            ("goodput_tokens_per_s", limits),
+            ("ttft_s", limits),
+            ("ttft_s", {}),  # the margin from its level alone, 10 %, without the SLO's
+        ):
+            got = [judge(_regressed(c, metric), b, config, judged_limits) for c, b in runs]
+            caught = sum(any(m.name == metric and m.counts_against for m in g.metrics) for g in got)
+            promoted = sum(g.promote for g in got)
+            print(
+                f"    {metric} {SHIFT:.0%} worse{'' if judged_limits else ' (no SLO)'}: "
+                f"counted against {caught / len(runs):.0%}, "
+                f"passed {promoted / len(runs):.0%}"
+            )
+        k *= 2
+    return met
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=60, help="A/A windows to measure")
+    parser.add_argument("--out", type=Path, default=DATA / "judge_aa.jsonl")
+    parser.add_argument("--analyse", type=Path, help="analyse recorded pairs, measure nothing")
+    parser.add_argument("--cpus", default="0,1", help="the two servers' cores")
+    args = parser.parse_args(argv)
+    path = args.analyse or args.out
+    if args.analyse is None:
+        cpus = [int(c) for c in args.cpus.split(",")]
+        if len(cpus) < 2:
+            parser.error("--cpus needs two cores, one a side")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        asyncio.run(_measure(path, args.pairs, cpus))
+    if not path.exists():
+        parser.error(f"{path}: no recorded pairs")
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    window_s = sum(x.get("seconds", 0.0) for x in lines) / max(len(lines), 1)
+    return 0 if analyse(load_pairs(path), window_s) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
