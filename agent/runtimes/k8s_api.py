@@ -69,6 +69,11 @@ class Conflict(KubernetesApiError):
     """The object changed since it was read (resourceVersion), or it already exists."""
 
 
+class InfrastructureFailure(RuntimeFailure):
+    """The cluster, not the candidate, failed a trial: its pod cannot be scheduled, its image
+    pulled, or the API server refused or failed a write. Not a verdict on the flags."""
+
+
 class UnexpectedAnswer(KubernetesApiError):
     """The API server (or a proxy in front of it) answered with something that is not the
     object asked for: an HTML page with 200, an empty body."""

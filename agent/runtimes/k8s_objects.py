@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from kvpilot.collectors.secrets import mask_argv
@@ -220,8 +221,9 @@ def args_patch(container: str, command: ContainerCommand, resource_version: str 
     return patch
 
 
-def restart_patch(restarted_at: str) -> Obj:
+def restart_patch(wall_s: float) -> Obj:
     """What `kubectl rollout restart` patches: a pod template annotation with the time."""
+    restarted_at = datetime.fromtimestamp(wall_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     annotations = {RESTARTED_AT_ANNOTATION: restarted_at}
     return {"spec": {"template": {"metadata": {"annotations": annotations}}}}
 
@@ -289,6 +291,31 @@ def container_failure(pod: Mapping[str, Any], container: str) -> tuple[str, str 
         if terminated and terminated.get("exitCode") not in (None, 0):
             why = f"exited with code {terminated['exitCode']} ({terminated.get('reason')})"
             return why, terminated.get("message")
+    return None
+
+
+# Waiting reasons that are the cluster's, not the candidate's: its image or its configuration
+# cannot be had. A trial that meets one fails; it says nothing of the candidate's flags.
+INFRASTRUCTURE_WAITING = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"}
+)
+
+
+def failed_start(pods: list[dict[str, Any]], container: str) -> tuple[str, str | None, bool] | None:
+    """(why, log tail, the cluster's fault?) for the first pod whose container cannot start."""
+    for pod in pods:
+        failure = container_failure(pod, container)
+        if failure is not None:
+            cluster = failure[0].split(":")[0] in INFRASTRUCTURE_WAITING
+            return f"pod {pod['metadata']['name']}: {failure[0]}", failure[1], cluster
+    return None
+
+
+def unschedulable(pod: Mapping[str, Any]) -> str | None:
+    """The scheduler's message when the pod cannot be placed on any node, else None."""
+    for condition in (pod.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+            return str(condition.get("message") or "Unschedulable")
     return None
 
 

@@ -17,10 +17,11 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from kvpilot.agent.model import Instance
+from kvpilot.agent.runtimes import k8s_api
 from kvpilot.agent.runtimes import k8s_objects as objects
 from kvpilot.agent.runtimes import k8s_recommend as recommend
 from kvpilot.agent.runtimes.base import (
@@ -290,15 +291,18 @@ class KubernetesRuntime:
             if deployment is None:
                 raise NotReady(f"Deployment {self.target.namespace}/{name} disappeared")
             pods = await self._io(self._pods, deployment)
-            for pod in pods:
-                failure = objects.container_failure(pod, self.target.container)
-                if failure is not None:
-                    raise NotReady(
-                        f"{role} pod {pod['metadata']['name']}: {failure[0]}", failure[1]
-                    )
+            failed = objects.failed_start(pods, self.target.container)
+            if failed is not None:
+                why, tail, cluster = failed
+                if cluster:
+                    raise k8s_api.InfrastructureFailure(f"{role} {why}")
+                raise NotReady(f"{role} {why}", tail)
             if self._ready_pod(pods) is not None:
                 break
             last = f"{len(pods)} pods, none ready"
+            placed = [m for m in map(objects.unschedulable, pods) if m is not None]
+            if self._clock() >= deadline and placed:
+                raise k8s_api.InfrastructureFailure(f"{role} {name!r} unschedulable: {placed[0]}")
             if self._clock() >= deadline:
                 raise NotReady(
                     f"{role} Deployment {name!r} not ready within {timeout_s:.0f} s ({last})"
@@ -473,7 +477,7 @@ class KubernetesRuntime:
             assert promotion.instance is not None
             return promotion.instance
         if self.target.restart == "rollout":
-            patch = objects.restart_patch(objects_iso(self._wall_clock()))
+            patch = objects.restart_patch(self._wall_clock())
             started = self._clock()
             await self._io(self._patch, self.target.deployment, patch)
             return await self._wait_rollout(ready_timeout_s - (self._clock() - started))
@@ -491,7 +495,3 @@ class KubernetesRuntime:
     async def aclose(self, *, drain_timeout_s: float = 30.0) -> None:
         """Leave the Deployments be: a canary left behind is the tuner's to clean up."""
         self.lease.record = None
-
-
-def objects_iso(wall_s: float) -> str:
-    return datetime.fromtimestamp(wall_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -17,7 +17,12 @@ from typing import Any
 from kvpilot.agent.config.tuning import CanaryConfig
 from kvpilot.agent.runtimes import k8s_objects as objects
 from kvpilot.agent.runtimes.base import NotReady, RuntimeFailure
-from kvpilot.agent.runtimes.k8s_api import call, client_module
+from kvpilot.agent.runtimes.k8s_api import (
+    InfrastructureFailure,
+    KubernetesApiError,
+    call,
+    client_module,
+)
 from kvpilot.agent.runtimes.k8s_lease import LeaseRecord
 from kvpilot.agent.runtimes.k8s_traffic import GatewayWeights, ServiceShare, TrafficSplit
 from kvpilot.agent.runtimes.k8s_values import KubernetesTarget
@@ -74,6 +79,8 @@ class KubernetesTunerAdapter:
         argv = self._with_secrets(argv)
         try:
             instance = await self._runtime.start_canary(argv, ready_timeout_s=ready_timeout_s)
+        except (KubernetesApiError, InfrastructureFailure) as exc:
+            raise _infrastructure(exc) from exc  # a failed trial, not an infeasible one
         except NotReady as exc:
             # The pod's termination message is vLLM's last words (FallbackToLogsOnError).
             raise CandidateStartFailed(str(exc), exc.log_tail or str(exc)) from exc
@@ -150,11 +157,21 @@ class KubernetesTunerAdapter:
             raise RestartRefused(str(exc)) from exc
         except NotReady as exc:
             raise CandidateStartFailed(str(exc), exc.log_tail or str(exc)) from exc
-        except RuntimeFailure as exc:
+        except (KubernetesApiError, InfrastructureFailure) as exc:
+            raise _infrastructure(exc) from exc  # a failed trial, not an infeasible one
+        except RuntimeFailure as exc:  # a rollout that failed: the new flags' pods did
             raise CandidateStartFailed(str(exc), "") from exc
 
     def remediation_in_progress(self) -> bool:
         return self._remediating()
+
+
+def _infrastructure(exc: RuntimeFailure) -> InfrastructureFailure:
+    """A failure of the cluster as the trial's outcome: the tuner records the trial failed
+    (reported, never an observation for the optimiser), unlike CandidateStartFailed."""
+    if isinstance(exc, InfrastructureFailure):
+        return exc
+    return InfrastructureFailure(f"the Kubernetes API failed the trial: {exc}")
 
 
 def traffic_split(

@@ -162,6 +162,8 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
         self.forbidden: set[tuple[str, str]] = set()  # (verb, resource)
         # kvpilot.dev/role label value -> (waiting reason, termination message): crash-looping
         self.crash: dict[str, tuple[str, str]] = {}
+        # kvpilot.dev/role label value -> the scheduler's message: its pods stay Pending
+        self.unschedulable: dict[str, str] = {}
         self._version = 0
         self._lock = threading.Lock()
         self._unhang = threading.Event()
@@ -296,7 +298,22 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
         return data
 
     def _make_ready(self, pod: dict[str, Any]) -> None:
-        crash = self.crash.get(pod["metadata"]["labels"].get("kvpilot.dev/role", ""))
+        role = pod["metadata"]["labels"].get("kvpilot.dev/role", "")
+        if role in self.unschedulable:
+            pending = client.V1PodStatus(
+                phase="Pending",
+                conditions=[
+                    client.V1PodCondition(
+                        type="PodScheduled",
+                        status="False",
+                        reason="Unschedulable",
+                        message=self.unschedulable[role],
+                    )
+                ],
+            )
+            pod["status"] = self._api.sanitize_for_serialization(pending)
+            return
+        crash = self.crash.get(role)
         statuses = []
         for c in pod["status"]["containerStatuses"]:
             if crash is not None:

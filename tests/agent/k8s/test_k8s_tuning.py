@@ -58,7 +58,13 @@ class DeploymentObserver:
         return tuple(out)
 
 
-def session(adapter: KubernetesTunerAdapter, fake) -> tuple[TuningSession, InMemoryTrialStore]:
+def session(
+    adapter: KubernetesTunerAdapter,
+    fake,
+    *,
+    strategy: Strategy = Strategy.PARALLEL,
+    ready_timeout_s: float = 10,
+) -> tuple[TuningSession, InMemoryTrialStore]:
     store, ids = InMemoryTrialStore(), (f"t{i}" for i in itertools.count(1))
     clock = itertools.count(100.0)
     return TuningSession(
@@ -69,8 +75,8 @@ def session(adapter: KubernetesTunerAdapter, fake) -> tuple[TuningSession, InMem
         runtime=adapter,
         observer=DeploymentObserver(fake),
         fingerprint="k8s",
-        settings=RolloutSettings(slo=SLO, ready_timeout_s=10),
-        strategy=Strategy.PARALLEL,
+        settings=RolloutSettings(slo=SLO, ready_timeout_s=ready_timeout_s),
+        strategy=strategy,
         wall_clock=lambda: float(next(clock)),
         new_id=lambda: next(ids),
     ), store
