@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kvpilot.agent.runtimes.base import RuntimeFailure
+from kvpilot.agent.runtimes.k8s_faults import FAULTS
 
 T = TypeVar("T")
 INSTALL_HINT = "the Kubernetes runtime needs the official client: pip install 'kvpilot[kubernetes]'"
@@ -144,15 +145,25 @@ def call(fn: Callable[..., T], *args: Any, verb: str, resource: str, what: str, 
     try:
         found = fn(*args, **kw)
     except (client.ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
-        raise api_error(exc, verb=verb, resource=resource, what=what) from exc
+        failed = api_error(exc, verb=verb, resource=resource, what=what)
+        raise _recorded(failed, verb, what) from exc
     except (ValueError, TypeError, AttributeError) as exc:  # the client could not read it
-        raise UnexpectedAnswer(
+        failure = UnexpectedAnswer(
             f"the API server's answer to {verb} {what} is not an API object: {exc}", 200
-        ) from exc
+        )
+        raise _recorded(failure, verb, what) from exc
     problem = _unexpected(found)
     if problem is not None:
-        raise UnexpectedAnswer(f"the API server answered {verb} {what} with {problem}", 200)
+        failure = UnexpectedAnswer(f"the API server answered {verb} {what} with {problem}", 200)
+        raise _recorded(failure, verb, what)
     return found
+
+
+def _recorded(failure: KubernetesApiError, verb: str, what: str) -> KubernetesApiError:
+    """The failure, kept in the fault log first (a 404 is an answer, not a fault)."""
+    if not isinstance(failure, NotFound):
+        FAULTS.add(verb, what, failure.status, type(failure).__name__, str(failure))
+    return failure
 
 
 def pod_namespace(environ: Mapping[str, str], service_account: Path = SERVICE_ACCOUNT) -> str:
