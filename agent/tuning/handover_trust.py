@@ -11,7 +11,7 @@ differ from the live Deployment's in the tuned flags alone.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from kvpilot.agent.runtimes.k8s_lease import DeploymentLease
 from kvpilot.collectors.secrets import mask_argv
@@ -49,7 +49,7 @@ def beyond_tuned_flags(
 def refusal(
     lease: DeploymentLease,
     digest: str,
-    argvs: dict[str, Sequence[str]],
+    argvs: Mapping[str, Sequence[str]],
     live: Sequence[str],
     space: SearchSpace,
 ) -> str | None:
