@@ -33,7 +33,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +41,7 @@ from kvpilot.agent.tuning.observer import LoadObserver
 from kvpilot.rig.server import ServerSpec, VllmServer, free_port
 from kvpilot.tuner.evidence import Counts, Samples
 from kvpilot.tuner.judge import Classification, JudgeConfig, Judgement, judge
+from kvpilot.tuner.judge_windows import MIN_WINDOWS, Window, judge_windows, pooled
 from kvpilot.tuner.loadgen import LengthDist, Workload
 from kvpilot.tuner.objective import Slo
 
@@ -121,26 +122,6 @@ async def _measure(path: Path, pairs: int, cpus: Sequence[int]) -> None:
                 print(f"pair {i + 1}/{pairs}: {record['seconds']} s", flush=True)
 
 
-def _pooled(pairs: Sequence[Pair], side: str) -> dict[str, Samples]:
-    out: dict[str, Samples] = {}
-    for pair in pairs:
-        for name, v in getattr(pair, side).items():
-            have = out.get(name)
-            if isinstance(v, Counts):
-                prior = have if isinstance(have, Counts) else Counts(0.0, 0.0)
-                out[name] = Counts(prior.events + v.events, prior.exposure + v.exposure)
-            else:
-                out[name] = (*(have if isinstance(have, tuple) else ()), *v)
-    return out
-
-
-def _analyses(pairs: Sequence[Pair], k: int) -> Iterator[tuple[dict, dict]]:
-    """Every run of k consecutive windows pooled into one analysis (overlapping)."""
-    for start in range(len(pairs) - k + 1):
-        chunk = pairs[start : start + k]
-        yield _pooled(chunk, "canary"), _pooled(chunk, "baseline")
-
-
 def _regressed(samples: Mapping[str, Samples], metric: str) -> dict[str, Samples]:
     out = dict(samples)
     values = out.get(metric, ())
@@ -163,6 +144,24 @@ def _shares(verdicts: Sequence[Judgement]) -> str:
     n = max(len(verdicts), 1)
     counts = {c: sum(v.classification is c for v in verdicts) for c in Classification}
     return ", ".join(f"{c.value} {counts[c] / n:.0%}" for c in Classification)
+
+
+def _judge(
+    way: str, run: Sequence[Pair], regress: Mapping[str, str], limits: Mapping[str, float]
+) -> Judgement:
+    """One analysis of `run`: pooled or by windows, with a regression injected when asked."""
+    metric = regress.get("metric")
+    windows = [
+        Window(_regressed(p.canary, metric) if metric else p.canary, p.baseline) for p in run
+    ]
+    if way == "windows":
+        return judge_windows(windows, JudgeConfig(), limits)
+    return judge(
+        pooled([w.canary for w in windows]),
+        pooled([w.baseline for w in windows]),
+        JudgeConfig(),
+        limits,
+    )
 
 
 def analyse(pairs: Sequence[Pair], window_s: float) -> bool:
@@ -189,26 +188,32 @@ def analyse(pairs: Sequence[Pair], window_s: float) -> bool:
     if against:
         named = ", ".join(f"{k} {v}" for k, v in against.items())
         print(f"  metrics counted against the canary: {named}")
-    print("analyses of k consecutive windows pooled (overlapping runs):")
-    k = 1
-    while k <= n:
-        runs = list(_analyses(pairs, k))
-        same = [judge(c, b, config, limits) for c, b in runs]
-        print(f"  k={k} (about {k * window_s:.0f} s), A/A: {_shares(same)}")
-        for metric, judged_limits in (
-            ("goodput_tokens_per_s", limits),
-            ("ttft_s", limits),
-            ("ttft_s", {}),  # the margin from its level alone, 10 %, without the SLO's
-        ):
-            got = [judge(_regressed(c, metric), b, config, judged_limits) for c, b in runs]
-            caught = sum(any(m.name == metric and m.counts_against for m in g.metrics) for g in got)
-            promoted = sum(g.promote for g in got)
-            print(
-                f"    {metric} {SHIFT:.0%} worse{'' if judged_limits else ' (no SLO)'}: "
-                f"counted against {caught / len(runs):.0%}, "
-                f"passed {promoted / len(runs):.0%}"
-            )
-        k *= 2
+    print("analyses of k consecutive windows (overlapping runs), judged two ways:")
+    print("  pooled: every request of the k windows as one sample (`judge`)")
+    print("  windows: one summary per window, paired by window (`judge_windows`)")
+    for k in sorted({1, 2, 4, MIN_WINDOWS, 8, 16, 32}):
+        if k > n:
+            break
+        runs = [pairs[i : i + k] for i in range(n - k + 1)]
+        for way in ("pooled", "windows"):
+            if way == "windows" and k < MIN_WINDOWS:
+                continue
+            same = [_judge(way, run, {}, limits) for run in runs]
+            print(f"  k={k} (about {k * window_s:.0f} s) {way}, A/A: {_shares(same)}")
+            for metric, judged_limits in (
+                ("goodput_tokens_per_s", limits),
+                ("ttft_s", limits),
+                ("ttft_s", {}),  # the margin from its level alone, 10 %, without the SLO's
+            ):
+                got = [_judge(way, run, {"metric": metric}, judged_limits) for run in runs]
+                caught = sum(
+                    any(m.name == metric and m.counts_against for m in g.metrics) for g in got
+                )
+                promoted = sum(g.promote for g in got)
+                print(
+                    f"    {metric} {SHIFT:.0%} worse{'' if judged_limits else ' (no SLO)'}: "
+                    f"counted against {caught / len(runs):.0%}, passed {promoted / len(runs):.0%}"
+                )
     return met
 
 

@@ -93,6 +93,17 @@ def rate_difference_upper(canary: Counts, baseline: Counts, alpha: float) -> flo
     return rc - rb + math.hypot(upper_c - rc, rb - lower_b)
 
 
+def signed_rank_p(differences: Sequence[float], alternative: str) -> float:
+    """Wilcoxon's signed-rank test of paired differences: the p-value of 'they lie above
+    zero' (`greater`) or 'below zero' (`less`); differences of zero carry no evidence."""
+    from scipy.stats import wilcoxon
+
+    nonzero = [d for d in differences if d != 0]
+    if not nonzero:
+        return 1.0
+    return float(wilcoxon(nonzero, alternative=alternative).pvalue)
+
+
 def holm(p_values: dict[str, float], alpha: float) -> set[str]:
     """The names whose hypotheses Holm's step-down procedure rejects at family-wise `alpha`."""
     rejected: set[str] = set()

@@ -30,7 +30,7 @@ service), so it is compared and shown but never counted (`MetricSpec.counted`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -177,6 +177,12 @@ def judge(
         )
         for spec in config.metrics
     ]
+    return judge_tests(config, tests)
+
+
+def judge_tests(config: JudgeConfig, tests: Sequence[MetricTest]) -> Judgement:
+    """The verdict over every metric's tests: Holm's procedure over the counted metrics'
+    harm tests, then the classification (see the module docstring)."""
     family = {t.spec.name: t.harm_p for t in tests if t.spec.counted and t.harm_p is not None}
     worse = evidence.holm(family, config.alpha)
     verdicts = tuple(

@@ -80,6 +80,44 @@ class MetricTest:
         )
 
     @classmethod
+    def paired(
+        cls,
+        spec: MetricSpec,
+        canary: Sequence[float],
+        baseline: Sequence[float],
+        alpha: float,
+        slo_limit: float | None,
+    ) -> MetricTest:
+        """One summary per window a side, the windows run at the same time: each pair's
+        difference is one sample (the windows' conditions cancel within a pair), tested with
+        Wilcoxon's signed-rank test."""
+        n = min(len(canary), len(baseline))
+        base = cls(spec, alpha, _median(baseline), _median(canary), len(baseline), len(canary))
+        if len(canary) != len(baseline) or n < spec.min_samples:
+            return _replace(base, missing=_too_few(spec, len(canary), len(baseline)))
+        margin = _margin(spec, abs(statistics.median(baseline)), slo_limit)
+        diffs = [c - b for c, b in zip(canary, baseline, strict=True)]
+        shift = statistics.median(diffs)
+        if spec.direction is Direction.EITHER:
+            up = evidence.signed_rank_p(diffs, "greater")
+            down = evidence.signed_rank_p(diffs, "less")
+            equivalent = max(
+                evidence.signed_rank_p([d - margin for d in diffs], "less"),
+                evidence.signed_rank_p([d + margin for d in diffs], "greater"),
+            )
+            harm = min(1.0, 2 * min(up, down))
+            return _replace(base, shift=shift, margin=margin, harm_p=harm, noninferior_p=equivalent)
+        sign = -1.0 if spec.direction is Direction.DECREASE else 1.0
+        bad = [sign * d for d in diffs]
+        return _replace(
+            base,
+            shift=shift,
+            margin=margin,
+            harm_p=evidence.signed_rank_p(bad, "greater"),
+            noninferior_p=evidence.signed_rank_p([d - margin for d in bad], "less"),
+        )
+
+    @classmethod
     def _counts(
         cls,
         spec: MetricSpec,
