@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.collectors.secrets import mask_argv
 from kvpilot.collectors.vllm_argv import launch_split
 
@@ -262,10 +263,26 @@ def rollout_state(deployment: Mapping[str, Any]) -> Rollout:
     return Rollout(True, False, f"{updated} replicas updated and available")
 
 
+_OPERATORS = {"In": "in", "NotIn": "notin"}
+
+
 def selector_string(deployment: Mapping[str, Any]) -> str:
-    """The Deployment's matchLabels as a label selector (matchExpressions are not used)."""
-    labels = deployment["spec"]["selector"].get("matchLabels") or {}
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    """The Deployment's selector, matchLabels and matchExpressions, as a label selector;
+    RuntimeFailure for one that would select every pod (empty) or that the API cannot say."""
+    selector = deployment["spec"]["selector"]
+    parts = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
+    for expression in selector.get("matchExpressions") or ():
+        key, operator = expression["key"], expression["operator"]
+        values = ",".join(sorted(expression.get("values") or ()))
+        if operator in _OPERATORS:
+            parts.append(f"{key} {_OPERATORS[operator]} ({values})")
+        elif operator in ("Exists", "DoesNotExist"):
+            parts.append(key if operator == "Exists" else f"!{key}")
+        else:
+            raise RuntimeFailure(f"selector operator {operator!r} is not one of the API's")
+    if not parts:
+        raise RuntimeFailure("the Deployment's selector is empty: it would select every pod")
+    return ",".join(parts)
 
 
 def pod_ready(pod: Mapping[str, Any]) -> bool:

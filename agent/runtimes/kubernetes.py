@@ -82,6 +82,7 @@ class KubernetesRuntime:
         self._apps = client.AppsV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
         self._process = process_runtime  # the stable vLLM's processes, in the shared PID ns
+        self.pod_name = identity  # this pod's name (downward API), when kvpilot runs in one
         self._probe = probe
         self._wall_clock = wall_clock
         self._clock = clock
@@ -126,12 +127,14 @@ class KubernetesRuntime:
             )
         return found
 
-    def _pods(self, deployment: dict[str, Any]) -> list[dict[str, Any]]:
+    def _pods(self, deployment: dict[str, Any], only: str | None = None) -> list[dict[str, Any]]:
+        """The Deployment's pods (`only`: the one of that name, if it is one of them)."""
         selector = objects.selector_string(deployment)
         found = call(
             self._core.list_namespaced_pod,
             self.target.namespace,
             label_selector=selector,
+            field_selector=None if only is None else f"metadata.name={only}",
             verb="list",
             resource=PODS,
             what=f"pods {selector!r} in {self.target.namespace}",

@@ -156,11 +156,14 @@ class PodRuntime(KubernetesRuntime):
 
     def termination_reason(self, name: str) -> str | None:
         """The kubelet's reason for the vLLM container's last termination (`OOMKilled`), as
-        the OOM guard reads it; None when no pod says one or the API does not answer."""
+        the OOM guard reads it, from this pod alone for the stable (its name known); None
+        when no pod says one or the API does not answer."""
         stable = name == self.target.stable_name
+        # The stable's vLLM is this pod's: another replica's old OOMKilled is not its death.
+        own = self.pod_name if stable else None
         try:
             deployment = self._get(self.target.deployment if stable else name)
-            pods = self._pods(deployment) if deployment is not None else []
+            pods = self._pods(deployment, only=own) if deployment is not None else []
         except RuntimeFailure:
             return None
         reasons = (container_termination_reason(p, self.target.container) for p in pods)

@@ -518,16 +518,18 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
     def _pods(self, verb, namespace, name, ctype, body, query):
         if verb != "list":
             return self._pod_item(verb, namespace, name, ctype, body)
-        wanted = dict(
-            part.split("=", 1) for part in (query.get("labelSelector", [""])[0]).split(",") if part
-        )
+        matches = label_matcher(query.get("labelSelector", [""])[0])
+        fields = query.get("fieldSelector", [""])[0]
+        only = fields.split("=", 1)[1] if fields.startswith("metadata.name=") else None
         items = []
         for (ns, _), entry in list(self.deployments.items()):
             if ns != namespace or (entry.deleting_reads or 0) > self.delete_reads:
                 continue
             for pod in entry.pods:
                 labels = pod["metadata"].get("labels") or {}
-                if all(labels.get(k) == v for k, v in wanted.items()):
+                if only is not None and pod["metadata"]["name"] != only:
+                    continue
+                if matches(labels):
                     pod["_lists"] = pod.get("_lists", 0) + 1
                     if pod["_lists"] >= self.ready_lists and not pod["status"].get("podIP"):
                         self._make_ready(pod)
@@ -642,6 +644,37 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
                 """Quiet: the test reads `fake.requests` instead."""
 
         return Handler
+
+
+_SET = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
+
+
+def label_matcher(selector: str) -> Callable[[dict[str, str]], bool]:
+    """A label selector as the API server reads it: `k=v`, `k!=v`, `k in (a,b)`,
+    `k notin (a,b)`, `k` and `!k`, all of them to hold; "" selects everything."""
+    tests: list[Callable[[dict[str, str]], bool]] = []
+    for part in re.split(r",(?![^(]*\))", selector):
+        part = part.strip()
+        if not part:
+            continue
+        found = _SET.match(part)
+        if found is not None:
+            key, op, values = found[1], found[2], {v.strip() for v in found[3].split(",")}
+            if op == "in":
+                tests.append(lambda labels, k=key, vs=values: labels.get(k) in vs)
+            else:
+                tests.append(lambda labels, k=key, vs=values: labels.get(k) not in vs)
+        elif "!=" in part:
+            key, value = part.split("!=", 1)
+            tests.append(lambda labels, k=key, v=value: labels.get(k) != v)
+        elif "=" in part:
+            key, value = part.split("=", 1)
+            tests.append(lambda labels, k=key, v=value: labels.get(k) == v)
+        elif part.startswith("!"):
+            tests.append(lambda labels, k=part[1:]: k not in labels)
+        else:
+            tests.append(lambda labels, k=part: k in labels)
+    return lambda labels: all(test(labels) for test in tests)
 
 
 def _event_problem(namespace: str, event: dict[str, Any]) -> str | None:
