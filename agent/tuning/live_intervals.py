@@ -144,6 +144,26 @@ def interval(older: PodReading, newer: PodReading) -> Interval:
     )
 
 
+def restarted(older: PodReading, newer: PodReading) -> bool:
+    """Whether the pod's process restarted between the readings: a cumulative counter (its
+    finished requests, generated tokens, answered requests) went down."""
+    before = {e.key: e for e in older.scrape.engines}
+    for engine in newer.scrape.engines:
+        old = before.get(engine.key)
+        if old is None:
+            continue
+        new_e2e, old_e2e = engine.e2e_latency, old.e2e_latency
+        pairs = [
+            (getattr(engine, field), getattr(old, field))
+            for field in ("generation_tokens_total", "preemptions_total")
+        ]
+        pairs.append((new_e2e and new_e2e.count, old_e2e and old_e2e.count))
+        if any(new is not None and was is not None and new < was for new, was in pairs):
+            return True
+    new_answered, old_answered = newer.answered_total, older.answered_total
+    return new_answered is not None and old_answered is not None and new_answered < old_answered
+
+
 def intervals(readings: Sequence[PodReading]) -> list[Interval]:
     """The intervals between consecutive readings."""
     return [interval(a, b) for a, b in pairwise(readings)]

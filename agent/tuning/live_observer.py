@@ -8,8 +8,10 @@ as the canary: both are measured from the same moment, on the same traffic mix; 
 baseline pod would need a third server). `observe` scrapes both pods every
 `analysis_interval_s` for `analysis_s`; a canary interval that breaks the SLO's latency or
 error limits, or preemptions per request above the SLO's over the analysis so far (once it
-holds enough finished requests to say), sends the traffic back to the stable pod at once and
-raises `CanaryAborted`. With one URL (the bake,
+holds enough finished requests to say), or a canary that restarted (its counters went back
+to zero) or whose /metrics did not answer CANARY_UNANSWERED_LIMIT scrapes running (a crash:
+it is not judged on the readings that survived), sends the traffic back to the stable pod at
+once and raises `CanaryAborted`. With one URL (the bake,
 after a promotion) it waits `warmup_s`, then watches the stable pod for `bake_s`: the rolling
 update has just replaced that pod, its caches are as cold as a canary's were, and the users
 who queued during the update arrive at once. Each observation states the share each side was
@@ -32,6 +34,7 @@ from kvpilot.agent.tuning.live_intervals import (
     judge_samples,
     preemption_breach,
     read_pod,
+    restarted,
 )
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.limits import ScrapeLimits, fetch_text
@@ -43,6 +46,16 @@ from kvpilot.tuner.trials import Warmup
 
 class LiveTrafficError(RuntimeError):
     """The split does not send the side to be judged any traffic."""
+
+
+# A canary whose /metrics does not answer this many scrapes in a row has crashed (or is
+# being replaced): it is not judged on the readings that survived.
+CANARY_UNANSWERED_LIMIT = 2
+
+
+class Unanswered(str):
+    """Why a scrape failed, where the pod did not answer (or answered with an error status):
+    unlike a body that does not parse, a sign that the pod is down."""
 
 
 Sleep = Callable[[float], Awaitable[None]]
@@ -99,24 +112,31 @@ class LiveTrafficObserver:
         count = max(1, round(self._canary.analysis_s / self._canary.analysis_interval_s))
         stable: list[PodReading] = []
         canary: list[PodReading] = []
+        unanswered = 0  # the canary's scrapes in a row that got no answer
         async with httpx.AsyncClient() as client:
             async for tick in self._ticks(count):
                 got_stable, got_canary = await asyncio.gather(
                     self._read(client, stable_url), self._read(client, canary_url)
                 )
                 _append(stable, got_stable)
-                if _append(canary, got_canary) and len(canary) >= 2:
+                unanswered = unanswered + 1 if isinstance(got_canary, Unanswered) else 0
+                breach = None
+                if unanswered >= CANARY_UNANSWERED_LIMIT:
+                    breach = f"the canary's /metrics did not answer {unanswered} times running"
+                elif _append(canary, got_canary) and len(canary) >= 2:
                     (last,) = intervals(canary[-2:])
                     breach = last.slo_breach(self._slo) or preemption_breach(
                         intervals(canary), self._slo
                     )
-                    if breach is not None:
-                        back = await self._traffic.pull_back()
-                        raise CanaryAborted(
-                            f"canary interval {tick} of {count} broke the SLO: {breach}; "
-                            f"traffic back to stable ({describe(back)}); during the analysis "
-                            f"{describe(shares)}"
-                        )
+                    if restarted(canary[-2], canary[-1]):
+                        breach = "the canary restarted (its counters went back to zero)"
+                if breach is not None:
+                    back = await self._traffic.pull_back()
+                    raise CanaryAborted(
+                        f"canary interval {tick} of {count} broke the SLO: {breach}; "
+                        f"traffic back to stable ({describe(back)}); during the analysis "
+                        f"{describe(shares)}"
+                    )
         said = _traffic_statement(shares, stable, canary)
         return (
             self._observation(stable_url, stable, shares.stable_percent, said),
@@ -171,9 +191,9 @@ class LiveTrafficObserver:
             client, url, source="vllm", limits=self._limits, headers=self._headers
         )
         if isinstance(got, SourceError):
-            return self._error(f"{url}: {got.message}")
+            return Unanswered(self._error(f"{url}: {got.message}"))
         if got.status_code != 200:
-            return self._error(f"{url} answered HTTP {got.status_code}")
+            return Unanswered(self._error(f"{url} answered HTTP {got.status_code}"))
         try:
             reading = read_pod(
                 got.text,
