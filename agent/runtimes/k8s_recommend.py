@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kvpilot.agent.runtimes.k8s_api import KubernetesApiError, call
+from kvpilot.agent.runtimes.k8s_objects import gitops_owner
 from kvpilot.agent.runtimes.k8s_values import KubernetesTarget, Recommendation
 from kvpilot.collectors.secrets import MASK, mask, mask_text
 
@@ -140,3 +141,13 @@ def _iso(wall_s: float) -> str:
 
 def _stamp(wall_s: float) -> str:
     return datetime.fromtimestamp(wall_s, UTC).strftime("%Y%m%dT%H%M%S%fZ")
+
+
+def promote_mode(target: KubernetesTarget, stable: dict[str, Any]) -> tuple[bool, str]:
+    """(apply?, why): recommend-only when configured, or when GitOps owns the Deployment."""
+    if target.promote == "recommend":
+        return False, "recommend-only is configured"
+    owner = gitops_owner(stable)
+    if target.promote == "auto" and owner is not None:
+        return False, f"the Deployment belongs to GitOps ({owner})"
+    return True, "apply" if owner is None else f"apply is configured despite {owner}"

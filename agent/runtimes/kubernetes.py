@@ -34,6 +34,7 @@ from kvpilot.agent.runtimes.base import (
     UnknownInstance,
 )
 from kvpilot.agent.runtimes.k8s_api import Conflict, NotFound, call, client_module
+from kvpilot.agent.runtimes.k8s_edits import EditWatch
 from kvpilot.agent.runtimes.k8s_lease import DeploymentLease
 from kvpilot.agent.runtimes.k8s_objects import ContainerCommand
 from kvpilot.agent.runtimes.k8s_values import (
@@ -83,6 +84,7 @@ class KubernetesRuntime:
         self._core = client.CoreV1Api(api_client)
         self._process = process_runtime  # the stable vLLM's processes, in the shared PID ns
         self.pod_name = identity  # this pod's name (downward API), when kvpilot runs in one
+        self.edits = EditWatch()  # a person's edit of the stable during a trial wins
         self._probe = probe
         self._wall_clock = wall_clock
         self._clock = clock
@@ -153,6 +155,8 @@ class KubernetesRuntime:
             resource=DEPLOYMENTS,
             what=f"Deployment {self.target.namespace}/{name}",
         )
+        if name == self.target.deployment:
+            self.edits.note(self._json(patched))
         return self._json(patched)
 
     async def _io(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -260,6 +264,7 @@ class KubernetesRuntime:
     async def start_canary(self, argv: Sequence[str] | None, *, ready_timeout_s: float) -> Instance:
         """Create the canary Deployment with `argv` (the stable's when None), wait until ready."""
         stable = await self._io(self._stable)
+        self.edits.note(stable)  # the Deployment as this trial found it
         if argv is None:
             argv = objects.container_argv(stable, self.target.container) or ()
         body = objects.build_canary(
@@ -361,15 +366,6 @@ class KubernetesRuntime:
 
     # -- promotion -----------------------------------------------------------------------
 
-    def promote_mode(self, stable: dict[str, Any]) -> tuple[bool, str]:
-        """(apply?, why): recommend-only when configured, or when GitOps owns the Deployment."""
-        if self.target.promote == "recommend":
-            return False, "recommend-only is configured"
-        owner = objects.gitops_owner(stable)
-        if self.target.promote == "auto" and owner is not None:
-            return False, f"the Deployment belongs to GitOps ({owner})"
-        return True, "apply" if owner is None else f"apply is configured despite {owner}"
-
     def _recommend(self, stable: dict[str, Any], patch: dict[str, Any], why: str) -> Recommendation:
         done = recommend.recommend(
             self._core,
@@ -393,7 +389,8 @@ class KubernetesRuntime:
         for attempt in range(CONFLICT_RETRIES):
             stable = await self._io(self._stable)
             command = self._command(stable, argv)
-            apply, why = self.promote_mode(stable)
+            self.edits.check(stable, "promoting")
+            apply, why = recommend.promote_mode(self.target, stable)
             if not apply:
                 patch = objects.args_patch(self.target.container, command, None)
                 return Promotion(False, None, await self._io(self._recommend, stable, patch, why))

@@ -23,6 +23,7 @@ from kvpilot.agent.runtimes.k8s_api import (
     call,
     client_module,
 )
+from kvpilot.agent.runtimes.k8s_edits import EditedMeanwhile
 from kvpilot.agent.runtimes.k8s_lease import LeaseRecord
 from kvpilot.agent.runtimes.k8s_traffic import GatewayWeights, ServiceShare, TrafficSplit
 from kvpilot.agent.runtimes.k8s_values import KubernetesTarget
@@ -56,6 +57,7 @@ class KubernetesTunerAdapter:
     @contextlib.asynccontextmanager
     async def lease(self) -> AsyncIterator[LeaseRecord]:
         """Hold the Deployment's tuning Lease for a run (LeaseHeld: another tuner has it)."""
+        self._runtime.edits.forget()  # edits before this run are not edits during a trial
         async with self._runtime.lease.held() as record:
             yield record
 
@@ -159,6 +161,8 @@ class KubernetesTunerAdapter:
             raise CandidateStartFailed(str(exc), exc.log_tail or str(exc)) from exc
         except (KubernetesApiError, InfrastructureFailure) as exc:
             raise _infrastructure(exc) from exc  # a failed trial, not an infeasible one
+        except EditedMeanwhile:
+            raise  # a person's edit wins: the trial fails, saying so, and nothing is written
         except RuntimeFailure as exc:  # a rollout that failed: the new flags' pods did
             raise CandidateStartFailed(str(exc), "") from exc
 

@@ -217,6 +217,21 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
                 self._make_ready(pod)
             return copy.deepcopy(entry.obj)
 
+    def edit_deployment(self, namespace: str, name: str, change: Callable[[dict], None]) -> None:
+        """A person's edit (`kubectl edit`): `change` the spec; a new generation and version."""
+        with self._lock:
+            entry = self.deployments[(namespace, name)]
+            change(entry.obj["spec"])
+            meta = entry.obj["metadata"]
+            meta["generation"] = int(meta["generation"]) + 1
+            meta["resourceVersion"] = self._next_version()
+
+    def update_status(self, namespace: str, name: str) -> None:
+        """A controller's status update: a new resourceVersion, the same generation."""
+        with self._lock:
+            entry = self.deployments[(namespace, name)]
+            entry.obj["metadata"]["resourceVersion"] = self._next_version()
+
     def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         entry = self.deployments.get((namespace, name))
         return None if entry is None else copy.deepcopy(entry.obj)
