@@ -19,9 +19,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
+from kvpilot.agent.runtimes import k8s_route_weights as weights
 from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.k8s_api import KubernetesApiError, NotFound, call, client_module
 from kvpilot.agent.runtimes.k8s_objects import CANARY_OF_ANNOTATION, ROLE_LABEL
+from kvpilot.agent.runtimes.k8s_route_weights import is_service, split_rules
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -235,32 +237,6 @@ def _weights(canary_percent: float) -> tuple[int, int]:
     return 100 * scale - canary, canary
 
 
-def _is_service(ref: Mapping[str, Any], name: str) -> bool:
-    return (
-        ref.get("name") == name
-        and ref.get("group", "") == ""
-        and ref.get("kind", "Service") == "Service"
-    )
-
-
-def _split_rules(route: Mapping[str, Any], stable: str) -> list[int]:
-    rules = (route.get("spec") or {}).get("rules") or ()
-    return [
-        i
-        for i, rule in enumerate(rules)
-        if any(_is_service(ref, stable) for ref in rule.get("backendRefs") or ())
-    ]
-
-
-def _set(path: str, ref: Mapping[str, Any], weight: int) -> list[dict[str, Any]]:
-    """JSON-patch ops that set a backendRef's weight, after testing it is the one meant."""
-    op = "replace" if "weight" in ref else "add"
-    return [
-        {"op": "test", "path": f"{path}/name", "value": ref["name"]},
-        {"op": op, "path": f"{path}/weight", "value": weight},
-    ]
-
-
 class GatewayWeights:
     """The canary's backend Service and its weight in the HTTPRoute's rules.
 
@@ -297,6 +273,7 @@ class GatewayWeights:
         self.stable_service = stable_service
         self.canary_service = canary_service
         self.canary_selector = dict(canary_selector)
+        self.found: weights.Found | None = None  # the split rules' weights before ours
 
     # -- API calls -------------------------------------------------------------------------
 
@@ -385,57 +362,33 @@ class GatewayWeights:
 
     # -- the split -------------------------------------------------------------------------
 
-    def _weight_ops(
-        self, route: dict[str, Any], stable_w: int, canary_w: int, port: int
-    ) -> list[dict[str, Any]]:
-        rules = _split_rules(route, self.stable_service)
-        if not rules:
-            raise RuntimeFailure(
-                f"HTTPRoute {self.route} has no rule routing to Service {self.stable_service}"
-            )
-        ops: list[dict[str, Any]] = []
-        for r in rules:
-            refs = route["spec"]["rules"][r]["backendRefs"]
-            for j, ref in enumerate(refs):
-                if _is_service(ref, self.stable_service):
-                    ops += _set(f"/spec/rules/{r}/backendRefs/{j}", ref, stable_w)
-                    port = ref.get("port", port)  # the canary's Service has the same ports
-                elif _is_service(ref, self.canary_service):
-                    ops += _set(f"/spec/rules/{r}/backendRefs/{j}", ref, canary_w)
-            if canary_w and not any(_is_service(ref, self.canary_service) for ref in refs):
-                new = {"name": self.canary_service, "port": port, "weight": canary_w}
-                ops.append({"op": "add", "path": f"/spec/rules/{r}/backendRefs/-", "value": new})
-        return ops
-
     async def send_share(self, canary_percent: float) -> Shares:
         _percent_check(canary_percent)
         port = await self._ensure_canary_service()
         stable_w, canary_w = _weights(canary_percent)
-        await self._patch_route(lambda route: self._weight_ops(route, stable_w, canary_w, port))
+        total = stable_w + canary_w
+        await self._patch_route(lambda route: self._share_ops(route, total, canary_w, port))
         return await self.shares()
 
-    def _back_ops(self, route: dict[str, Any]) -> list[dict[str, Any]]:
-        """Canary weights to 0, stable ones to what both had (at least 1): all to stable."""
-        ops: list[dict[str, Any]] = []
-        for r in _split_rules(route, self.stable_service):
-            refs = route["spec"]["rules"][r]["backendRefs"]
-            canary = sum(
-                int(ref.get("weight", 1)) for ref in refs if _is_service(ref, self.canary_service)
+    def _share_ops(self, route: dict[str, Any], total: int, canary_w: int, port: int) -> Any:
+        if not split_rules(route, self.stable_service):
+            raise RuntimeFailure(
+                f"HTTPRoute {self.route} has no rule routing to Service {self.stable_service}"
             )
-            for j, ref in enumerate(refs):
-                path = f"/spec/rules/{r}/backendRefs/{j}"
-                if _is_service(ref, self.canary_service) and ref.get("weight", 1) != 0:
-                    ops += _set(path, ref, 0)
-                elif _is_service(ref, self.stable_service) and canary:
-                    ops += _set(path, ref, max(1, int(ref.get("weight", 1)) + canary))
-        return ops
+        if self.found is None:  # the route as kvpilot found it, to put back at the end
+            self.found = weights.found(route, self.stable_service, self.canary_service)
+        return weights.share_ops(route, self.found, self.canary_service, total, canary_w, port)
+
+    def _back_ops(self, route: dict[str, Any]) -> list[dict[str, Any]]:
+        """Canary weights to 0, the others back to what they were found at."""
+        return weights.restore_ops(route, self.found, self.stable_service, self.canary_service)
 
     def _remove_ops(self, route: dict[str, Any]) -> list[dict[str, Any]]:
         ops: list[dict[str, Any]] = []
         for r, rule in enumerate((route.get("spec") or {}).get("rules") or ()):
             refs = rule.get("backendRefs") or ()
             for j in reversed(range(len(refs))):  # from the end: indices stay true
-                if _is_service(refs[j], self.canary_service):
+                if is_service(refs[j], self.canary_service):
                     path = f"/spec/rules/{r}/backendRefs/{j}"
                     ops += [
                         {"op": "test", "path": f"{path}/name", "value": self.canary_service},
@@ -445,6 +398,7 @@ class GatewayWeights:
 
     async def pull_back(self) -> Shares:
         await self._patch_route(self._back_ops)  # the one patch that brings traffic back
+        self.found = None  # put back: the next share starts from the route as it is then
         tidy = ""
         try:
             await self._patch_route(self._remove_ops)
@@ -466,7 +420,7 @@ class GatewayWeights:
 
     async def shares(self) -> Shares:
         route = await self._read_route()
-        rules = _split_rules(route, self.stable_service)
+        rules = split_rules(route, self.stable_service)
         if not rules:
             raise RuntimeFailure(
                 f"HTTPRoute {self.route} has no rule routing to Service {self.stable_service}"
@@ -476,9 +430,9 @@ class GatewayWeights:
         for ref in refs:
             side = (
                 "stable"
-                if _is_service(ref, self.stable_service)
+                if is_service(ref, self.stable_service)
                 else "canary"
-                if _is_service(ref, self.canary_service)
+                if is_service(ref, self.canary_service)
                 else "other"
             )
             weight[side] += int(ref.get("weight", 1))

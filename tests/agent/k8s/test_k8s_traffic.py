@@ -229,7 +229,7 @@ def test_gateway_weights_send_a_tenth_and_pull_it_back_in_one_patch(
         assert splitter.count(canary_backend) == 5  # not one more
         assert canary_server.completions_total == 5
     refs = fake.httproute(NAMESPACE, "vllm")["spec"]["rules"][0]["backendRefs"]
-    assert refs == [{"name": "vllm", "port": 8000, "weight": 100}]
+    assert refs == [{"name": "vllm", "port": 8000}]  # as it was found
     assert fake.service(NAMESPACE, CANARY_SVC) is None
     assert writes(fake) == {("create", "services"), ("delete", "services"), ("patch", HTTPROUTES)}
     assert declared == GatewayWeights.API_CALLS
@@ -367,3 +367,44 @@ def test_a_refused_pull_back_names_the_verb_and_the_resource(fake) -> None:
     assert "the Role 'kvpilot-tuning' grants it" in str(caught.value)
     (subset,) = fake.endpoints(NAMESPACE, "vllm")["subsets"]
     assert {a["ip"] for a in subset["addresses"]} == {STABLE_IP, CANARY_IP}  # still in
+
+
+def test_a_route_split_between_two_backends_keeps_their_proportions_and_is_put_back(
+    fake,
+) -> None:
+    canary = seed(fake, 8000, service_share=False)
+    found = [
+        {"name": "vllm", "port": 8000, "weight": 50},
+        {"name": "vllm-next", "port": 8000, "weight": 50},
+    ]
+    fake.add_httproute(
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
+            "metadata": {"name": "vllm", "namespace": NAMESPACE},
+            "spec": {"parentRefs": [{"name": "gateway"}], "rules": [{"backendRefs": found}]},
+        }
+    )
+    split = GatewayWeights(
+        fake.api_client(),
+        namespace=NAMESPACE,
+        route="vllm",
+        stable_service="vllm",
+        canary_service=CANARY_SVC,
+        canary_selector=canary["spec"]["selector"]["matchLabels"],
+    )
+
+    shares = asyncio.run(split.send_share(10))
+
+    refs = fake.httproute(NAMESPACE, "vllm")["spec"]["rules"][0]["backendRefs"]
+    assert [(r["name"], r["weight"]) for r in refs] == [
+        ("vllm", 45),
+        ("vllm-next", 45),  # its half of the rest, not 50 beside 90
+        (CANARY_SVC, 10),
+    ]
+    assert shares.canary_percent == 10.0
+
+    back = asyncio.run(split.pull_back())
+
+    assert fake.httproute(NAMESPACE, "vllm")["spec"]["rules"][0]["backendRefs"] == found
+    assert back.canary_percent == 0.0
