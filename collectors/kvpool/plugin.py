@@ -9,6 +9,8 @@ inherited, with spawn `register()` runs again):
 * `Scheduler._preempt_request`: count preemptions with engine-side timestamps, at once.
 * `Scheduler.update_from_output`: the step boundary, where vLLM takes its own stats; a
   pending scrape takes its block-pool snapshot here, so it matches `kv_cache_usage_perc`.
+* `Scheduler.schedule`: a step begins; until its `update_from_output` the engine is busy,
+  however long the step, and nothing but the engine thread reads the pool.
 * `WorkerWrapperBase.init_device`: in a process that owns a CUDA device, serve the caching
   allocator's figures on `KVPILOT_KVPOOL_PORT + 100 + local_rank` (the node-local device
   slot, DP-local rank * TP * PP + TP rank, so DP engines and workers never collide).
@@ -56,8 +58,14 @@ class EngineHandle:
     Thread contract: `on_step_end` and `on_preempt` run on the engine thread; `reading`
     runs on the HTTP thread. A scrape raises a flag and waits (up to `wait_s`) for the
     engine thread to snapshot at its next step boundary, where vLLM takes its own stats;
-    when the engine has not stepped for `idle_after_s` (or does not answer in time) the
-    scrape reads the pool itself, which is safe enough while nothing is scheduled.
+    when the engine has not stepped for `idle_after_s` the scrape reads the pool itself,
+    which is safe while nothing is scheduled.
+
+    What scrapes cost the engine is bounded: a snapshot younger than `min_interval_s` is
+    served again (scrape as often as you like: at most one pool pass per interval runs on
+    the engine thread), concurrent scrapes share one pass, and a busy engine that does not
+    answer in time gets no pass from another thread: the latest snapshot is served, its
+    age exported. The engine thread's time in passes is counted (`snapshot_seconds_total`).
     """
 
     def __init__(
@@ -71,6 +79,7 @@ class EngineHandle:
         wall_clock: Callable[[], float],
         wait_s: float = 0.5,
         idle_after_s: float = 0.2,
+        min_interval_s: float = 1.0,
     ) -> None:
         self._scheduler = weakref.ref(scheduler)
         self.engine = engine
@@ -80,11 +89,15 @@ class EngineHandle:
         self._wall_clock = wall_clock
         self._wait_s = wait_s
         self._idle_after_s = idle_after_s
+        self._min_interval_s = min_interval_s
+        self.snapshots_total = 0  # pool passes on the engine thread
+        self.snapshot_seconds_total = 0.0  # and the engine thread's time in them
         self.preemptions_total = 0
         self.last_preemption_s: float | None = None
         self.last_preemption_wall_s: float | None = None
         self.steps_total = 0
         self.last_step_s: float | None = None
+        self._steps_open = 0  # schedule() calls not yet answered by update_from_output()
         self._wanted = False
         self._cond = threading.Condition()
         self._generation = 0
@@ -104,13 +117,21 @@ class EngineHandle:
         except Exception as exc:
             self._errors.record("preemptions", exc)
 
+    def on_step_start(self) -> None:
+        """Engine thread, after `schedule`: a step is under way."""
+        self._steps_open += 1
+
     def on_step_end(self) -> None:
         """Engine thread, after `update_from_output`: a flag check unless a scrape waits."""
+        self._steps_open = max(0, self._steps_open - 1)
         self.steps_total += 1
         self.last_step_s = self._clock()
         if not self._wanted:
             return
+        started = time.perf_counter()
         taken = self._take()
+        self.snapshot_seconds_total += time.perf_counter() - started
+        self.snapshots_total += 1
         with self._cond:
             self._latest = taken
             self._wanted = False
@@ -130,19 +151,27 @@ class EngineHandle:
             return None
 
     def _snapshot_for_scrape(self) -> BlockPoolSnapshot | None:
+        now = self._clock()
+        latest = self._latest
+        if latest is not None and now - latest.taken_at_s < self._min_interval_s:
+            return latest  # fresh enough: the engine does nothing for this scrape
         last_step_s = self.last_step_s
-        if last_step_s is None or self._clock() - last_step_s > self._idle_after_s:
-            return self._take()
+        idle = last_step_s is None or now - last_step_s > self._idle_after_s
+        if idle and self._steps_open == 0:
+            taken = self._take()  # idle: nothing moves the pool while it is read
+            with self._cond:
+                self._latest = taken if taken is not None else self._latest
+            return taken
         with self._cond:
             generation = self._generation
-            self._wanted = True
+            self._wanted = True  # concurrent scrapes raise one flag and share one pass
             answered = self._cond.wait_for(
                 lambda: self._generation != generation, timeout=self._wait_s
             )
-            if answered:
-                return self._latest
-            self._wanted = False
-        return self._take()
+            if not answered:
+                self._wanted = False
+            # Busy and slow to answer: the latest snapshot, never a read racing the engine.
+            return self._latest
 
     def reading(self) -> EngineReading:
         """HTTP thread: this engine's figures, the snapshot taken at a step boundary if busy."""
@@ -153,6 +182,8 @@ class EngineHandle:
             preemptions_total=self.preemptions_total,
             last_preemption_wall_s=self.last_preemption_wall_s,
             scheduler_steps_total=self.steps_total,
+            engine_snapshots_total=self.snapshots_total,
+            engine_snapshot_seconds_total=self.snapshot_seconds_total,
         )
 
 
@@ -272,7 +303,7 @@ def _patch_scheduler(current: PluginState) -> None:
 
 
 def patch_scheduler_class(cls: type, current: PluginState) -> None:
-    """Wrap `__init__`, `_preempt_request` and `update_from_output` of `cls` once."""
+    """Wrap `__init__`, `_preempt_request`, `update_from_output` and `schedule` of `cls` once."""
 
     def make_init(original: Method) -> Method:
         def __init__(self: object, *args: Any, **kwargs: Any) -> None:
@@ -294,6 +325,16 @@ def patch_scheduler_class(cls: type, current: PluginState) -> None:
 
         return _preempt_request
 
+    def make_schedule(original: Method) -> Method:
+        def schedule(self: object, *args: Any, **kwargs: Any) -> Any:
+            result = original(self, *args, **kwargs)
+            handle = getattr(self, HANDLE_ATTR, None)
+            if handle is not None:
+                handle.on_step_start()
+            return result
+
+        return schedule
+
     def make_update(original: Method) -> Method:
         def update_from_output(self: object, *args: Any, **kwargs: Any) -> Any:
             result = original(self, *args, **kwargs)
@@ -307,6 +348,7 @@ def patch_scheduler_class(cls: type, current: PluginState) -> None:
     _wrap_once(cls, "__init__", make_init)
     _wrap_once(cls, "_preempt_request", make_preempt)
     _wrap_once(cls, "update_from_output", make_update)
+    _wrap_once(cls, "schedule", make_schedule)
 
 
 def _attach(scheduler: object, current: PluginState) -> None:

@@ -53,6 +53,8 @@ class EngineReading:
     preemptions_total: int
     last_preemption_wall_s: float | None
     scheduler_steps_total: int
+    engine_snapshots_total: int = 0  # block-pool passes on the engine thread
+    engine_snapshot_seconds_total: float = 0.0  # the engine thread's time in them
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,11 +131,23 @@ class KvPoolCollector:
         steps = CounterMetricFamily(
             "kvpool_scheduler_steps", "Scheduler steps completed.", labels=ENGINE_LABELS
         )
+        passes = CounterMetricFamily(
+            "kvpool_engine_snapshots",
+            "Block-pool passes the engine thread made for scrapes (at most one per interval).",
+            labels=ENGINE_LABELS,
+        )
+        pass_s = CounterMetricFamily(
+            "kvpool_engine_snapshot_seconds",
+            "Engine-thread seconds spent in block-pool passes for scrapes.",
+            labels=ENGINE_LABELS,
+        )
         now_s = self._clock()
         for reading in readings:
             labels = [reading.engine, reading.model_name]
             preempt.add_metric(labels, reading.preemptions_total)
             steps.add_metric(labels, reading.scheduler_steps_total)
+            passes.add_metric(labels, reading.engine_snapshots_total)
+            pass_s.add_metric(labels, reading.engine_snapshot_seconds_total)
             if reading.last_preemption_wall_s is not None:
                 last.add_metric(labels, reading.last_preemption_wall_s)
             snap = reading.snapshot
@@ -157,7 +171,7 @@ class KvPoolCollector:
             age.add_metric(labels, max(now_s - snap.taken_at_s, 0.0))
         return [
             *(total, free, cached, empty, run, frag, slots, slots_ratio),
-            *(running, block_size, age, preempt, last, steps),
+            *(running, block_size, age, preempt, last, steps, passes, pass_s),
         ]
 
     def _allocator_families(self, readings: Sequence[AllocatorReading]) -> list[Metric]:
