@@ -25,13 +25,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any
 
 from kvpilot.collectors.secrets import mask_argv
+from kvpilot.tuner.decide import WindowGoodputs, typical
 from kvpilot.tuner.decide import bake_degradation as bake_degradation  # re-exported
 from kvpilot.tuner.decide import promotion_decision as promotion_decision
-from kvpilot.tuner.judge import JudgeConfig, judge
+from kvpilot.tuner.judge import JudgeConfig
+from kvpilot.tuner.judge_windows import Window, judge_windows
 from kvpilot.tuner.objective import Outcome, Slo, TrialResult, evaluate
 from kvpilot.tuner.ports import (
     CanaryAborted,
@@ -42,88 +42,11 @@ from kvpilot.tuner.ports import (
     RolloutJournal,
     TunerRuntime,
 )
+from kvpilot.tuner.rollout_record import STABLE_TOUCHED
+from kvpilot.tuner.rollout_record import Phase as Phase
+from kvpilot.tuner.rollout_record import RolloutRecord as RolloutRecord
+from kvpilot.tuner.rollout_record import Strategy as Strategy
 from kvpilot.tuner.trials import Trial, TrialState, TrialStore, Warmup, abort_unfinished
-
-
-class Strategy(StrEnum):
-    PARALLEL = "parallel"
-    SEQUENTIAL = "sequential"
-
-
-class Phase(StrEnum):
-    PLANNED = "planned"
-    OBSERVING_BASELINE = "observing_baseline"
-    STARTING = "starting"
-    WARMING = "warming"
-    OBSERVING = "observing"
-    JUDGING = "judging"
-    PROMOTING = "promoting"
-    BAKING = "baking"
-    REVERTING = "reverting"
-    ROLLING_BACK = "rolling_back"
-    PROMOTED = "promoted"
-    ROLLED_BACK = "rolled_back"
-    REVERTED = "reverted"
-    INFEASIBLE = "infeasible"
-    FAILED = "failed"
-    ABORTED = "aborted"
-
-    @property
-    def final(self) -> bool:
-        return self in _FINAL
-
-
-_FINAL = frozenset(
-    {
-        Phase.PROMOTED,
-        Phase.ROLLED_BACK,
-        Phase.REVERTED,
-        Phase.INFEASIBLE,
-        Phase.FAILED,
-        Phase.ABORTED,
-    }
-)
-# Phases in which the stable instance may be serving flags other than its old ones.
-_STABLE_TOUCHED = {
-    Strategy.PARALLEL: frozenset({Phase.PROMOTING, Phase.BAKING, Phase.REVERTING}),
-    Strategy.SEQUENTIAL: frozenset(
-        {
-            Phase.STARTING,
-            Phase.WARMING,
-            Phase.OBSERVING,
-            Phase.JUDGING,
-            Phase.PROMOTING,
-            Phase.BAKING,
-            Phase.REVERTING,
-            Phase.ROLLING_BACK,
-        }
-    ),
-}
-
-
-@dataclass(frozen=True, slots=True)
-class RolloutRecord:
-    """Where one trial's rollout got to, and the flags needed to undo it."""
-
-    trial_id: str
-    strategy: Strategy
-    phase: Phase
-    stable_argv: tuple[str, ...]  # the stable instance's flags before the trial
-    candidate_argv: tuple[str, ...]
-    updated_wall_s: float
-    reason: str | None = None
-    baseline_goodput_tokens_per_s: float | None = None
-    bake_goodput_tokens_per_s: float | None = None
-
-    def at(
-        self, phase: Phase, *, at_wall_s: float, reason: str | None = None, **changes: Any
-    ) -> RolloutRecord:
-        """The record in a new phase; a final phase cannot be left."""
-        if self.phase.final:
-            raise ValueError(f"rollout {self.trial_id}: {self.phase} is final")
-        return dataclasses.replace(
-            self, phase=phase, updated_wall_s=at_wall_s, reason=reason or self.reason, **changes
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,9 +59,15 @@ class RolloutSettings:
     bake: bool = True
     bake_tolerance_ratio: float = 0.2
     require_improvement: bool = True  # a pass must also beat the baseline's objective
-    # With one window a side, more goodput promotes only beyond this share of the stable's:
-    # the same configuration measured twice differs by more than a few percent.
+    # With fewer windows than the judge's least a side, more goodput promotes only beyond
+    # this share of the stable's: the same configuration measured twice differs by more
+    # than a few percent.
     min_gain_ratio: float = 0.1
+    # Windows observed a side (each side's the same, at the same time for a parallel
+    # canary); from judge_windows.MIN_WINDOWS on, the window is the judge's unit of evidence
+    # and a goodput gain must stand out from the windows' own spread. Live traffic observes
+    # one analysis of many intervals instead.
+    windows: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,12 +151,16 @@ class Rollout:
         self._move(s, Phase.WARMING)
         s.warmup = await self._observer.warm([stable_url, canary_url])
         self._move(s, Phase.OBSERVING)
+        baselines, canaries = [], []
         try:
-            baseline, canary = await self._observer.observe([stable_url, canary_url])
+            for _ in range(max(1, self._settings.windows)):
+                baseline, canary = await self._observer.observe([stable_url, canary_url])
+                baselines.append(baseline)
+                canaries.append(canary)
         except CanaryAborted as exc:  # live traffic: the observer already took it back
             await self._abort(s, str(exc))
             return
-        promote = self._judge(s, baseline, canary)
+        promote = self._judge(s, baselines, canaries, paired=True)
         if not promote:
             self._move(s, Phase.ROLLING_BACK)
             await rt.stop_canary()
@@ -253,7 +186,7 @@ class Rollout:
     async def _sequential(self, s: _Run) -> None:
         rt, url = self._runtime, self._runtime.stable_url()
         self._move(s, Phase.OBSERVING_BASELINE)
-        (baseline,) = await self._observer.observe([url])
+        baselines = [await self._observe_one(url) for _ in range(max(1, self._settings.windows))]
         self._move(s, Phase.STARTING)
         try:
             await rt.set_stable(
@@ -276,8 +209,8 @@ class Rollout:
         self._move(s, Phase.WARMING)
         s.warmup = await self._observer.warm([url])
         self._move(s, Phase.OBSERVING)
-        (canary,) = await self._observer.observe([url])
-        if not self._judge(s, baseline, canary):
+        canaries = [await self._observe_one(url) for _ in range(max(1, self._settings.windows))]
+        if not self._judge(s, baselines, canaries, paired=False):
             self._move(s, Phase.ROLLING_BACK)
             await self._restore_stable(s, f"trial {s.trial.number} rolled back")
             self._move(s, Phase.ROLLED_BACK)
@@ -287,15 +220,28 @@ class Rollout:
 
     # --- steps shared by both ---------------------------------------------------------
 
-    def _judge(self, s: _Run, baseline: Observation, canary: Observation) -> bool:
-        """Objective and judge; the trial is finished with both. Returns whether to promote."""
+    async def _observe_one(self, url: str) -> Observation:
+        (window,) = await self._observer.observe([url])
+        return window
+
+    def _judge(
+        self,
+        s: _Run,
+        baselines: Sequence[Observation],
+        canaries: Sequence[Observation],
+        *,
+        paired: bool,
+    ) -> bool:
+        """Objective and judge over the windows; the trial is finished with both. Returns
+        whether to promote."""
         self._move(s, Phase.JUDGING)
         slo = self._settings.slo
-        base_result = evaluate(baseline.measurement, slo)
-        result = evaluate(canary.measurement, slo)
-        judgement = judge(
-            canary.samples, baseline.samples, self._settings.judge, slo.judge_limits()
-        )
+        base_results = [evaluate(b.measurement, slo) for b in baselines]
+        results = [evaluate(c.measurement, slo) for c in canaries]
+        base_result, result = typical(base_results), typical(results)
+        windows = [Window(c.samples, b.samples) for c, b in zip(canaries, baselines, strict=True)]
+        judgement = judge_windows(windows, self._settings.judge, slo.judge_limits(), paired=paired)
+        canary = canaries[-1]
         s.baseline = base_result
         state = TrialState.COMPLETE if result.feasible else TrialState.INFEASIBLE
         traffic = canary.traffic  # live traffic: the shares, stated with the verdict
@@ -313,7 +259,12 @@ class Rollout:
         s.record = dataclasses.replace(
             s.record, baseline_goodput_tokens_per_s=base_result.goodput_tokens_per_s
         )
-        promote, why = promotion_decision(result, base_result, judgement, self._settings)
+        gains = WindowGoodputs(
+            tuple(r.goodput_tokens_per_s for r in results),
+            tuple(r.goodput_tokens_per_s for r in base_results),
+            paired,
+        )
+        promote, why = promotion_decision(result, base_result, judgement, self._settings, gains)
         s.record = dataclasses.replace(s.record, reason=f"{why}; {traffic}" if traffic else why)
         return promote
 
@@ -331,7 +282,9 @@ class Rollout:
         if degraded is not None:
             await self._revert(s, f"bake: {degraded}")
             return
-        self._move(s, Phase.PROMOTED, reason="promoted; the bake window held")
+        # The promotion's why stays with the record: the report shows what won and how.
+        why = f" ({s.record.reason})" if s.record.reason else ""
+        self._move(s, Phase.PROMOTED, reason=f"promoted{why}; the bake window held")
 
     async def _abort(self, s: _Run, why: str) -> None:
         """The canary broke the SLO mid-analysis: infeasible (the candidate's fault), removed."""
@@ -375,7 +328,7 @@ class Rollout:
             return
         try:
             await self._runtime.stop_canary()
-            if s.record.phase in _STABLE_TOUCHED[s.record.strategy]:
+            if s.record.phase in STABLE_TOUCHED[s.record.strategy]:
                 await self._restore_stable(s, reason)
         finally:
             if not s.trial.state.terminal:
@@ -429,7 +382,7 @@ async def recover(
         await runtime.stop_canary()
     for record in open_records:
         # The journal keeps argv masked: the flags are compared as stored.
-        touched = record.phase in _STABLE_TOUCHED[record.strategy]
+        touched = record.phase in STABLE_TOUCHED[record.strategy]
         restore = touched and mask_argv(runtime.stable_argv()) != mask_argv(record.stable_argv)
         if restore:
             await runtime.set_stable(

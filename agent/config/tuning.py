@@ -239,6 +239,16 @@ class TuningConfig(BaseModel):
     )
     slo: TuningSlo = Field(default_factory=TuningSlo, description="The SLO.")
     bake: bool = Field(True, description="Watch promoted flags for one more window.")
+    windows: int = Field(
+        5,
+        ge=1,
+        le=50,
+        description="Replayed windows a side per trial (at the same time on both sides for a "
+        "parallel canary). From 5, the judge takes the window as its unit of evidence and a "
+        "goodput gain must stand out from the windows' spread; fewer are judged request by "
+        "request, which the calibration (docs/judge.md) shows overconfident. Live traffic is "
+        "judged over canary.analysis_s instead.",
+    )
     canary: CanaryConfig = Field(
         default_factory=CanaryConfig,
         description="Replayed or live traffic for the canary, and its analysis windows.",

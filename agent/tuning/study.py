@@ -260,8 +260,13 @@ def make_session(
     (live traffic goes through `traffic`)."""
     t = study.tuning
     observer, judge = make_observer(study, api_key=api_key, traffic=traffic)
+    replay = t.canary.traffic == "replay"
     settings = RolloutSettings(
-        slo=study.slo, judge=judge, bake=t.bake, ready_timeout_s=study.ready_timeout_s
+        slo=study.slo,
+        judge=judge,
+        bake=t.bake,
+        ready_timeout_s=study.ready_timeout_s,
+        windows=t.windows if replay else 1,  # live: one analysis of many intervals
     )
     return TuningSession(
         space=study.space,

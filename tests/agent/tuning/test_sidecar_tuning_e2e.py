@@ -130,6 +130,11 @@ def test_the_schedule_runs_a_canary_and_promotes_through_the_remediator(tmp_path
             (trial,) = SqliteTrialStore(db).trials()
             (record,) = SqliteRolloutJournal(db).records()
             assert record.phase is Phase.PROMOTED, record.reason
+            # Judged on the default five paired windows: one summary per window a side.
+            assert (record.reason or "").startswith("judged pass"), record.reason
+            assert trial.judgement is not None
+            ttft = next(m for m in trial.judgement.metrics if m.name == "ttft_s")
+            assert (ttft.canary_count, ttft.baseline_count) == (5, 5)
             # The promotion was a remediation of the stable instance, audited as the agent's.
             (promotion,) = StateStore(db).remediations(instance="vllm")
             assert promotion.action == "promote" and promotion.state == "succeeded"
