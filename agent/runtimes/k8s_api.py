@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,6 +18,18 @@ SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 # Every request's deadline, (connect, read) in seconds: without one the client's socket
 # waits for ever on an API server that accepts a connection and never answers.
 REQUEST_TIMEOUT_S: tuple[float, float] = (5.0, 10.0)
+# A shorter one, within `deadline(...)`: reads made on the event loop itself (the OOM guard's).
+_DEADLINE: ContextVar[tuple[float, float] | None] = ContextVar("kvpilot_k8s_deadline", default=None)
+
+
+@contextlib.contextmanager
+def deadline(timeout_s: tuple[float, float]) -> Iterator[None]:
+    """Calls made within this block (in this thread) wait at most `timeout_s` each."""
+    token = _DEADLINE.set(timeout_s)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
 
 
 # Which of kvpilot's Roles grants each (verb, resource) the agent's calls use, and where the
@@ -141,7 +155,7 @@ def call(fn: Callable[..., T], *args: Any, verb: str, resource: str, what: str, 
     client = client_module()
     import urllib3  # the client's transport, installed with it
 
-    kw.setdefault("_request_timeout", REQUEST_TIMEOUT_S)
+    kw.setdefault("_request_timeout", _DEADLINE.get() or REQUEST_TIMEOUT_S)
     try:
         found = fn(*args, **kw)
     except (client.ApiException, urllib3.exceptions.HTTPError, OSError) as exc:

@@ -43,6 +43,7 @@ from kvpilot.agent.runtimes.k8s_values import (
     PromotionNotApplied,
     Recommendation,
 )
+from kvpilot.agent.runtimes.offloop import in_daemon_thread
 from kvpilot.agent.runtimes.probe import wait_ready
 from kvpilot.collectors.secrets import mask_argv
 
@@ -160,7 +161,7 @@ class KubernetesRuntime:
         return self._json(patched)
 
     async def _io(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.to_thread(fn, *args)
+        return await in_daemon_thread(fn, *args)  # not joined at exit: no wait on a hang
 
     # -- reading -------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from contextvars import ContextVar
 
 from kvpilot.agent.model import Instance
 from kvpilot.agent.runtimes.base import RuntimeFailure, StopResult
+from kvpilot.agent.runtimes.k8s_api import deadline
 from kvpilot.agent.runtimes.k8s_handover import HandoverConfigMap
 from kvpilot.agent.runtimes.k8s_values import Promotion
 from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 _STRICT: ContextVar[bool] = ContextVar("kvpilot_pod_strict_reads", default=False)
 API_READ_INTERVAL_S = 15.0
+GUARD_DEADLINE_S = (0.5, 1.0)  # the OOM guard reads on the event loop: briefly, or not at all
 
 
 @contextlib.contextmanager
@@ -60,6 +62,7 @@ class PodRuntime(KubernetesRuntime):
     _view: tuple[float, tuple[Instance, ...]] | None = None
 
     _failed_at_s: float | None = None
+    _reading_since: float | None = None  # a tick's API read under way since
 
     def instances(self) -> tuple[Instance, ...]:
         if not _STRICT.get() and self._view is not None:
@@ -71,6 +74,7 @@ class PodRuntime(KubernetesRuntime):
             return (local_now,)
         try:
             self.api_reads_total += 1
+            self._reading_since = self._clock()
             found = super().instances()
         except RuntimeFailure as exc:
             if _STRICT.get():
@@ -88,9 +92,11 @@ class PodRuntime(KubernetesRuntime):
             if local is None:
                 raise
             return (local,)
+        finally:
+            self._reading_since = None
         if self._failing is not None:
             log.info("the API server answers again")
-            self._failing = self._failed_at_s = None
+        self._failing = self._failed_at_s = None
         self._view = (self._clock(), found)
         return found
 
@@ -98,11 +104,16 @@ class PodRuntime(KubernetesRuntime):
         """The pod's own stable instance while the API server was failing a moment ago: each
         try costs a tick up to the request deadline, so it is tried again only once per
         `api_read_interval_s` (strict reads always try)."""
-        if _STRICT.get() or self._failed_at_s is None:
-            return None
-        if self._clock() - self._failed_at_s >= self.api_read_interval_s:
+        if _STRICT.get() or not self._recently_failed():
             return None
         return self._local_stable()
+
+    def _recently_failed(self) -> bool:
+        """The API server failed a read a moment ago, or a read has waited over a second."""
+        failed, reading = self._failed_at_s, self._reading_since
+        if reading is not None and self._clock() - reading > 1.0:
+            return True
+        return failed is not None and self._clock() - failed < self.api_read_interval_s
 
     def _with_local_pids(self, view: tuple[Instance, ...]) -> tuple[Instance, ...]:
         local = self._local_stable()
@@ -161,10 +172,14 @@ class PodRuntime(KubernetesRuntime):
         stable = name == self.target.stable_name
         # The stable's vLLM is this pod's: another replica's old OOMKilled is not its death.
         own = self.pod_name if stable else None
+        if self._recently_failed() and not _STRICT.get():
+            return None  # the API server is failing: the guard is called on the event loop
         try:
-            deployment = self._get(self.target.deployment if stable else name)
-            pods = self._pods(deployment, only=own) if deployment is not None else []
+            with deadline(GUARD_DEADLINE_S):
+                deployment = self._get(self.target.deployment if stable else name)
+                pods = self._pods(deployment, only=own) if deployment is not None else []
         except RuntimeFailure:
+            self._failed_at_s = self._clock()
             return None
         reasons = (container_termination_reason(p, self.target.container) for p in pods)
         return next((r for r in reasons if r is not None), None)
