@@ -4,16 +4,21 @@ the route is put back as it was found.
 A rule may split between several backends already (the stable Service and another, 50/50).
 The canary's share is taken from all of them alike, each keeping its part of the rest, so a
 50/50 split with a 10 % canary is 45/45/10, never 90/50/10. The weights each rule had when
-kvpilot first changed it are remembered (`Found`), and the pull-back writes them back, a
-weight left unset unset again, in the one patch that sends the canary's traffic home.
+kvpilot first changed it are remembered (`Found`), in the route itself (an annotation, so
+that the pod that cleans up another's canary, evicted mid-trial, knows them too), and the
+pull-back writes them back, a weight left unset unset again, in the one patch that sends the
+canary's traffic home; the annotation goes with the canary's backendRefs.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+ANNOTATION = "kvpilot.dev/weights-before-canary"
+_ANNOTATION_PATH = "/metadata/annotations/" + ANNOTATION.replace("~", "~0").replace("/", "~1")
 Ref = Mapping[str, Any]
 RefKey = tuple[str, str, str, str, str]
 
@@ -46,6 +51,39 @@ class Found:
 
     def weights(self, rule: int) -> dict[RefKey, int | None] | None:
         return next((dict(refs) for r, refs in self.rules if r == rule), None)
+
+
+def from_annotation(route: Ref) -> Found | None:
+    """The weights as found, kept on the route by whichever pod changed it first."""
+    text = ((route.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION)
+    if not text:
+        return None
+    try:
+        rules = json.loads(text)
+        return Found(
+            tuple(
+                (int(r), tuple((tuple(str(k) for k in key), w) for key, w in refs))  # type: ignore[misc]
+                for r, refs in rules
+            )
+        )
+    except (ValueError, TypeError):
+        return None  # not ours to read: the stable takes the canary's weight instead
+
+
+def annotate_ops(route: Ref, was: Found) -> list[dict[str, Any]]:
+    """Ops that keep `was` on the route, unless it holds a record already."""
+    annotations = (route.get("metadata") or {}).get("annotations")
+    if annotations and ANNOTATION in annotations:
+        return []
+    text = json.dumps([[r, [[list(k), w] for k, w in refs]] for r, refs in was.rules])
+    if annotations is None:
+        return [{"op": "add", "path": "/metadata/annotations", "value": {ANNOTATION: text}}]
+    return [{"op": "add", "path": _ANNOTATION_PATH, "value": text}]
+
+
+def unannotate_ops(route: Ref) -> list[dict[str, Any]]:
+    annotations = (route.get("metadata") or {}).get("annotations") or {}
+    return [{"op": "remove", "path": _ANNOTATION_PATH}] if ANNOTATION in annotations else []
 
 
 def split_rules(route: Ref, stable: str) -> list[int]:

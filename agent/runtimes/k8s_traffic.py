@@ -376,12 +376,15 @@ class GatewayWeights:
                 f"HTTPRoute {self.route} has no rule routing to Service {self.stable_service}"
             )
         if self.found is None:  # the route as kvpilot found it, to put back at the end
-            self.found = weights.found(route, self.stable_service, self.canary_service)
-        return weights.share_ops(route, self.found, self.canary_service, total, canary_w, port)
+            kept = weights.from_annotation(route)
+            self.found = kept or weights.found(route, self.stable_service, self.canary_service)
+        ops = weights.share_ops(route, self.found, self.canary_service, total, canary_w, port)
+        return [*ops, *weights.annotate_ops(route, self.found)]
 
     def _back_ops(self, route: dict[str, Any]) -> list[dict[str, Any]]:
         """Canary weights to 0, the others back to what they were found at."""
-        return weights.restore_ops(route, self.found, self.stable_service, self.canary_service)
+        was = self.found or weights.from_annotation(route)  # another pod's canary: the route's
+        return weights.restore_ops(route, was, self.stable_service, self.canary_service)
 
     def _remove_ops(self, route: dict[str, Any]) -> list[dict[str, Any]]:
         ops: list[dict[str, Any]] = []
@@ -394,7 +397,7 @@ class GatewayWeights:
                         {"op": "test", "path": f"{path}/name", "value": self.canary_service},
                         {"op": "remove", "path": path},
                     ]
-        return ops
+        return [*ops, *weights.unannotate_ops(route)]
 
     async def pull_back(self) -> Shares:
         await self._patch_route(self._back_ops)  # the one patch that brings traffic back

@@ -3,7 +3,7 @@ session of two trials) against the fake API server (a fake: no API server runs h
 stand-in vLLM, and a scripted sequence of the faults a bad day brings: a replica evicted
 mid-trial leaving its canary with a share of the traffic, a 403 on the pull-back, an HTML
 page with 200, a request never answered, a 500 and a 429 on the Lease's renewal, a 409 on
-the promotion, a 500 on the canary's creation. It must end with no canary, no traffic share
+the promotion, a 500 on the canary's creation, on a route split between two backends. It must end with no canary, no traffic share
 on one, the Lease released, and every fault on record."""
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ from tests.tuner.test_rollout import SLO
 
 SPACE = SearchSpace(knobs=(Knob("max_num_seqs", KnobKind.INTEGER, 8, 64, levels=(8.0, 16.0)),))
 LEASE = r"/leases/vllm-kvpilot-tuner$"
+# The route as found: split between two backends already (the next model version beside).
+FOUND = ({"name": "vllm", "port": 8000, "weight": 50}, {"name": "vllm-next", "port": 8000})
 ROUTE = r"/httproutes/vllm$"
 
 
@@ -83,7 +85,7 @@ def seed(fake, port: int) -> None:
             "metadata": {"name": "vllm", "namespace": NAMESPACE},
             "spec": {
                 "parentRefs": [{"name": "gateway"}],
-                "rules": [{"backendRefs": [{"name": "vllm", "port": 8000}]}],
+                "rules": [{"backendRefs": [dict(ref) for ref in FOUND]}],
             },
         }
     )
@@ -180,7 +182,7 @@ def test_a_tuning_session_through_a_scripted_run_of_faults(
     assert fake.deployment(NAMESPACE, CANARY) is None
     assert fake.service(NAMESPACE, CANARY) is None
     refs = fake.httproute(NAMESPACE, "vllm")["spec"]["rules"][0]["backendRefs"]
-    assert [r["name"] for r in refs] == ["vllm"]
+    assert refs == [dict(ref) for ref in FOUND]  # put back as found
     assert fake.leases[(NAMESPACE, lease_name("vllm"))]["spec"].get("holderIdentity") in (None, "")
     # What happened, on record.
     assert swept is not None and f"orphaned canary {NAMESPACE}/{CANARY}" in swept
