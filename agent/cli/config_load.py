@@ -20,7 +20,7 @@ from kvpilot.agent.config import AgentConfig, ConfigError, load_config, validate
 from kvpilot.agent.config.extras import missing_extras, needed_extras
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.migrations import SchemaTooNewError
-from kvpilot.agent.tuning.promoted import yaml_hash
+from kvpilot.agent.tuning.promoted import configured_hash
 
 INVALID_CONFIG_EXIT = 2
 
@@ -53,7 +53,7 @@ def _read_token(config: AgentConfig) -> None:
 def load_or_exit(
     path: Path, *, use_env: bool = True, warn: bool = True, read_token: bool = False
 ) -> tuple[AgentConfig, str]:
-    """The validated configuration and the sha256 of the file's bytes, or exit 2.
+    """The validated configuration and its hash for promotions (`configured_hash`), or exit 2.
 
     `read_token` also reads `api.token_file`: for the commands that serve the control API.
     """
@@ -61,7 +61,7 @@ def load_or_exit(
         config = load_config(path, os.environ if use_env else None, warn=warn)
         if read_token:
             _read_token(config)
-        return config, yaml_hash(path)
+        return config, configured_hash(config)
     except ConfigError as exc:
         exit_invalid(path, exc.problems)
     except OSError as exc:  # the file went away between reading and hashing

@@ -2,14 +2,18 @@
 promoted flags, used to start it (`kvpilot run`, `kvpilot tune`) and to label it
 (the live-flags metric).
 
-A promotion is stored as a fact with the hash of the YAML it was promoted under. Promoted
-flags win over the YAML's engine flags until the YAML itself changes; without a YAML to
-compare (no file), the configured flags run.
+A promotion is stored as a fact with the hash of the configuration it was promoted under:
+the tuned server's configured argv as loaded (after `KVPILOT_*` overrides), its secrets
+masked. Promoted flags win over the configured ones until that argv changes: a comment or
+any other part of the YAML edited is no change; an override of the argv (the model, say) is
+one. Without a file (flags from the command line only), the configured flags run.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -18,7 +22,7 @@ from typing import Any, Literal
 
 from kvpilot.agent.config import AgentConfig, InstanceConfig, LocalRuntimeConfig
 from kvpilot.agent.state.store import StateStore
-from kvpilot.collectors.secrets import SecretLost, restore_secrets
+from kvpilot.collectors.secrets import SecretLost, mask_argv, restore_secrets
 
 # {"argv": [...], "yaml_sha256": ..., "reason": ...}; the argv's secrets stored masked.
 PROMOTED_FACT = "tuning.promoted"
@@ -26,17 +30,30 @@ PROMOTED_FACT = "tuning.promoted"
 RUNNING_CONFIG_FACT = "agent.config"
 
 
+def configured_hash(config: AgentConfig) -> str:
+    """sha256 of the tuned server's configured argv as loaded, its secrets masked (a rotated
+    API key keeps the promotion; the key comes back from the configured argv): a promotion
+    holds while it is unchanged."""
+    tuned = tuned_instance(config)
+    argv = mask_argv(tuned.argv) if tuned is not None else []
+    text = json.dumps({"configured_argv": argv}, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def yaml_hash(path: Path) -> str:
-    """sha256 of the configuration file's bytes: a promotion holds while it is unchanged."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    """`configured_hash` of the configuration at `path`, loaded as `kvpilot run` loads it
+    (with this process's `KVPILOT_*` overrides)."""
+    from kvpilot.agent.config.load import load_config
+
+    return configured_hash(load_config(path, os.environ, warn=False))
 
 
 class Why(StrEnum):
     """Why the live flags are what they are."""
 
     CONFIGURED = "configured"  # nothing promoted (or no YAML to hold a promotion to)
-    PROMOTED = "promoted"  # the tuner's, under this very YAML
-    YAML_CHANGED = "yaml_changed"  # configured: the YAML changed since the last promotion
+    PROMOTED = "promoted"  # the tuner's, under this very configured argv
+    YAML_CHANGED = "yaml_changed"  # configured: its argv changed since the last promotion
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +72,7 @@ class LiveArgv:
         if self.why is Why.PROMOTED:
             return f"promoted ({self.promotion_reason or 'by the tuner'})"
         if self.why is Why.YAML_CHANGED:
-            return "configured (the YAML changed since the last promotion)"
+            return "configured (its argv changed since the last promotion)"
         return "configured"
 
     def source_of(self, running: Sequence[str]) -> Literal["configured", "promoted"]:
@@ -67,8 +84,8 @@ class LiveArgv:
 def live_argv(
     configured: Sequence[str], promoted: Mapping[str, Any] | None, config_sha256: str | None
 ) -> LiveArgv:
-    """The flags to run: the promoted ones while the YAML (`config_sha256`) is the one they
-    were promoted under, else the configured ones."""
+    """The flags to run: the promoted ones while the configuration (`config_sha256`, see
+    `configured_hash`) is the one they were promoted under, else the configured ones."""
     if promoted and config_sha256 is not None and promoted.get("yaml_sha256") == config_sha256:
         try:
             # Stored masked: the secrets come back from the YAML they were promoted under.

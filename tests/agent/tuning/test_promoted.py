@@ -43,7 +43,7 @@ def test_live_argv(promoted: dict | None, sha: str | None, expected: LiveArgv) -
 def test_how_the_decision_reads() -> None:
     assert live_argv(CONFIGURED, FACT, "sha-1").describe() == "promoted (trial 3)"
     changed = live_argv(CONFIGURED, FACT, "sha-2")
-    assert changed.describe() == "configured (the YAML changed since the last promotion)"
+    assert changed.describe() == "configured (its argv changed since the last promotion)"
     assert (changed.source, changed.source_of(CONFIGURED)) == ("configured", "configured")
     # Flags the tuner put on the server since (a sequential trial) are not the configured ones.
     assert changed.source_of(PROMOTED) == "promoted"
@@ -89,12 +89,17 @@ def test_run_tune_and_the_metric_agree(tmp_path: Path) -> None:
         _, live = stable_runtime(config, store.db, yaml_hash(path))
         assert (live.argv, live.describe()) == (PROMOTED, "promoted (trial 3)")
 
-        # The YAML is edited: both go back to it, and the metric says so.
+        # A comment added to the YAML changes no flag: the promotion holds.
         path.write_text(path.read_text() + "# edited\n")
-        assert promoted_argv(config, store, yaml_hash(path)) == {"a": CONFIGURED}
+        assert promoted_argv(config, store, yaml_hash(path)) == {"a": PROMOTED}
+        # The configured argv is edited: both go back to it, and the metric says so.
+        path.write_text(path.read_text().replace("/m", "/other-model"))
+        config = load_config(path)
+        edited = ("vllm", "serve", "/other-model", "--max-num-seqs", "4")
+        assert promoted_argv(config, store, yaml_hash(path)) == {"a": edited}
         _, live = stable_runtime(config, store.db, yaml_hash(path))
-        assert live.why is Why.YAML_CHANGED and live.argv == CONFIGURED
-        assert running_flags_source(config, store, "a", CONFIGURED) == "configured"
+        assert live.why is Why.YAML_CHANGED and live.argv == edited
+        assert running_flags_source(config, store, "a", edited) == "configured"
 
 
 def test_a_server_kvpilot_does_not_start_runs_its_own_flags(tmp_path: Path) -> None:
