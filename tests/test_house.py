@@ -25,7 +25,6 @@ def test_the_agent_root_has_rooms_not_a_pile_of_modules() -> None:
 WEIGHED_LONG_MODULES = {
     "agent/cli/demo.py": "the demo's scenes in the order they play",
     "agent/cli/tune_cmd.py": "the tune command's options and its report, to split",
-    "agent/runtimes/k8s_traffic.py": "the three traffic splitters, to split by splitter",
     "agent/runtimes/kubernetes.py": "the pod runtime, to split from its API reads",
     "agent/tick/sidecar.py": "the tick and its parts, to split into ordered steps",
 }
