@@ -301,24 +301,23 @@ class DeploymentLease:
         for gone in (k for k, v in changes.items() if v is None):
             kept.pop(gone, None)
         current.metadata.annotations = kept
-        verb = "update" if current.metadata.resource_version else "create"
         try:
-            if verb == "create":
-                call(
-                    self._api.create_namespaced_lease,
-                    self.namespace,
-                    current,
-                    verb=verb,
-                    resource=RESOURCE,
-                    what=self._what(),
-                )
-            else:
+            if current.metadata.resource_version:
                 call(
                     self._api.replace_namespaced_lease,
                     self.name,
                     self.namespace,
                     current,
-                    verb=verb,
+                    verb="update",
+                    resource=RESOURCE,
+                    what=self._what(),
+                )
+            else:
+                call(
+                    self._api.create_namespaced_lease,
+                    self.namespace,
+                    current,
+                    verb="create",
                     resource=RESOURCE,
                     what=self._what(),
                 )
