@@ -16,6 +16,7 @@ them), and dropped at once after any change this runtime makes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -34,7 +35,18 @@ log = logging.getLogger(__name__)
 
 _STRICT: ContextVar[bool] = ContextVar("kvpilot_pod_strict_reads", default=False)
 API_READ_INTERVAL_S = 15.0
-GUARD_DEADLINE_S = (0.5, 1.0)  # the OOM guard reads on the event loop: briefly, or not at all
+# A read made on the event loop itself (the OOM guard's, the status API's) stops it while it
+# waits: briefly, then (see `_recently_failed`) not at all while the API server fails.
+ON_LOOP_DEADLINE_S = (0.5, 1.0)
+
+
+def _loop_deadline() -> contextlib.AbstractContextManager[None]:
+    """ON_LOOP_DEADLINE_S for calls made on a running event loop's thread; else as usual."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # a worker thread: the usual deadline, the loop goes on meanwhile
+        return contextlib.nullcontext()
+    return deadline(ON_LOOP_DEADLINE_S)
 
 
 @contextlib.contextmanager
@@ -75,7 +87,8 @@ class PodRuntime(KubernetesRuntime):
         try:
             self.api_reads_total += 1
             self._reading_since = self._clock()
-            found = super().instances()
+            with _loop_deadline():
+                found = super().instances()
         except RuntimeFailure as exc:
             if _STRICT.get():
                 raise
@@ -175,7 +188,7 @@ class PodRuntime(KubernetesRuntime):
         if self._recently_failed() and not _STRICT.get():
             return None  # the API server is failing: the guard is called on the event loop
         try:
-            with deadline(GUARD_DEADLINE_S):
+            with _loop_deadline():
                 deployment = self._get(self.target.deployment if stable else name)
                 pods = self._pods(deployment, only=own) if deployment is not None else []
         except RuntimeFailure:

@@ -123,3 +123,28 @@ def test_the_tick_goes_on_and_the_agent_stops_while_the_api_server_hangs(
     assert ticks >= 10
     assert stopped_in_s < 5, f"stopped {stopped_in_s:.1f} s after being asked"
     assert time.monotonic() - started_s < 30
+
+
+def test_a_read_on_the_event_loop_waits_briefly_then_not_at_all(
+    fake, tmp_path, monkeypatch
+) -> None:
+    """The status API and the OOM guard read on the loop: a hang may stop it a moment only."""
+    fake.add_deployment(base_deployment(8000))
+    runtime = parts.build_runtime(pod_config(tmp_path, namespace=NAMESPACE, api_url=fake.host))
+    assert isinstance(runtime, PodRuntime)
+    monkeypatch.setattr(k8s_api, "REQUEST_TIMEOUT_S", (5.0, 10.0))  # as shipped, off the loop
+    fake.hang("GET", r"/deployments/vllm$")
+
+    async def on_the_loop() -> tuple[float, float]:
+        started = time.monotonic()
+        (stable,) = runtime.instances()  # falls back to the pod's processes
+        first = time.monotonic() - started
+        assert stable.role == "stable"
+        started = time.monotonic()
+        runtime.instances()  # the API server failed a moment ago: not tried
+        runtime.termination_reason("llm")
+        return first, time.monotonic() - started
+
+    (first_s, then_s), _ = in_thread(lambda: asyncio.run(on_the_loop()), limit_s=30)
+
+    assert first_s < 4 and then_s < 0.5, (first_s, then_s)
