@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/soak.py                  # 30 minutes, 7 servers
     .venv/bin/python benchmarks/soak.py --quick          # 45 s, every mode seen at least once
     .venv/bin/python benchmarks/soak.py --minutes 10 --rotate-s 15
+    .venv/bin/python benchmarks/soak.py --hostile --minutes 5 --warmup-s 30
 
 The servers are stand-ins on loopback, all served by one helper process (this file with
 `serve`; its CPU is not counted). Each server steps through the modes below every
@@ -16,6 +17,12 @@ each state:
 * huge: a 64 MiB body, streamed;
 * refused: nothing listens on the port;
 * nan: the recording with NaN and +Inf values.
+
+`--hostile` adds an attacker's mix: a mode `labels` whose body carries a 400-digit
+`num_gpu_blocks` and a 32 KiB label value that changes on every scrape; a receiver whose
+answers are by turns slow (5 s), huge (a 64 MiB body) or a 503; and the control API's token
+file rotated every 10 s, with the new token checked to work and the old one refused. It
+prints memory and tick latency for the first and the last minute of the span.
 
 The agent watches them through the `attach` runtime (its servers are known by URL), with a
 webhook notifier pointed at a receiver in the same helper that fails every third request.
@@ -36,6 +43,7 @@ import os
 import random
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,6 +56,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "vllm"
 MODES = ("ok", "restart", "garbage", "drip", "huge", "refused", "nan")
+HOSTILE_MODES = (*MODES, "labels")
+SLOW_ANSWER_S = 5.0
 HUGE_BYTES = 64 << 20
 MIB = 1 << 20
 
@@ -71,7 +81,23 @@ def _payloads() -> dict[str, bytes]:
     }
 
 
+_scrapes = [0]
+
+
+def _hostile_labels(ok: bytes) -> bytes:
+    """The recording with a 400-digit block count and a fresh 32 KiB label value."""
+    _scrapes[0] += 1
+    huge = ok.replace(b'num_gpu_blocks="', b'num_gpu_blocks="' + b"9" * 400 + b"0", 1)
+    fresh = b"%08d" % _scrapes[0] + b"x" * (32 * 1024)
+    extra = b'vllm:num_requests_waiting{engine="0",model_name="m",trace="' + fresh + b'"} 1\n'
+    return huge + extra
+
+
 async def _answer(writer: asyncio.StreamWriter, mode: str, payloads: dict[str, bytes]) -> None:
+    if mode == "labels":
+        body = _hostile_labels(payloads["ok"])
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        return
     if mode == "huge":
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % HUGE_BYTES)
         chunk = b"# " + b"x" * (MIB - 3) + b"\n"
@@ -90,11 +116,13 @@ async def _answer(writer: asyncio.StreamWriter, mode: str, payloads: dict[str, b
         await asyncio.sleep(0.5)
 
 
-async def _serve_port(port: int, offset: int, rotate_s: float, started: float) -> None:
+async def _serve_port(
+    port: int, offset: int, rotate_s: float, started: float, modes: tuple[str, ...]
+) -> None:
     payloads = _payloads()
 
     def mode_now() -> str:
-        return MODES[(int((time.monotonic() - started) / rotate_s) + offset) % len(MODES)]
+        return modes[(int((time.monotonic() - started) / rotate_s) + offset) % len(modes)]
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -126,7 +154,7 @@ async def _serve_port(port: int, offset: int, rotate_s: float, started: float) -
         await asyncio.sleep(until_next_mode())
 
 
-async def _serve_receiver(port: int) -> None:
+async def _serve_receiver(port: int, hostile: bool) -> None:
     count = 0
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -143,6 +171,14 @@ async def _serve_receiver(port: int) -> None:
             )
             await reader.readexactly(length)
             count += 1
+            if hostile and count % 3 == 1:  # slow, then a body no agent should read
+                await asyncio.sleep(SLOW_ANSWER_S)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % HUGE_BYTES)
+                chunk = b"x" * MIB
+                for _ in range(HUGE_BYTES // MIB):
+                    writer.write(chunk)
+                    await writer.drain()
+                return
             status = b"503 Service Unavailable" if count % 3 == 0 else b"200 OK"
             writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: 0\r\n\r\n")
             await writer.drain()
@@ -156,11 +192,12 @@ async def _serve_receiver(port: int) -> None:
         await server.serve_forever()
 
 
-async def _serve(ports: list[int], receiver_port: int, rotate_s: float) -> None:
+async def _serve(ports: list[int], receiver_port: int, rotate_s: float, hostile: bool) -> None:
     started = time.monotonic()
+    modes = HOSTILE_MODES if hostile else MODES
     await asyncio.gather(
-        _serve_receiver(receiver_port),
-        *(_serve_port(port, i, rotate_s, started) for i, port in enumerate(ports)),
+        _serve_receiver(receiver_port, hostile),
+        *(_serve_port(port, i, rotate_s, started, modes) for i, port in enumerate(ports)),
     )
 
 
@@ -220,7 +257,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             process.wait(timeout=10)
 
 
-def run(minutes: float, servers: int, rotate_s: float, warmup_s: float) -> int:
+def run(minutes: float, servers: int, rotate_s: float, warmup_s: float, hostile: bool) -> int:
     *ports, receiver, listen = _free_ports(servers + 2)
     with tempfile.TemporaryDirectory(prefix="kvpilot-soak-") as scratch:
         folder = Path(scratch)
@@ -242,8 +279,19 @@ def run(minutes: float, servers: int, rotate_s: float, warmup_s: float) -> int:
                 {"name": "hook", "kind": "webhook", "url": f"http://127.0.0.1:{receiver}/hook"}
             ],
         }
+        token = TokenRotation(folder / "secret", listen) if hostile else None
+        if token is not None:
+            config["api"] = {"token_file": str(token.path)}
         (folder / "kvpilot.yaml").write_text(yaml.safe_dump(config))
-        argv = [sys.executable, __file__, "serve", str(receiver), str(rotate_s), *map(str, ports)]
+        argv = [
+            sys.executable,
+            __file__,
+            "serve",
+            "hostile" if hostile else "plain",
+            str(receiver),
+            str(rotate_s),
+            *map(str, ports),
+        ]
         stand_ins = subprocess.Popen(argv, start_new_session=True)
         log_path = folder / "agent.log"
         with log_path.open("ab") as log:
@@ -263,7 +311,7 @@ def run(minutes: float, servers: int, rotate_s: float, warmup_s: float) -> int:
             )
         url = f"http://127.0.0.1:{listen}/metrics"
         try:
-            return _measure(agent, url, folder, minutes * 60, warmup_s, log_path)
+            return _measure(agent, url, folder, minutes * 60, warmup_s, log_path, token)
         finally:
             _stop(agent)
             _stop(stand_ins)
@@ -276,6 +324,7 @@ def _measure(
     span_s: float,
     warmup_s: float,
     log_path: Path,
+    token: TokenRotation | None = None,
 ) -> int:
     deadline = time.monotonic() + warmup_s
     while time.monotonic() < deadline:
@@ -291,11 +340,16 @@ def _measure(
     rss0, db0 = _rss_bytes(agent.pid), _dir_bytes(folder / "state")
     peak = rss0
     started = time.monotonic()
+    phases = Phases(url, started, span_s)
     while time.monotonic() - started < span_s:
         time.sleep(5.0)
         if agent.poll() is not None:
             raise SystemExit(f"the agent exited during the soak ({agent.returncode})")
-        peak = max(peak, _rss_bytes(agent.pid))
+        rss = _rss_bytes(agent.pid)
+        peak = max(peak, rss)
+        phases.sample(rss)
+        if token is not None:
+            token.maybe_rotate()
     elapsed = time.monotonic() - started
     last = httpx.get(url, timeout=10).text
     rss1 = _rss_bytes(agent.pid)
@@ -304,7 +358,8 @@ def _measure(
     tracebacks = log_path.read_text(errors="replace").count("Traceback")
     db1 = _dir_bytes(folder / "state")
     growth_mib = (rss1 - rss0) / MIB
-    print(f"span: {elapsed:.0f} s after a {warmup_s:.0f} s warm-up, modes {', '.join(MODES)}")
+    modes = HOSTILE_MODES if token is not None else MODES
+    print(f"span: {elapsed:.0f} s after a {warmup_s:.0f} s warm-up, modes {', '.join(modes)}")
     print(
         f"rss: {rss0 / MIB:.1f} MiB after warm-up, {rss1 / MIB:.1f} MiB at the end, "
         f"peak {peak / MIB:.1f} MiB, growth {growth_mib:+.2f} MiB"
@@ -318,15 +373,114 @@ def _measure(
         "no tick lost (at least 90 % of the span's seconds ticked)": ticks >= 0.9 * elapsed,
         "no exception escaping into the log": tracebacks == 0,
     }
+    phases.report()
+    if token is not None:
+        print(
+            f"token rotations: {token.rotations}, checked {token.checked} (new token works, "
+            f"old refused), failed checks: {token.failed}"
+        )
+        goals["every token rotation took effect"] = token.failed == 0 and token.checked > 0
     for goal, met in goals.items():
         print(f"goal {goal}: {'met' if met else 'NOT met'}")
     return 0
 
 
+class Phases:
+    """Memory and tick latency in the span's first and last minute. Tick latency here: the
+    seconds between ticks (kvpilot_ticks_total read each 5 s) and the slowest source of the
+    latest tick (kvpilot_collector_scrape_duration_seconds; sources are read concurrently)."""
+
+    def __init__(self, url: str, started: float, span_s: float) -> None:
+        self.url, self.started, self.span_s = url, started, span_s
+        self.rows: dict[str, list[tuple[float, float, float, float]]] = {"first": [], "last": []}
+        self._prev: tuple[float, float] | None = None
+
+    def sample(self, rss: int) -> None:
+        now = time.monotonic()
+        began = time.monotonic()
+        text = httpx.get(self.url, timeout=10).text
+        answer_s = time.monotonic() - began
+        ticks = _metric(text, "kvpilot_ticks_total")
+        slowest = max(
+            (
+                float(ln.rsplit(" ", 1)[1])
+                for ln in text.splitlines()
+                if ln.startswith("kvpilot_collector_scrape_duration_seconds{")
+            ),
+            default=math.nan,
+        )
+        prev, self._prev = self._prev, (now, ticks)
+        if prev is None or ticks <= prev[1]:
+            return
+        per_tick_s = (now - prev[0]) / (ticks - prev[1])
+        at = now - self.started
+        row = (rss / MIB, per_tick_s, slowest, answer_s)
+        if at <= 60.0:
+            self.rows["first"].append(row)
+        if at >= self.span_s - 60.0:
+            self.rows["last"].append(row)
+
+    def report(self) -> None:
+        for phase, rows in self.rows.items():
+            if not rows:
+                continue
+            rss = [r[0] for r in rows]
+            print(
+                f"{phase} minute: rss {min(rss):.1f}..{max(rss):.1f} MiB, seconds per tick "
+                f"{statistics.fmean(r[1] for r in rows):.3f}, slowest source "
+                f"{max(r[2] for r in rows):.3f} s, /metrics answered in "
+                f"{max(r[3] for r in rows) * 1e3:.0f} ms at most ({len(rows)} samples)"
+            )
+
+
+class TokenRotation:
+    """The control API's token file, rotated every 10 s as a Kubernetes Secret is (a new
+    folder, then the `..data` link flipped); each rotation is checked on the live API."""
+
+    EVERY_S = 10.0
+
+    def __init__(self, folder: Path, port: int) -> None:
+        folder.mkdir()
+        self.folder, self.port = folder, port
+        self.path = folder / "token"
+        self.rotations = self.checked = self.failed = 0
+        self.current = self._mount()
+        self.path.symlink_to("..data/token")
+        self._last = time.monotonic()
+
+    def _mount(self) -> str:
+        token = os.urandom(16).hex()
+        version = self.folder / f"..v{self.rotations}"
+        version.mkdir()
+        (version / "token").write_text(token + "\n")
+        link = self.folder / "..data_tmp"
+        link.symlink_to(version.name)
+        link.replace(self.folder / "..data")
+        return token
+
+    def _status(self, token: str) -> int:
+        url = f"http://127.0.0.1:{self.port}/api/v1/silences"
+        headers = {"Authorization": f"Bearer {token}"}
+        return httpx.post(url, content=b"{}", headers=headers, timeout=10).status_code
+
+    def maybe_rotate(self) -> None:
+        if time.monotonic() - self._last < self.EVERY_S:
+            return
+        self._last = time.monotonic()
+        old = self.current
+        self.rotations += 1
+        self.current = self._mount()
+        self.checked += 1
+        if not (self._status(self.current) == 422 and self._status(old) == 401):
+            self.failed += 1
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "serve":
-        receiver, rotate_s, *ports = sys.argv[2:]
-        asyncio.run(_serve([int(p) for p in ports], int(receiver), float(rotate_s)))
+        mix, receiver, rotate_s, *ports = sys.argv[2:]
+        asyncio.run(
+            _serve([int(p) for p in ports], int(receiver), float(rotate_s), mix == "hostile")
+        )
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0)
@@ -335,10 +489,15 @@ def main() -> None:
     # The windows keep 600 s of samples: growth is measured once they are full.
     parser.add_argument("--warmup-s", type=float, default=620.0)
     parser.add_argument("--quick", action="store_true", help="45 s, rotating every 3 s")
+    parser.add_argument(
+        "--hostile", action="store_true", help="add huge labels, bad receivers, token rotation"
+    )
     args = parser.parse_args()
     if args.quick:
         args.minutes, args.rotate_s, args.warmup_s = 0.6, 3.0, 8.0
-    raise SystemExit(run(args.minutes, args.servers, args.rotate_s, args.warmup_s))
+    if args.hostile and args.servers == len(MODES):
+        args.servers = len(HOSTILE_MODES)
+    raise SystemExit(run(args.minutes, args.servers, args.rotate_s, args.warmup_s, args.hostile))
 
 
 if __name__ == "__main__":
