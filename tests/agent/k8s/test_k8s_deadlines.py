@@ -85,7 +85,7 @@ def test_the_tick_goes_on_and_the_agent_stops_while_the_api_server_hangs(
     fake, tmp_path, monkeypatch
 ) -> None:
     fake.add_deployment(base_deployment(8000))
-    monkeypatch.setattr(parts, "API_READ_INTERVAL_S", 0.2)
+    monkeypatch.setattr(parts, "API_READ_INTERVAL_S", 1.0)
     config = validate_config(
         {
             "listen": {"host": "127.0.0.1", "port": free_port()},

@@ -12,6 +12,7 @@ import pytest
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.local import LocalInstanceSpec
+from kvpilot.agent.tuning import kubernetes as k8s_tuning
 from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter
 from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
 from kvpilot.agent.tuning.observer import LoadObserver
@@ -80,8 +81,9 @@ def test_the_share_goes_back_before_the_canary_is_deleted(fake, standin, tmp_pat
     ],
 )
 def test_a_canary_whose_share_cannot_come_back_keeps_serving(
-    fake, standin, tmp_path, split_kwargs, says
+    fake, standin, tmp_path, split_kwargs, says, monkeypatch
 ) -> None:
+    monkeypatch.setattr(k8s_tuning, "PULL_BACK_PAUSE_S", 0.01)  # tried three times, quickly
     split = SplitDouble(fake, **split_kwargs)
     adapter = started(fake, standin, tmp_path, split)
 
