@@ -89,8 +89,11 @@ def learned_workload(
     burst_factor: float = 1.0,
     seed: int = 0,
     max_model_len: int | None = None,
+    headroom: float = 1.0,
 ) -> ShapedWorkload:
-    """The shape as a replayable workload of `requests` requests.
+    """The shape as a replayable workload of `requests` requests, its arrivals `headroom`
+    times the observed rate (a configuration must hold the SLO with room above the traffic
+    seen, not only at it).
 
     Raises ValueError when the shape cannot be replayed (no lengths, no rate)."""
     prompt = bucket_lengths(shape.prompt_tokens)
@@ -103,7 +106,7 @@ def learned_workload(
         num_requests=requests,
         prompt_len=prompt,
         output_len=output,
-        rate_rps=shape.rate_rps,
+        rate_rps=shape.rate_rps * headroom,
         seed=seed,
         burst_factor=burst_factor,
         prefix_ratio=shape.prefix_hit_ratio or 0.0,

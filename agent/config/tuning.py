@@ -55,6 +55,13 @@ class LearnConfig(BaseModel):
         description="1: Poisson arrivals at the observed rate; b > 1: bursts of b requests "
         "on average, at the same mean rate.",
     )
+    headroom: float = Field(
+        1.25,
+        ge=1.0,
+        le=10.0,
+        description="The learned rate is replayed this many times faster: a configuration "
+        "must hold the SLO with room above the traffic seen, not only at it.",
+    )
 
 
 class TuningSlo(BaseModel):

@@ -28,6 +28,7 @@ class WorkloadChoice:
     reason: str
     key: str | None = None  # the learned shape's coarse key
     shape: WorkloadShape | None = None
+    headroom: float = 1.0  # the learned rate is replayed this many times faster
 
     def served(self) -> str:
         """The study fingerprint's workload part."""
@@ -35,7 +36,9 @@ class WorkloadChoice:
             # The burst factor is the configuration's, not the traffic's: bursts are another
             # load, so another study (plain Poisson keeps the key alone, as before).
             burst = getattr(self.workload, "burst_factor", 1.0)
-            return "learned:" + self.key + (f";burst={burst:g}" if burst != 1.0 else "")
+            served = "learned:" + self.key + (f";burst={burst:g}" if burst != 1.0 else "")
+            # Headroom is the configuration's too: a faster replay asks more of a candidate.
+            return served + (f";headroom={self.headroom:g}" if self.headroom != 1.0 else "")
         return workload_hash(self.workload)
 
     def describe(self) -> str:
@@ -97,11 +100,14 @@ def choose_workload(
             burst_factor=learn.burst_factor,
             seed=tuning.seed,
             max_model_len=max_model_len,
+            headroom=learn.headroom,
         )
     except ValueError as exc:
         return WorkloadChoice(configured, "configured", f"not learned: {exc}", shape=shape)
     key = coarse_key(shape)
-    return WorkloadChoice(learned, "learned", f"learned from {over}: {key}", key, shape)
+    faster = f", replayed at {learn.headroom:g}x its rate" if learn.headroom != 1.0 else ""
+    reason = f"learned from {over}: {key}{faster}"
+    return WorkloadChoice(learned, "learned", reason, key, shape, learn.headroom)
 
 
 def window_choice(config: AgentConfig, shape: WorkloadShape | None) -> WorkloadChoice | None:

@@ -38,19 +38,31 @@ def test_at_the_floor_the_learned_workload_with_its_key() -> None:
     assert choice.source == "learned"
     assert isinstance(choice.workload, ShapedWorkload)
     assert choice.workload.num_requests == TuningConfig().workload.requests
-    assert choice.workload.rate_rps == pytest.approx(1.0)
+    # The observed 1 request/s, replayed with the default headroom of 1.25.
+    assert choice.workload.rate_rps == pytest.approx(1.25)
+    assert "replayed at 1.25x its rate" in choice.reason
     assert choice.workload.max_model_len == 1024
     assert choice.key is not None and choice.key in choice.reason
-    assert choice.served() == "learned:" + choice.key
+    assert choice.served() == "learned:" + choice.key + ";headroom=1.25"
     assert "200 requests" in choice.reason
 
 
 def test_a_burst_factor_is_another_study_and_plain_poisson_keeps_the_key() -> None:
-    plain = choose_workload(TuningConfig(), _shape(200))
-    bursty = choose_workload(TuningConfig(learn={"burst_factor": 4}), _shape(200))
+    plain = choose_workload(TuningConfig(learn={"headroom": 1}), _shape(200))
+    bursty = choose_workload(TuningConfig(learn={"burst_factor": 4, "headroom": 1}), _shape(200))
     assert plain.served() == "learned:" + (plain.key or "")
     assert bursty.key == plain.key  # the traffic's shape is the same
     assert bursty.served() == plain.served() + ";burst=4"
+
+
+def test_headroom_replays_the_learned_rate_faster_and_is_another_study() -> None:
+    at_rate = choose_workload(TuningConfig(learn={"headroom": 1}), _shape(200))
+    faster = choose_workload(TuningConfig(learn={"headroom": 2}), _shape(200))
+    assert at_rate.workload.rate_rps == pytest.approx(1.0)
+    assert faster.workload.rate_rps == pytest.approx(2.0)
+    assert "replayed at" not in at_rate.reason and "replayed at 2x its rate" in faster.reason
+    assert faster.key == at_rate.key  # the traffic's shape is the same
+    assert faster.served() == at_rate.served() + ";headroom=2"
 
 
 def test_no_window_disabled_or_a_configured_floor() -> None:
