@@ -330,6 +330,8 @@ def pod_scheduled_tuning(
             )
         if done.swept is not None:
             audit("recovered", done.swept)
+        for kept in done.kept:
+            audit("recovered", kept)
 
     async def recover() -> None:
         study = await tuner.study()
