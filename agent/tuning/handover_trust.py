@@ -6,18 +6,23 @@ would roll it back to old flags weeks later. So the pod that writes a handover v
 in the Deployment's tuning Lease, which only a holder writes (the data's SHA-256 under an
 annotation, set while the Lease is its own or free); the next holder resumes only a handover
 whose digest the Lease vouches for, consumes the vouch, and only when the record's flags
-differ from the live Deployment's in the tuned flags alone.
+differ from the live Deployment's in the tuned flags alone. Recovery is held to the same
+measure (`KeepEdits`): it restores the flags from before an interrupted trial only where the
+live Deployment differs from them in the tuned flags alone, and leaves a person's change.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 
 from kvpilot.agent.runtimes.k8s_lease import DeploymentLease
 from kvpilot.collectors.secrets import mask_argv
 from kvpilot.collectors.vllm_argv import canonical_flags, without_flags
+from kvpilot.tuner.ports import TunerRuntime
 from kvpilot.tuner.space import KnobKind, SearchSpace
 
+log = logging.getLogger(__name__)
 VOUCH = "kvpilot.dev/handover-sha256"
 VOUCHED_BY = "kvpilot.dev/handover-by"
 
@@ -68,3 +73,43 @@ def refusal(
             shown = ", ".join(f"{f or '(positional)'}={v}" for f, v in differing[:4])
             return f"its {which} flags differ from the live Deployment's beyond the tuned: {shown}"
     return None
+
+
+class KeepEdits:
+    """The tuner's runtime for recovery: a restore whose flags differ from the live
+    Deployment's outside the tuned flags is not made (a person changed the Deployment after
+    the interrupted trial, and their change wins); `kept` says which, in words."""
+
+    def __init__(self, inner: TunerRuntime, space: SearchSpace) -> None:
+        self._inner = inner
+        self._space = space
+        self.kept: list[str] = []
+
+    def stable_argv(self) -> tuple[str, ...]:
+        return self._inner.stable_argv()
+
+    def stable_url(self) -> str:
+        return self._inner.stable_url()
+
+    async def start_canary(self, argv: Sequence[str], *, ready_timeout_s: float) -> str:
+        return await self._inner.start_canary(argv, ready_timeout_s=ready_timeout_s)
+
+    async def stop_canary(self) -> None:
+        await self._inner.stop_canary()
+
+    async def set_stable(
+        self, argv: Sequence[str], *, reason: str, ready_timeout_s: float, restore: bool = False
+    ) -> None:
+        differing = beyond_tuned_flags(argv, self.stable_argv(), self._space) if restore else []
+        if differing:
+            shown = ", ".join(f"{f or '(positional)'}={v}" for f, v in differing[:4])
+            kept = f"not restored ({reason}): the Deployment was changed meanwhile ({shown})"
+            log.warning("%s", kept)
+            self.kept.append(kept)
+            return
+        await self._inner.set_stable(
+            argv, reason=reason, ready_timeout_s=ready_timeout_s, restore=restore
+        )
+
+    def remediation_in_progress(self) -> bool:
+        return self._inner.remediation_in_progress()

@@ -34,7 +34,7 @@ from kvpilot.agent.tuning.handover import (
     Resumed,
     resume_handed_over,
 )
-from kvpilot.agent.tuning.handover_trust import consume_vouch, refusal, vouch
+from kvpilot.agent.tuning.handover_trust import KeepEdits, consume_vouch, refusal, vouch
 from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter, traffic_split
 from kvpilot.agent.tuning.study import (
     Study,
@@ -112,6 +112,7 @@ class PodRecovery:
     resumed: list[Resumed]
     recovered: list[Recovered]
     swept: str | None = None  # an orphaned canary cleaned up, in words
+    kept: tuple[str, ...] = ()  # restores not made: a person had changed the Deployment
 
 
 class PodTuner:
@@ -199,10 +200,11 @@ class PodTuner:
         resumed = await resume_handed_over(
             journal, store, self.adapter, observer, settings_of(study), wall_clock=self._wall
         )
+        respectful = KeepEdits(self.adapter, study.space)
         recovered = await recover(
             journal,
             store,
-            self.adapter,
+            respectful,
             at_wall_s=self._wall(),
             ready_timeout_s=study.ready_timeout_s,
         )
@@ -212,7 +214,7 @@ class PodTuner:
                 await asyncio.to_thread(self._map.delete)  # done with: nobody resumes it again
         # What is left is nobody's: another pod's, evicted mid-trial, with its emptyDir.
         swept = await self.adapter.sweep_orphaned_canary()
-        return PodRecovery(resumed, recovered, swept)
+        return PodRecovery(resumed, recovered, swept, tuple(respectful.kept))
 
     def _trusted(self, found: HandedOver, study: Study) -> bool:
         """Whether the handover may be resumed (handover_trust); the vouch is consumed
