@@ -3,8 +3,9 @@ session of two trials) against the fake API server (a fake: no API server runs h
 stand-in vLLM, and a scripted sequence of the faults a bad day brings: a replica evicted
 mid-trial leaving its canary with a share of the traffic, a 403 on the pull-back, an HTML
 page with 200, a request never answered, a 500 and a 429 on the Lease's renewal, a 409 on
-the promotion, a 500 on the canary's creation, on a route split between two backends. It must end with no canary, no traffic share
-on one, the Lease released, and every fault on record."""
+the promotion, a 500 on the canary's creation, on a route split between two backends. It
+must end with no canary, no traffic share on one, the route as found, the Lease released,
+and every fault on record."""
 
 from __future__ import annotations
 
