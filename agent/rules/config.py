@@ -85,7 +85,7 @@ class _RuleBase(_Section):
         return labels
 
 
-class FragmentationSourceRule(_RuleBase):
+class FragmentationSourceConfig(_RuleBase):
     """Fragmentation (1 - largest contiguous free / total free) of one pool above a threshold."""
 
     threshold_ratio: float = Field(
@@ -102,24 +102,24 @@ class FragmentationSourceRule(_RuleBase):
     )
 
 
-class FragmentationRule(_Section):
+class FragmentationConfig(_Section):
     """Fragmentation per source: the KV block pool and the CUDA caching allocator."""
 
-    kv_blocks: FragmentationSourceRule = Field(
-        default_factory=FragmentationSourceRule,
+    kv_blocks: FragmentationSourceConfig = Field(
+        default_factory=FragmentationSourceConfig,
         description="The KV block pool (from the kvpool plugin). Paged attention can use any "
         "free block, and the load scatters the free list again after a restart: alert only "
         "unless configured.",
     )
-    allocator: FragmentationSourceRule = Field(
-        default_factory=lambda: FragmentationSourceRule(action="restart"),
+    allocator: FragmentationSourceConfig = Field(
+        default_factory=lambda: FragmentationSourceConfig(action="restart"),
         description="The CUDA caching allocator (GPU only): free memory that cannot be "
         "allocated; a restart gives it back contiguous memory, so the default is the restart "
         "ladder.",
     )
 
 
-class PreemptionSpikeRule(_RuleBase):
+class PreemptionSpikeConfig(_RuleBase):
     """Preemption rate over a short window above a floor and above a multiple of its baseline."""
 
     for_s: float = Field(
@@ -169,7 +169,7 @@ class PreemptionSpikeRule(_RuleBase):
     )
 
     @model_validator(mode="after")
-    def _baseline_longer(self) -> PreemptionSpikeRule:
+    def _baseline_longer(self) -> PreemptionSpikeConfig:
         if self.baseline_window_s <= self.window_s:
             raise ValueError(
                 f"baseline_window_s ({self.baseline_window_s}) must be longer than "
@@ -178,7 +178,7 @@ class PreemptionSpikeRule(_RuleBase):
         return self
 
 
-class KvSaturationRule(_RuleBase):
+class KvSaturationConfig(_RuleBase):
     """KV cache usage near 1 while requests wait for room."""
 
     usage_threshold_ratio: float = Field(
@@ -196,7 +196,7 @@ class KvSaturationRule(_RuleBase):
     )
 
 
-class EngineStallRule(_RuleBase):
+class EngineStallConfig(_RuleBase):
     """Requests waiting or running while the engine's iteration counter does not move."""
 
     stall_s: float = Field(
@@ -214,7 +214,7 @@ class EngineStallRule(_RuleBase):
     )
 
 
-class GpuMemoryGrowthRule(_RuleBase):
+class GpuMemoryGrowthConfig(_RuleBase):
     """The vLLM process's GPU memory growing beyond weights + KV pool: a leak slope."""
 
     window_s: float = Field(
@@ -243,7 +243,7 @@ class GpuMemoryGrowthRule(_RuleBase):
     )
 
 
-class GpuNeighbourPressureRule(_RuleBase):
+class GpuNeighbourPressureConfig(_RuleBase):
     """Other processes on the server's GPU holding memory the server would need to start again."""
 
     margin_ratio: float = Field(
@@ -262,7 +262,7 @@ class GpuNeighbourPressureRule(_RuleBase):
     )
 
 
-class ServerDownRule(_RuleBase):
+class ServerDownConfig(_RuleBase):
     """The vLLM server's process exited or disappeared (the runtime says so)."""
 
     for_s: float = Field(5.0, ge=0, description="How long the server must stay down before firing.")
@@ -277,33 +277,33 @@ class ServerDownRule(_RuleBase):
 class RulesConfig(_Section):
     """Every rule, with the product's defaults."""
 
-    fragmentation: FragmentationRule = Field(
-        default_factory=FragmentationRule,
+    fragmentation: FragmentationConfig = Field(
+        default_factory=FragmentationConfig,
         description="Fragmentation rate above 0.30, sustained, per source.",
     )
-    preemption_spike: PreemptionSpikeRule = Field(
-        default_factory=PreemptionSpikeRule,
+    preemption_spike: PreemptionSpikeConfig = Field(
+        default_factory=PreemptionSpikeConfig,
         description="Preemption spike (from the plugin's lag-free counter where present, "
         "else vLLM's).",
     )
-    server_down: ServerDownRule = Field(
-        default_factory=ServerDownRule,
+    server_down: ServerDownConfig = Field(
+        default_factory=ServerDownConfig,
         description="The server's process exited or is missing.",
     )
-    kv_saturation: KvSaturationRule = Field(
-        default_factory=KvSaturationRule,
+    kv_saturation: KvSaturationConfig = Field(
+        default_factory=KvSaturationConfig,
         description="KV cache usage near 1 with requests waiting.",
     )
-    engine_stall: EngineStallRule = Field(
-        default_factory=EngineStallRule,
+    engine_stall: EngineStallConfig = Field(
+        default_factory=EngineStallConfig,
         description="Requests waiting or running while the engine makes no progress.",
     )
-    gpu_memory_growth: GpuMemoryGrowthRule = Field(
-        default_factory=GpuMemoryGrowthRule,
+    gpu_memory_growth: GpuMemoryGrowthConfig = Field(
+        default_factory=GpuMemoryGrowthConfig,
         description="GPU memory of the vLLM process growing beyond weights + KV pool.",
     )
-    gpu_neighbour_pressure: GpuNeighbourPressureRule = Field(
-        default_factory=GpuNeighbourPressureRule,
+    gpu_neighbour_pressure: GpuNeighbourPressureConfig = Field(
+        default_factory=GpuNeighbourPressureConfig,
         description="Other processes on the same GPU taking memory the server needs to restart.",
     )
     external_labels: dict[str, str] = Field(

@@ -11,7 +11,7 @@ from typing import Literal
 
 from kvpilot.agent.model import Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext, fmt_ratio, source_error_text
-from kvpilot.agent.rules.config import FragmentationSourceRule
+from kvpilot.agent.rules.config import FragmentationSourceConfig
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.fragmentation import NO_FREE_BYTES
 from kvpilot.collectors.kvpool.client import AllocatorSample, KvBlockSample
@@ -33,7 +33,7 @@ RUNBOOKS = {
 class FragmentationRule:
     """`1 - largest contiguous free / total free` of one pool above `threshold_ratio`."""
 
-    def __init__(self, source: Source, config: FragmentationSourceRule) -> None:
+    def __init__(self, source: Source, config: FragmentationSourceConfig) -> None:
         self.name = f"fragmentation_{source}"
         self.source = source
         self.config = config

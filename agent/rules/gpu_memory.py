@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 from kvpilot.agent.model import Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext, fmt_bytes, source_error_text
-from kvpilot.agent.rules.config import GpuMemoryGrowthRule as GrowthConfig
-from kvpilot.agent.rules.config import GpuNeighbourPressureRule as PressureConfig
+from kvpilot.agent.rules.config import GpuMemoryGrowthConfig, GpuNeighbourPressureConfig
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import GpuProcess, NvmlSnapshot
 from kvpilot.collectors.vllm_metrics import VllmScrape
@@ -154,7 +153,7 @@ class GpuMemoryGrowthRule(_NvmlRule):
 
     name = "gpu_memory_growth"
 
-    def __init__(self, config: GrowthConfig) -> None:
+    def __init__(self, config: GpuMemoryGrowthConfig) -> None:
         super().__init__(
             ConditionMaker(
                 rule=self.name,
@@ -227,7 +226,7 @@ class GpuNeighbourPressureRule(_NvmlRule):
 
     name = "gpu_neighbour_pressure"
 
-    def __init__(self, config: PressureConfig) -> None:
+    def __init__(self, config: GpuNeighbourPressureConfig) -> None:
         super().__init__(
             ConditionMaker(
                 rule=self.name,

@@ -15,7 +15,7 @@ from itertools import pairwise
 
 from kvpilot.agent.model import Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext, source_error_text
-from kvpilot.agent.rules.config import PreemptionSpikeRule as PreemptionSpikeConfig
+from kvpilot.agent.rules.config import PreemptionSpikeConfig
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.vllm_metrics import EngineSample
 from kvpilot.collectors.window import RollingWindow

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvpilot.agent.model import Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext, fmt_ratio, source_error_text
-from kvpilot.agent.rules.config import KvSaturationRule as KvSaturationConfig
+from kvpilot.agent.rules.config import KvSaturationConfig
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.vllm_metrics import EngineSample
 

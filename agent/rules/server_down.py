@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvpilot.agent.model import Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext
-from kvpilot.agent.rules.config import ServerDownRule as ServerDownConfig
+from kvpilot.agent.rules.config import ServerDownConfig
 
 ALERTNAME = "VllmServerDown"
 RUNBOOK = (

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kvpilot.agent.model import Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext, source_error_text
-from kvpilot.agent.rules.config import EngineStallRule as EngineStallConfig
+from kvpilot.agent.rules.config import EngineStallConfig
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.vllm_metrics import EngineSample
 

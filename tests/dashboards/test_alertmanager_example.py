@@ -20,9 +20,7 @@ from kvpilot.agent.model import AlertEvent, labels_of
 from kvpilot.agent.remediation.events import CIRCUIT_OPEN_ALERT, circuit_open_event
 from kvpilot.agent.remediation.oom_guard import SERVER_OOM_ALERT
 from kvpilot.agent.rules import gpu_memory, server_down
-from kvpilot.agent.rules.config import PreemptionSpikeRule as PreemptionSpikeConfig
-from kvpilot.agent.rules.config import RulesConfig
-from kvpilot.agent.rules.config import ServerDownRule as ServerDownConfig
+from kvpilot.agent.rules.config import PreemptionSpikeConfig, RulesConfig, ServerDownConfig
 from kvpilot.agent.rules.preemption import PreemptionSpikeRule
 from kvpilot.agent.rules.server_down import ServerDownRule
 from kvpilot.agent.tick.external_labels import replica_labels, with_external_labels

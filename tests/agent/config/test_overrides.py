@@ -12,8 +12,8 @@ import yaml
 
 from kvpilot.agent.config import AgentConfig, ConfigError, load_config, validate_config
 from kvpilot.agent.rules.config import (
-    FragmentationRule,
-    FragmentationSourceRule,
+    FragmentationConfig,
+    FragmentationSourceConfig,
     RulesConfig,
 )
 
@@ -29,8 +29,10 @@ def load(tmp_path: Path, data: dict[str, Any], environ: dict[str, str] | None = 
 def test_a_partial_rule_keeps_the_rest_of_its_default(tmp_path: Path) -> None:
     rules = {"fragmentation": {"allocator": {"threshold_ratio": 0.4}}}
     fragmentation = load(tmp_path, {"rules": rules}).rules.fragmentation
-    assert fragmentation.allocator == FragmentationSourceRule(threshold_ratio=0.4, action="restart")
-    assert fragmentation.kv_blocks == FragmentationRule().kv_blocks
+    assert fragmentation.allocator == FragmentationSourceConfig(
+        threshold_ratio=0.4, action="restart"
+    )
+    assert fragmentation.kv_blocks == FragmentationConfig().kv_blocks
 
 
 def test_a_partial_rule_from_the_environment_keeps_its_default(tmp_path: Path) -> None:
@@ -61,8 +63,8 @@ def test_every_rule_default_survives_a_partial_override() -> None:
 
 
 def test_models_built_in_code_are_taken_as_given() -> None:
-    allocator = FragmentationSourceRule(threshold_ratio=0.5)  # the class's own default: alert
-    assert FragmentationRule(allocator=allocator).allocator.action == "alert"
+    allocator = FragmentationSourceConfig(threshold_ratio=0.5)  # the class's own default: alert
+    assert FragmentationConfig(allocator=allocator).allocator.action == "alert"
 
 
 def test_an_environment_mapping_merges_into_the_yamls(tmp_path: Path) -> None:

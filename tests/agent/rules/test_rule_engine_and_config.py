@@ -117,5 +117,5 @@ def test_schema_has_descriptions_everywhere_and_models_are_frozen() -> None:
         cfg.kv_saturation.for_s = 3  # type: ignore[misc]
     assert cfg.preemption_spike.action == "ladder"
     assert {"alert", "ladder", "restart"} == set(
-        schema["$defs"]["PreemptionSpikeRule"]["properties"]["action"]["enum"]
+        schema["$defs"]["PreemptionSpikeConfig"]["properties"]["action"]["enum"]
     )

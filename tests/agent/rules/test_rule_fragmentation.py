@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from kvpilot.agent.rules.config import FragmentationSourceRule, RulesConfig
+from kvpilot.agent.rules.config import FragmentationSourceConfig, RulesConfig
 from kvpilot.agent.rules.fragmentation import FragmentationRule
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.fragmentation import NO_FREE_BYTES, TOO_FEW_FREE_BLOCKS
@@ -16,7 +16,7 @@ from tests.agent.rules.rules_helpers import (
 
 
 def kv_rule(**cfg: object) -> FragmentationRule:
-    return FragmentationRule("kv_blocks", FragmentationSourceRule(**cfg))  # type: ignore[arg-type]
+    return FragmentationRule("kv_blocks", FragmentationSourceConfig(**cfg))  # type: ignore[arg-type]
 
 
 def test_kv_blocks_above_threshold_is_active_with_labels_and_figures() -> None:
@@ -110,7 +110,7 @@ def test_allocator_defaults_to_restart_and_fires_above_threshold() -> None:
 
 
 def test_allocator_without_free_bytes_is_unknown() -> None:
-    driver = Driver(FragmentationRule("allocator", FragmentationSourceRule()))
+    driver = Driver(FragmentationRule("allocator", FragmentationSourceConfig()))
     c = only(driver.tick(1.0, allocators=[allocator(None, free_in_reserved=0)]))
     assert c.active is None
     assert c.reason == NO_FREE_BYTES

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
-from kvpilot.agent.rules.config import GpuMemoryGrowthRule as GrowthConfig
-from kvpilot.agent.rules.config import GpuNeighbourPressureRule as PressureConfig
+from kvpilot.agent.rules.config import GpuMemoryGrowthConfig, GpuNeighbourPressureConfig
 from kvpilot.agent.rules.gpu_memory import (
     GpuMemoryGrowthRule,
     GpuNeighbourPressureRule,
@@ -24,11 +23,11 @@ MIB = 1024 * 1024
 
 
 def growth(**cfg: object) -> GpuMemoryGrowthRule:
-    return GpuMemoryGrowthRule(GrowthConfig(**cfg))  # type: ignore[arg-type]
+    return GpuMemoryGrowthRule(GpuMemoryGrowthConfig(**cfg))  # type: ignore[arg-type]
 
 
 def pressure(**cfg: object) -> GpuNeighbourPressureRule:
-    return GpuNeighbourPressureRule(PressureConfig(**cfg))  # type: ignore[arg-type]
+    return GpuNeighbourPressureRule(GpuNeighbourPressureConfig(**cfg))  # type: ignore[arg-type]
 
 
 def feed_growth(driver: Driver, per_minute_bytes: int, minutes: int, *, pid: int = 100):

@@ -1,13 +1,13 @@
 from __future__ import annotations
 
-from kvpilot.agent.rules.config import PreemptionSpikeRule as Config
+from kvpilot.agent.rules.config import PreemptionSpikeConfig
 from kvpilot.agent.rules.preemption import PreemptionSpikeRule, counter_increase
 from kvpilot.collectors.errors import SourceError
 from tests.agent.rules.rules_helpers import Driver, annotation, engine, kv_block, label, only
 
 
 def rule(**cfg: object) -> PreemptionSpikeRule:
-    return PreemptionSpikeRule(Config(**cfg))  # type: ignore[arg-type]
+    return PreemptionSpikeRule(PreemptionSpikeConfig(**cfg))  # type: ignore[arg-type]
 
 
 def run(driver: Driver, counts: list[float], *, start: float = 0.0, **fields: object):

@@ -2,8 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvpilot.agent.rules.config import EngineStallRule as StallConfig
-from kvpilot.agent.rules.config import KvSaturationRule as SaturationConfig
+from kvpilot.agent.rules.config import EngineStallConfig, KvSaturationConfig
 from kvpilot.agent.rules.saturation import KvSaturationRule
 from kvpilot.agent.rules.stall import EngineStallRule
 from kvpilot.collectors.errors import SourceError
@@ -14,11 +13,11 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vllm"
 
 
 def saturation(**cfg: object) -> KvSaturationRule:
-    return KvSaturationRule(SaturationConfig(**cfg))  # type: ignore[arg-type]
+    return KvSaturationRule(KvSaturationConfig(**cfg))  # type: ignore[arg-type]
 
 
 def stall(**cfg: object) -> EngineStallRule:
-    return EngineStallRule(StallConfig(**cfg))  # type: ignore[arg-type]
+    return EngineStallRule(EngineStallConfig(**cfg))  # type: ignore[arg-type]
 
 
 def test_saturated_when_full_and_requests_wait() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvpilot.agent.rules.config import ServerDownRule as ServerDownConfig
+from kvpilot.agent.rules.config import ServerDownConfig
 from kvpilot.agent.rules.server_down import ServerDownRule
 from tests.agent.rules.rules_helpers import Driver, annotation, engine, label, only
 
