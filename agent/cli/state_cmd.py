@@ -16,9 +16,9 @@ import typer
 from kvpilot.agent.cli.config_load import load_or_exit
 from kvpilot.agent.state import (
     DB_FILENAME,
+    DatabaseCheck,
     StateError,
     StateLock,
-    Verdict,
     check_database,
     move_aside,
 )
@@ -97,7 +97,7 @@ def _state_dir(config: Path) -> Path:
     return state_dir
 
 
-def _show(verdict: Verdict, *, full: bool) -> None:
+def _show(verdict: DatabaseCheck, *, full: bool) -> None:
     check = "integrity_check" if full else "quick_check"
     if not verdict.exists:
         print(f"database: {verdict.path}: none yet (the agent creates it on its first start)")

@@ -10,7 +10,7 @@ from kvpilot.agent.remediation.guards import (
     RestartBudget,
 )
 from kvpilot.agent.remediation.journal import RemediationJournal, restart_began, unfinished
-from kvpilot.agent.remediation.ladder import Plan, manual_plan, plan_for
+from kvpilot.agent.remediation.ladder import LadderPlan, manual_plan, plan_for
 from kvpilot.agent.remediation.prefix_cache import (
     HttpPrefixCacheReset,
     LightStep,
@@ -33,12 +33,12 @@ __all__ = [
     "Decision",
     "GuardDecision",
     "HttpPrefixCacheReset",
+    "LadderPlan",
     "LightStep",
     "LightStepResult",
     "MemoryCheck",
     "MemoryPreflight",
     "Outcome",
-    "Plan",
     "Reconciled",
     "RemediationJournal",
     "RemediationStatus",

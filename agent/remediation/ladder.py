@@ -40,7 +40,7 @@ def no_better_config(instance: str) -> Sequence[str] | None:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class LadderPlan:
     """What to do about one firing alert: the steps in order, and why."""
 
     rule: str
@@ -68,18 +68,18 @@ def plan_for(
     better_config: BetterConfig = no_better_config,
     can_change_flags: bool = True,
     current_argv: Sequence[str] | None = None,
-) -> Plan:
+) -> LadderPlan:
     """The ladder for one firing alert of `rule` on `instance` (whose flags now are
     `current_argv`, where known: the plan's reason names what a promotion changes)."""
     action = facts.action
     if action == Action.ALERT:
-        return Plan(rule, action, (), f"{rule}: action is alert (notify only)")
+        return LadderPlan(rule, action, (), f"{rule}: action is alert (notify only)")
     if action == Action.LADDER:
         argv = better_config(instance)
         if argv is not None:
             change = describe_change(current_argv, argv)
             if not can_change_flags:
-                return Plan(
+                return LadderPlan(
                     rule,
                     action,
                     ("recommend_config",),
@@ -87,7 +87,7 @@ def plan_for(
                     "runtime cannot change the server's flags: restart it with them",
                     tuple(argv),
                 )
-            return Plan(
+            return LadderPlan(
                 rule,
                 action,
                 ("promote",),
@@ -95,7 +95,7 @@ def plan_for(
                 tuple(argv),
             )
         if facts.capacity_leak:
-            return Plan(
+            return LadderPlan(
                 rule,
                 action,
                 (*_light(rule, light_step_enabled), "restart"),
@@ -107,7 +107,7 @@ def plan_for(
             if facts.capacity_leak is False
             else "capacity leak unknown"
         )
-        return Plan(
+        return LadderPlan(
             rule,
             action,
             ("recommend_tuning",),
@@ -115,18 +115,18 @@ def plan_for(
             "recommend a tuning run",
         )
     if action == Action.RESTART:
-        return Plan(
+        return LadderPlan(
             rule,
             action,
             (*_light(rule, light_step_enabled), "restart"),
             f"{rule}: action is restart",
         )
-    return Plan(rule, action, (), f"{rule}: unknown action {action!r}, treated as alert only")
+    return LadderPlan(rule, action, (), f"{rule}: unknown action {action!r}, treated as alert only")
 
 
-def manual_plan(reason: str) -> Plan:
+def manual_plan(reason: str) -> LadderPlan:
     """An operator's restart: no light step, the same flags."""
-    return Plan("manual", "restart", ("restart",), reason)
+    return LadderPlan("manual", "restart", ("restart",), reason)
 
 
 def describe_change(current: Sequence[str] | None, new: Sequence[str]) -> str:

@@ -30,7 +30,7 @@ from kvpilot.agent.model import AlertEvent, Instance, fingerprint, labels_of
 from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.events import resolved
 from kvpilot.agent.remediation.facts import Action
-from kvpilot.agent.remediation.ladder import Plan
+from kvpilot.agent.remediation.ladder import LadderPlan
 from kvpilot.agent.remediation.oom_cgroup import OomKillCount, own_events_file, read_oom_kills
 from kvpilot.agent.remediation.oom_step import NoStep, plan_step
 from kvpilot.agent.remediation.trigger import Trigger
@@ -63,7 +63,7 @@ class OomAnswer:
     """The guard's reading of one death: the verdict, and the plan for the remediator."""
 
     verdict: OomVerdict
-    plan: Plan
+    plan: LadderPlan
     acted: bool  # a step is planned (a promotion or a recommendation), not only an alert
 
 
@@ -137,28 +137,30 @@ class OomGuard:
         said = f"{verdict.message}" + (f" [{verdict.log_line}]" if verdict.log_line else "")
         if self._steps.get(name, 0) >= self.config.max_steps:
             why = f"{said}; {self.config.max_steps} steps taken already (remediation.oom.max_steps)"
-            return OomAnswer(verdict, Plan(rule, "oom", (), why), acted=False)
+            return OomAnswer(verdict, LadderPlan(rule, "oom", (), why), acted=False)
         argv = instance.argv
         if argv is None:
             why = f"{said}; the server's flags are not known, so no step can be planned"
-            return OomAnswer(verdict, Plan(rule, "oom", (), why), acted=False)
+            return OomAnswer(verdict, LadderPlan(rule, "oom", (), why), acted=False)
         knob_range = self._range_for(name, argv)
         if isinstance(knob_range, str):
             why = f"{said}; the planner cannot bound the knob: {knob_range}"
-            return OomAnswer(verdict, Plan(rule, "oom", (), why), acted=False)
+            return OomAnswer(verdict, LadderPlan(rule, "oom", (), why), acted=False)
         step = plan_step(argv, verdict, self.config, knob_range)
         if isinstance(step, NoStep):
-            return OomAnswer(verdict, Plan(rule, "oom", (), f"{said}; {step.reason}"), False)
+            return OomAnswer(verdict, LadderPlan(rule, "oom", (), f"{said}; {step.reason}"), False)
         if trigger.facts.action == Action.ALERT and rule != "startup":
             why = f"{step.reason}; {rule}'s action is alert: suggested, not applied"
-            return OomAnswer(verdict, Plan(rule, "oom", (), why, step.argv), acted=False)
+            return OomAnswer(verdict, LadderPlan(rule, "oom", (), why, step.argv), acted=False)
         self._steps[name] = self._steps.get(name, 0) + 1
         if not self._runtime.can_change_flags:
             why = f"{step.reason}; this runtime cannot change the server's flags: restart it so"
             return OomAnswer(
-                verdict, Plan(rule, "oom", ("recommend_config",), why, step.argv), True
+                verdict, LadderPlan(rule, "oom", ("recommend_config",), why, step.argv), True
             )
-        return OomAnswer(verdict, Plan(rule, "oom", ("promote",), step.reason, step.argv), True)
+        return OomAnswer(
+            verdict, LadderPlan(rule, "oom", ("promote",), step.reason, step.argv), True
+        )
 
     # -- the alert ---------------------------------------------------------------------
 

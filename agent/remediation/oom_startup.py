@@ -14,7 +14,7 @@ from kvpilot.agent.alerts import new_incident_id
 from kvpilot.agent.model import Instance
 from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.execute import find_instance
-from kvpilot.agent.remediation.ladder import Plan
+from kvpilot.agent.remediation.ladder import LadderPlan
 from kvpilot.agent.remediation.oom_guard import OomGuard
 from kvpilot.agent.remediation.trigger import Outcome, Trigger
 from kvpilot.agent.runtimes.probe import StartFailed
@@ -31,7 +31,7 @@ class _Starts(Protocol):
 class _Remediates(Protocol):
     oom: OomGuard | None
 
-    async def remediate(self, trigger: Trigger, plan: Plan | None = None) -> Outcome: ...
+    async def remediate(self, trigger: Trigger, plan: LadderPlan | None = None) -> Outcome: ...
 
 
 async def start_guarded(

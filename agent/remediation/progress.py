@@ -24,7 +24,7 @@ from kvpilot.agent.remediation.journal import (
     RESTART_STATES,
     RemediationJournal,
 )
-from kvpilot.agent.remediation.ladder import Plan
+from kvpilot.agent.remediation.ladder import LadderPlan
 from kvpilot.agent.remediation.trigger import Outcome, Trigger
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ class Run:
 
     remediation_id: int
     trigger: Trigger
-    plan: Plan
+    plan: LadderPlan
 
 
 class InProgress:
@@ -86,7 +86,7 @@ class InProgress:
     # -- journal records ---------------------------------------------------------------
 
     def decided(
-        self, trigger: Trigger, decision: Decision, reason: str, plan: Plan | None = None
+        self, trigger: Trigger, decision: Decision, reason: str, plan: LadderPlan | None = None
     ) -> Outcome:
         """A remediation decided before it started: one finished record and its audit."""
         action = plan.journal_action if plan else "remediate"
@@ -103,7 +103,7 @@ class InProgress:
         steps = plan.steps if plan else ()
         return Outcome(trigger.instance, trigger.incident_id, decision, reason, rid, steps)
 
-    def open(self, trigger: Trigger, plan: Plan, instance: Instance) -> Run:
+    def open(self, trigger: Trigger, plan: LadderPlan, instance: Instance) -> Run:
         """The record of a remediation about to run, planned; active from now on."""
         action = plan.journal_action
         rid = self._journal.start_remediation(

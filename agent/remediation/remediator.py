@@ -39,7 +39,7 @@ from kvpilot.agent.remediation.execute import Executor, Promoted, RestartTarget,
 from kvpilot.agent.remediation.facts import AlertFacts
 from kvpilot.agent.remediation.guards import CircuitBreaker, Cooldown, RestartBudget
 from kvpilot.agent.remediation.journal import RemediationJournal, restart_began
-from kvpilot.agent.remediation.ladder import BetterConfig, Plan, manual_plan, no_better_config
+from kvpilot.agent.remediation.ladder import BetterConfig, LadderPlan, manual_plan, no_better_config
 from kvpilot.agent.remediation.oom_guard import OomGuard
 from kvpilot.agent.remediation.prefix_cache import LightStep
 from kvpilot.agent.remediation.progress import InProgress
@@ -199,7 +199,7 @@ class Remediator:
         self._book.expire(now_s)
         return started
 
-    def submit(self, trigger: Trigger, plan: Plan | None = None) -> asyncio.Task[Outcome]:
+    def submit(self, trigger: Trigger, plan: LadderPlan | None = None) -> asyncio.Task[Outcome]:
         """Run `remediate` in the background; the task is kept until it ends."""
         return self._progress.submit(self.remediate(trigger, plan))
 
@@ -275,7 +275,7 @@ class Remediator:
 
     # -- one remediation ---------------------------------------------------------------
 
-    async def remediate(self, trigger: Trigger, plan: Plan | None = None) -> Outcome:
+    async def remediate(self, trigger: Trigger, plan: LadderPlan | None = None) -> Outcome:
         """Plan, guard and run one remediation to its end; never raises for its failures."""
         found = find_instance(self._runtime, trigger.instance)
         if plan is None and self.oom is not None and found is not None:
@@ -310,7 +310,7 @@ class Remediator:
             case _:
                 assert_never(verdict)
 
-    def _recommend(self, trigger: Trigger, plan: Plan) -> Outcome:
+    def _recommend(self, trigger: Trigger, plan: LadderPlan) -> Outcome:
         wall_s = self._wall_clock()
         step = plan.steps[0]
         self._audit.about(trigger, None, step, Decision.RECOMMENDED, plan.reason)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kvpilot.agent.model import Instance
 from kvpilot.agent.remediation.decision import Decision
-from kvpilot.agent.remediation.ladder import ADVICE_STEPS, BetterConfig, Plan, plan_for
+from kvpilot.agent.remediation.ladder import ADVICE_STEPS, BetterConfig, LadderPlan, plan_for
 from kvpilot.agent.remediation.trigger import Trigger
 
 
@@ -23,14 +23,14 @@ class Declined:
 
     decision: Decision
     reason: str
-    plan: Plan | None = None
+    plan: LadderPlan | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class AlertOnly:
     """The rule notifies only: audited, no remediation recorded."""
 
-    plan: Plan
+    plan: LadderPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,20 +38,20 @@ class Advice:
     """A restart would not help, or cannot apply the flags that would: a tuning run, or the
     tuner's validated configuration, is recommended instead."""
 
-    plan: Plan
+    plan: LadderPlan
 
 
 @dataclass(frozen=True, slots=True)
 class Proceed:
     """Run these steps on this instance."""
 
-    plan: Plan
+    plan: LadderPlan
     instance: Instance
 
 
 def triage(
     trigger: Trigger,
-    plan: Plan | None,
+    plan: LadderPlan | None,
     instance: Instance | None,
     *,
     light_step_enabled: bool,

@@ -15,7 +15,7 @@ from typing import Literal
 
 from kvpilot.agent.model import Condition
 
-Verdict = Literal["cleared", "active", "unknown", "absent"]
+WatchVerdict = Literal["cleared", "active", "unknown", "absent"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +39,7 @@ DEFAULT_WINDOWS = WatchWindows()
 class WatchResult:
     """How a watch ended: the verdict, and the tick's time when it did."""
 
-    verdict: Verdict
+    verdict: WatchVerdict
     at_s: float
     reason: str
 
@@ -48,7 +48,7 @@ class WatchResult:
 class _Watch:
     deadline_s: float
     future: asyncio.Future[WatchResult]
-    last: Verdict = "absent"
+    last: WatchVerdict = "absent"
     last_reason: str = "no condition reported yet"
 
 

@@ -1,6 +1,6 @@
 """The agent's persistent state: one SQLite file in the state directory."""
 
-from kvpilot.agent.state.check import Verdict, check_database, move_aside
+from kvpilot.agent.state.check import DatabaseCheck, check_database, move_aside
 from kvpilot.agent.state.db import DB_FILENAME, Database
 from kvpilot.agent.state.errors import StateDamaged, StateError, StateLocked, StateUnusable
 from kvpilot.agent.state.exclusive import open_exclusive
@@ -20,6 +20,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "AuditRecord",
     "Database",
+    "DatabaseCheck",
     "RemediationRecord",
     "RetentionReport",
     "SchemaTooNewError",
@@ -30,7 +31,6 @@ __all__ = [
     "StateLocked",
     "StateStore",
     "StateUnusable",
-    "Verdict",
     "check_database",
     "move_aside",
     "open_exclusive",

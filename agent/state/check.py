@@ -18,7 +18,7 @@ MAX_PROBLEMS = 20
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class DatabaseCheck:
     """What SQLite says of one database file."""
 
     path: Path
@@ -36,18 +36,18 @@ class Verdict:
         return self.exists and not self.problems and self.unreadable is None
 
 
-def check_database(path: Path, *, full: bool = False) -> Verdict:
+def check_database(path: Path, *, full: bool = False) -> DatabaseCheck:
     """SQLite's `quick_check` (or the slower `integrity_check` with `full`) of `path`.
 
     A missing or empty file is a database not created yet, not a damaged one.
     """
     try:
         if path.stat().st_size == 0:
-            return Verdict(path, exists=False)
+            return DatabaseCheck(path, exists=False)
     except FileNotFoundError:
-        return Verdict(path, exists=False)
+        return DatabaseCheck(path, exists=False)
     except OSError as exc:
-        return Verdict(path, exists=True, unreadable=exc.strerror or str(exc))
+        return DatabaseCheck(path, exists=True, unreadable=exc.strerror or str(exc))
     pragma = "integrity_check" if full else "quick_check"
     try:
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
@@ -60,13 +60,13 @@ def check_database(path: Path, *, full: bool = False) -> Verdict:
     finally:
         conn.close()
     problems = tuple(str(row[0]) for row in rows if row[0] != "ok")
-    return Verdict(path, exists=True, problems=problems)
+    return DatabaseCheck(path, exists=True, problems=problems)
 
 
-def _failed(path: Path, exc: sqlite3.Error) -> Verdict:
+def _failed(path: Path, exc: sqlite3.Error) -> DatabaseCheck:
     if sqlite_reason(exc) == "corrupt":  # "file is not a database", "... malformed"
-        return Verdict(path, exists=True, problems=(str(exc),))
-    return Verdict(path, exists=True, unreadable=str(exc))
+        return DatabaseCheck(path, exists=True, problems=(str(exc),))
+    return DatabaseCheck(path, exists=True, unreadable=str(exc))
 
 
 def move_aside(path: Path, now_wall_s: float | None = None) -> list[tuple[Path, Path]]:

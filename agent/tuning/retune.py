@@ -66,7 +66,7 @@ class Reopenable(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class RetuneVerdict:
     """One check of one instance. `reopen`: why tuning re-opens (empty: it does not);
     `parts`: what those reasons stand on; `unknown`: what could not be judged, and why."""
 
@@ -90,7 +90,7 @@ def decide(
     incidents: int | None,
     settings: RetuneConfig,
     no_better: Callable[[], str | None],
-) -> Verdict:
+) -> RetuneVerdict:
     """The verdict on `instance` now. `incidents`: VllmPreemptionSpike firings in the window
     (None: unreadable); `no_better` says why no validated better configuration exists, or
     None when one does (asked only when the incidents reach the threshold)."""
@@ -118,7 +118,7 @@ def decide(
                 f"no validated better configuration ({why_none})"
             )
             parts.append(PREEMPTION)
-    return Verdict(instance, tuple(reopen), tuple(parts), tuple(unknown), tuple(unknown_of))
+    return RetuneVerdict(instance, tuple(reopen), tuple(parts), tuple(unknown), tuple(unknown_of))
 
 
 def _unknown(part: str, previous: Ground, current: Ground) -> str:
@@ -229,7 +229,7 @@ class RetuneWatch:
         events, self._waiting = self._waiting, []
         return events
 
-    def check(self) -> Verdict | None:
+    def check(self) -> RetuneVerdict | None:
         """One check when due; None when not due, no stable instance is listed, or the check
         failed (logged and counted: the next one tries again)."""
         now_s = self._clock()
@@ -264,7 +264,7 @@ class RetuneWatch:
             log.warning("instance %s: the ground of the tuning run was not recorded: %s", name, exc)
         self._last_check_s = None  # decide again at the next check
 
-    def _verdict(self, name: str, now_wall_s: float) -> Verdict:
+    def _verdict(self, name: str, now_wall_s: float) -> RetuneVerdict:
         tuned = self._grounds.load(name)
         since = now_wall_s - self._settings.within_h * 3600.0
         if tuned is not None:  # incidents before the last run were tuned for
@@ -288,7 +288,7 @@ class RetuneWatch:
             return None
         return getattr(self._better, "last_reason", None) or "none found"
 
-    def _act(self, verdict: Verdict, now_wall_s: float) -> None:
+    def _act(self, verdict: RetuneVerdict, now_wall_s: float) -> None:
         name = verdict.instance
         was = self._open.get(name)
         if verdict.reopen:
@@ -307,7 +307,7 @@ class RetuneWatch:
                 self.no_verdicts_total += 1
             self._audit(verdict, verdict.decision, _holds(verdict))
 
-    def _reopen(self, verdict: Verdict, now_wall_s: float) -> None:
+    def _reopen(self, verdict: RetuneVerdict, now_wall_s: float) -> None:
         name, why = verdict.instance, "; ".join(verdict.reopen)
         if self._schedule is not None:
             was = self._open.get(name)
@@ -324,7 +324,7 @@ class RetuneWatch:
         self._waiting.append(event)
         self._audit(verdict, "recommended", why)
 
-    def _audit(self, verdict: Verdict, decision: str, reason: str) -> None:
+    def _audit(self, verdict: RetuneVerdict, decision: str, reason: str) -> None:
         key = (decision, reason)
         if self._said.get(verdict.instance) == key:
             return
@@ -341,7 +341,7 @@ class RetuneWatch:
         )
 
 
-def _holds(verdict: Verdict) -> str:
+def _holds(verdict: RetuneVerdict) -> str:
     return "; ".join(verdict.unknown) or "the ground holds"
 
 

@@ -25,7 +25,7 @@ from apscheduler.triggers.cron import CronTrigger
 
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.remediation import Remediator, Trigger
-from kvpilot.agent.remediation.ladder import Plan
+from kvpilot.agent.remediation.ladder import LadderPlan
 from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
 from kvpilot.agent.runtimes.local import LocalRuntime
@@ -71,7 +71,9 @@ def remediated_restarter(remediator: Remediator, instance: str) -> StableRestart
             requested_by="tuner",
             force=restore,
         )
-        plan = Plan(rule="tuning", action="promote", steps=("promote",), reason=reason, argv=argv)
+        plan = LadderPlan(
+            rule="tuning", action="promote", steps=("promote",), reason=reason, argv=argv
+        )
         outcome = await remediator.remediate(trigger, plan)
         if outcome.decision == "succeeded":
             return

@@ -16,7 +16,7 @@ from kvpilot.agent.model import AlertEvent
 from kvpilot.agent.remediation.events import TUNING_RECOMMENDED_ALERT
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.tuning.ground import Ground, GroundStore, moved
-from kvpilot.agent.tuning.retune import RETUNE_RULE, RetuneWatch, Verdict
+from kvpilot.agent.tuning.retune import RETUNE_RULE, RetuneVerdict, RetuneWatch
 
 NAME = "vllm"
 HOUR_S = 3600.0
@@ -148,7 +148,7 @@ def test_missing_data_is_no_verdict_with_the_reason_audited_once(store: StateSto
     clock = Clock()
     w = watch(store, Ground(None, "m", None), clock)
     first = w.check()
-    assert isinstance(first, Verdict) and first.decision == "no verdict"
+    assert isinstance(first, RetuneVerdict) and first.decision == "no verdict"
     assert "no tuning run recorded yet" in first.unknown[0]
     GroundStore(store.db).save(NAME, Ground("0.9.1", "m", None), clock())
     verdict = w.check()
