@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tuner_replay import Cell, Table, load_table
 
-from kvpilot.tuner.objective import Outcome, TrialResult
+from kvpilot.tuner.objective import TrialOutcome, TrialResult
 
 REQUIRED_COLUMNS = (
     "kv_cache_memory_bytes",
@@ -129,11 +129,11 @@ def draw(cell: NoisyCell, seed: int, key: Key, visit: int) -> TrialResult:
     window = cell.windows[rng.randrange(len(cell.windows))]
     feasible = rng.random() < window.feasible_ratio
     if feasible:
-        return TrialResult(Outcome.FEASIBLE, window.goodput_tokens_per_s, key[0], None)
+        return TrialResult(TrialOutcome.FEASIBLE, window.goodput_tokens_per_s, key[0], None)
     reason = cell.truth.reason or "this window broke the SLO (the cell was feasible)"
     if reason.startswith("failed to start"):
-        return TrialResult(Outcome.FAILED_TO_START, None, key[0], reason)
-    outcome = Outcome.PREEMPTED if "preemptions" in reason else Outcome.SLO_BROKEN
+        return TrialResult(TrialOutcome.FAILED_TO_START, None, key[0], reason)
+    outcome = TrialOutcome.PREEMPTED if "preemptions" in reason else TrialOutcome.SLO_BROKEN
     return TrialResult(outcome, window.goodput_tokens_per_s, key[0], reason)
 
 

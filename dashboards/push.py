@@ -27,7 +27,7 @@ FOLDER_TITLE = "kvpilot"
 _SERVER_FIELDS = frozenset({"id", "version"})
 
 
-class Outcome(enum.StrEnum):
+class PushOutcome(enum.StrEnum):
     CREATED = "created"
     UPDATED = "updated"
     UNCHANGED = "unchanged"
@@ -37,8 +37,8 @@ class Outcome(enum.StrEnum):
 class PushResult:
     """What one push did: to the folder, and to each dashboard by uid."""
 
-    folder: Outcome
-    dashboards: tuple[tuple[str, str, Outcome], ...]  # (uid, title, outcome)
+    folder: PushOutcome
+    dashboards: tuple[tuple[str, str, PushOutcome], ...]  # (uid, title, outcome)
 
     def lines(self) -> list[str]:
         out = [f"folder {FOLDER_TITLE!r}: {self.folder}"]
@@ -125,12 +125,12 @@ def _message(exc: GrafanaException | OSError) -> str:
     return str(getattr(exc, "message", exc))
 
 
-def _ensure_folder(session: _Session, api: GrafanaApi) -> Outcome:
+def _ensure_folder(session: _Session, api: GrafanaApi) -> PushOutcome:
     folders = session.call("list folders", api.folder.get_all_folders)
     if any(folder.get("uid") == FOLDER_UID for folder in folders or ()):
-        return Outcome.UNCHANGED
+        return PushOutcome.UNCHANGED
     session.call("create the folder", api.folder.create_folder, FOLDER_TITLE, FOLDER_UID)
-    return Outcome.CREATED
+    return PushOutcome.CREATED
 
 
 def _stored(session: _Session, api: GrafanaApi, uid: str) -> dict[str, Any] | None:
@@ -160,7 +160,7 @@ def push(
         if stored is not None:
             same_folder = stored.get("meta", {}).get("folderUid") == FOLDER_UID
             if same_folder and _comparable(stored.get("dashboard", {})) == _comparable(model):
-                results.append((dashboard.uid, dashboard.title, Outcome.UNCHANGED))
+                results.append((dashboard.uid, dashboard.title, PushOutcome.UNCHANGED))
                 continue
         body = {
             "dashboard": {**model, "id": None},
@@ -169,6 +169,6 @@ def push(
             "message": "kvpilot dashboards push",
         }
         session.call(f"save dashboard {dashboard.uid}", api.dashboard.update_dashboard, body)
-        outcome = Outcome.CREATED if stored is None else Outcome.UPDATED
+        outcome = PushOutcome.CREATED if stored is None else PushOutcome.UPDATED
         results.append((dashboard.uid, dashboard.title, outcome))
     return PushResult(folder=folder, dashboards=tuple(results))

@@ -26,7 +26,7 @@ from types import ModuleType
 from kvpilot.dashboards.tuning_metrics import FlagSource, LiveFlags, flags_text
 from kvpilot.tuner.fingerprint import fingerprint
 from kvpilot.tuner.loadgen import plan_requests
-from kvpilot.tuner.objective import Outcome, TrialResult, WindowMetrics
+from kvpilot.tuner.objective import TrialOutcome, TrialResult, WindowMetrics
 from kvpilot.tuner.suggest import BayesianSuggester
 from kvpilot.tuner.traces import workload_hash
 from kvpilot.tuner.trials import Trial, TrialState, new_trial, trial_to_dict
@@ -66,14 +66,14 @@ def _float(text: str) -> float | None:
     return float(text) if text else None
 
 
-def _outcome(feasible: bool, reason: str) -> Outcome:
+def _outcome(feasible: bool, reason: str) -> TrialOutcome:
     if feasible:
-        return Outcome.FEASIBLE
+        return TrialOutcome.FEASIBLE
     if reason.startswith("failed to start"):
-        return Outcome.FAILED_TO_START
+        return TrialOutcome.FAILED_TO_START
     if "preemptions" in reason:
-        return Outcome.PREEMPTED
-    return Outcome.SLO_BROKEN
+        return TrialOutcome.PREEMPTED
+    return TrialOutcome.SLO_BROKEN
 
 
 def read_rows(path: Path) -> dict[tuple[int, int], dict[str, str]]:

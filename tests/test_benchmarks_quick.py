@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpilot.tuner.objective import Outcome, TrialResult
+from kvpilot.tuner.objective import TrialOutcome, TrialResult
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the tuner benchmark's modules
@@ -46,7 +46,7 @@ def test_collect_cycle_costs_under_a_quarter_of_the_library_parser() -> None:
 
 
 def _window(goodput: float, feasible: bool) -> TrialResult:
-    outcome = Outcome.FEASIBLE if feasible else Outcome.SLO_BROKEN
+    outcome = TrialOutcome.FEASIBLE if feasible else TrialOutcome.SLO_BROKEN
     return TrialResult(outcome, goodput, None, None if feasible else "slow")
 
 

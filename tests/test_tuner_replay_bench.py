@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpilot.tuner.objective import Outcome, TrialResult
+from kvpilot.tuner.objective import TrialOutcome, TrialResult
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the tuner benchmark's modules
@@ -26,7 +26,7 @@ SEQS = (4, 8, 16)
 
 
 def _window(goodput: float, feasible: bool) -> TrialResult:
-    outcome = Outcome.FEASIBLE if feasible else Outcome.SLO_BROKEN
+    outcome = TrialOutcome.FEASIBLE if feasible else TrialOutcome.SLO_BROKEN
     return TrialResult(outcome, goodput, None, None if feasible else "slow")
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from kvpilot.collectors.vllm_argv import flag_value
 from kvpilot.tuner.constraints import Value
-from kvpilot.tuner.objective import Outcome, TrialResult
+from kvpilot.tuner.objective import TrialOutcome, TrialResult
 from kvpilot.tuner.space import Candidate, SearchSpace
 
 KNOB = "gpu_memory_utilization"
@@ -28,7 +28,7 @@ def highest_started(
     highest = float(flag) if flag is not None else VLLM_DEFAULT_UTILIZATION
     for values, result in past:
         value = values.get(KNOB)
-        if isinstance(value, int | float) and result.outcome is not Outcome.FAILED_TO_START:
+        if isinstance(value, int | float) and result.outcome is not TrialOutcome.FAILED_TO_START:
             highest = max(highest, float(value))
     return highest
 

@@ -52,7 +52,7 @@ class Slo:
         return {"ttft_s": self.ttft_p95_s, "inter_token_s": self.inter_token_p95_s}
 
 
-class Outcome(StrEnum):
+class TrialOutcome(StrEnum):
     """A trial's verdict; everything but FEASIBLE is infeasible, with a reason."""
 
     FEASIBLE = "feasible"
@@ -101,7 +101,7 @@ class Measurement:
 class TrialResult:
     """The objective's verdict on one trial; goodput is kept even when infeasible."""
 
-    outcome: Outcome
+    outcome: TrialOutcome
     goodput_tokens_per_s: float | None
     memory_bytes: int | None
     reason: str | None
@@ -110,11 +110,11 @@ class TrialResult:
 
     @property
     def feasible(self) -> bool:
-        return self.outcome is Outcome.FEASIBLE
+        return self.outcome is TrialOutcome.FEASIBLE
 
     @classmethod
     def crashed(cls, detail: str, memory_bytes: int | None = None) -> TrialResult:
-        return cls(Outcome.CRASHED, None, memory_bytes, f"crashed: {detail}")
+        return cls(TrialOutcome.CRASHED, None, memory_bytes, f"crashed: {detail}")
 
     @classmethod
     def failed_to_start(cls, log_text: str, memory_bytes: int | None = None) -> TrialResult:
@@ -122,7 +122,9 @@ class TrialResult:
         failure = parse_startup_failure(log_text)
         detail = f" ({failure.log_line})" if failure.log_line else ""
         reason = f"failed to start: {failure.message}{detail}"
-        return cls(Outcome.FAILED_TO_START, None, memory_bytes, reason, startup_failure=failure)
+        return cls(
+            TrialOutcome.FAILED_TO_START, None, memory_bytes, reason, startup_failure=failure
+        )
 
 
 def evaluate(measurement: Measurement, slo: Slo) -> TrialResult:
@@ -136,25 +138,25 @@ def evaluate(measurement: Measurement, slo: Slo) -> TrialResult:
         )
     memory = measurement.memory_bytes
     if metrics is None or metrics.requests_total == 0:
-        return TrialResult(Outcome.NO_DATA, None, memory, "no requests in the window", metrics)
+        return TrialResult(TrialOutcome.NO_DATA, None, memory, "no requests in the window", metrics)
     failed_ratio = metrics.requests_failed / metrics.requests_total
     if failed_ratio > slo.max_failed_ratio:
         reason = (
             f"{metrics.requests_failed} of {metrics.requests_total} requests failed "
             f"(allowed ratio {slo.max_failed_ratio:g})"
         )
-        return TrialResult(Outcome.REQUESTS_FAILED, goodput, memory, reason, metrics)
+        return TrialResult(TrialOutcome.REQUESTS_FAILED, goodput, memory, reason, metrics)
     per_request = metrics.preemptions_per_request
     if per_request is not None and per_request > slo.max_preemptions_per_request:
         reason = (
             f"{per_request:.3g} preemptions per request "
             f"(allowed {slo.max_preemptions_per_request:g})"
         )
-        return TrialResult(Outcome.PREEMPTED, goodput, memory, reason, metrics)
+        return TrialResult(TrialOutcome.PREEMPTED, goodput, memory, reason, metrics)
     broken = _slo_broken(metrics, slo)
     if broken is not None:
-        return TrialResult(Outcome.SLO_BROKEN, goodput, memory, broken, metrics)
-    return TrialResult(Outcome.FEASIBLE, goodput, memory, None, metrics)
+        return TrialResult(TrialOutcome.SLO_BROKEN, goodput, memory, broken, metrics)
+    return TrialResult(TrialOutcome.FEASIBLE, goodput, memory, None, metrics)
 
 
 def attains(result: RequestResult, slo: Slo) -> bool:

@@ -32,7 +32,7 @@ from kvpilot.tuner.decide import bake_degradation as bake_degradation  # re-expo
 from kvpilot.tuner.decide import promotion_decision as promotion_decision
 from kvpilot.tuner.judge import JudgeConfig
 from kvpilot.tuner.judge_windows import Window, judge_windows
-from kvpilot.tuner.objective import Outcome, Slo, TrialResult, evaluate
+from kvpilot.tuner.objective import Slo, TrialOutcome, TrialResult, evaluate
 from kvpilot.tuner.ports import (
     CanaryAborted,
     CandidateStartFailed,
@@ -87,7 +87,7 @@ class RolloutOutcome:
 PhaseListener = Callable[[Trial, Phase], None]
 
 
-class Rollout:
+class TrialRollout:
     """Runs one trial's rollout against a runtime; every transition is persisted first."""
 
     def __init__(
@@ -289,7 +289,7 @@ class Rollout:
     async def _abort(self, s: _Run, why: str) -> None:
         """The canary broke the SLO mid-analysis: infeasible (the candidate's fault), removed."""
         reason = f"aborted during the analysis: {why}"
-        result = TrialResult(Outcome.SLO_BROKEN, None, None, reason)
+        result = TrialResult(TrialOutcome.SLO_BROKEN, None, None, reason)
         s.trial = self._save_trial(
             s.trial.to(TrialState.INFEASIBLE, at_wall_s=self._wall(), reason=reason, result=result)
         )

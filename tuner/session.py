@@ -15,7 +15,7 @@ from kvpilot.collectors.vllm_argv import without_flags
 from kvpilot.tuner.ascent import highest_started, stepped
 from kvpilot.tuner.objective import Slo, TrialResult, best_index
 from kvpilot.tuner.ports import Observer, RolloutJournal, TunerRuntime
-from kvpilot.tuner.rollout import Phase, Rollout, RolloutOutcome, RolloutSettings, Strategy
+from kvpilot.tuner.rollout import Phase, RolloutOutcome, RolloutSettings, Strategy, TrialRollout
 from kvpilot.tuner.space import Candidate, KnobKind, SearchSpace
 from kvpilot.tuner.suggest import SearchExhausted, Suggester, warm_start
 from kvpilot.tuner.trials import Trial, TrialStore, history, new_trial, next_number
@@ -144,7 +144,7 @@ class TuningSession:
         )
         self._store.add(trial)
         argv = candidate_argv(self._runtime.stable_argv(), self._space, candidate)
-        rollout = Rollout(
+        rollout = TrialRollout(
             self._runtime,
             self._observer,
             self._store,

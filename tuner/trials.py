@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from kvpilot.collectors.secrets import mask
 from kvpilot.tuner.constraints import Value
 from kvpilot.tuner.judge import Classification, Judgement, MetricVerdict, Verdict
-from kvpilot.tuner.objective import Outcome, TrialResult, WindowMetrics
+from kvpilot.tuner.objective import TrialOutcome, TrialResult, WindowMetrics
 from kvpilot.tuner.startup_errors import StartupFailure, StartupFailureKind
 
 
@@ -210,7 +210,7 @@ def trial_from_dict(data: Mapping[str, Any]) -> Trial:
 def _result_from_dict(data: Mapping[str, Any]) -> TrialResult:
     failure = data.get("startup_failure")
     return TrialResult(
-        outcome=Outcome(data["outcome"]),
+        outcome=TrialOutcome(data["outcome"]),
         goodput_tokens_per_s=data.get("goodput_tokens_per_s"),
         memory_bytes=data.get("memory_bytes"),
         reason=data.get("reason"),

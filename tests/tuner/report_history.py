@@ -9,7 +9,7 @@ from kvpilot.collectors.histogram import Histogram
 from kvpilot.tuner.constraints import batched_tokens_constraint, planner_constraint
 from kvpilot.tuner.judge import judge
 from kvpilot.tuner.learned import WorkloadShape
-from kvpilot.tuner.objective import Outcome, TrialResult, WindowMetrics
+from kvpilot.tuner.objective import TrialOutcome, TrialResult, WindowMetrics
 from kvpilot.tuner.planner import FeasibleBounds
 from kvpilot.tuner.space import Knob, KnobKind, SearchSpace
 from kvpilot.tuner.trials import Trial, TrialState, Warmup, new_trial
@@ -55,7 +55,7 @@ def _window(ttft: float, itl: float, goodput: float) -> WindowMetrics:
 
 def _result(goodput: float | None, memory: int, ttft: float, itl: float) -> TrialResult:
     metrics = _window(ttft, itl, goodput or 0.0)
-    return TrialResult(Outcome.FEASIBLE, goodput, memory, None, metrics)
+    return TrialResult(TrialOutcome.FEASIBLE, goodput, memory, None, metrics)
 
 
 def _spread(centre: float, n: int = 16) -> list[float]:
@@ -72,7 +72,7 @@ def history() -> list[Trial]:
         (
             6 * MIB,
             96,
-            TrialResult(Outcome.PREEMPTED, 610.0, 6 * MIB, "0.4 preemptions per request"),
+            TrialResult(TrialOutcome.PREEMPTED, 610.0, 6 * MIB, "0.4 preemptions per request"),
             None,
             None,
         ),

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from kvpilot.tuner.constraints import parse_constraint
-from kvpilot.tuner.objective import Outcome, TrialResult
+from kvpilot.tuner.objective import TrialOutcome, TrialResult
 from kvpilot.tuner.space import Knob, KnobKind, SearchSpace
 from kvpilot.tuner.suggest import SearchExhausted, Suggester
 
@@ -38,9 +38,9 @@ def continuous_space() -> SearchSpace:
 def result_for(values: dict) -> TrialResult:
     """A made-up landscape: feasible below 0.85 utilisation, goodput peaks at 32 sequences."""
     if values["gpu_memory_utilization"] > 0.85:
-        return TrialResult(Outcome.FAILED_TO_START, None, None, "failed to start: too much")
+        return TrialResult(TrialOutcome.FAILED_TO_START, None, None, "failed to start: too much")
     goodput = 100.0 * values["gpu_memory_utilization"] - abs(values["max_num_seqs"] - 32)
-    return TrialResult(Outcome.FEASIBLE, goodput, None, None)
+    return TrialResult(TrialOutcome.FEASIBLE, goodput, None, None)
 
 
 VALID_FINITE = [

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from kvpilot.tuner.ascent import highest_started, stepped
-from kvpilot.tuner.objective import Outcome, TrialResult
+from kvpilot.tuner.objective import TrialOutcome, TrialResult
 from kvpilot.tuner.rollout import RolloutSettings, Strategy
 from kvpilot.tuner.session import TuningSession
 from kvpilot.tuner.space import Candidate, Knob, KnobKind, SearchSpace
@@ -17,7 +17,7 @@ from .test_rollout import SLO, STABLE, Rig
 pytestmark = pytest.mark.anyio
 
 SPACE = SearchSpace(knobs=(Knob("gpu_memory_utilization", KnobKind.REAL, 0.3, 0.99),))
-STARTED = TrialResult(Outcome.FEASIBLE, 100.0, None, None)
+STARTED = TrialResult(TrialOutcome.FEASIBLE, 100.0, None, None)
 NOT_STARTED = TrialResult.failed_to_start("ValueError: Free memory on device ... is less than")
 
 

@@ -22,7 +22,7 @@ from kvpilot.tuner.judge import (
     Verdict,
     judge,
 )
-from kvpilot.tuner.objective import Outcome, TrialResult
+from kvpilot.tuner.objective import TrialOutcome, TrialResult
 from kvpilot.tuner.render import summary_line, trials_table
 from kvpilot.tuner.report import render_report
 from kvpilot.tuner.rollout import Strategy
@@ -135,16 +135,16 @@ def _trials():
     old = old.to(TrialState.RUNNING, at_wall_s=1.0).to(
         TrialState.COMPLETE,
         at_wall_s=2.0,
-        result=TrialResult(Outcome.FEASIBLE, 990.123456, 64 * 2**20, None),
+        result=TrialResult(TrialOutcome.FEASIBLE, 990.123456, 64 * 2**20, None),
         judgement=judgement,
     )
     new = new_trial("t2", "study", 2, {"max_num_seqs": 28}, 3.0)
     new = new.to(TrialState.RUNNING, at_wall_s=4.0).to(
         TrialState.COMPLETE,
         at_wall_s=5.0,
-        result=TrialResult(Outcome.FEASIBLE, 1034.4662847904285, 7_130_317, None),
+        result=TrialResult(TrialOutcome.FEASIBLE, 1034.4662847904285, 7_130_317, None),
         judgement=judgement,
-        baseline=TrialResult(Outcome.FEASIBLE, 1029.871234, 64 * 2**20, None),
+        baseline=TrialResult(TrialOutcome.FEASIBLE, 1029.871234, 64 * 2**20, None),
         warmup=Warmup(requests=2),
     )
     old_dict = trial_to_dict(old)

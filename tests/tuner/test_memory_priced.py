@@ -9,8 +9,8 @@ from kvpilot.collectors.vllm_parse import VllmScrape, parse_vllm_metrics
 from kvpilot.tuner.decide import promotion_decision
 from kvpilot.tuner.judge import Classification, Judgement
 from kvpilot.tuner.objective import (
-    Outcome,
     Slo,
+    TrialOutcome,
     TrialResult,
     best_index,
     server_kv_budget_bytes,
@@ -23,7 +23,7 @@ PASS = Judgement(Classification.PASS, 1.0, (), "score 100%")
 
 
 def feasible(goodput: float, memory: int | None) -> TrialResult:
-    return TrialResult(Outcome.FEASIBLE, goodput, memory, None)
+    return TrialResult(TrialOutcome.FEASIBLE, goodput, memory, None)
 
 
 def scrape(name: str) -> VllmScrape:
@@ -80,6 +80,6 @@ def test_less_memory_at_equal_goodput_promotes() -> None:
 
 
 def test_feasible_against_an_infeasible_stable_promotes() -> None:
-    broken = TrialResult(Outcome.PREEMPTED, 120.0, 8 * MIB, "0.4 preemptions per request")
+    broken = TrialResult(TrialOutcome.PREEMPTED, 120.0, 8 * MIB, "0.4 preemptions per request")
     promote, why = decide(feasible(100.0, 64 * MIB), broken)
     assert promote and why.endswith("feasible where the stable instance is not")

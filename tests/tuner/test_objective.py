@@ -11,8 +11,8 @@ from kvpilot.collectors.vllm_metrics import EngineSample, VllmScrape
 from kvpilot.tuner.loadgen import LoadReport, RequestResult
 from kvpilot.tuner.objective import (
     Measurement,
-    Outcome,
     Slo,
+    TrialOutcome,
     TrialResult,
     attains,
     best_index,
@@ -77,7 +77,7 @@ def test_goodput_counts_only_the_tokens_of_attaining_requests() -> None:
         request(3, 2.0, 0.05, 40),  # misses the TTFT limit
     )
     result = evaluate(Measurement(window, memory_bytes=123), SLO)
-    assert result.outcome is Outcome.FEASIBLE and result.feasible
+    assert result.outcome is TrialOutcome.FEASIBLE and result.feasible
     assert result.goodput_tokens_per_s == pytest.approx((100 + 50 + 30) / 10.0)
     assert result.metrics is not None and result.metrics.attainment_ratio == 0.75
     assert result.memory_bytes == 123
@@ -86,7 +86,7 @@ def test_goodput_counts_only_the_tokens_of_attaining_requests() -> None:
 def test_below_the_attainment_target_the_slo_is_broken_with_the_share() -> None:
     window = report(request(0, 0.5, 0.05, 10), request(1, 2.0, 0.05, 10))
     result = evaluate(Measurement(window), SLO)
-    assert result.outcome is Outcome.SLO_BROKEN and not result.feasible
+    assert result.outcome is TrialOutcome.SLO_BROKEN and not result.feasible
     assert result.reason is not None and result.reason.startswith("50% of requests met")
     assert result.goodput_tokens_per_s == pytest.approx(1.0)  # kept for the report
 
@@ -94,7 +94,7 @@ def test_below_the_attainment_target_the_slo_is_broken_with_the_share() -> None:
 def test_failed_requests_are_a_constraint() -> None:
     window = report(request(0, 0.5, 0.05, 10), request(1, 0.5, 0.05, 10, error="HTTP 500"))
     result = evaluate(Measurement(window), SLO)
-    assert result.outcome is Outcome.REQUESTS_FAILED
+    assert result.outcome is TrialOutcome.REQUESTS_FAILED
     assert "1 of 2 requests failed" in (result.reason or "")
 
 
@@ -103,10 +103,10 @@ def test_preemptions_per_request_come_from_the_scrapes_across_a_reset() -> None:
     # 5 -> 7 (+2), reset to 1 (+1): 3 preemptions over 4 requests.
     result = evaluate(Measurement(window, scrapes(5.0, 7.0, 1.0)), SLO)
     assert result.metrics is not None and result.metrics.preemptions_total == 3.0
-    assert result.outcome is Outcome.PREEMPTED
+    assert result.outcome is TrialOutcome.PREEMPTED
     assert result.reason == "0.75 preemptions per request (allowed 0.5)"
     calm = evaluate(Measurement(window, scrapes(5.0, 6.0)), SLO)
-    assert calm.outcome is Outcome.FEASIBLE
+    assert calm.outcome is TrialOutcome.FEASIBLE
 
 
 def test_without_scrapes_preemptions_are_unknown_not_zero() -> None:
@@ -117,21 +117,21 @@ def test_without_scrapes_preemptions_are_unknown_not_zero() -> None:
 
 
 def test_an_empty_window_is_no_data() -> None:
-    assert evaluate(Measurement(report()), SLO).outcome is Outcome.NO_DATA
-    assert evaluate(Measurement(), SLO).outcome is Outcome.NO_DATA
+    assert evaluate(Measurement(report()), SLO).outcome is TrialOutcome.NO_DATA
+    assert evaluate(Measurement(), SLO).outcome is TrialOutcome.NO_DATA
 
 
 def test_failed_start_carries_vllms_reason() -> None:
     log = "ValueError: No available memory for the cache blocks. Try increasing ..."
     result = TrialResult.failed_to_start(log, memory_bytes=1)
-    assert result.outcome is Outcome.FAILED_TO_START and not result.feasible
+    assert result.outcome is TrialOutcome.FAILED_TO_START and not result.feasible
     assert result.startup_failure is not None
     assert result.startup_failure.kind is StartupFailureKind.NO_CACHE_MEMORY
     assert "No available memory for the cache blocks" in (result.reason or "")
 
 
 def feasible(goodput: float, memory: int | None) -> TrialResult:
-    return TrialResult(Outcome.FEASIBLE, goodput, memory, None)
+    return TrialResult(TrialOutcome.FEASIBLE, goodput, memory, None)
 
 
 def test_memory_breaks_near_ties_and_only_near_ties() -> None:
@@ -139,7 +139,7 @@ def test_memory_breaks_near_ties_and_only_near_ties() -> None:
     assert better(feasible(100.0, 1000), feasible(101.0, 2000), slo)  # within 2 %: memory
     assert not better(feasible(101.0, 2000), feasible(100.0, 1000), slo)
     assert better(feasible(110.0, 2000), feasible(100.0, 1000), slo)  # clearly more goodput
-    infeasible = TrialResult(Outcome.SLO_BROKEN, 500.0, 10, "slow")
+    infeasible = TrialResult(TrialOutcome.SLO_BROKEN, 500.0, 10, "slow")
     assert better(feasible(1.0, None), infeasible, slo)
     assert best_index([infeasible, feasible(100.0, 2000), feasible(100.5, 1000)], slo) == 2
     assert best_index([infeasible], slo) is None
@@ -171,12 +171,12 @@ def test_without_client_timings_the_histograms_judge_the_window() -> None:
     result = evaluate(Measurement(scrapes=fast), SLO)
     assert result.metrics is not None and result.metrics.source == "histograms"
     assert result.metrics.requests_total == 100
-    assert result.outcome is Outcome.FEASIBLE
+    assert result.outcome is TrialOutcome.FEASIBLE
     assert result.goodput_tokens_per_s == pytest.approx(200.0)
     # With a limit below the TTFT buckets' p95, the window breaks the SLO; goodput is unknown.
     strict = Slo(ttft_p95_s=0.01, inter_token_p95_s=0.1, max_preemptions_per_request=0.5)
     broken = evaluate(Measurement(scrapes=fast), strict)
-    assert broken.outcome is Outcome.SLO_BROKEN and broken.goodput_tokens_per_s is None
+    assert broken.outcome is TrialOutcome.SLO_BROKEN and broken.goodput_tokens_per_s is None
     assert broken.reason is not None and broken.reason.startswith("TTFT p95")
 
 

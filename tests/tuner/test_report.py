@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from kvpilot.tuner.judge import judge
-from kvpilot.tuner.objective import Outcome, TrialResult
+from kvpilot.tuner.objective import TrialOutcome, TrialResult
 from kvpilot.tuner.render import format_bytes, trials_table
 from kvpilot.tuner.report import render_report, write_report
 from kvpilot.tuner.space import Knob, KnobKind, SearchSpace
@@ -27,14 +27,14 @@ SPACE = SearchSpace(
 def history() -> list[Trial]:
     trials = []
     cases = [
-        (1 << 21, 8, TrialResult(Outcome.FEASIBLE, 120.0, 1 << 21, None)),
+        (1 << 21, 8, TrialResult(TrialOutcome.FEASIBLE, 120.0, 1 << 21, None)),
         (
             1 << 20,
             64,
-            TrialResult(Outcome.PREEMPTED, 90.0, 1 << 20, "0.9 preemptions <per> request"),
+            TrialResult(TrialOutcome.PREEMPTED, 90.0, 1 << 20, "0.9 preemptions <per> request"),
         ),
-        (1 << 24, 32, TrialResult(Outcome.FEASIBLE, 310.0, 1 << 24, None)),
-        (1 << 25, 16, TrialResult(Outcome.FEASIBLE, 250.0, 1 << 25, None)),
+        (1 << 24, 32, TrialResult(TrialOutcome.FEASIBLE, 310.0, 1 << 24, None)),
+        (1 << 25, 16, TrialResult(TrialOutcome.FEASIBLE, 250.0, 1 << 25, None)),
     ]
     for i, (kv, seqs, result) in enumerate(cases, 1):
         trial = new_trial(f"t{i}", "s", i, {"kv_cache_memory_bytes": kv, "max_num_seqs": seqs}, i)

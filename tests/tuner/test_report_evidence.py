@@ -6,7 +6,7 @@ import dataclasses
 
 from kvpilot.tuner.evidence import Counts
 from kvpilot.tuner.judge import judge
-from kvpilot.tuner.objective import Outcome, TrialResult
+from kvpilot.tuner.objective import TrialOutcome, TrialResult
 from kvpilot.tuner.report import render_report
 from kvpilot.tuner.trials import TrialState, new_trial
 
@@ -15,7 +15,7 @@ MIB = 1 << 20
 
 def trial(number: int, goodput: float, memory: int):
     made = new_trial(f"t{number}", "study", number, {"kv_cache_memory_bytes": memory}, 0.0)
-    result = TrialResult(Outcome.FEASIBLE, goodput, memory, None)
+    result = TrialResult(TrialOutcome.FEASIBLE, goodput, memory, None)
     running = made.to(TrialState.RUNNING, at_wall_s=0.5)
     return running.to(TrialState.COMPLETE, at_wall_s=1.0, result=result)
 

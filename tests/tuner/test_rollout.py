@@ -13,13 +13,13 @@ import pytest
 from kvpilot.tuner.evidence import Counts
 from kvpilot.tuner.judge import Classification
 from kvpilot.tuner.loadgen import LoadReport, RequestResult
-from kvpilot.tuner.objective import Measurement, Outcome, Slo
+from kvpilot.tuner.objective import Measurement, Slo, TrialOutcome
 from kvpilot.tuner.ports import CandidateStartFailed, Observation, RestartRefused
 from kvpilot.tuner.rollout import (
     Phase,
-    Rollout,
     RolloutSettings,
     Strategy,
+    TrialRollout,
     recover,
 )
 from kvpilot.tuner.startup_errors import StartupFailureKind
@@ -181,8 +181,8 @@ class Rig:
         self.clock = itertools.count(100.0)
         self.phases: list[Phase] = []
 
-    def rollout(self, **settings: object) -> Rollout:
-        return Rollout(
+    def rollout(self, **settings: object) -> TrialRollout:
+        return TrialRollout(
             self.runtime,
             self.observer,
             self.store,
@@ -245,7 +245,7 @@ async def test_a_start_failure_is_infeasible_with_vllms_reason_and_the_stable_un
     outcome = await rig.rollout().run(rig.trial(), TOO_SMALL, Strategy.PARALLEL)
     trial = rig.store.get("t1")
     assert trial is not None and trial.state is TrialState.INFEASIBLE
-    assert trial.result is not None and trial.result.outcome is Outcome.FAILED_TO_START
+    assert trial.result is not None and trial.result.outcome is TrialOutcome.FAILED_TO_START
     assert trial.result.startup_failure is not None
     assert trial.result.startup_failure.kind is StartupFailureKind.CACHE_TOO_SMALL
     assert "To serve at least one request" in (trial.reason or "")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvpilot.tuner.objective import Outcome, TrialResult
+from kvpilot.tuner.objective import TrialOutcome, TrialResult
 from kvpilot.tuner.space import Knob, KnobKind, SearchSpace
 from kvpilot.tuner.suggest import (
     BayesianSuggester,
@@ -67,10 +67,10 @@ def cliff_space() -> SearchSpace:
 def cliff(values: dict) -> TrialResult:
     """Goodput grows with memory up to a cliff at 0.8 where vLLM no longer starts."""
     if values["gpu_memory_utilization"] > 0.8:
-        return TrialResult(Outcome.FAILED_TO_START, None, None, "failed to start")
+        return TrialResult(TrialOutcome.FAILED_TO_START, None, None, "failed to start")
     seqs_term = abs(values["max_num_seqs"] - 64) / 64
     return TrialResult(
-        Outcome.FEASIBLE, 1000 * values["gpu_memory_utilization"] - 50 * seqs_term, None, None
+        TrialOutcome.FEASIBLE, 1000 * values["gpu_memory_utilization"] - 50 * seqs_term, None, None
     )
 
 
@@ -153,7 +153,7 @@ def test_a_rising_kv_trend_sends_the_search_to_the_memory_bound() -> None:
         memory = space.knobs[0].to_unit(values["kv_cache_memory_bytes"])
         seqs = space.knobs[1].to_unit(values["max_num_seqs"])
         return TrialResult(
-            Outcome.FEASIBLE, 1000 + 1000 * memory - 200 * abs(seqs - 0.75), None, None
+            TrialOutcome.FEASIBLE, 1000 + 1000 * memory - 200 * abs(seqs - 0.75), None, None
         )
 
     for seed in range(5):

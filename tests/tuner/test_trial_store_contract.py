@@ -16,7 +16,7 @@ import pytest
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteTrialStore
 from kvpilot.tuner.judge import judge
-from kvpilot.tuner.objective import Outcome, TrialResult, WindowMetrics
+from kvpilot.tuner.objective import TrialOutcome, TrialResult, WindowMetrics
 from kvpilot.tuner.trials import (
     Trial,
     TrialState,
@@ -69,7 +69,7 @@ def complete(store: TrialStore, trial_id: str, fingerprint: str, number: int, go
     running = trial.to(TrialState.RUNNING, at_wall_s=number + 0.5)
     store.save(running)
     done = running.finish(
-        TrialResult(Outcome.FEASIBLE, goodput, 1024, None, METRICS), at_wall_s=number + 0.9
+        TrialResult(TrialOutcome.FEASIBLE, goodput, 1024, None, METRICS), at_wall_s=number + 0.9
     )
     store.save(done)
     return done
@@ -193,7 +193,7 @@ def test_a_failed_trial_is_a_record_with_its_reason(store: TrialStore) -> None:
 
 def test_an_infeasible_trial_keeps_its_reason_and_result(store: TrialStore) -> None:
     trial = running(store, "t", 1, at_wall_s=1.0)
-    slow = TrialResult(Outcome.SLO_BROKEN, 5.0, 2048, "40% of requests met the SLO", METRICS)
+    slow = TrialResult(TrialOutcome.SLO_BROKEN, 5.0, 2048, "40% of requests met the SLO", METRICS)
     store.save(trial.finish(slow, at_wall_s=2.0))
     got = store.get("t")
     assert got is not None and got.state is TrialState.INFEASIBLE

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kvpilot.tuner.judge import judge
-from kvpilot.tuner.objective import Outcome, TrialResult
+from kvpilot.tuner.objective import TrialOutcome, TrialResult
 from kvpilot.tuner.trials import (
     TrialState,
     TrialTransitionError,
@@ -38,16 +38,16 @@ def test_failure_states_need_a_reason() -> None:
 
 def test_finish_picks_complete_or_infeasible_from_the_result() -> None:
     running = new_trial("t", "s", 1, {}, at_wall_s=0.0).to(TrialState.RUNNING, at_wall_s=1.0)
-    ok = running.finish(TrialResult(Outcome.FEASIBLE, 5.0, None, None), at_wall_s=2.0)
+    ok = running.finish(TrialResult(TrialOutcome.FEASIBLE, 5.0, None, None), at_wall_s=2.0)
     assert ok.state is TrialState.COMPLETE and ok.reason is None
-    slow = TrialResult(Outcome.SLO_BROKEN, 5.0, None, "40% of requests met the SLO")
+    slow = TrialResult(TrialOutcome.SLO_BROKEN, 5.0, None, "40% of requests met the SLO")
     bad = running.finish(slow, at_wall_s=2.0)
     assert bad.state is TrialState.INFEASIBLE and bad.reason == slow.reason
 
 
 def test_plain_data_form_round_trips_through_json() -> None:
     trial = new_trial("t", "s", 4, {"gpu_memory_utilization": 0.85, "max_num_seqs": 32}, 1.0)
-    result = TrialResult(Outcome.PREEMPTED, 12.5, 4096, "0.3 preemptions per request", METRICS)
+    result = TrialResult(TrialOutcome.PREEMPTED, 12.5, 4096, "0.3 preemptions per request", METRICS)
     failed = TrialResult.failed_to_start("ValueError: To serve at least one request with the ...")
     for res in (result, failed):
         done = trial.to(

@@ -28,7 +28,7 @@ from kvpilot.collectors.procfs import list_processes
 from kvpilot.rig.server import free_port
 from kvpilot.tuner.judge import Classification
 from kvpilot.tuner.loadgen import LengthDist, Workload
-from kvpilot.tuner.objective import Outcome, Slo, TrialResult
+from kvpilot.tuner.objective import Slo, TrialOutcome, TrialResult
 from kvpilot.tuner.rollout import Phase, RolloutOutcome, RolloutSettings, Strategy
 from kvpilot.tuner.session import Progress, SessionSummary, TuningSession
 from kvpilot.tuner.space import Candidate, Knob, KnobKind, SearchSpace
@@ -263,7 +263,7 @@ def test_parallel_canary_promotes_rolls_back_and_records_a_failed_start(study) -
         # The bad candidate ran, yet preempts far beyond the SLO's limit: infeasible too.
         assert states == [TrialState.INFEASIBLE, TrialState.INFEASIBLE, TrialState.COMPLETE]
         assert second.trial.result is not None
-        assert second.trial.result.outcome is Outcome.PREEMPTED, second.trial.result.reason
+        assert second.trial.result.outcome is TrialOutcome.PREEMPTED, second.trial.result.reason
     finally:
         asyncio.run(runtime.aclose(drain_timeout_s=5.0))
         db.close()

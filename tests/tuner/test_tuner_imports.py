@@ -38,12 +38,12 @@ def test_the_probe_sees_skopt_when_a_model_is_built() -> None:
     # The same probe must notice the stack once the Bayesian suggester models something.
     code = (
         "from kvpilot.tuner.space import Knob, KnobKind, SearchSpace\n"
-        "from kvpilot.tuner.objective import Outcome, TrialResult\n"
+        "from kvpilot.tuner.objective import TrialOutcome, TrialResult\n"
         "from kvpilot.tuner.suggest import BayesianSuggester\n"
         "space = SearchSpace((Knob('max_num_seqs', KnobKind.INTEGER, 1, 64, log_scale=True),))\n"
         "s = BayesianSuggester(space, n_initial_points=2)\n"
         "for g in (10.0, 20.0):\n"
-        "    c = s.ask(); s.tell(c, TrialResult(Outcome.FEASIBLE, g, None, None))\n"
+        "    c = s.ask(); s.tell(c, TrialResult(TrialOutcome.FEASIBLE, g, None, None))\n"
         "s.ask()\n"
     )
     assert {"numpy", "skopt"} <= set(_heavy_after(code))

@@ -25,7 +25,7 @@ from kvpilot.agent.tuning.promoted import PROMOTED_FACT
 from kvpilot.agent.tuning.study import Study
 from kvpilot.collectors.vllm_argv import flag_value, set_flag
 from kvpilot.tuner.judge import Classification, Judgement
-from kvpilot.tuner.objective import Outcome, TrialResult
+from kvpilot.tuner.objective import TrialOutcome, TrialResult
 from kvpilot.tuner.rollout import Phase, RolloutRecord, Strategy
 from kvpilot.tuner.trials import Trial, TrialState
 from tests.faults.running_agent import base_config, free_port, standin_instance, write_config
@@ -63,7 +63,7 @@ def _promoted_trial(store: StateStore, study: Study, seqs: int) -> None:
         TrialState.COMPLETE,
         1.0,
         2.0,
-        result=TrialResult(Outcome.FEASIBLE, 150.0, 32 << 20, None),
+        result=TrialResult(TrialOutcome.FEASIBLE, 150.0, 32 << 20, None),
         judgement=Judgement(Classification.PASS, 1.0, (), "from the test"),
     )
     SqliteTrialStore(store.db).add(trial)

@@ -40,7 +40,7 @@ from kvpilot.rig.server import TINY_MODEL_DIR, free_port
 from kvpilot.tuner.judge import LIVE_METRICS, JudgeConfig
 from kvpilot.tuner.loadgen import LengthDist, Workload, run_load
 from kvpilot.tuner.objective import Slo
-from kvpilot.tuner.rollout import Phase, Rollout, RolloutSettings, Strategy
+from kvpilot.tuner.rollout import Phase, RolloutSettings, Strategy, TrialRollout
 from kvpilot.tuner.trials import TrialState, new_trial
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment
 from tests.fakes.kubelet import FakeKubelet, KubeletApi
@@ -196,7 +196,9 @@ def test_a_good_canary_is_promoted_and_a_bad_one_aborted_on_live_traffic(
             observer = LiveTrafficObserver(CANARY, split, SLO)
 
             async def trial(number: int, kv_bytes: int):
-                rollout = Rollout(adapter, observer, store, journal, settings, wall_clock=clock)
+                rollout = TrialRollout(
+                    adapter, observer, store, journal, settings, wall_clock=clock
+                )
                 t = new_trial(
                     f"t{number}",
                     "live",

@@ -35,7 +35,7 @@ from kvpilot.collectors.procfs import read_proc
 from kvpilot.collectors.vllm_argv import canonical_flags, flag_value, set_flag, without_flags
 from kvpilot.rig.server import free_port
 from kvpilot.tuner.judge import Classification, Judgement
-from kvpilot.tuner.objective import Outcome, TrialResult
+from kvpilot.tuner.objective import TrialOutcome, TrialResult
 from kvpilot.tuner.rollout import Phase, RolloutRecord, Strategy
 from kvpilot.tuner.trials import Trial, TrialState
 from tests.agent.sidecar_harness import agent_config, server_spec
@@ -93,7 +93,7 @@ def _trial(
         TrialState.COMPLETE,
         1.0,
         2.0,
-        result=TrialResult(Outcome.FEASIBLE, goodput, KV, None),
+        result=TrialResult(TrialOutcome.FEASIBLE, goodput, KV, None),
         judgement=Judgement(verdict, 1.0, (), "from the test"),
     )
     SqliteTrialStore(db).add(trial)

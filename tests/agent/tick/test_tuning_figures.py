@@ -29,7 +29,7 @@ from kvpilot.agent.tick.tuning_figures import TuningFiguresCache
 from kvpilot.collectors.nvml import NvmlCollector
 from kvpilot.dashboards import tuning_metrics
 from kvpilot.rig.server import free_port
-from kvpilot.tuner.objective import Outcome, TrialResult
+from kvpilot.tuner.objective import TrialOutcome, TrialResult
 from kvpilot.tuner.trials import Trial, TrialState, new_trial
 from tests.fakes.trial_store import CountingTrialStore, InMemoryTrialStore
 
@@ -52,7 +52,7 @@ def planned(trial_id: str, number: int) -> Trial:
 
 def finished(trial_id: str, number: int, goodput: float) -> Trial:
     running = planned(trial_id, number).to(TrialState.RUNNING, at_wall_s=number + 0.1)
-    result = TrialResult(Outcome.FEASIBLE, goodput, None, None)
+    result = TrialResult(TrialOutcome.FEASIBLE, goodput, None, None)
     return running.finish(result, at_wall_s=number + 0.5)
 
 

@@ -14,9 +14,9 @@ from kvpilot.agent.config.tuning import CanaryConfig
 from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
 from kvpilot.tuner.evidence import Counts
 from kvpilot.tuner.judge import LIVE_METRICS, JudgeConfig
-from kvpilot.tuner.objective import Outcome, Slo, evaluate
+from kvpilot.tuner.objective import Slo, TrialOutcome, evaluate
 from kvpilot.tuner.ports import CanaryAborted
-from kvpilot.tuner.rollout import Phase, Rollout, RolloutSettings, Strategy
+from kvpilot.tuner.rollout import Phase, RolloutSettings, Strategy, TrialRollout
 from kvpilot.tuner.trials import TrialState, new_trial
 from tests.fakes.rollout_journal import InMemoryRolloutJournal
 from tests.fakes.standin_vllm import StandInVllm
@@ -233,7 +233,7 @@ def test_samples_come_from_deltas_and_goodput_is_divided_by_each_share(pods) -> 
     assert base.measurement.report is None and cand.measurement.traffic_share_ratio == 0.1
     result = evaluate(base.measurement, SLO)
     assert result.metrics is not None and result.metrics.source == "histograms"
-    assert result.outcome is Outcome.FEASIBLE
+    assert result.outcome is TrialOutcome.FEASIBLE
     assert result.goodput_tokens_per_s == pytest.approx(10.0)
     assert evaluate(cand.measurement, SLO).goodput_tokens_per_s == pytest.approx(10.0)
     assert ("pull_back", 0) not in split.calls and len(split.calls) == 1
@@ -303,7 +303,9 @@ def test_a_rollout_on_live_traffic_ends_an_aborted_canary_infeasible_and_removes
 
     runtime = Runtime(journal)
     settings = RolloutSettings(slo=SLO, judge=JudgeConfig(metrics=LIVE_METRICS))
-    rollout = Rollout(runtime, observer(split, clock), store, journal, settings, wall_clock=clock)
+    rollout = TrialRollout(
+        runtime, observer(split, clock), store, journal, settings, wall_clock=clock
+    )
     trial = new_trial("t1", "fp", 1, {"kv_cache_memory_bytes": 1}, at_wall_s=1.0)
     store.add(trial)
 
@@ -312,7 +314,7 @@ def test_a_rollout_on_live_traffic_ends_an_aborted_canary_infeasible_and_removes
     assert outcome.record.phase is Phase.ROLLED_BACK
     assert outcome.trial.state is TrialState.INFEASIBLE
     assert outcome.trial.result is not None
-    assert outcome.trial.result.outcome is Outcome.SLO_BROKEN
+    assert outcome.trial.result.outcome is TrialOutcome.SLO_BROKEN
     reason = outcome.trial.reason or ""
     assert reason.startswith("aborted during the analysis: canary interval 1 of 6 broke the SLO")
     assert "traffic back to stable" in reason
@@ -373,7 +375,7 @@ def _judged_rollout(stable, canary, canary_per_interval: int):
             return url(canary)
 
     settings = RolloutSettings(slo=SLO, judge=JudgeConfig(metrics=LIVE_METRICS), bake=False)
-    rollout = Rollout(
+    rollout = TrialRollout(
         Runtime(journal), observer(split, clock), store, journal, settings, wall_clock=clock
     )
     trial = new_trial("t1", "fp", 1, {"kv_cache_memory_bytes": 1}, at_wall_s=1.0)

@@ -62,7 +62,7 @@ def test_a_dry_run_tells_the_trials_of_the_last_runs_vllm_version(tmp_path: Path
     from kvpilot.agent.state.trials import SqliteTrialStore
     from kvpilot.agent.tuning.study import build_study
     from kvpilot.rig.server import free_port
-    from kvpilot.tuner.objective import Outcome, TrialResult
+    from kvpilot.tuner.objective import TrialOutcome, TrialResult
     from kvpilot.tuner.trials import Trial, TrialState
     from tests.agent.sidecar_harness import agent_config, server_spec
 
@@ -87,7 +87,7 @@ def test_a_dry_run_tells_the_trials_of_the_last_runs_vllm_version(tmp_path: Path
             TrialState.COMPLETE,
             1.0,
             2.0,
-            result=TrialResult(Outcome.FEASIBLE, 150.0, 32 << 20, None),
+            result=TrialResult(TrialOutcome.FEASIBLE, 150.0, 32 << 20, None),
         )
         SqliteTrialStore(store.db).add(trial)
 
