@@ -24,6 +24,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from kvpilot.collectors.addresses import WILDCARD_HOSTS
+
 LaunchForm = Literal["vllm-serve", "module"]
 
 # `python -m <one of these>` runs the OpenAI-compatible server directly.
@@ -37,7 +39,6 @@ MODEL_FLAG = "--model"
 _PYTHON = re.compile(r"python[0-9.]*")
 # Python options that consume the next argument (python -X dev -m ...).
 _PYTHON_OPTS_WITH_VALUE = frozenset({"-X", "-W", "-Q"})
-_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})  # noqa: S104 - matched, never bound
 
 FlagValue = str | int | float | bool
 
@@ -281,7 +282,7 @@ class ServerArgs:
     @property
     def probe_host(self) -> str:
         """Where the agent reaches it: loopback when the server binds every interface."""
-        if self.host is None or self.host in _WILDCARD_HOSTS:
+        if self.host is None or self.host in WILDCARD_HOSTS:
             return "127.0.0.1"
         return f"[{self.host}]" if ":" in self.host else self.host
 

@@ -13,9 +13,6 @@ from pydantic import (
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 
-# Addresses that mean "every interface": a server may listen there, the agent never dials them.
-WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})  # noqa: S104 (recognised, not bound)
-
 
 class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

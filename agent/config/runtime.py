@@ -17,13 +17,13 @@ from pydantic import (
 
 from kvpilot.agent.config.base import (
     NAME,
-    WILDCARD_HOSTS,
     Model,
     Port,
     check_http_url,
     require_unique,
 )
 from kvpilot.agent.config.kubernetes import KubernetesConfig
+from kvpilot.collectors.addresses import WILDCARD_HOSTS
 from kvpilot.collectors.vllm_argv import (
     CLI_MODULE,
     NotAVllmServer,

@@ -48,6 +48,7 @@ from kvpilot.agent.runtimes.drain import drain_then_kill, wait_for
 from kvpilot.agent.runtimes.probe import wait_ready
 from kvpilot.agent.runtimes.process_trust import expected_uid, own_listen_host, uid_problem
 from kvpilot.agent.runtimes.processes import find_vllm_mains, send_signal
+from kvpilot.collectors.addresses import WILDCARD_HOSTS
 from kvpilot.collectors.kvpool.ports import PORT_ENV as KVPOOL_PORT_ENV
 from kvpilot.collectors.procfs import (
     PROC,
@@ -61,8 +62,6 @@ from kvpilot.collectors.procfs import (
     start_wall_s,
 )
 from kvpilot.collectors.vllm_argv import NotAVllmServer, ServerArgs, parse_server_argv
-
-_EVERY_ADDRESS = frozenset({"", "0.0.0.0", "::"})  # noqa: S104 - matched, never bound
 
 
 class SupervisorTimeout(NotReady):
@@ -98,7 +97,7 @@ def _http_url(host: str, port: int) -> str:
 
 def listens_at(server_host: str | None, host: str) -> bool:
     """Whether a server started with `--host server_host` (None: absent) is reachable at `host`."""
-    if server_host is None or _bare_host(server_host) in _EVERY_ADDRESS:
+    if server_host is None or _bare_host(server_host) in WILDCARD_HOSTS:
         return True  # vLLM listens on every address
     return _bare_host(server_host) == _bare_host(host)
 

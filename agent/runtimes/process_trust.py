@@ -18,9 +18,9 @@ import os
 import socket
 from pathlib import Path
 
+from kvpilot.collectors.addresses import WILDCARD_HOSTS
 from kvpilot.collectors.procfs import PROC, read_uids
 
-_EVERY_ADDRESS = frozenset({"", "0.0.0.0", "::"})  # noqa: S104 - matched, never bound
 _LOCALHOST_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
 
@@ -48,7 +48,7 @@ def own_listen_host(server_host: str | None) -> str | None:
     if server_host is None:
         return "127.0.0.1"
     bare = server_host.removeprefix("[").removesuffix("]").lower()
-    if bare in _EVERY_ADDRESS:
+    if bare in WILDCARD_HOSTS:
         return "127.0.0.1"
     if bare in _LOCALHOST_NAMES:
         return "127.0.0.1"
