@@ -14,7 +14,6 @@ from pydantic import (
 )
 
 from kvpilot.agent.config.base import (
-    Model,
     Port,
     require_unique,
 )
@@ -24,6 +23,7 @@ from kvpilot.agent.config.remediation import RemediationConfig
 from kvpilot.agent.config.runtime import LocalRuntimeConfig, PodRuntimeConfig, RuntimeConfig
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.rules.config import RulesConfig
+from kvpilot.agent.strict_model import StrictModel
 from kvpilot.collectors.secrets import argv_secrets, env_secrets, url_secrets
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ DEFAULT_PORT = 8474
 DEFAULT_API_PORT = 8475
 
 
-class ListenConfig(Model):
+class ListenConfig(StrictModel):
     """Where the agent serves /metrics, health and its HTTP API.
 
     Also given as one string, `HOST:PORT` (`[::1]:8474` for IPv6), as in
@@ -69,7 +69,7 @@ MIN_INTERVAL_S = 0.1
 MAX_INTERVAL_S = 300.0
 
 
-class ApiConfig(Model):
+class ApiConfig(StrictModel):
     """The control API's token: POST endpoints are refused while neither is set."""
 
     token: SecretStr | None = Field(
@@ -104,7 +104,7 @@ class ApiConfig(Model):
         return SecretStr(text)
 
 
-class RetentionConfig(Model):
+class RetentionConfig(StrictModel):
     """How long rows are kept in the state database."""
 
     outbox_days: float = Field(7.0, gt=0, description="Delivered or abandoned notifications.")
@@ -113,7 +113,7 @@ class RetentionConfig(Model):
     silences_days: float = Field(30.0, gt=0, description="Silences after they end.")
 
 
-class ScrapeConfig(Model):
+class ScrapeConfig(StrictModel):
     """Limits on every read of a server's sources (vLLM /metrics, the kvpool plugin), as
     Prometheus's scrape limits: a source past one is an error of that kind for the tick
     (`timeout`, `too_large`, `too_many_samples`, counted in kvpilot_collector_errors_total);
@@ -147,7 +147,7 @@ class ScrapeConfig(Model):
         return min(max(interval_s, 2.0), 5.0)
 
 
-class AgentConfig(Model):
+class AgentConfig(StrictModel):
     """kvpilot's configuration (`kvpilot run --config FILE`)."""
 
     listen: ListenConfig = Field(default_factory=ListenConfig, description="HTTP listener.")

@@ -1,22 +1,14 @@
-"""What every section of the configuration shares: strict frozen models, ports, names."""
+"""What the configuration's sections share besides their base (agent/strict_model.py): names,
+ports, unique values, URLs."""
 
 from __future__ import annotations
 
 import re
 from typing import Annotated, Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-)
+from pydantic import Field
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
-
-
-class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 

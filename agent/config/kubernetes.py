@@ -7,14 +7,15 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from kvpilot.agent.config.base import Model, check_http_url
+from kvpilot.agent.config.base import check_http_url
+from kvpilot.agent.strict_model import StrictModel
 
 # A DNS-1123 label (namespaces) and subdomain (Deployment and container names).
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 
 
-class KubernetesConfig(Model):
+class KubernetesConfig(StrictModel):
     """Where the stable Deployment is and how kvpilot may change it."""
 
     namespace: str | None = Field(

@@ -16,9 +16,9 @@ from pydantic import (
 
 from kvpilot.agent.config.base import (
     NAME,
-    Model,
     check_http_url,
 )
+from kvpilot.agent.strict_model import StrictModel
 
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110's token
 
@@ -36,7 +36,7 @@ def _check_headers(headers: dict[str, SecretStr]) -> dict[str, SecretStr]:
     return headers
 
 
-class _NotifierBase(Model):
+class _NotifierBase(StrictModel):
     name: str = Field(
         "",  # filled with the kind before validation; the schema shows it as optional
         pattern=NAME,
@@ -91,7 +91,7 @@ class WebhookNotifierConfig(_NotifierBase):
         return _check_headers(headers)
 
 
-class AlertmanagerAuth(Model):
+class AlertmanagerAuth(StrictModel):
     """Basic or bearer authentication for Alertmanager's API."""
 
     username: str | None = Field(None, description="Basic-auth user.")

@@ -9,19 +9,17 @@ from pydantic import (
     model_validator,
 )
 
-from kvpilot.agent.config.base import (
-    Model,
-)
+from kvpilot.agent.strict_model import StrictModel
 
 
-class BudgetConfig(Model):
+class BudgetConfig(StrictModel):
     """At most `max_restarts` restarts of one instance per sliding window."""
 
     max_restarts: int = Field(3, ge=0, description="Restarts allowed per window (0: none).")
     window_s: float = Field(3600.0, gt=0, description="The sliding window's length.")
 
 
-class CircuitBreakerConfig(Model):
+class CircuitBreakerConfig(StrictModel):
     """Stops restarting (and pages) when restarts do not keep the condition away."""
 
     failures_to_open: int = Field(
@@ -37,7 +35,7 @@ class CircuitBreakerConfig(Model):
     )
 
 
-class PreflightConfig(Model):
+class PreflightConfig(StrictModel):
     """Checks that the server will have the memory to start again before stopping it."""
 
     enabled: bool = Field(True, description="Run the memory check before every restart.")
@@ -49,7 +47,7 @@ class PreflightConfig(Model):
     )
 
 
-class OomConfig(Model):
+class OomConfig(StrictModel):
     """The OOM guard: a server that died of memory is restarted with its memory knob moved."""
 
     enabled: bool = Field(True, description="Step the memory knob after an out-of-memory death.")
@@ -97,7 +95,7 @@ class OomConfig(Model):
         return self
 
 
-class RemediationConfig(Model):
+class RemediationConfig(StrictModel):
     """The remediation ladder's guards and timings."""
 
     dry_run: bool = Field(False, description="Decide and audit, but never act.")

@@ -17,12 +17,12 @@ from pydantic import (
 
 from kvpilot.agent.config.base import (
     NAME,
-    Model,
     Port,
     check_http_url,
     require_unique,
 )
 from kvpilot.agent.config.kubernetes import KubernetesConfig
+from kvpilot.agent.strict_model import StrictModel
 from kvpilot.collectors.addresses import WILDCARD_HOSTS
 from kvpilot.collectors.vllm_argv import (
     CLI_MODULE,
@@ -33,7 +33,7 @@ from kvpilot.collectors.vllm_argv import (
 )
 
 
-class InstanceConfig(Model):
+class InstanceConfig(StrictModel):
     """One vLLM server that the `local` runtime starts and supervises."""
 
     name: str = Field(pattern=NAME, description="Unique instance name, used in labels.")
@@ -103,7 +103,7 @@ class InstanceConfig(Model):
         return self.server_args.url
 
 
-class _RuntimeBase(Model):
+class _RuntimeBase(StrictModel):
     api_key: SecretStr | None = Field(
         None, description="The vLLM server's --api-key, sent on probes (never logged)."
     )
@@ -273,7 +273,7 @@ def _is_ipv6(text: str) -> bool:
     return True
 
 
-class AttachedServerConfig(Model):
+class AttachedServerConfig(StrictModel):
     """One server the `attach` runtime watches by its URL."""
 
     name: str = Field(pattern=NAME, description="Unique server name, used in labels.")

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from kvpilot.agent.strict_model import StrictModel
 
 # The judge's minimum samples per metric (tuner.judge.MetricSpec.min_samples): one per interval.
 MIN_ANALYSIS_INTERVALS = 5
 
 
-class TuningWorkload(BaseModel):
+class TuningWorkload(StrictModel):
     """The load generator's workload, replayed against baseline and canary alike."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     requests: int = Field(64, ge=1, description="Requests per measurement window.")
     concurrency: int = Field(16, ge=1, description="Requests in flight at once.")
@@ -31,10 +31,8 @@ class TuningWorkload(BaseModel):
     )
 
 
-class LearnConfig(BaseModel):
+class LearnConfig(StrictModel):
     """The workload learned from the stable server's own /metrics (tuner/learned.py)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(
         True, description="Replay the learned workload once the window holds min_requests."
@@ -64,19 +62,15 @@ class LearnConfig(BaseModel):
     )
 
 
-class TuningSlo(BaseModel):
+class TuningSlo(StrictModel):
     """The SLO goodput is counted under; a trial that breaks it is infeasible."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     ttft_p95_s: float = Field(5.0, gt=0, description="Time to first token, 95th percentile.")
     inter_token_p95_s: float = Field(0.5, gt=0, description="Inter-token gap, 95th percentile.")
 
 
-class ExtraKnob(BaseModel):
+class ExtraKnob(StrictModel):
     """A vLLM flag searched beside the memory knob and --max-num-seqs."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: Literal[
         "max_num_batched_tokens", "block_size", "kv_cache_dtype", "enable_prefix_caching"
@@ -88,10 +82,8 @@ class ExtraKnob(BaseModel):
     )
 
 
-class CanaryGateway(BaseModel):
+class CanaryGateway(StrictModel):
     """The Gateway API objects a weighted canary goes through."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     httproute: str = Field("vllm", min_length=1, description="The HTTPRoute that fronts the model.")
     stable_service: str = Field(
@@ -104,10 +96,8 @@ class CanaryGateway(BaseModel):
     )
 
 
-class CanaryConfig(BaseModel):
+class CanaryConfig(StrictModel):
     """What traffic a canary is judged on: a synthetic replay, or a share of live traffic."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     traffic: Literal["replay", "service", "gateway"] = Field(
         "replay",
@@ -169,13 +159,11 @@ class CanaryConfig(BaseModel):
         return self
 
 
-class RetuneConfig(BaseModel):
+class RetuneConfig(StrictModel):
     """When `kvpilot run` re-opens tuning: the ground it was tuned on moved (a new vLLM
     version, model or workload shape), or preemption incidents keep coming while no
     validated better configuration exists. With a schedule the next firing tunes; without
     one a KvpilotTuningRecommended alert says why."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(True, description="Watch for ground that moved, and re-open tuning.")
     preemption_incidents: int = Field(
@@ -189,10 +177,8 @@ class RetuneConfig(BaseModel):
     )
 
 
-class TuningConfig(BaseModel):
+class TuningConfig(StrictModel):
     """How kvpilot tunes the stable instance's memory knobs (local runtime)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     schedule: str | None = Field(
         None,

@@ -20,7 +20,9 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from kvpilot.agent.strict_model import StrictModel
 
 Severity = Literal["info", "warning", "critical"]
 # Labels a rule sets itself; a user label may not replace them.
@@ -31,10 +33,8 @@ _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 MIB = 1024 * 1024
 
 
-class _Section(BaseModel):
-    """Strict and frozen; a section given as a mapping goes over its field's default."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Section(StrictModel):
+    """A section given as a mapping goes over its field's default."""
 
     @model_validator(mode="before")
     @classmethod
