@@ -325,7 +325,7 @@ def demo(
     """The whole loop on a local CPU vLLM: steady load, a burst that preempts and is
     restarted, a short tuning session, the burst again on the promoted flags."""
     from kvpilot.agent.app.lifecycle import ListenError
-    from kvpilot.agent.cli.demo import DemoSettings, run_demo
+    from kvpilot.agent.cli.demo.run import DemoSettings, run_demo
     from kvpilot.agent.runtimes.probe import StartFailed
 
     configure_logging(json_logs=False, level=logging.INFO)

@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from kvpilot.agent.cli.demo_receiver import Delivery, WebhookReceiver, read_delivery
+from kvpilot.agent.cli.demo.receiver import Delivery, WebhookReceiver, read_delivery
 from kvpilot.agent.notify.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
 
 SECRET = "demo-secret-0123456789"

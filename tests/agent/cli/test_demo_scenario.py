@@ -3,7 +3,7 @@ that the steady one fits the KV budget, the burst cannot, and tuning can find on
 
 from __future__ import annotations
 
-from kvpilot.agent.cli.demo_scenario import (
+from kvpilot.agent.cli.demo.scenario import (
     BLOCK_TOKENS,
     BURST,
     KV_BYTES,

@@ -10,8 +10,8 @@ import pytest
 from rich.console import Console
 
 from kvpilot.agent.alert_values import AlertView
-from kvpilot.agent.cli.demo_state import alert_rows, frag_state
-from kvpilot.agent.cli.demo_view import (
+from kvpilot.agent.cli.demo.state import alert_rows, frag_state
+from kvpilot.agent.cli.demo.view import (
     ActionRow,
     AlertRow,
     DemoSnapshot,
@@ -195,7 +195,7 @@ def test_the_capture_is_one_screen_of_text_and_an_svg(tmp_path: Path) -> None:
 
 
 def test_a_trial_row_says_why_a_trial_did_not_complete_before_its_judgement() -> None:
-    from kvpilot.agent.cli.demo_state import trial_rows
+    from kvpilot.agent.cli.demo.state import trial_rows
     from kvpilot.tuner.judge import Classification, Judgement
     from kvpilot.tuner.trials import Trial, TrialState
 

@@ -1,5 +1,5 @@
 """`kvpilot demo`: the sidecar loop of `kvpilot run` on a local CPU vLLM, a webhook receiver
-of its own, and a scripted scenario (`demo_scenario.py`) in four phases, then a summary.
+of its own, and a scripted scenario (`scenario.py`) in four phases, then a summary.
 
 Everything it starts (the server, the canary, the receiver, the agent's HTTP listener) stops
 with it: the sidecar's shutdown path stops the servers, the receiver closes after it.
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvpilot.agent.app.compose import run_sidecar
-from kvpilot.agent.cli.demo_receiver import Delivery, WebhookReceiver
-from kvpilot.agent.cli.demo_scenario import (
+from kvpilot.agent.cli.demo.receiver import Delivery, WebhookReceiver
+from kvpilot.agent.cli.demo.scenario import (
     BURST,
     PHASES,
     STABLE,
@@ -29,8 +29,8 @@ from kvpilot.agent.cli.demo_scenario import (
     Phase,
     demo_config,
 )
-from kvpilot.agent.cli.demo_state import snapshot_of, trial_rows
-from kvpilot.agent.cli.demo_view import DemoSnapshot, DemoView, LogPanel, TrialRow, export
+from kvpilot.agent.cli.demo.state import snapshot_of, trial_rows
+from kvpilot.agent.cli.demo.view import DemoSnapshot, DemoView, LogPanel, TrialRow, export
 from kvpilot.agent.config import AgentConfig, validate_config
 from kvpilot.agent.state.trials import SqliteTrialStore
 from kvpilot.agent.tick.sidecar import Sidecar

@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterable
 
 from kvpilot.agent.alert_values import AlertView
-from kvpilot.agent.cli.demo_view import ActionRow, AlertRow, DemoSnapshot, ServerRow, TrialRow
+from kvpilot.agent.cli.demo.view import ActionRow, AlertRow, DemoSnapshot, ServerRow, TrialRow
 from kvpilot.agent.state.trials import SqliteTrialStore
 from kvpilot.agent.tick.sidecar import Sidecar
 from kvpilot.collectors.kvpool.client import KvPoolScrape
