@@ -28,9 +28,9 @@ from kvpilot.agent.app.parts import build_notifiers, build_runtime
 from kvpilot.agent.app.reload import Reloader, reload_routes
 from kvpilot.agent.config import AgentConfig, LocalRuntimeConfig
 from kvpilot.agent.remediation import Remediator
-from kvpilot.agent.remediation.oom_guard import OomGuard
-from kvpilot.agent.remediation.oom_range import planner_range
-from kvpilot.agent.remediation.oom_startup import start_guarded
+from kvpilot.agent.remediation.oom.guard import OomGuard
+from kvpilot.agent.remediation.oom.range import planner_range
+from kvpilot.agent.remediation.oom.startup import start_guarded
 from kvpilot.agent.remediation.prefix_cache import HttpPrefixCacheReset
 from kvpilot.agent.remediation.preflight import MemoryPreflight
 from kvpilot.agent.runtimes import LocalRuntime, Runtime, RuntimeFailure

@@ -40,7 +40,7 @@ from kvpilot.agent.remediation.facts import AlertFacts
 from kvpilot.agent.remediation.guards import CircuitBreaker, Cooldown, RestartBudget
 from kvpilot.agent.remediation.journal import RemediationJournal, restart_began
 from kvpilot.agent.remediation.ladder import BetterConfig, LadderPlan, manual_plan, no_better_config
-from kvpilot.agent.remediation.oom_guard import OomGuard
+from kvpilot.agent.remediation.oom.guard import OomGuard
 from kvpilot.agent.remediation.prefix_cache import LightStep
 from kvpilot.agent.remediation.progress import InProgress
 from kvpilot.agent.remediation.reconcile import Reconciled, fail_unfinished, restore_restarts

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from kvpilot.agent.alerts import AlertView
 from kvpilot.agent.model import AlertEvent, Condition, labels_of
 from kvpilot.agent.remediation.events import CIRCUIT_OPEN_ALERT, TUNING_RECOMMENDED_ALERT
-from kvpilot.agent.remediation.oom_guard import SERVER_OOM_ALERT
+from kvpilot.agent.remediation.oom.guard import SERVER_OOM_ALERT
 
 PAGE_ALERTS = frozenset({CIRCUIT_OPEN_ALERT, TUNING_RECOMMENDED_ALERT, SERVER_OOM_ALERT})
 

@@ -18,7 +18,7 @@ from prometheus_server import wait_for
 
 from kvpilot.agent.model import AlertEvent, labels_of
 from kvpilot.agent.remediation.events import CIRCUIT_OPEN_ALERT, circuit_open_event
-from kvpilot.agent.remediation.oom_guard import SERVER_OOM_ALERT
+from kvpilot.agent.remediation.oom.guard import SERVER_OOM_ALERT
 from kvpilot.agent.rules import gpu_memory, server_down
 from kvpilot.agent.rules.config import PreemptionSpikeConfig, RulesConfig, ServerDownConfig
 from kvpilot.agent.rules.preemption import PreemptionSpikeRule

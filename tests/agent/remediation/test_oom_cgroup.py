@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvpilot.agent.remediation.oom_cgroup import own_events_file, read_oom_kills
+from kvpilot.agent.remediation.oom.cgroup import own_events_file, read_oom_kills
 
 V2 = "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n"
 V1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 5\n"

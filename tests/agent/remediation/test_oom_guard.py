@@ -18,8 +18,8 @@ from kvpilot.agent.model import Instance
 from kvpilot.agent.remediation import MemoryCheck, Remediator, Trigger
 from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.facts import Action, AlertFacts
-from kvpilot.agent.remediation.oom_guard import SERVER_OOM_ALERT, OomGuard
-from kvpilot.agent.remediation.oom_startup import start_guarded
+from kvpilot.agent.remediation.oom.guard import SERVER_OOM_ALERT, OomGuard
+from kvpilot.agent.remediation.oom.startup import start_guarded
 from kvpilot.agent.remediation.trigger import Outcome
 from kvpilot.agent.runtimes.base import InstanceStatus
 from kvpilot.agent.runtimes.probe import START_MARKER, StartFailed

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvpilot.agent.config.remediation import OomConfig
-from kvpilot.agent.remediation.oom_step import NoStep, Step, memory_knob, parse_bytes, plan_step
+from kvpilot.agent.remediation.oom.step import NoStep, Step, memory_knob, parse_bytes, plan_step
 from kvpilot.collectors.vllm_argv import flag_value
 from kvpilot.rig.server import TINY_MODEL_DIR
 from kvpilot.tuner.oom import GIB, MIB, OomDirection, OomSource, OomVerdict

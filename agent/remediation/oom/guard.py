@@ -2,7 +2,7 @@
 
 Asked by the remediator for a plan when `VllmServerDown` fires (and by `kvpilot run` when a
 server fails its first start), it reads the exit code, the log tail and the cgroup's
-OOM-kill count, classifies the death (`tuner.oom`), and plans the step (`oom_step`):
+OOM-kill count, classifies the death (`tuner.oom`), and plans the step (`step.py`):
 
 * too big: a promotion of the stepped-down flags, run by the remediator under its guards
   (budget, circuit breaker, cooldown) and recorded as promoted with the reason;
@@ -31,8 +31,8 @@ from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.events import resolved
 from kvpilot.agent.remediation.facts import Action
 from kvpilot.agent.remediation.ladder import LadderPlan
-from kvpilot.agent.remediation.oom_cgroup import OomKillCount, own_events_file, read_oom_kills
-from kvpilot.agent.remediation.oom_step import NoStep, plan_step
+from kvpilot.agent.remediation.oom.cgroup import OomKillCount, own_events_file, read_oom_kills
+from kvpilot.agent.remediation.oom.step import NoStep, plan_step
 from kvpilot.agent.remediation.trigger import Trigger
 from kvpilot.agent.runtimes.base import InstanceStatus
 from kvpilot.agent.runtimes.probe import START_MARKER

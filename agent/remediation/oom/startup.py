@@ -15,7 +15,7 @@ from kvpilot.agent.model import Instance
 from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.execute import find_instance
 from kvpilot.agent.remediation.ladder import LadderPlan
-from kvpilot.agent.remediation.oom_guard import OomGuard
+from kvpilot.agent.remediation.oom.guard import OomGuard
 from kvpilot.agent.remediation.trigger import Outcome, Trigger
 from kvpilot.agent.runtimes.probe import StartFailed
 
