@@ -91,7 +91,8 @@ class ControlToken:
             self.problem = None
             return self._current
 
-    def _failed(self, identity: tuple[int, ...] | None, problem: str) -> None:
+    def _failed(self, identity: tuple[int, ...] | None, problem: str) -> SecretStr | None:
+        """Disabled until the file gives a token again; says why once per problem."""
         with self._lock:
             if problem != self.problem:
                 log.warning("control API: disabled until its token file is readable: %s", problem)

@@ -160,9 +160,9 @@ async def _exchange(
 ) -> tuple[int, bytes, str | None]:
     """The status, the first `MAX_ANSWER_BYTES` of the answer and its Retry-After; the rest of
     the answer is never read (leaving the stream early closes the connection)."""
-    extra = {} if timeout_s is None else {"timeout": timeout_s}
+    timeout: float | httpx.Timeout = client.timeout if timeout_s is None else timeout_s
     sent = {**headers, "Accept-Encoding": "identity"}  # the cap bounds what is decoded too
-    async with client.stream("POST", url, content=content, headers=sent, **extra) as r:
+    async with client.stream("POST", url, content=content, headers=sent, timeout=timeout) as r:
         answer = bytearray()
         async for chunk in r.aiter_raw():
             answer += chunk[: MAX_ANSWER_BYTES - len(answer)]
