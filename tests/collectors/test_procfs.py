@@ -45,11 +45,16 @@ class FakeProc:
         start_ticks: int = 1000,
         comm: str = "python3",
         env: dict[str, str] | None = None,
+        uid: int | None = None,
     ) -> None:
         d = self.root / str(pid)
         d.mkdir()
         rest = " ".join(["0"] * 16)  # session .. itrealvalue
         (d / "stat").write_text(f"{pid} ({comm}) {state} {ppid} {pid} {rest} {start_ticks} 0 0\n")
+        # The runtimes trust a server running as the agent's own user (real, effective,
+        # saved and filesystem ids, as the kernel writes them).
+        owner = os.geteuid() if uid is None else uid
+        (d / "status").write_text(f"Name:\t{comm}\nUid:\t{owner}\t{owner}\t{owner}\t{owner}\n")
         (d / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in argv))
         if env is not None:
             (d / "environ").write_bytes(b"".join(f"{k}={v}\0".encode() for k, v in env.items()))
@@ -182,7 +187,10 @@ def test_real_children_identity_zombies_and_start_time() -> None:
         (("--host", "::1"), "::1", True),
         (("--host", "[::1]"), "::1", True),
         (("--host", "::1"), "[::1]", True),
-        (("--host", "10.0.0.5"), None, True),  # no host set: any --host
+        (("--host", "127.0.0.1"), None, True),  # no host set: a loopback --host
+        # No host set, and an address that is not this machine's: the process chose where
+        # kvpilot would send vLLM's API key, so it is not trusted.
+        (("--host", "10.0.0.5"), None, False),
     ],
 )
 def test_host_matches_where_the_server_listens(

@@ -1,9 +1,12 @@
 """Which flags `kvpilot run` starts the stable server with: the tuner's promoted ones while
-the YAML they were promoted under is unchanged, else the configured ones."""
+the configured argv they were promoted under is unchanged (as loaded), else the configured
+ones."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import yaml
 
 from kvpilot.agent.app.compose import promoted_argv
 from kvpilot.agent.app.parts import build_runtime
@@ -41,7 +44,14 @@ def test_promoted_flags_hold_while_the_yaml_is_unchanged(tmp_path: Path) -> None
         fact = {"argv": list(promoted), "yaml_sha256": yaml_hash(path), "reason": "trial 3"}
         store.set_fact(PROMOTED_FACT, fact, 0.0)
         assert _started_with(config, store, yaml_hash(path)) == promoted
-        # An edited YAML wins over the promotion; without the file's hash, so does the YAML.
+        # A comment edited in the YAML leaves the configured argv as loaded: the promotion
+        # holds. Without the configuration's hash the configured flags run.
         path.write_text(path.read_text() + "\n# edited\n")
-        assert _started_with(config, store, yaml_hash(path)) == configured
+        assert _started_with(config, store, yaml_hash(path)) == promoted
         assert _started_with(config, store, None) == configured
+        # A changed configured argv wins over the promotion.
+        data = yaml.safe_load(path.read_text())
+        data["runtime"]["instances"][0]["argv"].append("--enforce-eager")
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        changed = load_config(path)
+        assert _started_with(changed, store, yaml_hash(path)) == (*configured, "--enforce-eager")

@@ -113,7 +113,9 @@ def pod_runtime(fake, port: int, tmp_path):
 def test_a_tuning_session_through_a_scripted_run_of_faults(
     fake, standin, tmp_path, monkeypatch
 ) -> None:
-    monkeypatch.setattr(k8s_api, "REQUEST_TIMEOUT_S", (0.3, 0.3))
+    # Short enough that a hung request fails within the test, long enough that a loaded
+    # machine's fake API server answers every other request in time (0.3 s did not, once).
+    monkeypatch.setattr(k8s_api, "REQUEST_TIMEOUT_S", (1.0, 1.0))
     monkeypatch.setattr(k8s_tuning, "PULL_BACK_PAUSE_S", 0.01)
     seed(fake, standin.port)
     # Pod B was tuning: its canary took a tenth of the traffic, then B was evicted.
@@ -147,7 +149,7 @@ def test_a_tuning_session_through_a_scripted_run_of_faults(
     async def ticks_while(fault) -> tuple:
         """A tick's read while the API server misbehaves: the pod's own view, at once."""
         fault()
-        found = await asyncio.wait_for(asyncio.to_thread(runtime.instances), timeout=5)
+        found = await asyncio.wait_for(asyncio.to_thread(runtime.instances), timeout=10)
         fake.heal()
         runtime._view = runtime._failed_at_s = None
         return found
