@@ -300,6 +300,7 @@ def test_a_good_canary_is_promoted_and_a_bad_one_aborted_on_live_traffic(
     promoted = f"{promoted_pod.ip}:{port}"
     assert final[promoted] >= after_abort[promoted] + CLIENTS
     assert fake.service(NAMESPACE, "vllm-kvpilot-canary") is None
+    # The route as it was found: one backend, no weight written.
     assert fake.httproute(NAMESPACE, "vllm")["spec"]["rules"][0]["backendRefs"] == [
-        {"name": "vllm", "port": 8000, "weight": 100}
+        {"name": "vllm", "port": 8000}
     ]
