@@ -82,6 +82,36 @@ class TunerRuntime(Protocol):
         ...
 
 
+class PassThroughRuntime:
+    """A `TunerRuntime` that passes every call to `inner`: the base of runtimes that guard
+    one call (`set_stable`) and leave the rest as they are."""
+
+    def __init__(self, inner: TunerRuntime) -> None:
+        self._inner = inner
+
+    def stable_argv(self) -> tuple[str, ...]:
+        return self._inner.stable_argv()
+
+    def stable_url(self) -> str:
+        return self._inner.stable_url()
+
+    async def start_canary(self, argv: Sequence[str], *, ready_timeout_s: float) -> str:
+        return await self._inner.start_canary(argv, ready_timeout_s=ready_timeout_s)
+
+    async def stop_canary(self) -> None:
+        await self._inner.stop_canary()
+
+    async def set_stable(
+        self, argv: Sequence[str], *, reason: str, ready_timeout_s: float, restore: bool = False
+    ) -> None:
+        await self._inner.set_stable(
+            argv, reason=reason, ready_timeout_s=ready_timeout_s, restore=restore
+        )
+
+    def remediation_in_progress(self) -> bool:
+        return self._inner.remediation_in_progress()
+
+
 @dataclass(frozen=True, slots=True)
 class Observation:
     """One instance's window: the objective's measurement and the judge's samples per metric."""

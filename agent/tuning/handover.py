@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from kvpilot.collectors.secrets import mask_argv
 from kvpilot.tuner.objective import evaluate
-from kvpilot.tuner.ports import Observer, RolloutJournal, TunerRuntime
+from kvpilot.tuner.ports import Observer, PassThroughRuntime, RolloutJournal, TunerRuntime
 from kvpilot.tuner.rollout import Phase, RolloutRecord, RolloutSettings, bake_degradation
 from kvpilot.tuner.trials import TrialStore
 
@@ -74,25 +74,13 @@ class HandoverJournal:
         return self._inner.records()
 
 
-class HandoverRuntime:
+class HandoverRuntime(PassThroughRuntime):
     """The tuner's runtime that, once its journal has handed a rollout over, restores
     nothing: the stopping pod leaves the promoted flags to the next pod's bake."""
 
     def __init__(self, inner: TunerRuntime, journal: HandoverJournal) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._journal = journal
-
-    def stable_argv(self) -> tuple[str, ...]:
-        return self._inner.stable_argv()
-
-    def stable_url(self) -> str:
-        return self._inner.stable_url()
-
-    async def start_canary(self, argv: Sequence[str], *, ready_timeout_s: float) -> str:
-        return await self._inner.start_canary(argv, ready_timeout_s=ready_timeout_s)
-
-    async def stop_canary(self) -> None:
-        await self._inner.stop_canary()
 
     async def set_stable(
         self, argv: Sequence[str], *, reason: str, ready_timeout_s: float, restore: bool = False
@@ -100,12 +88,9 @@ class HandoverRuntime:
         if self._journal.handed_over:
             log.info("not restoring the stable flags (%s): the rollout was handed over", reason)
             return
-        await self._inner.set_stable(
+        await super().set_stable(
             argv, reason=reason, ready_timeout_s=ready_timeout_s, restore=restore
         )
-
-    def remediation_in_progress(self) -> bool:
-        return self._inner.remediation_in_progress()
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from kvpilot.agent.runtimes.k8s_lease import DeploymentLease
 from kvpilot.collectors.secrets import mask_argv
 from kvpilot.collectors.vllm_argv import canonical_flags, without_flags
-from kvpilot.tuner.ports import TunerRuntime
+from kvpilot.tuner.ports import PassThroughRuntime, TunerRuntime
 from kvpilot.tuner.space import KnobKind, SearchSpace
 
 log = logging.getLogger(__name__)
@@ -75,27 +75,15 @@ def refusal(
     return None
 
 
-class KeepEdits:
+class KeepEdits(PassThroughRuntime):
     """The tuner's runtime for recovery: a restore whose flags differ from the live
     Deployment's outside the tuned flags is not made (a person changed the Deployment after
     the interrupted trial, and their change wins); `kept` says which, in words."""
 
     def __init__(self, inner: TunerRuntime, space: SearchSpace) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._space = space
         self.kept: list[str] = []
-
-    def stable_argv(self) -> tuple[str, ...]:
-        return self._inner.stable_argv()
-
-    def stable_url(self) -> str:
-        return self._inner.stable_url()
-
-    async def start_canary(self, argv: Sequence[str], *, ready_timeout_s: float) -> str:
-        return await self._inner.start_canary(argv, ready_timeout_s=ready_timeout_s)
-
-    async def stop_canary(self) -> None:
-        await self._inner.stop_canary()
 
     async def set_stable(
         self, argv: Sequence[str], *, reason: str, ready_timeout_s: float, restore: bool = False
@@ -107,9 +95,6 @@ class KeepEdits:
             log.warning("%s", kept)
             self.kept.append(kept)
             return
-        await self._inner.set_stable(
+        await super().set_stable(
             argv, reason=reason, ready_timeout_s=ready_timeout_s, restore=restore
         )
-
-    def remediation_in_progress(self) -> bool:
-        return self._inner.remediation_in_progress()
