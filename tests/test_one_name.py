@@ -37,3 +37,26 @@ def test_settings_models_are_not_named_like_the_rules() -> None:
     models = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
     public = [name for name in models if not name.startswith("_")]
     assert public and all(name.endswith("Config") for name in public), public
+
+
+def test_no_two_modules_give_one_top_level_name_to_two_types() -> None:
+    # Outcome, Verdict, Plan and Rollout each named four or two types once; a reader met a
+    # name and had to ask which. Enums, classes and type aliases count alike.
+    defined: dict[str, list[str]] = {}
+    for module, text in _sources().items():
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.ClassDef):
+                names = [node.name]
+            elif isinstance(node, ast.Assign) and _is_type_alias(node.value):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            else:
+                continue
+            for name in names:
+                defined.setdefault(name, []).append(module)
+    watched = {"Outcome", "Verdict", "Plan", "Rollout"}
+    twice = {name: where for name, where in defined.items() if name in watched and len(where) > 1}
+    assert twice == {}
+
+
+def _is_type_alias(value: ast.expr) -> bool:
+    return isinstance(value, ast.Subscript) and getattr(value.value, "id", "") == "Literal"

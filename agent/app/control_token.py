@@ -20,7 +20,7 @@ from pydantic import SecretStr
 
 log = logging.getLogger(__name__)
 
-Verdict = Literal["ok", "disabled", "refused"]
+TokenCheck = Literal["ok", "disabled", "refused"]
 MAX_TOKEN_FILE_BYTES = 64 * 1024  # a token is a line; a larger file is refused, never read whole
 
 
@@ -58,7 +58,7 @@ class ControlToken:
         with self._lock:
             self._seen = None
 
-    def check(self, authorization: str) -> Verdict:
+    def check(self, authorization: str) -> TokenCheck:
         """Whether an `Authorization` header value is the bearer token (in constant time)."""
         token = self.current()
         if token is None:

@@ -36,7 +36,7 @@ from kvpilot.collectors.secrets import mask_text
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["delivered", "retry", "deferred", "given_up"]
+DeliveryOutcome = Literal["delivered", "retry", "deferred", "given_up"]
 LaneKey = tuple[str, str]  # (notifier, alert fingerprint)
 DEFAULT_MAX_AGE_S = 24 * 3600.0
 DEFAULT_LANES_PER_NOTIFIER = 8
@@ -123,7 +123,7 @@ class DeliveryCount:
     """How many items of one notifier ended one pass with one outcome."""
 
     notifier: str
-    outcome: Outcome
+    outcome: DeliveryOutcome
     items_total: int
 
 
@@ -137,7 +137,7 @@ class DeliveryReport:
     backlog_items: int | None
     backlog_reason: str | None = None
 
-    def count(self, notifier: str, outcome: Outcome) -> int:
+    def count(self, notifier: str, outcome: DeliveryOutcome) -> int:
         return sum(
             c.items_total for c in self.counts if (c.notifier, c.outcome) == (notifier, outcome)
         )
@@ -191,7 +191,7 @@ class DeliveryWorker:
         self._states: dict[LaneKey, _LaneState] = {}
         self._owed_made_due = False  # the first pass makes what earlier processes held due
         self._running: dict[LaneKey, tuple[asyncio.Task[None], int]] = {}  # task, items
-        self._counts: Counter[tuple[str, Outcome]] = Counter()
+        self._counts: Counter[tuple[str, DeliveryOutcome]] = Counter()
         self._errors: list[tuple[str, str]] = []
 
     def use_notifiers(self, notifiers: Mapping[str, Notifier]) -> None:
@@ -406,7 +406,7 @@ class DeliveryWorker:
         error: str,
         next_attempt_wall_s: float,
         now: float,
-        outcome: Outcome,
+        outcome: DeliveryOutcome,
     ) -> int:
         """Items to try again at `next_attempt_wall_s`, or given up once too old; returns how
         many stay pending."""

@@ -21,7 +21,7 @@ from kvpilot.agent.remediation.progress import ActiveRemediation
 from kvpilot.agent.remediation.reconcile import Reconciled
 from kvpilot.agent.remediation.remediator import Remediator
 from kvpilot.agent.remediation.status import RemediationStatus
-from kvpilot.agent.remediation.trigger import Outcome, Trigger
+from kvpilot.agent.remediation.trigger import RemediationOutcome, Trigger
 from kvpilot.agent.remediation.watch import WatchWindows
 
 __all__ = [
@@ -38,9 +38,9 @@ __all__ = [
     "LightStepResult",
     "MemoryCheck",
     "MemoryPreflight",
-    "Outcome",
     "Reconciled",
     "RemediationJournal",
+    "RemediationOutcome",
     "RemediationStatus",
     "Remediator",
     "RestartBudget",

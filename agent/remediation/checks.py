@@ -16,7 +16,7 @@ from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.guards import CircuitBreaker, Cooldown, GuardDecision, RestartBudget
 from kvpilot.agent.remediation.preflight import MemoryCheck
 from kvpilot.agent.remediation.progress import InProgress, Run
-from kvpilot.agent.remediation.trigger import Outcome
+from kvpilot.agent.remediation.trigger import RemediationOutcome
 from kvpilot.agent.remediation.vetoes import Vetoes
 
 
@@ -29,7 +29,7 @@ class Preflight(Protocol):
 class Stopped(Exception):
     """Ends a remediation early with an outcome already recorded."""
 
-    def __init__(self, outcome: Outcome) -> None:
+    def __init__(self, outcome: RemediationOutcome) -> None:
         super().__init__(outcome.reason)
         self.outcome = outcome
 

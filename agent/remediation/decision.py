@@ -9,8 +9,9 @@ class Decision(StrEnum):
     """What the remediator decided about one remediation.
 
     The values are the strings written to the audit log's `decision` column and exported as
-    the `outcome` label of `kvpilot_remediations_total`; `OUTCOMES` are those an `Outcome`
-    (how a remediation ended) can carry, the others only mark an audit record.
+    the `outcome` label of `kvpilot_remediations_total`; `OUTCOMES` are those a
+    `RemediationOutcome` (how a remediation ended) can carry, the others only mark an audit
+    record.
     """
 
     SUCCEEDED = "succeeded"

@@ -23,7 +23,7 @@ from kvpilot.agent.remediation.guards import Cooldown, RestartBudget
 from kvpilot.agent.remediation.journal import RESTART_FAILED, VERIFY_FAILED
 from kvpilot.agent.remediation.prefix_cache import LightStep
 from kvpilot.agent.remediation.progress import InProgress, Run
-from kvpilot.agent.remediation.trigger import Outcome
+from kvpilot.agent.remediation.trigger import RemediationOutcome
 from kvpilot.agent.remediation.watch import ConditionWatch, WatchWindows
 from kvpilot.agent.runtimes.base import FlagsNotApplied
 
@@ -92,13 +92,13 @@ class Executor:
         self._clock = clock
         self._on_promoted = on_promoted
 
-    async def run(self, run: Run) -> Outcome:
+    async def run(self, run: Run) -> RemediationOutcome:
         try:
             return await self._steps(run)
         except Stopped as stop:
             return stop.outcome
 
-    async def _steps(self, run: Run) -> Outcome:
+    async def _steps(self, run: Run) -> RemediationOutcome:
         plan = run.plan
         instance = find_instance(self._runtime, run.trigger.instance)
         if instance is None:
@@ -120,7 +120,7 @@ class Executor:
             self._checks.veto(run)
         return await self._restart(run, instance)
 
-    async def _light(self, run: Run, instance: Instance, now_s: float) -> Outcome | None:
+    async def _light(self, run: Run, instance: Instance, now_s: float) -> RemediationOutcome | None:
         """The prefix-cache reset: the outcome when it cleared the condition, else None."""
         assert self._light_step is not None  # the plan has the step only when enabled
         trigger, rid = run.trigger, run.remediation_id
@@ -145,7 +145,7 @@ class Executor:
             return None
         return self._progress.end(run, Decision.SUCCEEDED, "the light step cleared the condition")
 
-    async def _restart(self, run: Run, instance: Instance) -> Outcome:
+    async def _restart(self, run: Run, instance: Instance) -> RemediationOutcome:
         """Drain, restart and verify: the runtime's answer, then the condition's."""
         trigger, plan = run.trigger, run.plan
         now_s = self._clock()
@@ -207,7 +207,7 @@ class Executor:
             new_pid=new_pid,
         )
 
-    def _failed(self, run: Run, reason: str, *, new_pid: int | None = None) -> Outcome:
+    def _failed(self, run: Run, reason: str, *, new_pid: int | None = None) -> RemediationOutcome:
         """A restart that did not help: failed, escalated to the circuit breaker."""
         outcome = self._progress.end(
             run, Decision.FAILED, reason, new_pid=new_pid, audited_as=Decision.ESCALATED

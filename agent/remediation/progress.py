@@ -25,7 +25,7 @@ from kvpilot.agent.remediation.journal import (
     RemediationJournal,
 )
 from kvpilot.agent.remediation.ladder import LadderPlan
-from kvpilot.agent.remediation.trigger import Outcome, Trigger
+from kvpilot.agent.remediation.trigger import RemediationOutcome, Trigger
 
 if TYPE_CHECKING:
     from kvpilot.agent.state.store import RemediationState
@@ -87,7 +87,7 @@ class InProgress:
 
     def decided(
         self, trigger: Trigger, decision: Decision, reason: str, plan: LadderPlan | None = None
-    ) -> Outcome:
+    ) -> RemediationOutcome:
         """A remediation decided before it started: one finished record and its audit."""
         action = plan.journal_action if plan else "remediate"
         rid = self._journal.start_remediation(
@@ -101,7 +101,9 @@ class InProgress:
         )
         self._audit.about(trigger, rid, action, decision, reason)
         steps = plan.steps if plan else ()
-        return Outcome(trigger.instance, trigger.incident_id, decision, reason, rid, steps)
+        return RemediationOutcome(
+            trigger.instance, trigger.incident_id, decision, reason, rid, steps
+        )
 
     def open(self, trigger: Trigger, plan: LadderPlan, instance: Instance) -> Run:
         """The record of a remediation about to run, planned; active from now on."""
@@ -146,7 +148,7 @@ class InProgress:
         *,
         new_pid: int | None = None,
         audited_as: Decision | None = None,
-    ) -> Outcome:
+    ) -> RemediationOutcome:
         """Finish the record; `audited_as` when the audit says more than the outcome."""
         rid, trigger, plan = run.remediation_id, run.trigger, run.plan
         self._journal.update_remediation(
@@ -159,7 +161,7 @@ class InProgress:
         self._audit.about(trigger, rid, plan.journal_action, audited_as or decision, reason)
         self._active.pop(rid, None)
         old_pid = self._old_pids.pop(rid, None)
-        return Outcome(
+        return RemediationOutcome(
             trigger.instance,
             trigger.incident_id,
             decision,
@@ -172,7 +174,9 @@ class InProgress:
 
     # -- running -----------------------------------------------------------------------
 
-    async def run_to_end(self, run: Run, steps: Callable[[Run], Awaitable[Outcome]]) -> Outcome:
+    async def run_to_end(
+        self, run: Run, steps: Callable[[Run], Awaitable[RemediationOutcome]]
+    ) -> RemediationOutcome:
         """The steps under the instance's lock; never raises for their failures. The running
         task is kept while they run, so `cancel_all` reaches it however it was started."""
         rid, trigger = run.remediation_id, run.trigger
@@ -199,7 +203,9 @@ class InProgress:
             if kept:
                 self._tasks.discard(task)
 
-    def submit(self, remediation: Coroutine[Any, Any, Outcome]) -> asyncio.Task[Outcome]:
+    def submit(
+        self, remediation: Coroutine[Any, Any, RemediationOutcome]
+    ) -> asyncio.Task[RemediationOutcome]:
         """Run in the background; the task is kept until it ends."""
         task = asyncio.get_running_loop().create_task(remediation)
         self._tasks.add(task)

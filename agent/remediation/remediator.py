@@ -46,7 +46,7 @@ from kvpilot.agent.remediation.progress import InProgress
 from kvpilot.agent.remediation.reconcile import Reconciled, fail_unfinished, restore_restarts
 from kvpilot.agent.remediation.status import RemediationStatus, remediation_status
 from kvpilot.agent.remediation.triage import Advice, AlertOnly, Declined, Proceed, triage
-from kvpilot.agent.remediation.trigger import Outcome, Trigger
+from kvpilot.agent.remediation.trigger import RemediationOutcome, Trigger
 from kvpilot.agent.remediation.vetoes import Vetoes
 from kvpilot.agent.remediation.watch import DEFAULT_WINDOWS, ConditionWatch, WatchWindows
 
@@ -170,7 +170,7 @@ class Remediator:
         conditions: Iterable[Condition],
         *,
         now_s: float | None = None,
-    ) -> list[asyncio.Task[Outcome]]:
+    ) -> list[asyncio.Task[RemediationOutcome]]:
         """One tick: settle watches, keep the breaker's books, start remediations."""
         now_s = self._clock() if now_s is None else now_s
         conditions = list(conditions)
@@ -199,7 +199,9 @@ class Remediator:
         self._book.expire(now_s)
         return started
 
-    def submit(self, trigger: Trigger, plan: LadderPlan | None = None) -> asyncio.Task[Outcome]:
+    def submit(
+        self, trigger: Trigger, plan: LadderPlan | None = None
+    ) -> asyncio.Task[RemediationOutcome]:
         """Run `remediate` in the background; the task is kept until it ends."""
         return self._progress.submit(self.remediate(trigger, plan))
 
@@ -215,7 +217,7 @@ class Remediator:
 
     async def trigger(
         self, instance: str, *, requested_by: str, force: bool = False, reason: str = ""
-    ) -> Outcome:
+    ) -> RemediationOutcome:
         """An operator's restart now; under the guards unless `force` (canaries: never)."""
         text = reason or f"manual restart requested by {requested_by}"
         trigger = Trigger(
@@ -275,7 +277,9 @@ class Remediator:
 
     # -- one remediation ---------------------------------------------------------------
 
-    async def remediate(self, trigger: Trigger, plan: LadderPlan | None = None) -> Outcome:
+    async def remediate(
+        self, trigger: Trigger, plan: LadderPlan | None = None
+    ) -> RemediationOutcome:
         """Plan, guard and run one remediation to its end; never raises for its failures."""
         found = find_instance(self._runtime, trigger.instance)
         if plan is None and self.oom is not None and found is not None:
@@ -296,7 +300,7 @@ class Remediator:
                 return self._progress.decided(trigger, decision, reason, declined_plan)
             case AlertOnly(plan):
                 self._audit.about(trigger, None, plan.action, Decision.ALERT_ONLY, plan.reason)
-                return Outcome(
+                return RemediationOutcome(
                     trigger.instance, trigger.incident_id, Decision.ALERT_ONLY, plan.reason, None
                 )
             case Advice(plan):
@@ -310,7 +314,7 @@ class Remediator:
             case _:
                 assert_never(verdict)
 
-    def _recommend(self, trigger: Trigger, plan: LadderPlan) -> Outcome:
+    def _recommend(self, trigger: Trigger, plan: LadderPlan) -> RemediationOutcome:
         wall_s = self._wall_clock()
         step = plan.steps[0]
         self._audit.about(trigger, None, step, Decision.RECOMMENDED, plan.reason)
@@ -324,7 +328,7 @@ class Remediator:
             flags=plan.argv if step == "recommend_config" else None,
         )
         self._notices.advise(event, trigger.fingerprint)
-        return Outcome(
+        return RemediationOutcome(
             trigger.instance,
             trigger.incident_id,
             Decision.RECOMMENDED,

@@ -1,4 +1,4 @@
-"""What starts a remediation and how it ended: a `Trigger` in, an `Outcome` out."""
+"""What starts a remediation and how it ended: a `Trigger` in, a `RemediationOutcome` out."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class Trigger:
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
+class RemediationOutcome:
     """How one remediation ended."""
 
     instance: str

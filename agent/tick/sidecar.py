@@ -35,7 +35,7 @@ from kvpilot.agent.config import AgentConfig, NotifierConfig
 from kvpilot.agent.model import AlertEvent, Condition, Instance, Labels
 from kvpilot.agent.notify import DeliveryWorker, Notifier
 from kvpilot.agent.remediation import Remediator
-from kvpilot.agent.remediation.remediator import Outcome
+from kvpilot.agent.remediation.remediator import RemediationOutcome
 from kvpilot.agent.rules.config import RulesConfig
 from kvpilot.agent.rules.engine import RuleEngine
 from kvpilot.agent.runtimes import Runtime
@@ -337,7 +337,7 @@ class Sidecar:
 
         self._delivering = self.tasks.spawn(deliver(), "delivery")
 
-    def _count_remediation(self, task: asyncio.Task[Outcome]) -> None:
+    def _count_remediation(self, task: asyncio.Task[RemediationOutcome]) -> None:
         if task.cancelled() or task.exception() is not None:
             return  # a failure is logged and counted by the guard
         outcome = task.result()

@@ -16,7 +16,7 @@ from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.execute import find_instance
 from kvpilot.agent.remediation.ladder import LadderPlan
 from kvpilot.agent.remediation.oom.guard import OomGuard
-from kvpilot.agent.remediation.trigger import Outcome, Trigger
+from kvpilot.agent.remediation.trigger import RemediationOutcome, Trigger
 from kvpilot.agent.runtimes.probe import StartFailed
 
 STARTUP_RULE = "startup"
@@ -31,7 +31,9 @@ class _Starts(Protocol):
 class _Remediates(Protocol):
     oom: OomGuard | None
 
-    async def remediate(self, trigger: Trigger, plan: LadderPlan | None = None) -> Outcome: ...
+    async def remediate(
+        self, trigger: Trigger, plan: LadderPlan | None = None
+    ) -> RemediationOutcome: ...
 
 
 async def start_guarded(

@@ -8,7 +8,7 @@ from pathlib import Path
 from prometheus_client import generate_latest
 
 from kvpilot.agent.app.exposition import SidecarCounters, build_registry, sidecar_families
-from kvpilot.agent.remediation import Outcome
+from kvpilot.agent.remediation import RemediationOutcome
 from kvpilot.agent.remediation.decision import OUTCOMES, Decision, read_decision
 from kvpilot.agent.state import StateStore
 
@@ -49,7 +49,7 @@ def test_stored_rows_in_the_old_spellings_read_back_as_the_enum(tmp_path: Path) 
     assert read_decision("alert only") is Decision.ALERT_ONLY
 
 
-def _label(outcome: Outcome) -> str:
+def _label(outcome: RemediationOutcome) -> str:
     counters = SidecarCounters(
         alerts_by_state=(),
         outbox_backlog=None,

@@ -20,7 +20,7 @@ from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.facts import Action, AlertFacts
 from kvpilot.agent.remediation.oom.guard import SERVER_OOM_ALERT, OomGuard
 from kvpilot.agent.remediation.oom.startup import start_guarded
-from kvpilot.agent.remediation.trigger import Outcome
+from kvpilot.agent.remediation.trigger import RemediationOutcome
 from kvpilot.agent.runtimes.base import InstanceStatus
 from kvpilot.agent.runtimes.probe import START_MARKER, StartFailed
 from kvpilot.collectors.vllm_argv import flag_value
@@ -120,10 +120,10 @@ def down(n: int = 1, action: Action = Action.RESTART) -> Trigger:
     )
 
 
-def remediate(rig: Rig, trigger: Trigger) -> Outcome:
+def remediate(rig: Rig, trigger: Trigger) -> RemediationOutcome:
     """One remediation to its end; the server_down condition clears after any restart."""
 
-    async def main() -> Outcome:
+    async def main() -> RemediationOutcome:
         task = asyncio.create_task(rig.remediator.remediate(trigger))
         for _ in range(2000):
             if task.done():
