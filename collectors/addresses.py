@@ -6,3 +6,5 @@ strip the brackets first match the bare forms.
 """
 
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})  # noqa: S104 - matched, never bound
+# Names that mean this machine's loopback, as a `--host` may write them.
+LOCALHOST_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})

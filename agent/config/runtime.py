@@ -23,7 +23,7 @@ from kvpilot.agent.config.base import (
 )
 from kvpilot.agent.config.kubernetes import KubernetesConfig
 from kvpilot.agent.strict_model import StrictModel
-from kvpilot.collectors.addresses import WILDCARD_HOSTS
+from kvpilot.collectors.addresses import LOCALHOST_NAMES, WILDCARD_HOSTS
 from kvpilot.collectors.vllm_argv import (
     CLI_MODULE,
     NotAVllmServer,
@@ -243,9 +243,9 @@ def _bound_addresses(host: str | None) -> frozenset[str]:
     if host is None:
         return frozenset({_EVERY_ADDRESS})
     bare = host.removeprefix("[").removesuffix("]").lower()
-    if bare in WILDCARD_HOSTS or bare == "":
+    if bare in WILDCARD_HOSTS:
         return frozenset({_EVERY_ADDRESS})
-    if bare in ("localhost", "localhost.localdomain", "ip6-localhost"):
+    if bare in LOCALHOST_NAMES:
         return _LOCALHOST
     try:
         return frozenset({str(ipaddress.ip_address(bare))})

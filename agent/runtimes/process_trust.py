@@ -18,10 +18,8 @@ import os
 import socket
 from pathlib import Path
 
-from kvpilot.collectors.addresses import WILDCARD_HOSTS
+from kvpilot.collectors.addresses import LOCALHOST_NAMES, WILDCARD_HOSTS
 from kvpilot.collectors.procfs import PROC, read_uids
-
-_LOCALHOST_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
 
 def expected_uid(configured: int | None) -> int:
@@ -50,7 +48,7 @@ def own_listen_host(server_host: str | None) -> str | None:
     bare = server_host.removeprefix("[").removesuffix("]").lower()
     if bare in WILDCARD_HOSTS:
         return "127.0.0.1"
-    if bare in _LOCALHOST_NAMES:
+    if bare in LOCALHOST_NAMES:
         return "127.0.0.1"
     try:
         address = ipaddress.ip_address(bare)
