@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -39,7 +38,7 @@ from pathlib import Path
 
 from kvpilot.agent.tuning.observer import LoadObserver
 from kvpilot.rig.server import ServerSpec, VllmServer, free_port
-from kvpilot.tuner.evidence import Counts, Samples
+from kvpilot.tuner.evidence import Counts, Samples, wilson_interval
 from kvpilot.tuner.judge import Classification, JudgeConfig, Judgement, judge
 from kvpilot.tuner.judge_windows import MIN_WINDOWS, Window, judge_windows, pooled
 from kvpilot.tuner.loadgen import LengthDist, Workload
@@ -131,15 +130,6 @@ def _regressed(samples: Mapping[str, Samples], metric: str) -> dict[str, Samples
     return out
 
 
-def _wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 1.0
-    p = hits / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def _shares(verdicts: Sequence[Judgement]) -> str:
     n = max(len(verdicts), 1)
     counts = {c: sum(v.classification is c for v in verdicts) for c in Classification}
@@ -171,7 +161,7 @@ def analyse(pairs: Sequence[Pair], window_s: float) -> bool:
     verdicts = [judge(p.canary, p.baseline, config, limits) for p in pairs]
     n = len(verdicts)
     worse = sum(v.classification in WORSE for v in verdicts)
-    low, high = _wilson(worse, n)
+    low, high = wilson_interval(worse, n, 1.96) if n else (0.0, 1.0)
     met = n > 0 and worse / n <= FALSE_FAIL_GOAL
     print(f"A/A: {n} windows of about {window_s:.1f} s, one configuration on both sides")
     print(f"  single windows: {_shares(verdicts)}")

@@ -65,8 +65,8 @@ def proportion_difference_upper(canary: Counts, baseline: Counts, alpha: float) 
     xc, nc = _whole(canary)
     xb, nb = _whole(baseline)
     pc, pb = xc / nc, xb / nb
-    _, upper_c = _wilson(xc, nc, z)
-    lower_b, _ = _wilson(xb, nb, z)
+    _, upper_c = wilson_interval(xc, nc, z)
+    lower_b, _ = wilson_interval(xb, nb, z)
     return pc - pb + math.hypot(upper_c - pc, pb - lower_b)
 
 
@@ -154,7 +154,8 @@ def _whole(counts: Counts) -> tuple[int, int]:
     return min(n, round(counts.events)), n
 
 
-def _wilson(x: int, n: int, z: float) -> tuple[float, float]:
+def wilson_interval(x: int, n: int, z: float) -> tuple[float, float]:
+    """Wilson's score interval of x events in n trials at normal quantile z."""
     p, z2 = x / n, z * z
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
