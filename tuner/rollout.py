@@ -69,6 +69,10 @@ class RolloutSettings:
     # one analysis of many intervals instead.
     windows: int = 1
 
+    def __post_init__(self) -> None:
+        if self.windows < 1:
+            raise ValueError(f"a rollout observes at least one window, not {self.windows}")
+
 
 @dataclass(frozen=True, slots=True)
 class RolloutOutcome:
@@ -153,7 +157,7 @@ class TrialRollout:
         self._move(s, Phase.OBSERVING)
         baselines, canaries = [], []
         try:
-            for _ in range(max(1, self._settings.windows)):
+            for _ in range(self._settings.windows):
                 baseline, canary = await self._observer.observe([stable_url, canary_url])
                 baselines.append(baseline)
                 canaries.append(canary)
@@ -186,7 +190,7 @@ class TrialRollout:
     async def _sequential(self, s: _Run) -> None:
         rt, url = self._runtime, self._runtime.stable_url()
         self._move(s, Phase.OBSERVING_BASELINE)
-        baselines = [await self._observe_one(url) for _ in range(max(1, self._settings.windows))]
+        baselines = [await self._observe_one(url) for _ in range(self._settings.windows)]
         self._move(s, Phase.STARTING)
         try:
             await rt.set_stable(
@@ -209,7 +213,7 @@ class TrialRollout:
         self._move(s, Phase.WARMING)
         s.warmup = await self._observer.warm([url])
         self._move(s, Phase.OBSERVING)
-        canaries = [await self._observe_one(url) for _ in range(max(1, self._settings.windows))]
+        canaries = [await self._observe_one(url) for _ in range(self._settings.windows)]
         if not self._judge(s, baselines, canaries, paired=False):
             self._move(s, Phase.ROLLING_BACK)
             await self._restore_stable(s, f"trial {s.trial.number} rolled back")
