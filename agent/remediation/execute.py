@@ -1,16 +1,18 @@
 """Running one remediation's steps: checked, then the light step, the restart and its watch.
 
-In order: the veto, the guards and the pre-flight (for a restart), dry-run (decided and
-audited, nothing done), the light step where planned (cleared: done), the veto again, then
-the restart with a drain, and a watch that the condition clears within the verify window.
-A restart that raised or did not clear the condition failed and counts against the breaker.
+In order: a remediation that waited behind a restart of its instance judged again on the
+restarted server (its evidence is older), the veto, the guards and the pre-flight (for a
+restart), dry-run (decided and audited, nothing done), the light step where planned (cleared:
+done), the veto again, then the restart with a drain, and a watch that the condition clears
+within the verify window. A restart that raised or did not clear the condition failed and
+counts against the breaker.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from kvpilot.agent.config import RemediationConfig
@@ -52,6 +54,14 @@ class RestartTarget(Protocol):
 Promoted = Callable[[str, tuple[str, ...], str], None]
 
 
+@dataclass(frozen=True, slots=True)
+class LastRestart:
+    """An instance's last restart by a remediation: which one, and how many so far."""
+
+    remediation_id: int
+    count: int
+
+
 def find_instance(runtime: RestartTarget, name: str) -> Instance | None:
     return next((i for i in runtime.instances() if i.name == name), None)
 
@@ -91,6 +101,12 @@ class Executor:
         self._drain_timeout_s = drain_timeout_s
         self._clock = clock
         self._on_promoted = on_promoted
+        self._last_restart: dict[str, LastRestart] = {}
+
+    def restarts_of(self, instance: str) -> int:
+        """How many restarts of `instance` remediations have carried out."""
+        last = self._last_restart.get(instance)
+        return last.count if last is not None else 0
 
     async def run(self, run: Run) -> RemediationOutcome:
         try:
@@ -103,6 +119,9 @@ class Executor:
         instance = find_instance(self._runtime, run.trigger.instance)
         if instance is None:
             return self._progress.end(run, Decision.SKIPPED, "skipped: instance gone")
+        superseded = self._superseded(run)
+        if superseded is not None:
+            return self._progress.end(run, Decision.SKIPPED, superseded)
         self._checks.veto(run)
         now_s = self._clock()
         if plan.restarts:
@@ -119,6 +138,25 @@ class Executor:
                 return cleared
             self._checks.veto(run)
         return await self._restart(run, instance)
+
+    def _superseded(self, run: Run) -> str | None:
+        """Why a remediation planned before its instance's last restart is not carried out.
+
+        It waited behind that restart (one remediation at a time per instance), and its
+        evidence is from before it, often from the drain itself. Only a condition still active
+        on the restarted server carries it on; an operator's request (no fingerprint) always
+        does."""
+        trigger = run.trigger
+        last = self._last_restart.get(trigger.instance)
+        if trigger.fingerprint is None or last is None or last.count <= run.restarts_before:
+            return None
+        now = self._watch.latest(trigger.fingerprint)
+        if now == "active":
+            return None
+        return (
+            f"skipped: superseded by remediation {last.remediation_id}, which restarted "
+            f"{trigger.instance} after this one was planned; the condition is {now} since"
+        )
 
     async def _light(self, run: Run, instance: Instance, now_s: float) -> RemediationOutcome | None:
         """The prefix-cache reset: the outcome when it cleared the condition, else None."""
@@ -182,6 +220,8 @@ class Executor:
             new_pid=new_pid,
         )
         restarted_at_s = self._clock()
+        restarts = self.restarts_of(trigger.instance) + 1
+        self._last_restart[trigger.instance] = LastRestart(run.remediation_id, restarts)
         if trigger.fingerprint is None:
             return self._progress.end(
                 run,

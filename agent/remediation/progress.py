@@ -61,6 +61,7 @@ class Run:
     remediation_id: int
     trigger: Trigger
     plan: LadderPlan
+    restarts_before: int  # its instance's restarts when planned: a later one makes it stale
 
 
 class InProgress:
@@ -105,7 +106,9 @@ class InProgress:
             trigger.instance, trigger.incident_id, decision, reason, rid, steps
         )
 
-    def open(self, trigger: Trigger, plan: LadderPlan, instance: Instance) -> Run:
+    def open(
+        self, trigger: Trigger, plan: LadderPlan, instance: Instance, *, restarts_before: int
+    ) -> Run:
         """The record of a remediation about to run, planned; active from now on."""
         action = plan.journal_action
         rid = self._journal.start_remediation(
@@ -125,7 +128,7 @@ class InProgress:
         self._audit.about(
             trigger, rid, action, Decision.PLANNED, plan.reason, {"steps": plan.steps}
         )
-        return Run(rid, trigger, plan)
+        return Run(rid, trigger, plan, restarts_before)
 
     def step(
         self, run: Run, state: RemediationState, reason: str, *, new_pid: int | None = None

@@ -306,7 +306,8 @@ class Remediator:
             case Advice(plan):
                 return self._recommend(trigger, plan)
             case Proceed(plan, instance):
-                run = self._progress.open(trigger, plan, instance)
+                restarts = self._executor.restarts_of(trigger.instance)
+                run = self._progress.open(trigger, plan, instance, restarts_before=restarts)
                 outcome = await self._progress.run_to_end(run, self._executor.run)
                 if self.oom is not None:
                     self.oom.ended(trigger.instance, outcome.decision)

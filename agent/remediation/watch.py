@@ -57,6 +57,11 @@ class ConditionWatch:
 
     def __init__(self) -> None:
         self._watches: dict[str, _Watch] = {}
+        self._latest: dict[str, WatchVerdict] = {}  # the last tick's, replaced each tick
+
+    def latest(self, fingerprint: str) -> WatchVerdict:
+        """The condition as the last tick saw it: "absent" when it reported none."""
+        return self._latest.get(fingerprint, "absent")
 
     def __contains__(self, fingerprint: str) -> bool:
         return fingerprint in self._watches
@@ -76,6 +81,8 @@ class ConditionWatch:
         """One tick: `conditions` evaluated now, `resolved` fingerprints whose alert resolved."""
         by_fp = {c.fingerprint: c for c in conditions}
         gone = set(resolved)
+        self._latest = {fp: _verdict(c.active) for fp, c in by_fp.items()}
+        self._latest.update(dict.fromkeys(gone, "cleared"))
         for fp, watch in list(self._watches.items()):
             if watch.future.done():
                 continue
@@ -91,3 +98,7 @@ class ConditionWatch:
                     watch.last_reason = condition.reason or "condition unknown"
             if now_s >= watch.deadline_s:
                 watch.future.set_result(WatchResult(watch.last, now_s, watch.last_reason))
+
+
+def _verdict(active: bool | None) -> WatchVerdict:
+    return "unknown" if active is None else "active" if active else "cleared"

@@ -265,6 +265,70 @@ def test_veto_of_an_instance_skips_pending_and_future_remediations() -> None:
     run(main)
 
 
+def _second_incident_during_a_held_restart(h: Harness) -> tuple[asyncio.Task, asyncio.Task]:
+    """A restart held in its drain; meanwhile the alert resolves and fires again (a new
+    incident, planned on evidence from the drain) and waits for the instance's lock."""
+    h.runtime.hold = asyncio.Event()
+    (first,) = h.tick(condition())
+    h.tick(condition(active=False))
+    (second,) = h.tick(condition())
+    return first, second
+
+
+def test_a_remediation_planned_during_a_restart_is_skipped_when_the_restart_cleared_it() -> None:
+    async def main() -> None:
+        h = Harness(FAST, windows=FAST_WATCH)
+        first, second = _second_incident_during_a_held_restart(h)
+        await until(lambda: len(h.remediator.status().active) == 2, "both visible")
+        h.runtime.hold.set()
+        await until(lambda: verifying(h), "first verifying")
+        h.tick(condition(active=False))
+        assert (await first).decision == "succeeded"
+        await until(second.done, "the waiting remediation ended without another restart")
+        superseded = second.result()
+        assert superseded.decision == "skipped", superseded
+        assert "superseded by remediation 1" in superseded.reason
+        assert "condition is cleared since" in superseded.reason
+        assert len(h.runtime.restarts) == 1
+        assert h.journal.states[2] == ["planned", "skipped"]
+
+    run(main)
+
+
+def test_a_remediation_planned_during_a_restart_goes_on_when_the_condition_stays() -> None:
+    async def main() -> None:
+        h = Harness(FAST, windows=WatchWindows(after_restart_s=20.0))
+        first, second = _second_incident_during_a_held_restart(h)
+        h.runtime.hold.set()
+        await until(lambda: verifying(h), "first verifying")
+        for _ in range(3):
+            h.tick(condition(), advance_s=10.0)
+        assert (await first).decision == "failed"
+        await until(lambda: len(h.runtime.restarts) == 2, "second restart")
+        h.tick(condition(active=False))
+        assert (await second).decision == "succeeded"
+
+    run(main)
+
+
+def test_an_operators_restart_queued_behind_a_restart_is_still_carried_out() -> None:
+    async def main() -> None:
+        h = Harness(FAST, windows=FAST_WATCH)
+        h.runtime.hold = asyncio.Event()
+        (first,) = h.tick(condition())
+        await until(lambda: h.runtime.entered == 1, "first restart entered")
+        manual = asyncio.ensure_future(h.remediator.trigger("vllm-0", requested_by="bob"))
+        await until(lambda: len(h.remediator.status().active) == 2, "manual waits")
+        h.runtime.hold.set()
+        await until(lambda: verifying(h), "first verifying")
+        h.tick(condition(active=False))
+        assert (await first).decision == "succeeded"
+        assert (await manual).decision == "succeeded"
+        assert len(h.runtime.restarts) == 2
+
+    run(main)
+
+
 def test_veto_of_an_incident() -> None:
     async def main() -> None:
         h = Harness(FAST, windows=FAST_WATCH)
