@@ -182,10 +182,10 @@ def test_a_burst_fires_notifies_and_restarts_vllm_by_signal(base_pod: BasePod) -
     # The signal ended vLLM's container and podman, as the kubelet does, restarted it.
     assert base_pod.pod.restart_count("vllm") > restarts_before
     assert base_pod.main_pid() not in (None, first_pid)
-    # The restarted vLLM serves. It may be restarted once more first: a second spike
-    # incident, raised while the first restart drained the server under the burst, is
-    # carried out right after it (this pod's cooldown is 0 s), and a request sent then is
-    # cut off ("Server disconnected"). So the request is tried until one answers.
+    # The restarted vLLM serves. A second spike incident raised during the drain is skipped
+    # as superseded, but one the restarted server still shows is carried out (this pod's
+    # cooldown is 0 s) and cuts a request off ("Server disconnected"), while the burst goes
+    # on. So the request is tried until one answers.
     answer = wait_for(
         "a completion from the restarted vLLM",
         lambda: _completion(base_pod.ports.vllm, base_pod.marker),
