@@ -25,10 +25,13 @@ from kvpilot.agent.notify.webhook import INCIDENT_ANNOTATION
 
 # Prometheus: 4 x its default resend delay of 1 min.
 DEFAULT_RESEND_VALIDITY_S = 240.0
+# Prometheus's notifier sends at most 64 alerts in one request (maxBatchSize).
+DEFAULT_BATCH_SIZE = 64
 
 
 class AlertmanagerNotifier:
-    """Sends events as Alertmanager's postable alerts, all of one call in one request."""
+    """Sends events as Alertmanager's postable alerts, all of one call in one request (the
+    worker batches up to `batch_size` events of many alerts into one call)."""
 
     def __init__(
         self,
@@ -43,12 +46,16 @@ class AlertmanagerNotifier:
         headers: Mapping[str, SecretStr | str] | None = None,
         timeout_s: float | None = None,
         clock: Callable[[], float] = time.time,
+        batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         if resend_validity_s <= 0:
             raise ValueError(f"resend_validity_s must be positive, got {resend_validity_s}")
         if bearer_token is not None and username is not None:
             raise ValueError("give either basic auth (username, password) or a bearer token")
         self.name = name
+        self.batch_size = batch_size  # events of many alerts in one request
         self._endpoint = url.rstrip("/") + "/api/v2/alerts"
         self._client = client
         self.resend_validity_s = resend_validity_s

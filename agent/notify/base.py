@@ -58,6 +58,15 @@ class Notifier(Protocol):
     async def send(self, events: Sequence[AlertEvent]) -> None: ...
 
 
+@runtime_checkable
+class BatchingNotifier(Notifier, Protocol):
+    """A notifier whose receiver takes many events in one request (Alertmanager's
+    `POST /api/v2/alerts` takes a list): the worker hands it up to `batch_size` events of
+    many alerts at once, instead of one request per alert."""
+
+    batch_size: int
+
+
 def rfc3339(wall_s: float) -> str:
     """Wall time as RFC 3339 in UTC with milliseconds (the precision of the dedup key)."""
     text = datetime.fromtimestamp(wall_s, UTC).isoformat(timespec="milliseconds")

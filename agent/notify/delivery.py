@@ -7,8 +7,12 @@ with the same dedup key.
 Order matters per alert, not across alerts: the worker sends each (notifier, alert
 fingerprint) as its own lane, oldest first. Once a lane fails, the worker holds that lane's
 items until its backoff expires, so a resolved event never overtakes the firing one it
-follows. Lanes run concurrently (a bounded number per notifier) and a pass does not wait for
-a slow one, so one slow or failing receiver, or alert, never holds up another.
+follows. Lanes run concurrently (a bounded number of sends per notifier) and a pass does not
+wait for a slow one, so one slow or failing receiver, or alert, never holds up another. A
+receiver that takes lists (Alertmanager) gets many lanes in one request (`batches`).
+
+Each notifier's backlog is bounded: past `max_pending_per_notifier` the lowest severity,
+then the oldest, is dropped and counted (`shedding`).
 
 Time is the worker's own (`SteadyTime`): backoff and the expiry after `max_age_s` run on a
 steady clock, so a step of the wall clock moves neither.
@@ -27,120 +31,36 @@ import random as random_module
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
 
-from kvpilot.agent.model import AlertEvent
+from kvpilot.agent.notify.backoff import Backoff
 from kvpilot.agent.notify.base import DeliveryError, Notifier
+from kvpilot.agent.notify.batches import Lane, LaneKey, batch_size_of, groups
+from kvpilot.agent.notify.outbox_item import Outbox, OutboxItem
+from kvpilot.agent.notify.report import DeliveryCount, DeliveryOutcome, DeliveryReport
+from kvpilot.agent.notify.shedding import (
+    DEFAULT_MAX_PENDING_PER_NOTIFIER,
+    drop_reason,
+    to_drop,
+)
 from kvpilot.agent.notify.steady_time import SteadyTime
 from kvpilot.collectors.secrets import mask_text
 
+__all__ = [
+    "Backoff",
+    "DeliveryCount",
+    "DeliveryOutcome",
+    "DeliveryReport",
+    "DeliveryWorker",
+    "Outbox",
+    "OutboxItem",
+]
+
 log = logging.getLogger(__name__)
 
-DeliveryOutcome = Literal["delivered", "retry", "deferred", "given_up"]
-LaneKey = tuple[str, str]  # (notifier, alert fingerprint)
 DEFAULT_MAX_AGE_S = 24 * 3600.0
 DEFAULT_LANES_PER_NOTIFIER = 8
 DEFAULT_PASS_WAIT_S = 1.0
 _MAX_READ_FACTOR = 16  # how far past batch_limit a pass reads when lanes hold the oldest rows
-_MAX_EXPONENT = 64  # beyond this the delay is max_s anyway; avoids float overflow
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxItem:
-    """One undelivered notification for one notifier."""
-
-    id: int
-    notifier: str
-    dedup_key: str
-    event: AlertEvent
-    attempts: int
-    next_attempt_wall_s: float
-    created_wall_s: float
-    last_error: str | None
-
-
-class Outbox(Protocol):
-    """Persistent queue of notifications, one row per (notifier, dedup key) while pending."""
-
-    def enqueue(self, notifier: str, event: AlertEvent, now_wall_s: float) -> int:
-        """Adds a row due now; while a row with the same (notifier, dedup key) is pending
-        (neither delivered nor given up) returns that row's id instead. Once delivered, the
-        same key may be enqueued again: that is a repeat notification."""
-        ...
-
-    def due(self, now_wall_s: float, limit: int = 100) -> list[OutboxItem]:
-        """Pending rows with next_attempt <= now, oldest (created, then id) first."""
-        ...
-
-    def mark_delivered(self, item_ids: Sequence[int], now_wall_s: float) -> None:
-        """The rows arrived; they leave the backlog."""
-        ...
-
-    def mark_failed(
-        self,
-        item_ids: Sequence[int],
-        error: str,
-        next_attempt_wall_s: float,
-        *,
-        give_up: bool = False,
-    ) -> None:
-        """Adds one to attempts, records the error; give_up ends the row (kept, recorded)."""
-        ...
-
-    def backlog(self) -> int:
-        """Pending rows, due or not."""
-        ...
-
-    def make_pending_due(self, now_wall_s: float) -> int:
-        """Every pending row held for later becomes due at `now_wall_s`; returns how many."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Exponential backoff: initial x factor^failures, capped, minus up to jitter_ratio."""
-
-    initial_s: float = 1.0
-    factor: float = 2.0
-    max_s: float = 300.0
-    jitter_ratio: float = 0.2
-
-    def __post_init__(self) -> None:
-        if self.initial_s <= 0 or self.factor < 1 or self.max_s < self.initial_s:
-            raise ValueError(f"invalid backoff {self}")
-        if not 0 <= self.jitter_ratio < 1:
-            raise ValueError(f"jitter_ratio must be in [0, 1), got {self.jitter_ratio}")
-
-    def delay_s(self, failures: int, draw: float) -> float:
-        """Delay after `failures` consecutive failures (0 for the first); draw is in [0, 1)."""
-        exponent = min(max(failures, 0), _MAX_EXPONENT)
-        base = min(self.max_s, self.initial_s * self.factor**exponent)
-        return base * (1.0 - self.jitter_ratio * draw)
-
-
-@dataclass(frozen=True, slots=True)
-class DeliveryCount:
-    """How many items of one notifier ended one pass with one outcome."""
-
-    notifier: str
-    outcome: DeliveryOutcome
-    items_total: int
-
-
-@dataclass(frozen=True, slots=True)
-class DeliveryReport:
-    """Outcomes since the last report (lanes that finished after their pass are in a later
-    one): counts per notifier and outcome, errors seen, the backlog afterwards."""
-
-    counts: tuple[DeliveryCount, ...]
-    errors: tuple[tuple[str, str], ...]  # (notifier, message)
-    backlog_items: int | None
-    backlog_reason: str | None = None
-
-    def count(self, notifier: str, outcome: DeliveryOutcome) -> int:
-        return sum(
-            c.items_total for c in self.counts if (c.notifier, c.outcome) == (notifier, outcome)
-        )
 
 
 @dataclass(slots=True)
@@ -174,9 +94,12 @@ class DeliveryWorker:
         lanes_per_notifier: int = DEFAULT_LANES_PER_NOTIFIER,
         pass_wait_s: float = DEFAULT_PASS_WAIT_S,
         monotonic: Callable[[], float] | None = None,
+        max_pending_per_notifier: int = DEFAULT_MAX_PENDING_PER_NOTIFIER,
     ) -> None:
-        if lanes_per_notifier < 1 or batch_limit < 1:
-            raise ValueError("lanes_per_notifier and batch_limit must be at least 1")
+        if min(lanes_per_notifier, batch_limit, max_pending_per_notifier) < 1:
+            raise ValueError(
+                "lanes_per_notifier, batch_limit and max_pending_per_notifier must be at least 1"
+            )
         self._outbox = outbox
         self._notifiers = dict(notifiers)
         self._time = SteadyTime(clock, monotonic)
@@ -188,9 +111,11 @@ class DeliveryWorker:
         self._batch_limit = batch_limit
         self._lanes_per_notifier = lanes_per_notifier
         self._pass_wait_s = pass_wait_s
+        self._max_pending = max_pending_per_notifier
         self._states: dict[LaneKey, _LaneState] = {}
         self._owed_made_due = False  # the first pass makes what earlier processes held due
-        self._running: dict[LaneKey, tuple[asyncio.Task[None], int]] = {}  # task, items
+        # Each running lane's send and its items; lanes sent in one batch share one task.
+        self._running: dict[LaneKey, tuple[asyncio.Task[None], int]] = {}
         self._counts: Counter[tuple[str, DeliveryOutcome]] = Counter()
         self._errors: list[tuple[str, str]] = []
 
@@ -212,12 +137,13 @@ class DeliveryWorker:
                 self._owed_made_due = True
                 if made_due:
                     log.info("delivery: %d items owed from before the start are due now", made_due)
+            self._shed(now)
             lanes = self._startable_lanes(now)
         except Exception as exc:
             log.exception("outbox: reading due items failed")
             self._errors.append(("outbox", repr(exc)))
             return self._report(None, repr(exc))
-        started = [task for key, items in lanes.items() if (task := self._start(key, items, now))]
+        started = self._start_all(lanes, now)
         if started:
             await asyncio.wait(started, timeout=self._pass_wait_s)
         try:
@@ -253,7 +179,9 @@ class DeliveryWorker:
             lanes: dict[LaneKey, list[OutboxItem]] = {}
             for item in items:
                 lanes.setdefault((item.notifier, item.event.fingerprint), []).append(item)
-            free = {k: v for k, v in lanes.items() if k not in self._running and self._has_room(k)}
+            free = {
+                k: v for k, v in lanes.items() if k not in self._running and self._has_room(k[0])
+            }
             if (
                 len(items) < limit
                 or sum(map(len, free.values())) >= self._batch_limit
@@ -262,20 +190,38 @@ class DeliveryWorker:
                 return free
             limit *= 2
 
-    def _has_room(self, key: LaneKey) -> bool:
-        running = sum(1 for name, _ in self._running if name == key[0])
-        return running < self._lanes_per_notifier
+    def _has_room(self, name: str) -> bool:
+        """Whether the notifier has fewer than `lanes_per_notifier` sends out (lanes sent
+        together in one batch are one send)."""
+        sends = {id(task) for (n, _), (task, _) in self._running.items() if n == name}
+        return len(sends) < self._lanes_per_notifier
 
-    def _start(
-        self, key: LaneKey, items: list[OutboxItem], now: float
-    ) -> asyncio.Task[None] | None:
-        """A lane's task, or None when it was settled at once (held back, unknown notifier)."""
+    def _start_all(
+        self, lanes: Mapping[LaneKey, list[OutboxItem]], now: float
+    ) -> list[asyncio.Task[None]]:
+        """A task per send: one per lane, or per batch of lanes for a notifier that takes
+        many events in one request."""
+        ready: dict[str, list[Lane]] = {}
+        for key, items in lanes.items():
+            if self._settle(key, items, now):
+                ready.setdefault(key[0], []).append((key, items))
+        started: list[asyncio.Task[None]] = []
+        for name, waiting in ready.items():
+            notifier = self._notifiers[name]
+            for group in groups(waiting, batch_size_of(notifier)):
+                if not self._has_room(name):
+                    break  # the notifier has its sends out: a later pass starts the rest
+                started.append(self._start(name, notifier, group))
+        return started
+
+    def _settle(self, key: LaneKey, items: list[OutboxItem], now: float) -> bool:
+        """True when the lane is to be sent; False when it was settled at once (held back
+        behind earlier failures, an unknown notifier) or the outbox failed meanwhile."""
         name = key[0]
         try:
-            notifier = self._notifiers.get(name)
-            if notifier is None:
+            if name not in self._notifiers:
                 self._give_up_unknown(name, items, now)
-                return None
+                return False
             state = self._states.get(key)
             if state is not None and now < state.blocked_until_wall_s:
                 # Held back so that they go after the older items that failed, in order; those
@@ -283,36 +229,45 @@ class DeliveryWorker:
                 until = state.blocked_until_wall_s
                 new = [i for i in items if i.next_attempt_wall_s < until]
                 error = f"deferred behind earlier failures: {state.last_error}"
-                self._fail(key, new, error, until, now, "deferred")
-                return None
+                kept = self._fail(key, new, error, until, now, "deferred")
+                if len(new) == len(items) and not kept:
+                    self._states.pop(key, None)  # everything it held expired
+                return False
         except Exception as exc:  # the outbox failed while recording: the items stay pending
             self._outbox_failed(name, exc)
-            return None
-        if not self._has_room(key):
-            return None  # the notifier has its lanes out: a later pass starts this one
-        task = asyncio.get_running_loop().create_task(
-            self._lane(key, notifier, items), name=f"delivery {name}"
-        )
-        self._running[key] = (task, len(items))
+            return False
+        return True
 
-        def done(_: asyncio.Task[None]) -> None:
-            self._running.pop(key, None)
+    def _start(self, name: str, notifier: Notifier, group: list[Lane]) -> asyncio.Task[None]:
+        items = sorted((i for _, lane in group for i in lane), key=_oldest_first)
+        task = asyncio.get_running_loop().create_task(
+            self._lane(name, notifier, items), name=f"delivery {name}"
+        )
+        for key, lane in group:
+            self._running[key] = (task, len(lane))
+
+        def done(finished: asyncio.Task[None]) -> None:
+            for key, _ in group:
+                if self._running.get(key, (None, 0))[0] is finished:
+                    del self._running[key]
 
         task.add_done_callback(done)
         return task
 
-    async def _lane(self, key: LaneKey, notifier: Notifier, items: list[OutboxItem]) -> None:
+    async def _lane(self, name: str, notifier: Notifier, items: list[OutboxItem]) -> None:
         try:
-            await self._send_lane(key, notifier, items)
+            await self._send_lane(name, notifier, items)
         except Exception as exc:  # the outbox failed while recording: the items stay pending
-            self._outbox_failed(key[0], exc)
+            self._outbox_failed(name, exc)
 
-    async def _send_lane(self, key: LaneKey, notifier: Notifier, items: list[OutboxItem]) -> None:
-        name = key[0]
+    async def _send_lane(self, name: str, notifier: Notifier, items: list[OutboxItem]) -> None:
+        """Sends one lane's items (or a batch of lanes' items) in order, `batch_size_of`
+        the notifier per request where it takes batches, the whole lane otherwise."""
+        size = batch_size_of(notifier)
         queue = list(items)
         one_by_one = False
         while queue:
-            batch = queue[:1] if one_by_one else queue
+            batch = queue[:1] if one_by_one else queue[:size] if size > 1 else queue
             err = await self._send(notifier, batch)
             now = self._clock()
             if err is None:
@@ -324,7 +279,8 @@ class DeliveryWorker:
             queue = [i for i in queue if i.dedup_key not in err.delivered]
             self._errors.append((name, err.message))
             if err.retryable:
-                self._retry_later(key, queue, err, now)
+                self._retry_later(name, queue, err, now)
+                self._forget_lanes(name, items, keep=queue)
                 return
             culprit = err.dedup_key or (batch[0].dedup_key if len(batch) == 1 else None)
             if culprit is None:
@@ -338,11 +294,40 @@ class DeliveryWorker:
             )
             self._outbox.mark_failed([i.id for i in rejected], err.message, now, give_up=True)
             self._counts[(name, "given_up")] += len(rejected)
-        self._states.pop(key, None)  # through: the lane forgets its failures
+            self._time.forget(i.id for i in rejected)
+        self._forget_lanes(name, items, keep=())  # through: the lanes forget their failures
+
+    def _forget_lanes(
+        self, name: str, items: Sequence[OutboxItem], *, keep: Sequence[OutboxItem]
+    ) -> None:
+        """The failures of the lanes in `items` that hold nothing in `keep` are forgotten."""
+        held = {i.event.fingerprint for i in keep}
+        for fingerprint in {i.event.fingerprint for i in items} - held:
+            self._states.pop((name, fingerprint), None)
 
     def _retry_later(
-        self, key: LaneKey, queue: list[OutboxItem], err: DeliveryError, now: float
+        self, name: str, queue: list[OutboxItem], err: DeliveryError, now: float
     ) -> None:
+        """Each lane of `queue` waits out its own backoff (its failures in a row)."""
+        lanes: dict[LaneKey, list[OutboxItem]] = {}
+        for item in queue:
+            lanes.setdefault((name, item.event.fingerprint), []).append(item)
+        delays = [self._retry_lane(key, held, err, now) for key, held in lanes.items()]
+        log.warning(
+            "delivery: failed, will retry",
+            extra={
+                "notifier": name,
+                "fingerprint": next(iter(lanes))[1] if len(lanes) == 1 else None,
+                "lanes": len(lanes),
+                "items": len(queue),
+                "error": mask_text(err.message),
+                "retry_in_s": round(max(delays, default=0.0), 3),
+            },
+        )
+
+    def _retry_lane(
+        self, key: LaneKey, held: list[OutboxItem], err: DeliveryError, now: float
+    ) -> float:
         state = self._states.setdefault(key, _LaneState())
         state.last_error = err.message
         delay = self._backoff.delay_s(state.failures, self._random())
@@ -350,18 +335,9 @@ class DeliveryWorker:
             delay = max(delay, err.retry_after_s)
         state.failures += 1
         state.blocked_until_wall_s = now + delay
-        log.warning(
-            "delivery: failed, will retry",
-            extra={
-                "notifier": key[0],
-                "fingerprint": key[1],
-                "items": len(queue),
-                "error": mask_text(err.message),
-                "retry_in_s": round(delay, 3),
-            },
-        )
-        if not self._fail(key, queue, err.message, now + delay, now, "retry"):
+        if not self._fail(key, held, err.message, now + delay, now, "retry"):
             self._states.pop(key, None)  # nothing left to hold back
+        return delay
 
     async def _send(self, notifier: Notifier, items: Sequence[OutboxItem]) -> DeliveryError | None:
         try:
@@ -379,10 +355,29 @@ class DeliveryWorker:
 
     # -- outcomes ----------------------------------------------------------------------
 
+    def _shed(self, now: float) -> None:
+        """Each notifier's backlog back to `max_pending_per_notifier` (see `shedding`); rows
+        that a running lane is sending are not dropped but count against the bound."""
+        for name, count in self._outbox.pending_counts().items():
+            if count <= self._max_pending:
+                continue
+            rows = self._outbox.pending_of(name)
+            free = [i for i in rows if (name, i.event.fingerprint) not in self._running]
+            dropped = to_drop(free, self._max_pending - (len(rows) - len(free)))
+            reason = drop_reason(name, self._max_pending)
+            self._outbox.mark_failed([i.id for i in dropped], reason, now, give_up=True)
+            self._counts[(name, "dropped")] += len(dropped)
+            self._time.forget(i.id for i in dropped)
+            log.warning(
+                "delivery: outbox full, dropped notifications",
+                extra={"notifier": name, "items": len(dropped), "pending": count},
+            )
+
     def _give_up_unknown(self, name: str, items: Sequence[OutboxItem], now: float) -> None:
         error = f"notifier {name!r} is not configured"
         self._outbox.mark_failed([i.id for i in items], error, now, give_up=True)
         self._counts[(name, "given_up")] += len(items)
+        self._time.forget(i.id for i in items)
         self._errors.append((name, error))
         log.warning(
             "delivery: giving up",
@@ -435,3 +430,7 @@ class DeliveryWorker:
         self._counts.clear()
         self._errors.clear()
         return DeliveryReport(counts, errors, backlog, reason)
+
+
+def _oldest_first(item: OutboxItem) -> tuple[float, int]:
+    return item.created_wall_s, item.id

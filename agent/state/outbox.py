@@ -7,10 +7,11 @@ import sqlite3
 from collections.abc import Sequence
 
 from kvpilot.agent.model import AlertEvent
-from kvpilot.agent.notify.delivery import OutboxItem
+from kvpilot.agent.notify.outbox_item import OutboxItem
 from kvpilot.agent.state.db import Database
 from kvpilot.collectors.secrets import mask_text
 
+_IDS_PER_STATEMENT = 500
 _COLUMNS = (
     "id, notifier, dedup_key, event_json, attempts, next_attempt_wall_s, created_wall_s, last_error"
 )
@@ -63,6 +64,13 @@ def _placeholders(ids: Sequence[int]) -> str:
     return ",".join("?" * len(ids))
 
 
+def _chunks(ids: Sequence[int]) -> list[Sequence[int]]:
+    """Ids in slices under SQLite's oldest limit on a statement's parameters (999)."""
+    return [
+        ids[start : start + _IDS_PER_STATEMENT] for start in range(0, len(ids), _IDS_PER_STATEMENT)
+    ]
+
+
 class SqliteOutbox:
     """Implements `Outbox` on the `outbox` table; same thread contract as `Database`."""
 
@@ -94,14 +102,13 @@ class SqliteOutbox:
         return [_item(row) for row in rows]
 
     def mark_delivered(self, item_ids: Sequence[int], now_wall_s: float) -> None:
-        if not item_ids:
-            return
         with self._db.transaction() as conn:
-            conn.execute(
-                "UPDATE outbox SET state = 'delivered', finished_wall_s = ? "  # noqa: S608 (? only)
-                f"WHERE state = 'pending' AND id IN ({_placeholders(item_ids)})",
-                (now_wall_s, *item_ids),
-            )
+            for ids in _chunks(item_ids):
+                conn.execute(
+                    "UPDATE outbox SET state = 'delivered', finished_wall_s = ? "  # noqa: S608
+                    f"WHERE state = 'pending' AND id IN ({_placeholders(ids)})",
+                    (now_wall_s, *ids),
+                )
 
     def mark_failed(
         self,
@@ -111,20 +118,19 @@ class SqliteOutbox:
         *,
         give_up: bool = False,
     ) -> None:
-        if not item_ids:
-            return
         with self._db.transaction() as conn:
-            conn.execute(
-                "UPDATE outbox SET attempts = attempts + 1, last_error = ?, "  # noqa: S608 (? only)
-                "next_attempt_wall_s = ?, state = ? "
-                f"WHERE state = 'pending' AND id IN ({_placeholders(item_ids)})",
-                (
-                    mask_text(error),
-                    next_attempt_wall_s,
-                    "given_up" if give_up else "pending",
-                    *item_ids,
-                ),
-            )
+            for ids in _chunks(item_ids):
+                conn.execute(
+                    "UPDATE outbox SET attempts = attempts + 1, last_error = ?, "  # noqa: S608
+                    "next_attempt_wall_s = ?, state = ? "
+                    f"WHERE state = 'pending' AND id IN ({_placeholders(ids)})",
+                    (
+                        mask_text(error),
+                        next_attempt_wall_s,
+                        "given_up" if give_up else "pending",
+                        *ids,
+                    ),
+                )
 
     def make_pending_due(self, now_wall_s: float) -> int:
         with self._db.transaction() as conn:
@@ -134,6 +140,20 @@ class SqliteOutbox:
                 (now_wall_s, now_wall_s),
             )
             return int(cursor.rowcount)
+
+    def pending_counts(self) -> dict[str, int]:
+        rows = self._db.read(
+            "SELECT notifier, count(*) FROM outbox WHERE state = 'pending' GROUP BY notifier"
+        )
+        return {str(row[0]): int(row[1]) for row in rows}
+
+    def pending_of(self, notifier: str) -> list[OutboxItem]:
+        rows = self._db.read(
+            f"SELECT {_COLUMNS} FROM outbox WHERE state = 'pending' "  # noqa: S608 (constant)
+            "AND notifier = ? ORDER BY created_wall_s, id",
+            (notifier,),
+        )
+        return [_item(row) for row in rows]
 
     def backlog(self) -> int:
         return int(self._db.read("SELECT count(*) FROM outbox WHERE state = 'pending'")[0][0])

@@ -83,6 +83,15 @@ class MemoryOutbox:
             else:
                 self._pending[item_id] = item
 
+    def pending_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for item in self._pending.values():
+            counts[item.notifier] = counts.get(item.notifier, 0) + 1
+        return counts
+
+    def pending_of(self, notifier: str) -> list[OutboxItem]:
+        return [i for i in self.pending() if i.notifier == notifier]
+
     def backlog(self) -> int:
         return len(self._pending)
 

@@ -234,6 +234,28 @@ def test_backlog_counts_rows_not_yet_due(outbox: InspectableOutbox) -> None:
     assert outbox.backlog() == 1
 
 
+def test_pending_counts_and_rows_per_notifier_leave_finished_ones_out(
+    outbox: InspectableOutbox,
+) -> None:
+    first = outbox.enqueue("hook", event(1), T)
+    outbox.enqueue("am", event(2), T)
+    held = outbox.enqueue("hook", event(3), T + 1)
+    outbox.mark_failed([held], "503", T + 60)  # held for later: still pending
+    outbox.mark_delivered([outbox.enqueue("hook", event(4), T)], T)
+    outbox.mark_failed([outbox.enqueue("hook", event(5), T)], "400", T, give_up=True)
+    assert outbox.pending_counts() == {"hook": 2, "am": 1}
+    assert ids(outbox.pending_of("hook")) == [first, held]
+    assert outbox.pending_of("nobody") == []
+
+
+def test_many_rows_are_marked_at_once(outbox: InspectableOutbox) -> None:
+    rows = [outbox.enqueue("hook", event(n), T) for n in range(1_500)]
+    outbox.mark_failed(rows[:1_200], "503", T + 60)
+    outbox.mark_delivered(rows[300:], T)
+    assert ids(outbox.pending()) == rows[:300]
+    assert {i.attempts for i in outbox.pending()} == {1}
+
+
 def test_make_pending_due_brings_held_rows_forward_only(outbox: InspectableOutbox) -> None:
     held = outbox.enqueue("hook", event(1), T)
     outbox.mark_failed([held], "HTTP 503", T + 300)
