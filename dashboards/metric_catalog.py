@@ -107,7 +107,8 @@ SPECS: tuple[MetricSpec, ...] = (
         "kvpilot_notifications_total",
         "counter",
         ("notifier", "outcome"),
-        "Notification deliveries by notifier and outcome (delivered, retry, deferred, given_up).",
+        "Notification deliveries by notifier and outcome (delivered, retry, deferred, given_up, "
+        "dropped: past the outbox's bound).",
     ),
     MetricSpec(
         "kvpilot_remediations_total",
