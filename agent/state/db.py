@@ -20,6 +20,12 @@ from kvpilot.agent.state.migrations import migrate
 
 DB_FILENAME = "kvpilot.db"
 DEFAULT_BUSY_TIMEOUT_S = 5.0
+# The write-ahead log: checkpointed every 256 pages (1 MiB at 4 KiB pages, SQLite's default is
+# 1,000) and cut back to this size once it restarts. Without the limit the file keeps the
+# largest size it ever reached: every tick commits, so a steady agent's directory was the
+# database plus a 4 MiB log.
+WAL_AUTOCHECKPOINT_PAGES = 256
+WAL_LIMIT_BYTES = 1 << 20
 _NO_PAGE_CAP = 4294967294  # SQLite's own largest max_page_count
 
 
@@ -43,6 +49,8 @@ class Database:
             if str(mode).lower() != "wal":
                 raise sqlite3.OperationalError(f"{path}: cannot use WAL mode (got {mode})")
             conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
+            conn.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}")
             conn.execute("PRAGMA foreign_keys = ON")
             migrate(conn)
         except BaseException:
