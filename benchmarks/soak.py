@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 import httpx
@@ -105,6 +106,8 @@ async def _answer(writer: asyncio.StreamWriter, mode: str, payloads: dict[str, b
             writer.write(chunk)
             await writer.drain()
         return
+    if mode == "refused":
+        return  # the mode began while this connection was accepted: close it unanswered
     body = payloads["ok" if mode == "drip" else mode]
     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
     if mode != "drip":
@@ -201,6 +204,62 @@ async def _serve(ports: list[int], receiver_port: int, rotate_s: float, hostile:
     )
 
 
+# -- the agent under tracemalloc (run in a child process) --------------------------------
+
+TRACE_FRAMES = 12
+
+
+def _traced_agent(out: Path, argv: list[str]) -> None:
+    """`kvpilot.agent` with tracemalloc on; each SIGUSR2 writes a snapshot into `out`."""
+    import runpy
+
+    tracemalloc.start(TRACE_FRAMES)
+    taken = [0]
+
+    def dump(_sig: int, _frame: object) -> None:
+        taken[0] += 1
+        tracemalloc.take_snapshot().dump(str(out / f"snapshot-{taken[0]}.trace"))
+        (out / f"snapshot-{taken[0]}.done").touch()
+
+    signal.signal(signal.SIGUSR2, dump)
+    sys.argv = ["kvpilot", *argv]
+    runpy.run_module("kvpilot.agent", run_name="__main__", alter_sys=True)
+
+
+class Snapshots:
+    """Asks the traced agent for a snapshot at the span's start and end, and prints where
+    memory grew between them (tracemalloc's own accounting, by allocation site)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.taken = 0
+
+    def take(self, pid: int) -> Path:
+        self.taken += 1
+        os.kill(pid, signal.SIGUSR2)
+        done = self.folder / f"snapshot-{self.taken}.done"
+        deadline = time.monotonic() + 120.0
+        while not done.exists():
+            if time.monotonic() > deadline:
+                raise SystemExit("the traced agent wrote no snapshot in 120 s")
+            time.sleep(0.2)
+        return self.folder / f"snapshot-{self.taken}.trace"
+
+    @staticmethod
+    def report(first: Path, last: Path, top: int = 15) -> None:
+        ignore = [tracemalloc.Filter(False, tracemalloc.__file__)]
+        before = tracemalloc.Snapshot.load(str(first)).filter_traces(ignore)
+        after = tracemalloc.Snapshot.load(str(last)).filter_traces(ignore)
+        total = sum(s.size for s in after.statistics("filename")) - sum(
+            s.size for s in before.statistics("filename")
+        )
+        print(f"tracemalloc: traced memory {total / MIB:+.2f} MiB between the snapshots")
+        for stat in after.compare_to(before, "traceback")[:top]:
+            print(f"  {stat.size_diff / 1024:+9.1f} KiB {stat.count_diff:+7d} blocks")
+            for line in stat.traceback.format(limit=4, most_recent_first=True):
+                print(f"      {line.strip()}")
+
+
 # -- the measuring side ------------------------------------------------------------------
 
 
@@ -257,7 +316,14 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             process.wait(timeout=10)
 
 
-def run(minutes: float, servers: int, rotate_s: float, warmup_s: float, hostile: bool) -> int:
+def run(
+    minutes: float,
+    servers: int,
+    rotate_s: float,
+    warmup_s: float,
+    hostile: bool,
+    trace: bool = False,
+) -> int:
     *ports, receiver, listen = _free_ports(servers + 2)
     with tempfile.TemporaryDirectory(prefix="kvpilot-soak-") as scratch:
         folder = Path(scratch)
@@ -294,16 +360,11 @@ def run(minutes: float, servers: int, rotate_s: float, warmup_s: float, hostile:
         ]
         stand_ins = subprocess.Popen(argv, start_new_session=True)
         log_path = folder / "agent.log"
+        snapshots = Snapshots(folder) if trace else None
+        launch = [__file__, "traced-agent", str(folder)] if trace else ["-m", "kvpilot.agent"]
         with log_path.open("ab") as log:
             agent = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "kvpilot.agent",
-                    "run",
-                    "--config",
-                    str(folder / "kvpilot.yaml"),
-                ],
+                [sys.executable, *launch, "run", "--config", str(folder / "kvpilot.yaml")],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -311,7 +372,7 @@ def run(minutes: float, servers: int, rotate_s: float, warmup_s: float, hostile:
             )
         url = f"http://127.0.0.1:{listen}/metrics"
         try:
-            return _measure(agent, url, folder, minutes * 60, warmup_s, log_path, token)
+            return _measure(agent, url, folder, minutes * 60, warmup_s, log_path, token, snapshots)
         finally:
             _stop(agent)
             _stop(stand_ins)
@@ -325,6 +386,7 @@ def _measure(
     warmup_s: float,
     log_path: Path,
     token: TokenRotation | None = None,
+    snapshots: Snapshots | None = None,
 ) -> int:
     deadline = time.monotonic() + warmup_s
     while time.monotonic() < deadline:
@@ -337,6 +399,7 @@ def _measure(
         _metric(first, "kvpilot_ticks_total"),
         _metric(first, "kvpilot_tick_overruns_total"),
     )
+    trace0 = None if snapshots is None else snapshots.take(agent.pid)
     rss0, db0 = _rss_bytes(agent.pid), _dir_bytes(folder / "state")
     peak = rss0
     started = time.monotonic()
@@ -353,6 +416,9 @@ def _measure(
     elapsed = time.monotonic() - started
     last = httpx.get(url, timeout=10).text
     rss1 = _rss_bytes(agent.pid)
+    if snapshots is not None and trace0 is not None:
+        Snapshots.report(trace0, snapshots.take(agent.pid))
+        print("(under tracemalloc: RSS includes the tracer's own bookkeeping)")
     ticks = _metric(last, "kvpilot_ticks_total") - ticks0
     overruns = _metric(last, "kvpilot_tick_overruns_total") - overruns0
     tracebacks = log_path.read_text(errors="replace").count("Traceback")
@@ -367,6 +433,9 @@ def _measure(
     print(f"ticks: {ticks:.0f} in {elapsed:.0f} s; overran their interval: {overruns:.0f}")
     print(f"tracebacks in the agent's log: {tracebacks}")
     print(f"state directory: {db0 / 1024:.0f} KiB after warm-up, {db1 / 1024:.0f} KiB at the end")
+    files = sorted((folder / "state").rglob("*"))
+    sizes = [f"{p.name} {p.stat().st_size / 1024:.0f} KiB" for p in files if p.is_file()]
+    print("  " + ", ".join(sizes))
     goals = {
         "RSS growth after warm-up under 5 MiB": growth_mib < 5.0,
         "no tick longer than its interval": overruns == 0,
@@ -476,6 +545,9 @@ class TokenRotation:
 
 
 def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "traced-agent":
+        _traced_agent(Path(sys.argv[2]), sys.argv[3:])
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "serve":
         mix, receiver, rotate_s, *ports = sys.argv[2:]
         asyncio.run(
@@ -492,12 +564,26 @@ def main() -> None:
     parser.add_argument(
         "--hostile", action="store_true", help="add huge labels, bad receivers, token rotation"
     )
+    parser.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="run the agent under tracemalloc and print where memory grew over the span",
+    )
     args = parser.parse_args()
     if args.quick:
         args.minutes, args.rotate_s, args.warmup_s = 0.6, 3.0, 8.0
     if args.hostile and args.servers == len(MODES):
         args.servers = len(HOSTILE_MODES)
-    raise SystemExit(run(args.minutes, args.servers, args.rotate_s, args.warmup_s, args.hostile))
+    raise SystemExit(
+        run(
+            args.minutes,
+            args.servers,
+            args.rotate_s,
+            args.warmup_s,
+            args.hostile,
+            args.tracemalloc,
+        )
+    )
 
 
 if __name__ == "__main__":
