@@ -26,6 +26,7 @@ import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from kvpilot.agent.alert_limit import DEFAULT_MAX_ALERTS, LIMIT_RULE, admitted, limit_condition
 from kvpilot.agent.alert_values import AlertRow, AlertTransition, AlertView, Silence
 from kvpilot.agent.model import AlertEvent, AlertState, Condition, Labels, labels_of
 
@@ -82,15 +83,19 @@ class AlertTracker:
         gone_grace_s: float = 300.0,
         generator_url: str = "",
         new_id: Callable[[], str] = new_incident_id,
+        max_alerts: int = DEFAULT_MAX_ALERTS,
     ) -> None:
         if repeat_interval_s <= 0:
             raise ValueError("repeat_interval_s must be positive")
+        if max_alerts < 1:
+            raise ValueError(f"max_alerts must be at least 1, got {max_alerts}")
         self._for_s = dict(rules_for_s)
         self.repeat_interval_s = repeat_interval_s
         self.resolved_retention_s = resolved_retention_s
         self.gone_grace_s = gone_grace_s
         self.generator_url = generator_url
         self._new_id = new_id
+        self.max_alerts = max_alerts  # pending, firing or resolved at once (`alert_limit`)
         self._alerts: dict[str, _Alert] = {}
         self._silences: dict[str, Silence] = {}
         self._needs_restore = False
@@ -228,38 +233,65 @@ class AlertTracker:
     def update(
         self, conditions: Iterable[Condition], now_s: float, now_wall_s: float
     ) -> list[AlertTransition]:
-        """Advance every alert by one tick; `conditions` is everything evaluated this tick."""
+        """Advance every alert by one tick; `conditions` is everything evaluated this tick.
+        New alerts past `max_alerts` are held back (not tracked) and said by one alert."""
         if self._needs_restore:
             self._restore(now_s, now_wall_s)
-        out: list[AlertTransition] = []
-        seen: set[str] = set()
+        given: dict[str, Condition] = {}
         for condition in conditions:
-            fp = condition.fingerprint
-            if fp in seen:
-                continue  # one condition per alert and tick: the first wins
-            seen.add(fp)
-            alert = self._alerts.get(fp)
-            if alert is None:
-                alert = self._alerts[fp] = _Alert(
-                    fingerprint=fp,
-                    rule=condition.rule,
-                    labels=condition.labels,
-                    annotations=condition.annotations,
-                    state="inactive",
-                    last_seen_s=now_s,
-                    last_seen_wall_s=now_wall_s,
-                )
-            alert.last_seen_s, alert.last_seen_wall_s = now_s, now_wall_s
-            alert.active, alert.value, alert.reason = (
-                condition.active,
-                condition.value,
-                condition.reason,
-            )
-            alert.annotations = condition.annotations
-            out.extend(self._step(alert, condition.active, now_s, now_wall_s))
-        for fp in [fp for fp in self._alerts if fp not in seen]:
+            given.setdefault(condition.fingerprint, condition)  # one per alert: the first wins
+        live = sum(
+            1 for a in self._alerts.values() if a.state != "inactive" and a.rule != LIMIT_RULE
+        )
+        allowed = admitted(list(given.values()), live, self._starts, self.max_alerts)
+        held_back = 0
+        out: list[AlertTransition] = []
+        for condition in given.values():
+            if (
+                allowed is not None
+                and condition.fingerprint not in allowed
+                and self._starts(condition)
+            ):
+                held_back += 1
+                self._alerts.pop(condition.fingerprint, None)  # inactive: it carried nothing
+                continue
+            out.extend(self._observe(condition, now_s, now_wall_s))
+        limit = limit_condition(held_back, self.max_alerts)
+        if held_back or limit.fingerprint in self._alerts:
+            given[limit.fingerprint] = limit
+            out.extend(self._observe(limit, now_s, now_wall_s))
+        for fp in [fp for fp in self._alerts if fp not in given]:
             out.extend(self._absent(self._alerts[fp], now_s, now_wall_s))
         return out
+
+    def _starts(self, condition: Condition) -> bool:
+        """Whether the condition would start an alert (one not pending, firing or resolved)."""
+        alert = self._alerts.get(condition.fingerprint)
+        return condition.active is True and (alert is None or alert.state == "inactive")
+
+    def _observe(
+        self, condition: Condition, now_s: float, now_wall_s: float
+    ) -> list[AlertTransition]:
+        fp = condition.fingerprint
+        alert = self._alerts.get(fp)
+        if alert is None:
+            alert = self._alerts[fp] = _Alert(
+                fingerprint=fp,
+                rule=condition.rule,
+                labels=condition.labels,
+                annotations=condition.annotations,
+                state="inactive",
+                last_seen_s=now_s,
+                last_seen_wall_s=now_wall_s,
+            )
+        alert.last_seen_s, alert.last_seen_wall_s = now_s, now_wall_s
+        alert.active, alert.value, alert.reason = (
+            condition.active,
+            condition.value,
+            condition.reason,
+        )
+        alert.annotations = condition.annotations
+        return self._step(alert, condition.active, now_s, now_wall_s)
 
     def _step(
         self, a: _Alert, active: bool | None, now_s: float, now_wall_s: float
