@@ -463,9 +463,11 @@ class Phases:
         self.url, self.started, self.span_s = url, started, span_s
         self.rows: dict[str, list[tuple[float, float, float, float]]] = {"first": [], "last": []}
         self._prev: tuple[float, float] | None = None
+        self.by_minute: dict[int, float] = {}  # the span's minute -> RSS (MiB) at its start
 
     def sample(self, rss: int) -> None:
         now = time.monotonic()
+        self.by_minute.setdefault(int((now - self.started) // 60), rss / MIB)
         began = time.monotonic()
         text = httpx.get(self.url, timeout=10).text
         answer_s = time.monotonic() - began
@@ -490,6 +492,8 @@ class Phases:
             self.rows["last"].append(row)
 
     def report(self) -> None:
+        minutes = ", ".join(f"{m}: {v:.1f}" for m, v in sorted(self.by_minute.items()))
+        print(f"rss by minute of the span (MiB): {minutes}")
         for phase, rows in self.rows.items():
             if not rows:
                 continue
