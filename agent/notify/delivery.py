@@ -179,9 +179,8 @@ class DeliveryWorker:
             lanes: dict[LaneKey, list[OutboxItem]] = {}
             for item in items:
                 lanes.setdefault((item.notifier, item.event.fingerprint), []).append(item)
-            free = {
-                k: v for k, v in lanes.items() if k not in self._running and self._has_room(k[0])
-            }
+            busy = {name for name in {n for n, _ in lanes} if not self._has_room(name)}
+            free = {k: v for k, v in lanes.items() if k not in self._running and k[0] not in busy}
             if (
                 len(items) < limit
                 or sum(map(len, free.values())) >= self._batch_limit
@@ -368,6 +367,8 @@ class DeliveryWorker:
             self._outbox.mark_failed([i.id for i in dropped], reason, now, give_up=True)
             self._counts[(name, "dropped")] += len(dropped)
             self._time.forget(i.id for i in dropped)
+            gone = {i.id for i in dropped}
+            self._forget_lanes(name, dropped, keep=[i for i in rows if i.id not in gone])
             log.warning(
                 "delivery: outbox full, dropped notifications",
                 extra={"notifier": name, "items": len(dropped), "pending": count},

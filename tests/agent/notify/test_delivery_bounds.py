@@ -106,6 +106,30 @@ def test_rows_that_a_running_lane_sends_are_not_dropped_but_count(receiver: Rece
     assert sending in [f.item.event for f in outbox.finished() if f.delivered]
 
 
+def test_a_lane_whose_rows_were_all_dropped_keeps_no_backoff(receiver: Receiver) -> None:
+    """The worker forgets a dropped lane's failures: a later event of that alert goes out at
+    once instead of waiting out a backoff that no row of it holds any more."""
+    clock, outbox = FakeClock(), MemoryOutbox()
+    outbox.enqueue("hook", event(0, "info"), clock())
+    receiver.answer(503, times=1)
+
+    async def body(client: httpx.AsyncClient) -> None:
+        notifiers = {"hook": WebhookNotifier("hook", receiver.url, client)}
+        tally = Tally(worker_for(outbox, notifiers, clock, max_pending_per_notifier=2))
+        await tally.deliver()  # info fails: its lane backs off
+        for n in (1, 2):
+            outbox.enqueue("hook", event(n, "critical"), clock())
+        await tally.deliver()  # three pending, two allowed: the info row goes
+        assert tally.counts[("hook", "dropped")] == 1
+        outbox.enqueue("hook", event(0, "info", status="resolved"), clock())
+        await tally.deliver()
+        assert tally.counts[("hook", "delivered")] == 3
+        assert tally.counts[("hook", "deferred")] == 0
+
+    with_client(body)
+    assert outbox.backlog() == 0
+
+
 def test_a_bound_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="max_pending_per_notifier"):
         DeliveryWorker(MemoryOutbox(), {}, clock=FakeClock(), max_pending_per_notifier=0)
