@@ -8,16 +8,16 @@ GPU process exited) vanish with them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 import kvpilot
-from kvpilot.agent.tick.derive import EngineFigures
-from kvpilot.agent.tick.snapshot import SOURCES
+from kvpilot.agent.readings.derive import EngineFigures
+from kvpilot.agent.readings.snapshot import SOURCES
 from kvpilot.agent.tick.ticker import TickState
+from kvpilot.agent.tick.views import ServerView, SidecarCounters
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import GpuSample, NvmlSnapshot
 from kvpilot.collectors.kvpool.client import KvPoolScrape
@@ -63,35 +63,6 @@ class _Families:
 
     def __iter__(self) -> Iterator[Family]:
         return iter(self._made.values())
-
-
-@dataclass(frozen=True, slots=True)
-class ServerView:
-    """One vLLM server the agent watches: its name, role, and latest tick."""
-
-    server: str
-    role: str
-    state: TickState
-    pids: frozenset[int] = frozenset()  # the server's processes, in the agent's namespace
-
-    @property
-    def labels(self) -> tuple[str, str]:
-        return (self.server, self.role)
-
-
-@dataclass(frozen=True, slots=True)
-class SidecarCounters:
-    """What the sidecar adds to the agent's metrics, read by the exposition."""
-
-    alerts_by_state: tuple[tuple[tuple[str, str, str], int], ...]  # (alertname, state, sev)
-    outbox_backlog: int | None
-    notifications_total: tuple[tuple[tuple[str, str], int], ...]  # (notifier, outcome)
-    remediations_total: tuple[tuple[tuple[str, str], int], ...]  # (server, decision)
-    breakers_open: tuple[tuple[str, bool], ...]
-    remediation_in_progress: bool
-    tick_overruns_total: int = 0
-    task_failures_total: tuple[tuple[str, int], ...] = ()  # (task, failures)
-    state_write_errors_total: tuple[tuple[str, int], ...] = ()  # (reason, failed writes)
 
 
 class ReloadOutcome(Protocol):

@@ -25,7 +25,7 @@ from kvpilot.agent.cli import tune_cmd as tune_cli
 from kvpilot.agent.cli import workload_cmd as workload_cli
 from kvpilot.agent.cli.config_load import INVALID_CONFIG_EXIT
 from kvpilot.agent.config.agent import DEFAULT_PORT, parse_host_port
-from kvpilot.agent.tick.snapshot import read_nvml
+from kvpilot.agent.readings.snapshot import read_nvml
 from kvpilot.agent.tick.wiring import CollectSettings, build_ticker
 from kvpilot.collectors.limits import (
     DEFAULT_BODY_SIZE_LIMIT_BYTES,

@@ -10,9 +10,9 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from kvpilot.agent.readings.derive import EngineFigures
+from kvpilot.agent.readings.snapshot import Snapshot
 from kvpilot.agent.tick.calibration import EngineCalibration
-from kvpilot.agent.tick.derive import EngineFigures
-from kvpilot.agent.tick.snapshot import Snapshot
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import NvmlSnapshot
 from kvpilot.collectors.kvpool.client import KvBlockSample, KvPoolScrape

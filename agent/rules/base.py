@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kvpilot.agent.model import Condition, Instance, Labels, labels_of
-from kvpilot.agent.tick.derive import EngineFigures
-from kvpilot.agent.tick.snapshot import Snapshot
+from kvpilot.agent.readings.derive import EngineFigures
+from kvpilot.agent.readings.snapshot import Snapshot
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.kvpool.client import KvBlockSample
 from kvpilot.collectors.vllm_metrics import EngineSample

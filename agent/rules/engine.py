@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 
 from kvpilot.agent.model import Condition, Instance, labels_of
+from kvpilot.agent.readings.derive import EngineFigures
+from kvpilot.agent.readings.snapshot import Snapshot
 from kvpilot.agent.rules.base import Rule, RuleContext
 from kvpilot.agent.rules.config import RulesConfig
 from kvpilot.agent.rules.fragmentation import FragmentationRule
@@ -13,8 +15,6 @@ from kvpilot.agent.rules.preemption import PreemptionSpikeRule
 from kvpilot.agent.rules.saturation import KvSaturationRule
 from kvpilot.agent.rules.server_down import ServerDownRule
 from kvpilot.agent.rules.stall import EngineStallRule
-from kvpilot.agent.tick.derive import EngineFigures
-from kvpilot.agent.tick.snapshot import Snapshot
 from kvpilot.collectors.window import RollingWindow
 
 log = logging.getLogger(__name__)

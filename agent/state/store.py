@@ -20,8 +20,8 @@ from typing import Any, Literal, get_args
 from kvpilot.agent.alerts import AlertRow, Silence
 from kvpilot.agent.config import RetentionConfig
 from kvpilot.agent.model import Labels
-from kvpilot.agent.remediation.decision import Decision, read_decision
 from kvpilot.agent.state.db import DEFAULT_BUSY_TIMEOUT_S, Database
+from kvpilot.agent.state.decision import Decision, read_decision
 from kvpilot.agent.state.lock import StateLock
 from kvpilot.agent.state.outbox import SqliteOutbox
 from kvpilot.collectors.secrets import mask, mask_text

@@ -30,10 +30,10 @@ from collections.abc import Callable, Mapping, Sequence
 import httpx
 
 from kvpilot.agent.alerts import AlertTracker, AlertTransition
-from kvpilot.agent.app.exposition import ServerView, SidecarCounters
 from kvpilot.agent.config import AgentConfig, NotifierConfig
 from kvpilot.agent.model import AlertEvent, Condition, Instance, Labels
 from kvpilot.agent.notify import DeliveryWorker, Notifier
+from kvpilot.agent.readings.snapshot import NvmlReading, read_nvml
 from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.remediation.remediator import RemediationOutcome
 from kvpilot.agent.rules.config import RulesConfig
@@ -48,13 +48,13 @@ from kvpilot.agent.tick.calibration import model_config_of
 from kvpilot.agent.tick.external_labels import outgoing
 from kvpilot.agent.tick.overruns import TickOverruns
 from kvpilot.agent.tick.pages import RemediationPages
-from kvpilot.agent.tick.snapshot import NvmlReading, read_nvml
 from kvpilot.agent.tick.ticker import Ticker
 from kvpilot.agent.tick.tuning_figures import (
     DEFAULT_TUNING_REFRESH_S,
     TuningFiguresCache,
     live_flags,
 )
+from kvpilot.agent.tick.views import ServerView, SidecarCounters
 from kvpilot.agent.tick.wiring import CollectSettings, build_ticker, scrape_limits
 from kvpilot.agent.tuning.promoted import running_flags_source
 from kvpilot.collectors.errors import SourceError

@@ -12,9 +12,9 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from kvpilot.agent.readings.derive import EngineFigures, derive_figures
+from kvpilot.agent.readings.snapshot import SOURCES, NvmlReading, Snapshot, SnapshotTaker
 from kvpilot.agent.tick.calibration import EngineCalibration, PlannerCheck
-from kvpilot.agent.tick.derive import EngineFigures, derive_figures
-from kvpilot.agent.tick.snapshot import SOURCES, NvmlReading, Snapshot, SnapshotTaker
 from kvpilot.collectors.checks import Refused
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.kvpool.client import KvBlockSample, KvPoolScrape

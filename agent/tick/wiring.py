@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 
 from kvpilot.agent.config import AgentConfig
+from kvpilot.agent.readings.snapshot import SnapshotTaker
 from kvpilot.agent.tick.calibration import PlannerCheck
-from kvpilot.agent.tick.snapshot import SnapshotTaker
 from kvpilot.agent.tick.ticker import Ticker
 from kvpilot.collectors.kvpool.client import KvPoolSource
 from kvpilot.collectors.limits import ScrapeLimits

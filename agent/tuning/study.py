@@ -11,6 +11,7 @@ from pathlib import Path
 
 from kvpilot.agent.config import AgentConfig, InstanceConfig, LocalRuntimeConfig
 from kvpilot.agent.config.tuning import TuningConfig
+from kvpilot.agent.model_files import find_model_config
 from kvpilot.agent.runtimes.k8s_traffic import TrafficSplit
 from kvpilot.agent.runtimes.local import LocalInstanceSpec
 from kvpilot.agent.state.db import Database
@@ -19,7 +20,6 @@ from kvpilot.agent.tuning.gpu_bounds import GpuMemory as GpuMemory
 from kvpilot.agent.tuning.gpu_bounds import canary_strategy, server_device_memory_bytes
 from kvpilot.agent.tuning.gpu_bounds import read_gpu as read_gpu
 from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
-from kvpilot.agent.tuning.model_files import find_model_config
 from kvpilot.agent.tuning.observer import LoadObserver
 from kvpilot.agent.tuning.promoted import tuned_instance
 from kvpilot.agent.tuning.workload_choice import WorkloadChoice, choose_workload

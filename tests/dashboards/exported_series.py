@@ -25,8 +25,8 @@ from kvpilot.agent.app.exposition import (
     tuning_families,
 )
 from kvpilot.agent.config.agent import ListenConfig
-from kvpilot.agent.tick.derive import EngineFigures
-from kvpilot.agent.tick.snapshot import Snapshot
+from kvpilot.agent.readings.derive import EngineFigures
+from kvpilot.agent.readings.snapshot import Snapshot
 from kvpilot.agent.tick.ticker import TickState
 from kvpilot.collectors.fragmentation import kv_blocks_fragmentation
 from kvpilot.collectors.gpu_samples import GpuProcess, GpuSample, NvmlSnapshot

@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvpilot.agent.config.remediation import OomConfig
+from kvpilot.agent.model_files import find_model_config
 from kvpilot.agent.remediation.oom.guard import RangeFor
 from kvpilot.agent.remediation.oom.step import NoStep, memory_knob
-from kvpilot.agent.tuning.model_files import find_model_config
 from kvpilot.collectors.vllm_argv import flag_value, parse_server_argv
 from kvpilot.tuner.planner.preflight import KnobRange, kv_bytes_range, utilization_range
 

@@ -8,8 +8,8 @@ from starlette.testclient import TestClient
 
 from kvpilot.agent.app.exposition import build_registry, single_server
 from kvpilot.agent.app.http import build_app
-from kvpilot.agent.tick.derive import EngineFigures
-from kvpilot.agent.tick.snapshot import Snapshot
+from kvpilot.agent.readings.derive import EngineFigures
+from kvpilot.agent.readings.snapshot import Snapshot
 from kvpilot.agent.tick.ticker import TickState
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.fragmentation import kv_blocks_fragmentation

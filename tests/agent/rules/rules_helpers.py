@@ -6,8 +6,8 @@ import dataclasses
 from collections.abc import Sequence
 
 from kvpilot.agent.model import Condition, Instance
+from kvpilot.agent.readings.snapshot import Snapshot
 from kvpilot.agent.rules.base import Rule, RuleContext
-from kvpilot.agent.tick.snapshot import Snapshot
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.fragmentation import kv_blocks_fragmentation
 from kvpilot.collectors.gpu_samples import GpuProcess, GpuSample, NvmlSnapshot

@@ -9,8 +9,8 @@ from rich.console import Console
 
 from kvpilot.agent.app.exposition import build_registry, single_server
 from kvpilot.agent.cli.report import render
+from kvpilot.agent.readings.snapshot import Snapshot
 from kvpilot.agent.tick.calibration import PlannerCheck, model_config_of
-from kvpilot.agent.tick.snapshot import Snapshot
 from kvpilot.agent.tick.ticker import TickState
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.vllm_metrics import VllmScrape, parse_vllm_metrics

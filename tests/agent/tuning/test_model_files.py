@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpilot.agent.tuning.model_files import ModelConfigNotFound, find_model_config, hub_cache
+from kvpilot.agent.model_files import ModelConfigNotFound, find_model_config, hub_cache
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

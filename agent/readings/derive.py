@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvpilot.agent.tick.snapshot import Snapshot
+from kvpilot.agent.readings.snapshot import Snapshot
 from kvpilot.collectors.histogram import quantile
 from kvpilot.collectors.vllm_metrics import VllmScrape
 from kvpilot.collectors.window import RollingWindow

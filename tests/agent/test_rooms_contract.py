@@ -1,0 +1,62 @@
+"""The agent's rooms run one way (pyproject.toml's `agent-rooms` layers contract): it holds for
+the tree as it is, and breaks when a room imports a room above it or a sibling."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+FOLDERS = ("agent", "collectors", "rig", "tuner", "dashboards")
+
+
+def _package(tmp_path: Path) -> Path:
+    """The top-level folders laid out as one `kvpilot` package, as scripts/lint-imports does."""
+    package = tmp_path / "kvpilot"
+    package.mkdir()
+    shutil.copy(ROOT / "kvpilot_ns" / "__init__.py", package)
+    for folder in FOLDERS:
+        shutil.copytree(
+            ROOT / folder, package / folder, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    return package
+
+
+def _rooms_contract(tree: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", "--contract", "agent-rooms"],
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        cwd=ROOT,  # lint-imports reads the contracts from ./pyproject.toml
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_rooms_contract_holds(tmp_path: Path) -> None:
+    _package(tmp_path)
+    result = _rooms_contract(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 kept, 0 broken" in result.stdout
+
+
+def test_the_rooms_contract_breaks_on_an_upward_or_sideways_import(tmp_path: Path) -> None:
+    package = _package(tmp_path)
+    # The rules read the tick's values from below it; importing the tick itself goes up.
+    (package / "agent" / "rules" / "planted_up.py").write_text(
+        "from kvpilot.agent.tick import sidecar\n"
+    )
+    # The notifiers and the runtimes are siblings: neither imports the other.
+    (package / "agent" / "notify" / "planted_sideways.py").write_text(
+        "from kvpilot.agent.runtimes import base\n"
+    )
+    result = _rooms_contract(tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "0 kept, 1 broken" in result.stdout
+    assert "kvpilot.agent.rules.planted_up -> kvpilot.agent.tick.sidecar" in result.stdout
+    assert "kvpilot.agent.notify.planted_sideways -> kvpilot.agent.runtimes.base" in result.stdout
