@@ -15,17 +15,17 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.live import Live
 
 from kvpilot.agent.app.parts import build_pod_runtime
 from kvpilot.agent.cli import workload_cmd as workload_cli
 from kvpilot.agent.cli.config_load import exit_missing_extras, load_or_exit, open_state_or_exit
+from kvpilot.agent.cli.tune_output import judging_line, print_end, print_summary, run_with_progress
 from kvpilot.agent.cli.tune_report import report
 from kvpilot.agent.config import AgentConfig, PodRuntimeConfig, secret_values
 from kvpilot.agent.config.tuning import TuningConfig
@@ -40,7 +40,6 @@ from kvpilot.agent.tuning.factory import local_adapter, stable_runtime
 from kvpilot.agent.tuning.ground import Ground, GroundStore, argv_model, server_version
 from kvpilot.agent.tuning.local import (
     STABLE_FACT,
-    StableEnd,
     end_stable,
     recover_at_startup,
     stable_owner_id,
@@ -57,14 +56,10 @@ from kvpilot.agent.tuning.study import (
     with_version,
 )
 from kvpilot.agent.tuning.workload_record import remember_workload
-from kvpilot.collectors.secrets import mask_argv, mask_text
-from kvpilot.tuner.render import format_rate, summary_line, trials_table
+from kvpilot.tuner.render import trials_table
 from kvpilot.tuner.rollout import Strategy
 from kvpilot.tuner.session import (
-    Progress,
-    SessionSummary,
     TuningBlocked,
-    TuningSession,
     dry_run,
 )
 from kvpilot.tuner.suggest import BayesianSuggester
@@ -76,6 +71,24 @@ STOP_DRAIN_S = 10.0  # a server that never became ready has no requests to drain
 
 # Each option overrides one field of the YAML's `tuning:` section (whose defaults it shows).
 _DEFAULTS = TuningConfig()
+
+
+def _bound(field: str, name: str) -> int:
+    """A bound (`ge`, `le`) of a `tuning:` field, read from the model: one source of truth."""
+    meta = TuningConfig.model_fields[field].metadata
+    return int(next(getattr(m, name) for m in meta if hasattr(m, name)))
+
+
+# Checked at the flag too, so that the error names the flag rather than the YAML.
+_WINDOWS = (_bound("windows", "ge"), _bound("windows", "le"))
+
+
+def _windows_in_range(value: int | None) -> int | None:
+    if value is not None and not _WINDOWS[0] <= value <= _WINDOWS[1]:
+        raise typer.BadParameter(
+            f"a trial observes {_WINDOWS[0]} to {_WINDOWS[1]} windows a side, not {value}"
+        )
+    return value
 
 
 @tune_app.callback(invoke_without_command=True)
@@ -94,6 +107,14 @@ def tune(
     ] = None,
     canary_cpus: Annotated[
         str | None, typer.Option(help="Pin the canary to these CPUs, e.g. '1' or '2,3'.")
+    ] = None,
+    windows: Annotated[
+        int | None,
+        typer.Option(
+            callback=_windows_in_range,
+            help=f"Replayed windows a side per trial, {_WINDOWS[0]} to {_WINDOWS[1]} "
+            f"[{_DEFAULTS.windows}]: more evidence for the judge, a window of load each.",
+        ),
     ] = None,
     requests: Annotated[int | None, typer.Option(min=1, help="Requests per window.")] = None,
     concurrency: Annotated[int | None, typer.Option(min=1, help="Concurrent requests.")] = None,
@@ -132,6 +153,7 @@ def tune(
         "max_num_seqs": max_seqs,
         "seed": seed,
         "bake": bake,
+        "windows": windows,
         "canary_cpus": _cpu_list(canary_cpus) if canary_cpus is not None else None,
         "workload": base.workload.model_copy(
             update=_given(
@@ -169,6 +191,7 @@ def tune(
         console.print(chosen.describe(), highlight=False, markup=False, soft_wrap=True)
     if study.strategy_reason is not None:
         console.print(study.strategy_reason, highlight=False, markup=False, soft_wrap=True)
+    console.print(judging_line(tuning, windows is not None), highlight=False, soft_wrap=True)
     db = open_state_or_exit(cfg)
     try:
         if dry:
@@ -273,12 +296,12 @@ async def _run(
                 study = with_version(cfg, study, version)
             if study.choice is not None:
                 remember_workload(StateStore(db), study.choice, time.time())
-            summary = await _run_with_progress(
+            summary = await run_with_progress(
                 console,
                 lambda show: make_session(study, adapter, db, on_progress=show),
                 study.tuning.trials,
             )
-            _print_summary(console, summary, adapter.stable_argv(), secrets)
+            print_summary(console, summary, adapter.stable_argv(), secrets)
             key = study.choice.key if study.choice is not None else None  # None unless learned
             ground = Ground(version, argv_model(study.configured_argv), key)
             GroundStore(db).save(name, ground, time.time())  # the ground `kvpilot run` watches
@@ -297,7 +320,7 @@ async def _run(
                 drain_timeout_s=cfg.runtime.drain_timeout_s,
             )
             StateStore(db).delete_fact(STABLE_FACT)  # ended: what runs now is not this run's
-            _print_end(console, end, config_path)
+            print_end(console, end, config_path)
     if signals.received is not None:
         print(f"kvpilot tune: stopped by {signals.received.name}", file=sys.stderr)
         raise typer.Exit(128 + signals.received)
@@ -331,18 +354,6 @@ class _Signals:
                 loop.remove_signal_handler(sig)
 
 
-def _print_end(console: Console, end: StableEnd, config_path: Path) -> None:
-    where = f"PID {end.pid}, port {end.port}"
-    lines = {
-        "stopped": f"stopped the stable server {end.name!r} this run started ({where})",
-        "kept": f"kept the stable server {end.name!r} running ({where}): "
-        f"`kvpilot run --config {config_path}` adopts it",
-        "left": f"the stable server {end.name!r} ran before this run and still runs ({where})",
-    }
-    if end.action in lines:
-        console.print(lines[end.action], highlight=False, markup=False, soft_wrap=True)
-
-
 async def _run_pod(tuner: PodTuner, study: Study, console: Console) -> None:
     """A run on the pod runtime: under the Deployment's Lease, canary Deployments, promotion
     by patching the Deployment (which replaces the pod `kvpilot tune` may be running in)."""
@@ -355,41 +366,10 @@ async def _run_pod(tuner: PodTuner, study: Study, console: Console) -> None:
             )
         for recovered in done.recovered:
             console.print(f"recovered trial {recovered.trial_id} (was {recovered.phase.value})")
-        summary = await _run_with_progress(
+        summary = await run_with_progress(
             console, lambda show: tuner.session(study, on_progress=show), study.tuning.trials
         )
-    _print_summary(console, summary, tuner.adapter.stable_argv(), secret_values(tuner.config))
-
-
-MakeSession = Callable[[Callable[[Progress], None]], TuningSession]
-
-
-async def _run_with_progress(console: Console, make: MakeSession, trials: int) -> SessionSummary:
-    """The session `make` builds (given its progress callback), run under a live line."""
-    with Live(console=console, refresh_per_second=4) as live:
-
-        def show(p: Progress) -> None:
-            shown = format_rate(p.best_goodput_tokens_per_s)
-            flags = " ".join(f"{k}={v}" for k, v in p.values)
-            live.update(
-                f"trial {p.trial_number}  {flags}  phase {p.phase.value}  best {shown} tok/s"
-            )
-
-        summary = await make(show).run(trials)
-    if not console.is_terminal:
-        console.line()  # Live leaves its last line open where output is not a terminal
-    return summary
-
-
-def _print_summary(
-    console: Console, summary: SessionSummary, stable_argv: Sequence[str], secrets: Any
-) -> None:
-    for outcome in summary.outcomes:
-        t = outcome.trial
-        reason = mask_text(str(outcome.record.reason), secrets)
-        console.print(f"trial {t.number}: {outcome.record.phase.value}: {reason}")
-    console.print(summary_line(summary))
-    console.print(f"stable flags now: {' '.join(mask_argv(stable_argv, secrets))}")
+    print_summary(console, summary, tuner.adapter.stable_argv(), secret_values(tuner.config))
 
 
 def _api_key(cfg: AgentConfig) -> str | None:

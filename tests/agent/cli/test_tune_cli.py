@@ -132,3 +132,46 @@ def test_ranges_that_are_empty_are_refused(tmp_path: Path) -> None:
     result = _tune("--config", str(_config(tmp_path)), "--dry-run", "--kv-max-bytes", "65536")
     assert result.exit_code == 2
     assert "leaves no room above the planner's minimum" in result.output
+
+
+def test_the_windows_flag_overrides_the_yaml_and_the_run_says_how_many(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvpilot.agent.cli import tune_cmd
+
+    studied: list[int] = []
+    real_build_study = tune_cmd.build_study
+
+    def recording_build_study(cfg: Any, tuning: Any, *args: Any, **kwargs: Any) -> Any:
+        studied.append(tuning.windows)  # what make_session turns into RolloutSettings.windows
+        return real_build_study(cfg, tuning, *args, **kwargs)
+
+    monkeypatch.setattr(tune_cmd, "build_study", recording_build_study)
+    path = _config(tmp_path, {"trials": 2, "windows": 3})
+    from_yaml = _tune("--config", str(path), "--dry-run")
+    assert from_yaml.exit_code == 0, from_yaml.output
+    assert "each trial: 3 replayed windows a side, judged together (tuning.windows)" in (
+        from_yaml.output
+    )
+    flagged = _tune("--config", str(path), "--dry-run", "--windows", "7")
+    assert flagged.exit_code == 0, flagged.output
+    assert "each trial: 7 replayed windows a side, judged together (--windows)" in flagged.output
+    assert studied == [3, 7]
+
+
+def test_the_windows_flag_refuses_fewer_than_one_and_more_than_the_model_allows(
+    tmp_path: Path,
+) -> None:
+    path = str(_config(tmp_path))
+    for bad in ("0", "-2", "51"):
+        result = _tune("--config", path, "--dry-run", "--windows", bad)
+        assert result.exit_code == 2, result.output
+        assert f"a trial observes 1 to 50 windows a side, not {bad}" in result.output
+        assert "Traceback" not in result.output
+
+
+def test_the_windows_flag_is_in_the_help() -> None:
+    result = _tune("--help")
+    assert result.exit_code == 0
+    assert "--windows" in result.output
+    assert "Replayed windows a side per trial, 1 to 50 [5]" in " ".join(result.output.split())
