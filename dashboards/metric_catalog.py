@@ -156,6 +156,14 @@ SPECS: tuple[MetricSpec, ...] = (
         "1 when the latest configuration reload (SIGHUP or POST /-/reload) was applied, 0 "
         "when it was refused (kvpilot runs on the configuration it had).",
     ),
+    MetricSpec(
+        "kvpilot_unattended_canaries",
+        "gauge",
+        ("deployment",),
+        "Canaries of the stable Deployment (namespace/name) that keep serving with no trial "
+        "attending them: one no trial owns, or one whose traffic could not be pulled back "
+        "(paged). 0 once cleaned up.",
+    ),
     # vLLM /metrics, per engine.
     MetricSpec("kvpilot_vllm_info", "info", (*SERVER, "version"), "The vLLM server's version."),
     MetricSpec("kvpilot_kv_usage_ratio", "gauge", ENGINE, "KV-cache usage, 0..1 (vLLM's figure)."),

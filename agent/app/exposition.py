@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 import kvpilot
 from kvpilot.agent.readings.derive import EngineFigures
 from kvpilot.agent.readings.snapshot import SOURCES
+from kvpilot.agent.runtimes.k8s_unattended import UNATTENDED
 from kvpilot.agent.tick.ticker import TickState
 from kvpilot.agent.tick.views import ServerView, SidecarCounters
 from kvpilot.collectors.errors import SourceError
@@ -228,9 +229,12 @@ def _figures(out: _Families, server: tuple[str, str], f: EngineFigures) -> None:
 
 
 def sidecar_families(
-    counters: Callable[[], SidecarCounters], reloads: ReloadOutcome | None = None
+    counters: Callable[[], SidecarCounters],
+    reloads: ReloadOutcome | None = None,
+    unattended: Callable[[], Iterable[tuple[str, float]]] = UNATTENDED.series,
 ) -> Callable[[_Families], None]:
-    """The sidecar loop's own families: alerts, outbox, notifications, remediation, reloads."""
+    """The sidecar loop's own families: alerts, outbox, notifications, remediation, reloads,
+    and the canaries left serving with nobody attending them (per Deployment)."""
 
     def add(out: _Families) -> None:
         c = counters()
@@ -252,6 +256,8 @@ def sidecar_families(
         # Without a reloader, the configuration kvpilot started with is the one loaded: 1.
         reloaded = reloads is None or reloads.last_successful
         out.add("kvpilot_config_last_reload_successful", (), 1.0 if reloaded else 0.0)
+        for deployment, count in unattended():
+            out.add("kvpilot_unattended_canaries", (deployment,), count)
 
     return add
 
