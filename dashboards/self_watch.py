@@ -1,5 +1,6 @@
 """Rules that watch kvpilot itself: no target up, one target down, a collector down, the
-outbox, the circuit breaker, its failure counters and a refused reload."""
+outbox, the circuit breaker, its failure counters, a refused reload and a canary left serving
+with nobody attending it."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class SelfWatch:
     overrun_ratio: float = 0.1  # of ticks
     overrun_for_s: float = 600.0
     reload_failed_for_s: float = 300.0
+    unattended_canary_for_s: float = 0.0  # its share of live traffic is at stake now
 
 
 def _moved(counter: str, window: str) -> str:
@@ -139,5 +141,15 @@ def self_watch_rules(watch: SelfWatch, ctx: AlertContext) -> list[dict[str, Any]
             "kvpilot on {{ $labels.instance }} refused its reloaded configuration",
             "The file kvpilot reads is invalid: it runs on the configuration it had, and "
             "would not start on the file as it is.",
+        ),
+        rule(
+            "KvpilotUnattendedCanary",
+            "kvpilot_unattended_canaries > 0",
+            watch.unattended_canary_for_s,
+            "critical",
+            "A canary of {{ $labels.deployment }} serves with nobody attending it "
+            "(kvpilot on {{ $labels.instance }})",
+            "kvpilot found a canary no trial owns, or could not take the canary's share of "
+            "live traffic back: it keeps serving that share until it is cleaned up.",
         ),
     ]

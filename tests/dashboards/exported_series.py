@@ -27,6 +27,7 @@ from kvpilot.agent.app.exposition import (
 from kvpilot.agent.config.agent import ListenConfig
 from kvpilot.agent.readings.derive import EngineFigures
 from kvpilot.agent.readings.snapshot import Snapshot
+from kvpilot.agent.runtimes.k8s_unattended import UnattendedCanaries
 from kvpilot.agent.tick.ticker import TickState
 from kvpilot.collectors.fragmentation import kv_blocks_fragmentation
 from kvpilot.collectors.gpu_samples import GpuProcess, GpuSample, NvmlSnapshot
@@ -187,7 +188,10 @@ def agent_exposition(*, kvpool: bool = True) -> str:
         tuning_metrics.LiveFlags("vllm", "--max-num-seqs 16", tuning_metrics.FlagSource.PROMOTED)
     ]
     families = tuning_metrics.tuning_families(trials, live)
-    own = sidecar_families(_counters)
+    # A canary the pod runtime could not take traffic back from, as the tuner marks it.
+    unattended = UnattendedCanaries()
+    unattended.mark("serving/vllm")
+    own = sidecar_families(_counters, unattended=unattended.series)
 
     def extra(out: object) -> None:
         own(out)  # type: ignore[arg-type]

@@ -348,6 +348,22 @@ def _reload(watch: SelfWatch, timing: Timing) -> _Case:
     return case
 
 
+def _unattended(watch: SelfWatch, timing: Timing) -> _Case:
+    case = _Case(timing.scrape_interval_s, "KvpilotUnattendedCanary")
+    for_s = timing.for_s(watch.unattended_canary_for_s)
+    attended, total = 4, 4 + case.scrapes(for_s) + 6
+    left = pick(_agent("a"), "kvpilot_unattended_canaries")
+    case.feed(left, [0.0] * attended + [1.0] * (total - attended))
+    case.feed(pick(_agent("b"), "kvpilot_unattended_canaries"), [0.0] * total)
+    # Found by a sweep and cleaned up by it: marked for one scrape, then 0.
+    swept = pick(_agent("c"), "kvpilot_unattended_canaries")
+    case.feed(swept, [0.0] * attended + [1.0] + [0.0] * (total - attended - 1))
+    left_s = attended * case.scrape_s
+    case.expect(left_s + for_s - case.scrape_s)
+    case.expect(left_s + for_s + 2 * case.scrape_s, left.alert_labels(severity="critical"))
+    return case
+
+
 def alert_cases(config: RulesConfig, scrape_interval_s: float) -> dict[str, Any]:
     """promtool's test file for the rules generated at `scrape_interval_s`, beside it."""
     timing = Timing(scrape_interval_s)
@@ -380,6 +396,7 @@ def alert_cases(config: RulesConfig, scrape_interval_s: float) -> dict[str, Any]
         ),
         _overruns(watch, timing),
         _reload(watch, timing),
+        _unattended(watch, timing),
     ]
     return {
         "rule_files": ["kvpilot.rules.yaml"],

@@ -38,6 +38,7 @@ SELF_ALERTS = {
     "KvpilotBackgroundTaskFailed",
     "KvpilotTickOverruns",
     "KvpilotConfigReloadFailed",
+    "KvpilotUnattendedCanary",
 }
 SCRAPE_INTERVALS_S = (15.0, 30.0)
 _RANGE = re.compile(r"\[(\d+)s\]")
@@ -60,7 +61,7 @@ def test_promtool_check_rules_accepts_the_generated_rules(tmp_path: Path, scrape
     path.write_text(rules.rules_file())
     result = promtool("check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 19 rules found" in result.stdout
+    assert "SUCCESS: 20 rules found" in result.stdout
 
 
 def test_the_default_scrape_interval_is_the_shipped_service_monitors() -> None:
