@@ -26,6 +26,7 @@ from kvpilot.agent.runtimes.k8s_api import (
 from kvpilot.agent.runtimes.k8s_edits import EditedMeanwhile
 from kvpilot.agent.runtimes.k8s_lease import LeaseRecord
 from kvpilot.agent.runtimes.k8s_traffic import GatewayWeights, ServiceShare, TrafficSplit
+from kvpilot.agent.runtimes.k8s_unattended import UNATTENDED, UnattendedCanaries
 from kvpilot.agent.runtimes.k8s_values import KubernetesTarget
 from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime, PromotionNotApplied
 from kvpilot.agent.tuning.live_observer import describe
@@ -47,8 +48,10 @@ class KubernetesTunerAdapter:
         drain_timeout_s: float = 30.0,
         remediation_in_progress: Callable[[], bool] = lambda: False,
         traffic: TrafficSplit | None = None,
+        unattended: UnattendedCanaries = UNATTENDED,
     ) -> None:
         self._runtime = runtime
+        self._unattended = unattended  # exported: a canary left serving pages a person
         self._drain_s = drain_timeout_s
         self._remediating = remediation_in_progress
         self._traffic = traffic  # live traffic: taken back before the canary goes
@@ -60,6 +63,10 @@ class KubernetesTunerAdapter:
         self._runtime.edits.forget()  # edits before this run are not edits during a trial
         async with self._runtime.lease.held() as record:
             yield record
+
+    @property
+    def _deployment(self) -> str:
+        return f"{self._runtime.target.namespace}/{self._runtime.target.deployment}"
 
     def stable_argv(self) -> tuple[str, ...]:
         stable = next(i for i in self._runtime.instances() if i.role == "stable")
@@ -95,11 +102,13 @@ class KubernetesTunerAdapter:
             shares = await self._pull_back(self._traffic)
             self.pulled_back.append(describe(shares))
             if shares.canary_percent > 0:
+                self._unattended.mark(self._deployment)
                 raise RuntimeFailure(
                     f"the canary keeps running: the split still sends it traffic "
                     f"({describe(shares)})"
                 )
         await self._runtime.stop(self._runtime.target.canary_name, drain_timeout_s=self._drain_s)
+        self._unattended.clear(self._deployment)
 
     async def _pull_back(self, traffic: TrafficSplit) -> Any:
         """The canary's share back to the stable pods, tried PULL_BACK_TRIES times (a 403,
@@ -125,6 +134,7 @@ class KubernetesTunerAdapter:
                     PULL_BACK_TRIES,
                     failure,
                 )
+                self._unattended.mark(self._deployment)
                 raise RuntimeFailure(
                     "the canary keeps running: its share of the traffic could not be sent "
                     f"back to the stable pods ({failure})"
@@ -139,6 +149,7 @@ class KubernetesTunerAdapter:
         if canary is None:
             return None
         log.warning("a canary no trial owns was found (%s): cleaning it up", canary)
+        self._unattended.mark(self._deployment)  # until it is gone
         await self.stop_canary()
         pulled = f"; traffic: {self.pulled_back[-1]}" if self._traffic is not None else ""
         return f"removed the orphaned canary {canary}{pulled}"
