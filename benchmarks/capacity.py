@@ -37,7 +37,8 @@ SLO = Slo(ttft_p95_s=2.0, inter_token_p95_s=0.1)
 TIE_RATIO = 0.05
 
 
-def _records(report: LoadReport) -> list[dict[str, object]]:
+def request_records(report: LoadReport) -> list[dict[str, object]]:
+    """Each request of a window: TTFT, mean inter-token gap, error (for the JSON lines)."""
     return [
         {
             "ttft_s": r.ttft_s,
@@ -55,7 +56,8 @@ async def _capacity(url: str, window_s: float, start_rps: float, out: Path, labe
         workload = replace(WORKLOAD, num_requests=max(8, round(rate * window_s)), rate_rps=rate)
         report = await run_load(url, workload, model="tiny-llama")
         with out.open("a") as f:
-            f.write(json.dumps({"config": label, "rate_rps": rate, "requests": _records(report)}))
+            record = {"config": label, "rate_rps": rate, "requests": request_records(report)}
+            f.write(json.dumps(record))
             f.write("\n")
         return report
 

@@ -13,6 +13,11 @@ Two modes:
   `--rates 1,1.5,2.25` sends each landscape's requests open-loop (Poisson arrivals) at
   each rate instead of all at once, one table per landscape and rate (`at_rate`); no
   such table is committed yet (measuring them takes hours on the CPU vLLM).
+  `--capacity` measures each cell's capacity at each landscape's SLO instead
+  (`tuner_capacity.py`: the ladder of tuner/capacity.py, `--window-s` windows from
+  `--start-rps`), one table per landscape, `landscape_<name>-capacity.csv` in `--out-dir`
+  (default `benchmarks/data/`), with a `capacity_rps` column and the windows' per-request
+  records beside it; replay it with `--table`.
 * replay (the default): run each strategy over each table many times, a trial drawing one
   measured window of the cell it asks for (`tuner_noise`, `tuner_strategies`). Prints, per
   landscape and strategy, the regret of the configuration it would recommend after 4, 8
@@ -26,12 +31,14 @@ Two modes:
   mirror reuses the measurements and is counted as a landscape of its own, said so in the
   output. `--table PATH` (repeatable) replays any table in this CSV format, judged the same
   way (the built-in landscapes then only with `--landscapes`). `--passes 3` replays one
-  pass alone.
+  pass alone. A table with a `capacity_rps` column is scored by capacity at the SLO,
+  memory priced (the least KV budget within 5 % of the best capacity), else by goodput.
 
     .venv/bin/python benchmarks/tuner_efficiency.py --measure   # the committed tables
     .venv/bin/python benchmarks/tuner_efficiency.py             # replay every landscape
     .venv/bin/python benchmarks/tuner_efficiency.py --quick     # CI: one seed, 8 trials
     .venv/bin/python benchmarks/tuner_efficiency.py --table gpu.csv   # a table from elsewhere
+    .venv/bin/python benchmarks/tuner_efficiency.py --measure --capacity --landscapes chat
 
 `MEASURE_WORKLOAD`, `MEASURE_SLO`, `load_table` and `table_space` also describe the older
 single grid (`data/tuner_grid.csv`) that `scripts/record_tuning_fixture.py` replays.
@@ -48,7 +55,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, when imported
 
 from tuner_goals import Source, replay_tables
-from tuner_landscapes import BY_NAME, BYTES_PER_BLOCK, at_rate
+from tuner_landscapes import BY_NAME, BYTES_PER_BLOCK, DATA, Landscape, at_rate
 from tuner_replay import Cell, load_table, table_space
 
 from kvpilot.tuner.loadgen import LengthDist, Workload
@@ -73,6 +80,55 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def _measure_capacity(args: argparse.Namespace, names: list[str], chosen: list[Landscape]) -> int:
+    """`--measure --capacity`: the tables of `tuner_capacity`, resumable as the goodput mode."""
+    from tuner_capacity import LadderSettings, measure_capacity
+    from tuner_measure import Pinning
+
+    try:
+        settings = LadderSettings(args.window_s, args.start_rps)
+    except ValueError as exc:
+        print(
+            f"error: --window-s {args.window_s:g} --start-rps {args.start_rps:g}: {exc}",
+            file=sys.stderr,
+        )
+        return 2
+    pinning = Pinning(tuple(_ints(args.server_cpus)), tuple(_ints(args.loadgen_cpus)))
+    explicit = [
+        "benchmarks/tuner_efficiency.py",
+        "--measure",
+        "--capacity",
+        "--landscapes",
+        ",".join(names),
+        "--kv-blocks",
+        args.kv_blocks,
+        "--seqs",
+        args.seqs,
+        "--window-s",
+        f"{args.window_s:g}",
+        "--start-rps",
+        f"{args.start_rps:g}",
+        "--server-cpus",
+        args.server_cpus,
+        "--loadgen-cpus",
+        args.loadgen_cpus,
+        "--pass",
+        str(args.pass_),
+    ]
+    command = " ".join(shlex.quote(a) for a in explicit)
+    measure_capacity(
+        chosen,
+        _ints(args.kv_blocks),
+        _ints(args.seqs),
+        settings,
+        pinning,
+        f".venv/bin/python {command}",
+        args.out_dir,
+        args.pass_,
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
@@ -86,6 +142,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="measure: open-loop arrival rates (requests/s), one table per landscape and rate",
     )
     parser.add_argument("--repeats", type=int, default=3, help="windows per landscape and cell")
+    parser.add_argument(
+        "--capacity", action="store_true", help="measure: each cell's capacity at the SLO"
+    )
+    parser.add_argument("--window-s", type=float, default=30.0, help="capacity: seconds a window")
+    parser.add_argument("--start-rps", type=float, default=2.0, help="capacity: the first rate")
+    parser.add_argument(
+        "--out-dir", type=Path, default=DATA, help="capacity: where its tables are written"
+    )
     parser.add_argument("--pass", dest="pass_", type=int, default=1, help="1, 2, ...: again")
     parser.add_argument(
         "--shuffled", action="store_true", help="measure the cells in an order shuffled by pass"
@@ -119,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown landscape(s) {', '.join(unknown)}; known: {', '.join(BY_NAME)}")
     chosen = [BY_NAME[n] for n in names]
+    if args.measure and args.capacity:
+        return _measure_capacity(args, names, chosen)
     if args.measure:
         try:
             rates = [float(r) for r in args.rates.split(",") if r.strip()]

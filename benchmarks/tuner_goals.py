@@ -24,7 +24,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner_noise import Key, NoisyTable, TableError, full_grid, load_noisy, mirrored, rows_of
+from tuner_noise import (
+    CAPACITY_COLUMN,
+    Key,
+    NoisyTable,
+    TableError,
+    full_grid,
+    load_noisy,
+    mirrored,
+    rows_of,
+    scored_by_capacity,
+)
 from tuner_regret import GOAL_SHARE, GOAL_TRIALS, Landscape, paired_p, replay_landscape
 from tuner_replay import excluded_passes, load_table, measured_seconds, missing_cells, pass_cells
 from tuner_strategies import OPTUNA_STRATEGIES, STRATEGIES, optuna_missing
@@ -108,9 +118,9 @@ def report(ls: Landscape, checkpoints: Sequence[int], missing_optuna: str | None
         return f"kv={key[0] // kib} KiB seqs={key[1]}"
 
     lines = [
-        f"landscape {ls.name}: {ls.cells} cells, {ls.feasible} feasible; best goodput "
-        f"{ls.top_goodput:.0f} tok/s at {at(ls.top)}; memory-priced best "
-        f"{ls.best_goodput:.0f} tok/s at {at(ls.best)}",
+        f"landscape {ls.name}: {ls.cells} cells, {ls.feasible} feasible; best {ls.score_name} "
+        f"{ls.score_text(ls.top_goodput)} at {at(ls.top)}; memory-priced best "
+        f"{ls.score_text(ls.best_goodput)} at {at(ls.best)}",
         "  "
         + f"{'strategy':<11}"
         + "".join(f"{f'regret@{k}':>10}" for k in checkpoints)
@@ -191,6 +201,11 @@ def prepared(source: Source, passes: set[int] | None) -> tuple[NoisyTable | None
         for n, cells in sorted(counts.items())
     )
     lines = [f"landscape {name}: windows pooled over the complete passes ({note})"]
+    if scored_by_capacity(path):
+        lines.append(
+            f"  scored by capacity at the SLO ({CAPACITY_COLUMN}, req/s), memory priced: "
+            "the least KV budget within 5 % of the best capacity; a trial draws one ladder"
+        )
     if passes is not None and not complete:
         return None, [*lines, f"  {name}: not judged (no complete pass among those asked for)"]
     noisy = {k: c for k, c in load_noisy(path, complete or None).items() if k in grid}
@@ -231,11 +246,14 @@ def replay_tables(
         print("\n".join(lines), flush=True)
         if noisy is None:
             continue
+        by_capacity = scored_by_capacity(source.path)
         variants = [(source.name, noisy)] if mirror != "only" else []
         if mirror != "none":
             variants.append((f"{source.name}-mirrored", mirrored(noisy)))
         for name, table in variants:
-            ls = replay_landscape(name, table, seeds, checkpoints, strategies)
+            ls = replay_landscape(
+                name, table, seeds, checkpoints, strategies, by_capacity=by_capacity
+            )
             print("\n".join(report(ls, checkpoints, missing_optuna)), flush=True)
             done.append(ls)
     print("\n".join(summary(done, mirror != "none", missing_optuna)))

@@ -221,18 +221,21 @@ def measured_cells(path: Path, pass_: int = 1) -> set[tuple[int, int]]:
     }
 
 
-def _header(path: Path) -> tuple[str, ...]:
+def _header(path: Path) -> Sequence[str]:
     lines = (line for line in path.read_text().splitlines() if not line.startswith("#"))
     return tuple(next(csv.reader(lines), COLUMNS))
 
 
-def append_row(path: Path, header: Sequence[str], row: dict[str, str]) -> None:
-    """Append one cell; a new file first gets the header comment lines and the CSV header."""
+def append_row(
+    path: Path, header: Sequence[str], row: dict[str, str], columns: Sequence[str] = COLUMNS
+) -> None:
+    """Append one cell; a new file first gets the header comment lines and the CSV header
+    (`columns`: the committed ones, or those plus a mode's own, such as capacity's)."""
     new = not path.is_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     # A table begun before a column was added keeps its header: rows appended to it leave
     # the new column out rather than shift every value after it.
-    fields = COLUMNS if new else _header(path)
+    fields = columns if new else _header(path)
     with path.open("a", newline="") as handle:
         if new:
             handle.writelines(f"# {line}\n" for line in header)

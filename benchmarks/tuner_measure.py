@@ -95,7 +95,8 @@ async def measure_window(
     return evaluate(measurement, landscape.slo), _hit_ratio(scrapes)
 
 
-def _spec(kv_bytes: int, seqs: int, pinning: Pinning) -> ServerSpec:
+def cell_spec(kv_bytes: int, seqs: int, pinning: Pinning) -> ServerSpec:
+    """One cell's server: its knobs, pinned, with the flags every landscape is measured under."""
     bind = ",".join(str(c) for c in pinning.server_cpus)
     return ServerSpec(
         port=free_port(),
@@ -126,7 +127,7 @@ def measure_cell(
     kv_bytes: int, seqs: int, landscapes: Sequence[Landscape], repeats: int, pinning: Pinning
 ) -> dict[str, Windows]:
     """Start one server with these knobs and measure each landscape `repeats` times."""
-    server = VllmServer(_spec(kv_bytes, seqs, pinning))
+    server = VllmServer(cell_spec(kv_bytes, seqs, pinning))
     out: dict[str, Windows] = {}
     started = time.monotonic()
     server.start()

@@ -11,12 +11,19 @@ says so window by window ("1;0;1"). The committed tables predate it and keep onl
 drawn independently of its goodput (the count is all the table knows; a feasible window is
 not assumed to be the faster one). A table without `goodput_windows` (one measured
 elsewhere) has one window a cell: its median row, so its replay carries no noise.
+
+A table with a `capacity_rps` column (the measure's capacity mode) is scored by capacity at
+the SLO instead of goodput: a cell's score, the slot every strategy maximises and the
+memory pricing compares (`Cell.goodput_tokens_per_s`, `Window.goodput_tokens_per_s`), is
+then its capacity in requests per second; a row is one ladder (one pass), the window a
+trial draws; a cell is feasible when most of its ladders held some rate.
 """
 
 from __future__ import annotations
 
 import csv
 import random
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +39,8 @@ REQUIRED_COLUMNS = (
     "feasible",
     "reason",
 )
+
+CAPACITY_COLUMN = "capacity_rps"
 
 Key = tuple[int, int]  # (kv_cache_memory_bytes, max_num_seqs)
 
@@ -76,6 +85,7 @@ def rows_of(path: Path) -> list[dict[str, str]]:
             int(row["kv_cache_memory_bytes"]), int(row["max_num_seqs"]), int(row.get("pass") or 1)
             float(row["goodput_tokens_per_s"] or 0.0)
             [float(g) for g in (row.get("goodput_windows") or "").split(";") if g]
+            float(row.get(CAPACITY_COLUMN) or 0.0)
         except (TypeError, ValueError) as exc:
             raise TableError(f"{path}: row {number}: {exc}") from exc
     return rows
@@ -99,9 +109,33 @@ def _windows(row: Mapping[str, str]) -> tuple[Window, ...]:
     return tuple(Window(g, ratio) for g in goodputs)
 
 
+def scored_by_capacity(path: Path) -> bool:
+    """Whether the table holds capacities at the SLO (`capacity_rps`), the replay's score."""
+    lines = (line for line in path.read_text().splitlines() if not line.startswith("#"))
+    return CAPACITY_COLUMN in next(csv.reader(lines), [])
+
+
+def _capacity_cell(rows: Sequence[Mapping[str, str]]) -> NoisyCell:
+    """One cell of a capacity table: a window per ladder, the truth their median."""
+    capacities = [float(r[CAPACITY_COLUMN]) if r[CAPACITY_COLUMN] else None for r in rows]
+    held = [c for c in capacities if c is not None]
+    feasible = 2 * len(held) > len(capacities)
+    reason = "" if feasible else next((r["reason"] for r in rows if r["reason"]), "no rate held")
+    truth = Cell(statistics.median(held) if held else None, feasible, reason)
+    return NoisyCell(truth, tuple(Window(c, float(c is not None)) for c in capacities))
+
+
 def load_noisy(path: Path, passes: set[int] | None = None) -> NoisyTable:
-    """Every cell's pooled truth (`load_table`) and its windows from the same passes."""
+    """Every cell's pooled truth (`load_table`) and its windows from the same passes; a
+    table with `capacity_rps` by capacity (see the module docstring)."""
     rows = rows_of(path)
+    if scored_by_capacity(path):
+        cells: dict[Key, list[dict[str, str]]] = {}
+        for row in rows:
+            if passes is None or int(row.get("pass") or 1) in passes:
+                key = (int(row["kv_cache_memory_bytes"]), int(row["max_num_seqs"]))
+                cells.setdefault(key, []).append(row)
+        return {key: _capacity_cell(group) for key, group in cells.items()}
     truth: Table = load_table(path, passes)
     windows: dict[Key, list[Window]] = {}
     for row in rows:

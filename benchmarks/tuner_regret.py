@@ -1,7 +1,9 @@
 """The measure: regret against the memory-priced best, and the goals, per landscape.
 
 * The memory-priced best of a table: among its feasible cells (pooled truth) within 5 % of
-  the best goodput, the one with the least KV budget (then the higher goodput).
+  the best goodput, the one with the least KV budget (then the higher goodput). A table
+  scored by capacity (`capacity_rps`) reads capacity at the SLO wherever goodput is said
+  here: among the cells within 5 % of the best capacity, the least KV budget wins.
 * What a strategy recommends after k trials: the same rule over what it observed (a cell
   tried more than once counts its mean goodput, and is feasible when most of its windows
   were), so every strategy is judged by one rule, not by its own.
@@ -100,6 +102,15 @@ class Landscape:
     top: Key  # the best goodput, memory not priced
     top_goodput: float
     figures: dict[str, Figures]
+    by_capacity: bool = False  # the score is capacity at the SLO (req/s), not goodput
+
+    @property
+    def score_name(self) -> str:
+        return "capacity" if self.by_capacity else "goodput"
+
+    def score_text(self, score: float) -> str:
+        """A score with its unit, as the report prints it."""
+        return f"{score:.3g} req/s" if self.by_capacity else f"{score:.0f} tok/s"
 
 
 def _starts_to(run: Run, table: Table, best: Key, target: float) -> float:
@@ -115,8 +126,11 @@ def replay_landscape(
     seeds: int,
     checkpoints: Sequence[int],
     strategies: Sequence[str],
+    *,
+    by_capacity: bool = False,
 ) -> Landscape:
-    """Every strategy, `seeds` runs each, for max(checkpoints) trials."""
+    """Every strategy, `seeds` runs each, for max(checkpoints) trials; `by_capacity` says
+    that the cells' score is capacity at the SLO (`tuner_noise.scored_by_capacity`)."""
     table: Table = {key: cell.truth for key, cell in noisy.items()}
     best = best_of(table)
     assert best is not None, "the caller replays only tables with a feasible cell"
@@ -146,6 +160,7 @@ def replay_landscape(
         top=top,
         top_goodput=feasible[top],
         figures=figures,
+        by_capacity=by_capacity,
     )
 
 

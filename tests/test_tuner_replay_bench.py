@@ -207,3 +207,104 @@ def test_an_open_loop_landscape_sends_at_its_rate_into_its_own_table() -> None:
     assert planned[-1].delay_s > 0.0 and planned[0].delay_s == 0.0  # arrivals spread, not a burst
     with pytest.raises(ValueError, match="positive"):
         landscapes.at_rate(chat, 0.0)
+
+
+def _capacity_table(path: Path, with_capacity: bool = True) -> Path:
+    """3 x 2 cells: goodput alone favours the largest budget (800 tok/s, nothing within 5 %),
+    capacity at the SLO puts 2 KiB within 5 % of the best (9.7 of 10 req/s); at 1 KiB and 8
+    sequences no rate held."""
+    cells = [
+        (1024, 4, 100, "2.0", ""),
+        (2048, 4, 200, "3.0", ""),
+        (4096, 4, 300, "3.1", ""),
+        (1024, 8, 50, "", "no rate held down to 0.5 req/s"),
+        (2048, 8, 400, "9.7", ""),
+        (4096, 8, 800, "10.0", ""),
+    ]
+    extra = ",capacity_rps" if with_capacity else ""
+    header = "kv_cache_memory_bytes,max_num_seqs,goodput_tokens_per_s,feasible,reason,pass"
+    lines = ["# made by: this test", header + extra]
+    for kv, seqs, goodput, capacity, reason in cells:
+        row = f"{kv},{seqs},{goodput},{int(not reason)},{reason},1"
+        lines.append(row + (f",{capacity}" if with_capacity else ""))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_table_with_capacity_is_scored_by_capacity_with_memory_priced(tmp_path: Path) -> None:
+    table = noise.load_noisy(_capacity_table(tmp_path / "cap.csv"))
+    truth = {key: cell.truth for key, cell in table.items()}
+    assert truth[(2048, 8)].goodput_tokens_per_s == 9.7  # the score slot holds req/s here
+    assert not truth[(1024, 8)].feasible
+    assert truth[(1024, 8)].reason == "no rate held down to 0.5 req/s"
+    assert regret.best_of(truth) == (2048, 8)  # within 5 % of 10 req/s, half the memory
+    # The same cells without the column: goodput, where only the largest budget is best.
+    plain = noise.load_noisy(_capacity_table(tmp_path / "plain.csv", with_capacity=False))
+    assert regret.best_of({k: c.truth for k, c in plain.items()}) == (4096, 8)
+
+
+def test_a_capacity_cell_measured_twice_draws_either_ladder_and_is_judged_on_the_median(
+    tmp_path: Path,
+) -> None:
+    path = _capacity_table(tmp_path / "cap.csv")
+    with path.open("a") as handle:
+        handle.write("2048,8,400,1,,2,8.5\n2048,8,0,0,no rate held,3,\n")
+    cell = noise.load_noisy(path)[(2048, 8)]
+    assert cell.truth.goodput_tokens_per_s == pytest.approx(9.1)  # median of 9.7 and 8.5
+    assert cell.truth.feasible  # two ladders of three held a rate
+    drawn = {noise.draw(cell, seed, (2048, 8), 0).goodput_tokens_per_s for seed in range(60)}
+    assert drawn == {9.7, 8.5, None}
+
+
+def test_the_replay_of_a_capacity_table_says_so_and_prices_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = _capacity_table(tmp_path / "cap.csv")
+    assert bench.main(["--table", str(table), "--quick", "--mirror", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "scored by capacity at the SLO (capacity_rps, req/s), memory priced" in out
+    assert (
+        "landscape cap: 6 cells, 5 feasible; best capacity 10 req/s at kv=4 KiB seqs=8; "
+        "memory-priced best 9.7 req/s at kv=2 KiB seqs=8"
+    ) in out
+    assert out.count("  goal cap, ") == 3
+
+
+def test_a_capacity_row_as_measured_is_replayed_by_capacity(tmp_path: Path) -> None:
+    import tuner_capacity as capacity_mode
+
+    from kvpilot.tuner.capacity import Capacity, RateWindow
+
+    held = Capacity(
+        3.0,
+        (RateWindow(2.0, 20, 20, 0, True), RateWindow(3.0, 30, 29, 0, True)),
+        4.5,
+    )
+    none = Capacity(None, (RateWindow(2.0, 20, 3, 0, False), RateWindow(1.3, 13, 2, 0, False)), 1.3)
+    failed = TrialResult.failed_to_start("", memory_bytes=1024)
+    table = tmp_path / "landscape_t-capacity.csv"
+    rows = [
+        capacity_mode.capacity_row(2048, 4, held, _window(300.0, True), (60.0, 20.0), 1, 30.0),
+        capacity_mode.capacity_row(1024, 4, none, None, (60.0, 20.0), 1, 30.0),
+        capacity_mode.capacity_row(4096, 4, failed, None, (0.0, 20.0), 1, 30.0),
+    ]
+    for row in rows:
+        landscapes.append_row(table, ("made by: this test",), row, capacity_mode.CAPACITY_COLUMNS)
+    assert rows[0]["capacity_ladder"] == "2+(20/20) 3+(29/30)"
+    assert rows[1]["reason"] == "no rate held down to 1.3 req/s"
+    assert rows[2]["reason"].startswith("failed to start")
+    cells = noise.load_noisy(table)
+    assert noise.scored_by_capacity(table)
+    assert cells[(2048, 4)].truth == Cell(3.0, True, "")
+    assert not cells[(1024, 4)].truth.feasible and not cells[(4096, 4)].truth.feasible
+    drawn = noise.draw(cells[(4096, 4)], 0, (4096, 4), 0)
+    assert drawn.outcome is TrialOutcome.FAILED_TO_START
+
+
+def test_the_capacity_measure_refuses_a_window_that_is_no_window(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--measure", "--capacity", "--out-dir", str(tmp_path), "--landscapes", "chat"]
+    assert bench.main([*args, "--window-s", "0"]) == 2
+    assert "a ladder needs a positive window" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nothing started, nothing written
