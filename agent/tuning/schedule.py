@@ -31,6 +31,7 @@ from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
 from kvpilot.agent.runtimes.local import LocalRuntime
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.trials import SqliteTrialStore
+from kvpilot.agent.tuning.canary_sweep import CanarySweep
 from kvpilot.agent.tuning.factory import local_adapter
 from kvpilot.agent.tuning.local import StableRestarter, recover_at_startup
 from kvpilot.agent.tuning.pod import PodRecovery, PodTuner
@@ -88,6 +89,8 @@ class ScheduledTuning:
     """Fires `run_once` on a crontab schedule (UTC), one run at a time, never during a
     remediation; `aclose` cancels a run in progress (its rollout cleans up after itself)."""
 
+    sweep: CanarySweep | None = None  # the pod runtime's, for canaries nobody attends
+
     def __init__(
         self,
         schedule: str,
@@ -122,6 +125,8 @@ class ScheduledTuning:
             coalesce=True,
             misfire_grace_time=600,
         )
+        if self.sweep is not None:
+            self.sweep.add_to(scheduler)
 
     @property
     def running(self) -> bool:
@@ -335,10 +340,17 @@ def pod_scheduled_tuning(
         for kept in done.kept:
             audit("recovered", kept)
 
+    guard = asyncio.Lock()  # the recovery, a run and a sweep of this pod, one at a time
+
     async def recover() -> None:
         study = await tuner.study()
         # A pod that starts while the one it replaces still holds the Lease waits it out.
-        async with tuner.lease(wait_s=2.0 * runtime.lease.duration_s):
+        async with guard, tuner.lease(wait_s=2.0 * runtime.lease.duration_s):
+            note(await tuner.recover(study))
+
+    async def sweep() -> None:  # CanarySweep holds the guard
+        study = await tuner.study()
+        async with tuner.lease():  # held elsewhere: TuningBlocked, this sweep is skipped
             note(await tuner.recover(study))
 
     async def run_once() -> str:
@@ -346,7 +358,7 @@ def pod_scheduled_tuning(
             study = await tuner.study()
         except StudyError as exc:
             raise TuningBlocked(f"no study of the Deployment: {exc}") from exc
-        async with tuner.lease():
+        async with guard, tuner.lease():
             note(await tuner.recover(study))
             if remediator.config.dry_run:
                 return _plan(study, store)
@@ -366,6 +378,7 @@ def pod_scheduled_tuning(
         cooling_down=lambda: remediator.cooling_down(name),
         on_close=tuner.hand_over,
     )
+    scheduled.sweep = CanarySweep(sweep, guard=guard, busy=remediator.in_progress)
     return scheduled
 
 
