@@ -9,9 +9,11 @@ baseline pod would need a third server). `observe` scrapes both pods every
 `analysis_interval_s` for `analysis_s`; a canary interval that breaks the SLO's latency or
 error limits, or preemptions per request above the SLO's over the analysis so far (once it
 holds enough finished requests to say), or a canary that restarted (its counters went back
-to zero) or whose /metrics did not answer CANARY_UNANSWERED_LIMIT scrapes running (a crash:
-it is not judged on the readings that survived), sends the traffic back to the stable pod at
-once and raises `CanaryAborted`. With one URL (the bake,
+to zero) or whose /metrics did not answer CANARY_UNANSWERED_LIMIT scrapes running, or whose
+container the kubelet restarted since the warm-up began (`restarts`: the pods'
+`restartCount`, which sees a crash the counters hide) is a crash: it is not judged on the
+readings that survived; the traffic goes back to the stable pod at once and `CanaryAborted`
+is raised. With one URL (the bake,
 after a promotion) it waits `warmup_s`, then watches the stable pod for `bake_s`: the rolling
 update has just replaced that pod, its caches are as cold as a canary's were, and the users
 who queued during the update arrive at once. Each observation states the share each side was
@@ -27,6 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 import httpx
 
 from kvpilot.agent.config.tuning import CanaryConfig
+from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.k8s_traffic import Shares, TrafficSplit
 from kvpilot.agent.tuning.live_intervals import (
     PodReading,
@@ -75,8 +78,11 @@ class LiveTrafficObserver:
         sleep: Sleep = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        restarts: Callable[[], int | None] | None = None,
     ) -> None:
         self._canary = canary
+        self._restarts = restarts  # the canary container's restart count (blocking)
+        self._restarts_from: int | None = None  # as the trial's warm-up began
         self._traffic = traffic
         self._slo = slo
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -90,6 +96,7 @@ class LiveTrafficObserver:
         """Send the canary its share and let it warm for `warmup_s` (not judged)."""
         if len(urls) < 2:
             return None  # one instance (a bake): it already serves everything
+        self._restarts_from = await self._restart_count()
         shares = await self._traffic.send_share(self._canary.weight_percent)
         if shares.canary_percent <= 0:
             raise LiveTrafficError(f"the split sends the canary nothing ({describe(shares)})")
@@ -113,15 +120,21 @@ class LiveTrafficObserver:
         stable: list[PodReading] = []
         canary: list[PodReading] = []
         unanswered = 0  # the canary's scrapes in a row that got no answer
+        first, self._restarts_from = self._restarts_from, None
         async with httpx.AsyncClient() as client:
             async for tick in self._ticks(count):
-                got_stable, got_canary = await asyncio.gather(
-                    self._read(client, stable_url), self._read(client, canary_url)
+                got_stable, got_canary, restarts = await asyncio.gather(
+                    self._read(client, stable_url),
+                    self._read(client, canary_url),
+                    self._restart_count(),
                 )
                 _append(stable, got_stable)
                 unanswered = unanswered + 1 if isinstance(got_canary, Unanswered) else 0
-                breach = None
-                if unanswered >= CANARY_UNANSWERED_LIMIT:
+                breach = _restart_breach(first, restarts)
+                first = restarts if first is None else first
+                if breach is not None:
+                    pass
+                elif unanswered >= CANARY_UNANSWERED_LIMIT:
                     breach = f"the canary's /metrics did not answer {unanswered} times running"
                 elif _append(canary, got_canary) and len(canary) >= 2:
                     (last,) = intervals(canary[-2:])
@@ -207,6 +220,17 @@ class LiveTrafficObserver:
             return self._error(f"{url} exports no vllm: metrics (--disable-log-stats?)")
         return reading
 
+    async def _restart_count(self) -> int | None:
+        """The canary's restarts now; None when not read (no reader, or the read failed:
+        counted in `scrape_errors`, unknown rather than zero)."""
+        if self._restarts is None:
+            return None
+        try:
+            return await asyncio.to_thread(self._restarts)
+        except RuntimeFailure as exc:
+            self._error(f"the canary's restartCount: {exc}")
+            return None
+
     def _error(self, message: str) -> str:
         self.scrape_errors.append(message)
         return message
@@ -216,6 +240,16 @@ def describe(shares: Shares) -> str:
     """The split in words: 'stable 90 %, canary 10 % (HTTPRoute weights)'."""
     return (
         f"stable {shares.stable_percent:.3g} %, canary {shares.canary_percent:.3g} % ({shares.how})"
+    )
+
+
+def _restart_breach(first: int | None, now: int | None) -> str | None:
+    """Why the canary is a crash by its restart count, or None (not risen, or unknown)."""
+    if first is None or now is None or now <= first:
+        return None
+    return (
+        f"the canary's container restarted {now - first} times during the trial "
+        f"(restartCount {first} -> {now})"
     )
 
 

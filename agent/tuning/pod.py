@@ -17,6 +17,7 @@ from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.k8s_handover import HandedOver
 from kvpilot.agent.runtimes.k8s_lease import LeaseHeld
+from kvpilot.agent.runtimes.k8s_restarts import CanaryRestarts
 from kvpilot.agent.runtimes.k8s_traffic import TrafficSplit
 from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
 from kvpilot.agent.runtimes.local import LocalInstanceSpec
@@ -134,6 +135,7 @@ class PodTuner:
         self._remediating = remediation_in_progress
         self.adapter = pod_adapter(config, runtime, remediation_in_progress=remediation_in_progress)
         self.traffic: TrafficSplit | None = None  # live traffic's split, read in `study`
+        self.restarts = CanaryRestarts(runtime.api_client, runtime.target)  # on live traffic
         self._db = db
         self._api_key = api_key
         self._wall = wall_clock
@@ -196,7 +198,9 @@ class PodTuner:
         imported = None
         if found is not None and await asyncio.to_thread(self._trusted, found, study):
             imported = self._import_handover((found.rollout, found.trial), journal, store)
-        observer, _ = make_observer(study, api_key=self._api_key, traffic=self.traffic)
+        observer, _ = make_observer(
+            study, api_key=self._api_key, traffic=self.traffic, restarts=self.restarts
+        )
         resumed = await resume_handed_over(
             journal, store, self.adapter, observer, settings_of(study), wall_clock=self._wall
         )
@@ -271,6 +275,7 @@ class PodTuner:
             api_key=self._api_key,
             journal=journal,
             traffic=self.traffic,
+            restarts=self.restarts,
             **kw,  # type: ignore[arg-type]
         )
 

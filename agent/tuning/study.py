@@ -254,12 +254,13 @@ def make_session(
     api_key: str | None = None,
     journal: RolloutJournal | None = None,
     traffic: TrafficSplit | None = None,
+    restarts: Callable[[], int | None] | None = None,
 ) -> TuningSession:
     """A session of the study over `adapter`, with its trials and rollouts in `db` (the
     rollouts in `journal` when given); the canary's traffic as `tuning.canary.traffic` says
-    (live traffic goes through `traffic`)."""
+    (live traffic goes through `traffic`, the canary's restarts read by `restarts`)."""
     t = study.tuning
-    observer, judge = make_observer(study, api_key=api_key, traffic=traffic)
+    observer, judge = make_observer(study, api_key=api_key, traffic=traffic, restarts=restarts)
     replay = t.canary.traffic == "replay"
     settings = RolloutSettings(
         slo=study.slo,
@@ -284,7 +285,11 @@ def make_session(
 
 
 def make_observer(
-    study: Study, *, api_key: str | None = None, traffic: TrafficSplit | None = None
+    study: Study,
+    *,
+    api_key: str | None = None,
+    traffic: TrafficSplit | None = None,
+    restarts: Callable[[], int | None] | None = None,
 ) -> tuple[Observer, JudgeConfig]:
     """The observer `tuning.canary.traffic` picks, and the metrics its samples are judged on:
     replay keeps the synthetic workload against both; service and gateway judge live traffic."""
@@ -303,5 +308,5 @@ def make_observer(
             "runtime (a Service or an HTTPRoute); this runtime has no traffic split: use "
             "traffic: replay"
         )
-    live = LiveTrafficObserver(canary, traffic, study.slo, api_key=api_key)
+    live = LiveTrafficObserver(canary, traffic, study.slo, api_key=api_key, restarts=restarts)
     return live, JudgeConfig(metrics=LIVE_METRICS)

@@ -226,6 +226,15 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
             meta["generation"] = int(meta["generation"]) + 1
             meta["resourceVersion"] = self._next_version()
 
+    def restart_containers(self, namespace: str, name: str, container: str = "vllm") -> None:
+        """The kubelet restarted `container` in each of the Deployment's pods (a crash and
+        a restart between two scrapes): its `restartCount` goes up by one."""
+        with self._lock:
+            for pod in self.deployments[(namespace, name)].pods:
+                for status in pod["status"].get("containerStatuses") or ():
+                    if status["name"] == container:
+                        status["restartCount"] = int(status.get("restartCount") or 0) + 1
+
     def update_status(self, namespace: str, name: str) -> None:
         """A controller's status update: a new resourceVersion, the same generation."""
         with self._lock:
