@@ -101,6 +101,7 @@ class ScheduledTuning:
         recover: Callable[[], Awaitable[object]] | None = None,
         cooling_down: Callable[[], str | None] = lambda: None,
         on_close: Callable[[], None] = lambda: None,
+        on_tuned: Callable[[], None] = lambda: None,
     ) -> None:
         self._trigger = CronTrigger.from_crontab(schedule, timezone=UTC)
         self._run_once = run_once
@@ -113,7 +114,7 @@ class ScheduledTuning:
         self._on_close = on_close
         self._task: asyncio.Task[str] | None = None
         self._reopened: str | None = None
-        self.on_tuned: Callable[[], None] = lambda: None  # a run completed (agent.tuning.retune)
+        self.on_tuned = on_tuned  # a run completed (the sidecar's re-tune step takes it)
         self.runs_total = 0
 
     def add_to(self, scheduler: AsyncIOScheduler) -> None:
@@ -210,6 +211,7 @@ def scheduled_tuning(
     api_key: str | None = None,
     vllm_version: Callable[[], str | None] = lambda: None,
     workload: Callable[[], WorkloadChoice | None] = lambda: None,
+    on_tuned: Callable[[], None] = lambda: None,
 ) -> ScheduledTuning:
     """The sidecar's scheduled tuning of its stable instance (config.tuning.schedule set);
     `vllm_version`: the stable server's, read at each run into the study's fingerprint;
@@ -267,6 +269,7 @@ def scheduled_tuning(
     scheduled = ScheduledTuning(
         tuning.schedule,
         run_once,
+        on_tuned=on_tuned,
         remediation_in_progress=remediator.in_progress,
         audit=audit,
         recover=recover,
@@ -299,6 +302,7 @@ def pod_scheduled_tuning(
     api_key: str | None = None,
     vllm_version: Callable[[], str | None] = lambda: None,
     workload: Callable[[], WorkloadChoice | None] = lambda: None,
+    on_tuned: Callable[[], None] = lambda: None,
 ) -> ScheduledTuning:
     """The pod's scheduled tuning: canary Deployments, promotion by patching the Deployment,
     one tuner per Deployment through its Lease (a firing that finds it held is skipped). The
@@ -372,6 +376,7 @@ def pod_scheduled_tuning(
     scheduled = ScheduledTuning(
         tuning.schedule,
         run_once,
+        on_tuned=on_tuned,
         remediation_in_progress=remediator.in_progress,
         audit=audit,
         recover=recover,
