@@ -25,7 +25,6 @@ def test_the_agent_root_has_rooms_not_a_pile_of_modules() -> None:
 WEIGHED_LONG_MODULES = {
     "agent/cli/demo/run.py": "the demo's scenes in the order they play",
     "agent/runtimes/kubernetes.py": "the pod runtime, to split from its API reads",
-    "agent/tick/sidecar.py": "the tick and its parts, to split into ordered steps",
 }
 HARD_CEILING_LINES = 500
 

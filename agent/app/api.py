@@ -29,10 +29,12 @@ from starlette.routing import Route
 
 from kvpilot.agent.app.control_token import ControlToken, control_token
 from kvpilot.agent.app.json_render import JsonResponse, error_response
+from kvpilot.agent.app.ports import ControlPorts
 from kvpilot.agent.app.request_body import BodyLimits, RequestRejected, read_json
 from kvpilot.agent.config import AgentConfig, LocalRuntimeConfig
+from kvpilot.agent.runtimes import Runtime
 from kvpilot.agent.runtimes.k8s_values import RecommendsFlags
-from kvpilot.agent.tick.sidecar import Sidecar
+from kvpilot.agent.runtimes.offloop import in_daemon_thread
 from kvpilot.agent.tuning.workload_json import workload_json
 from kvpilot.agent.tuning.workload_window import WorkloadWindow
 from kvpilot.collectors.secrets import mask_argv, mask_text, mask_url
@@ -44,6 +46,7 @@ Handler = Callable[[Request], Awaitable[JsonResponse]]
 MAX_MATCHERS = 32
 MAX_PROBLEMS = 10
 DEFAULT_LIMITS = BodyLimits()
+RUNTIME_READ_TIMEOUT_S = 5.0  # the status API's wait on the runtime's reads
 # Prometheus's label-name syntax, as alert labels use it.
 LabelName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$", max_length=128)]
 LabelValue = Annotated[str, StringConstraints(max_length=256)]
@@ -109,6 +112,35 @@ def _configured_argv(config: AgentConfig) -> dict[str, tuple[str, ...]]:
     return {i.name: tuple(i.argv) for i in config.runtime.instances}
 
 
+def _runtime_status(
+    runtime: Runtime, configured: dict[str, tuple[str, ...]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Each listed server as the runtime sees it, and its recommendations (a blocking read)."""
+    targets = []
+    for instance in runtime.instances():
+        state = runtime.status(instance.name)
+        targets.append(
+            {
+                "name": instance.name,
+                "role": instance.role,
+                "url": mask_url(instance.url),
+                "kvpool_url": instance.kvpool_url and mask_url(instance.kvpool_url),
+                "pids": sorted(instance.pids),
+                "main_pid": instance.main_pid,
+                "state": state.state,
+                "since_wall_s": state.since_wall_s,
+                "live_flags": mask_argv(instance.argv or ()),
+                "live_flags_source": (
+                    "promoted by the tuner"
+                    if instance.name in configured
+                    and tuple(instance.argv or ()) != configured[instance.name]
+                    else "configuration"
+                ),
+            }
+        )
+    return targets, _recommendations(runtime)
+
+
 def _recommendations(runtime: object) -> list[dict[str, Any]]:
     """The latest promotions written down instead of applied (recommend-only), newest first."""
     if not isinstance(runtime, RecommendsFlags):
@@ -137,11 +169,12 @@ def _problems(exc: ValidationError) -> list[str]:
 
 
 def api_routes(
-    sidecar: Sidecar,
+    ports: ControlPorts,
     token: ControlToken | SecretStr | None,
     limits: BodyLimits = DEFAULT_LIMITS,
     *,
     window: WorkloadWindow | None = None,
+    runtime_timeout_s: float = RUNTIME_READ_TIMEOUT_S,
 ) -> list[Route]:
     control = control_token(token)
     background: set[asyncio.Task[Any]] = set()
@@ -172,76 +205,52 @@ def api_routes(
         return guarded
 
     def known_instances() -> set[str]:
-        return {i.name for i in sidecar.runtime.instances()}
+        return {i.name for i in ports.runtime.instances()}
 
     def unknown(instance: str) -> JsonResponse:
         return error_response(404, f"unknown instance {instance[:128]!r}")
 
     async def status(_: Request) -> JsonResponse:
-        runtime = sidecar.runtime
-        configured = _configured_argv(sidecar.config)
-        targets = []
-        for instance in runtime.instances():
-            state = runtime.status(instance.name)
-            targets.append(
-                {
-                    "name": instance.name,
-                    "role": instance.role,
-                    "url": mask_url(instance.url),
-                    "kvpool_url": instance.kvpool_url and mask_url(instance.kvpool_url),
-                    "pids": sorted(instance.pids),
-                    "main_pid": instance.main_pid,
-                    "state": state.state,
-                    "since_wall_s": state.since_wall_s,
-                    "live_flags": mask_argv(instance.argv or ()),
-                    "live_flags_source": (
-                        "promoted by the tuner"
-                        if instance.name in configured
-                        and tuple(instance.argv or ()) != configured[instance.name]
-                        else "configuration"
-                    ),
-                }
+        # The runtime's reads may block (a process table, an API server): in a thread of
+        # their own, so that a hung read stalls this answer alone, never the loop.
+        try:
+            targets, recommendations = await asyncio.wait_for(
+                in_daemon_thread(_runtime_status, ports.runtime, _configured_argv(ports.config)),
+                runtime_timeout_s,
+            )
+        except TimeoutError:
+            return error_response(
+                503, f"the runtime did not answer within {runtime_timeout_s:g} s; try again"
             )
         body = {
-            "runtime": runtime.kind,
+            "runtime": ports.runtime.kind,
             "targets": targets,
-            "ticks_total": sidecar.ticks_total,
-            "alerts": _plain(sidecar.tracker.alerts()),
-            "remediation": _plain(sidecar.remediator.status()),
-            "last_actions": _plain(sidecar.store.remediations(limit=10)),
-            "outbox_backlog": sidecar.store.outbox.backlog(),
-            "recommendations": _recommendations(runtime),
+            "ticks_total": ports.status.ticks_total,
+            "alerts": _plain(ports.alerts.alerts()),
+            "remediation": _plain(ports.remediation.status()),
+            "last_actions": _plain(ports.status.last_actions(10)),
+            "outbox_backlog": ports.status.outbox_backlog(),
+            "recommendations": recommendations,
         }
         return JsonResponse(body)
 
     async def alerts(_: Request) -> JsonResponse:
-        return JsonResponse({"alerts": _plain(sidecar.tracker.alerts())})
+        return JsonResponse({"alerts": _plain(ports.alerts.alerts())})
 
     async def workload(_: Request) -> JsonResponse:
         """The workload learned from the stable server beside the configured one."""
         shape = window.shape() if window else None
         seen = window.requests() if window else 0
-        return JsonResponse(workload_json(sidecar.config.tuning, shape, seen))
+        return JsonResponse(workload_json(ports.config.tuning, shape, seen))
 
     async def silence(request: Request) -> JsonResponse:
         body = SilenceRequest.model_validate(await read_json(request, limits))
-        now = sidecar.now_wall_s()
-        made = sidecar.tracker.silence(body.matchers, now + body.duration_s, comment=body.comment)
-        with sidecar.store.transaction():
-            sidecar.store.save_silences(sidecar.tracker.silences())
-            sidecar.store.record_audit(
-                wall_s=now,
-                actor="api",
-                action="silence",
-                target=str(body.matchers),
-                decision="created",
-                reason=body.comment or "silenced through the API",
-                details={
-                    "silence_id": made.silence_id,
-                    "until_wall_s": made.until_wall_s,
-                    "requested_by": body.requested_by,
-                },
-            )
+        made = ports.alerts.silence(
+            body.matchers,
+            body.duration_s,
+            comment=body.comment,
+            requested_by=body.requested_by,
+        )
         return JsonResponse({"silence": _plain(made)}, 201)
 
     async def trigger(request: Request) -> JsonResponse:
@@ -249,7 +258,7 @@ def api_routes(
         if body.instance not in known_instances():
             return unknown(body.instance)
         task = asyncio.get_running_loop().create_task(
-            sidecar.remediator.trigger(
+            ports.remediation.trigger(
                 body.instance, requested_by=body.requested_by, force=body.force, reason=body.reason
             )
         )
@@ -261,7 +270,7 @@ def api_routes(
         body = VetoRequest.model_validate(await read_json(request, limits))
         if body.instance is not None and body.instance not in known_instances():
             return unknown(body.instance)
-        sidecar.remediator.veto(
+        ports.remediation.veto(
             requested_by=body.requested_by,
             reason=body.reason,
             instance=body.instance,
@@ -272,10 +281,10 @@ def api_routes(
     async def reset_breaker(request: Request) -> JsonResponse:
         instance = request.path_params["instance"]
         # An instance gone from the runtime may still hold an open breaker (and its page).
-        breakers = {b.instance for b in sidecar.remediator.status().breakers}
+        breakers = {b.instance for b in ports.remediation.status().breakers}
         if instance not in known_instances() | breakers:
             return unknown(instance)
-        changed = sidecar.remediator.reset_breaker(
+        changed = ports.remediation.reset_breaker(
             instance, requested_by="api", reason="reset through the API"
         )
         return JsonResponse({"instance": instance, "was_open": changed})

@@ -8,7 +8,6 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -25,19 +24,23 @@ from kvpilot.agent.app.lifecycle import (
     serve_and_tick,
 )
 from kvpilot.agent.app.parts import build_notifiers, build_runtime
+from kvpilot.agent.app.ports import ControlPorts
 from kvpilot.agent.app.reload import Reloader, reload_routes
-from kvpilot.agent.config import AgentConfig, LocalRuntimeConfig
+from kvpilot.agent.app.start_up import adopt_orphans, scheduled_tuning_of, start_local
+from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.remediation.oom.guard import OomGuard
 from kvpilot.agent.remediation.oom.range import planner_range
-from kvpilot.agent.remediation.oom.startup import start_guarded
 from kvpilot.agent.remediation.prefix_cache import HttpPrefixCacheReset
 from kvpilot.agent.remediation.preflight import MemoryPreflight
-from kvpilot.agent.runtimes import LocalRuntime, Runtime, RuntimeFailure
-from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
+from kvpilot.agent.runtimes import Runtime, RuntimeFailure
 from kvpilot.agent.runtimes.probe import StartFailed
 from kvpilot.agent.state import StateError, StateStore, open_exclusive
+from kvpilot.agent.state.write_failures import WriteFailures
+from kvpilot.agent.tick.after import AfterTick, CompletedRuns
+from kvpilot.agent.tick.alert_commit import AlertCommit
 from kvpilot.agent.tick.sidecar import Sidecar
+from kvpilot.agent.tick.watched import WatchedServers
 from kvpilot.agent.tuning.best import best_config, remember_promotion
 from kvpilot.agent.tuning.promoted import (
     PROMOTED_FACT,
@@ -49,10 +52,7 @@ from kvpilot.agent.tuning.promoted import (
 from kvpilot.agent.tuning.retune import retune_watch, stable_name
 from kvpilot.agent.tuning.schedule import (
     ScheduledTuning,
-    pod_scheduled_tuning,
-    scheduled_tuning,
 )
-from kvpilot.agent.tuning.study import StudyError
 from kvpilot.agent.tuning.workload_choice import WorkloadChoice, window_choice
 from kvpilot.agent.tuning.workload_keep import WindowKeeper
 from kvpilot.agent.tuning.workload_window import WorkloadWindow
@@ -60,13 +60,6 @@ from kvpilot.collectors.nvml import NvmlCollector
 from kvpilot.collectors.procfs import read_mem_available_bytes
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class _Late:
-    """Breaks the construction cycle: the pre-flight reads the sidecar's latest figures."""
-
-    sidecar: Sidecar | None = None
 
 
 async def run_sidecar(
@@ -118,6 +111,9 @@ async def _run(
     reload_config: Callable[[], AgentConfig] | None,
     on_tuning: Callable[[ScheduledTuning], None] | None = None,
 ) -> None:
+    """Each part is built once, from the parts below it: the watched servers (the latest
+    readings) before the pre-flight and the tuner that read them, the alerts before the
+    re-tune watch that restores its own, the after-tick parts before the loop that runs them."""
     api_key = config.runtime.api_key.get_secret_value() if config.runtime.api_key else None
     timeout = httpx.Timeout(5.0, connect=2.0)
     async with httpx.AsyncClient(timeout=timeout) as client, contextlib.AsyncExitStack() as ends:
@@ -126,11 +122,14 @@ async def _run(
         # Each clean-up is owed from the moment its part exists (they run in reverse):
         # a failure while composing still stops a server adopted or started by then.
         ends.push_async_callback(runtime.aclose, drain_timeout_s=config.runtime.drain_timeout_s)
-        late = _Late()
+        watched = WatchedServers(
+            config, NvmlCollector(server_pids=lambda: _all_pids(runtime)), timeout=timeout
+        )
+        ends.push_async_callback(watched.aclose)
         section = config.remediation
         preflight = MemoryPreflight(
-            latest_nvml=lambda: late.sidecar.latest_nvml() if late.sidecar else None,
-            cache_config=lambda name: late.sidecar.cache_config(name) if late.sidecar else None,
+            latest_nvml=watched.latest_nvml,
+            cache_config=watched.cache_config,
             margin_ratio=section.preflight.margin_ratio,
         )
         learned = WorkloadWindow(config.tuning.learn.window_s)  # the stable server's traffic
@@ -141,9 +140,10 @@ async def _run(
         def workload_now() -> WorkloadChoice | None:  # what a tuning run would replay now
             return window_choice(config, learned.shape())
 
-        better = best_config(
-            config, store.db, runtime, lambda n: _version(late.sidecar, n), workload_now
-        )
+        def stable_version() -> str | None:
+            return watched.vllm_version(stable_name(runtime.instances()))
+
+        better = best_config(config, store.db, runtime, watched.vllm_version, workload_now)
         light_step = (
             HttpPrefixCacheReset(api_key=api_key) if section.light_step_reset_prefix_cache else None
         )
@@ -156,7 +156,34 @@ async def _run(
             runtime_drain_timeout_s=config.runtime.drain_timeout_s,
             better_config=better,  # the ladder's promote
             on_promoted=remember_promotion(config, store, config_sha256),
-            oom=_oom_guard(config, runtime, late),
+            oom=_oom_guard(config, runtime, watched),
+        )
+        completed_runs = CompletedRuns()
+        tuning = scheduled_tuning_of(
+            config,
+            config_sha256,
+            (runtime, remediator, store),
+            api_key=api_key,
+            vllm_version=stable_version,
+            workload=workload_now,
+            completed_runs=completed_runs,
+        )
+        alerts = AlertCommit(config, store, wall_clock=time.time, write_failures=WriteFailures())
+        retune = retune_watch(
+            config.tuning.retune,
+            store,
+            instances=runtime.instances,
+            latest_vllm=watched.latest_vllm,
+            better=better,
+            schedule=tuning,
+            restored=alerts.tracker.alerts(),
+            workload_key=lambda: chosen.key if (chosen := workload_now()) else None,
+        )
+        after = AfterTick(
+            retune=retune,
+            completed_runs=completed_runs,
+            learned=learned if config.tuning.learn.enabled else None,
+            keeper=keeper if config.tuning.learn.enabled else None,
         )
         api_at = config.api_listen()
         external_url = f"http://{api_at.host}:{api_at.port}"
@@ -164,70 +191,20 @@ async def _run(
             config,
             store=store,
             runtime=runtime,
-            notifiers=build_notifiers(config.notifiers, client, external_url),
             remediator=remediator,
-            client=client,
-            nvml=NvmlCollector(server_pids=lambda: _all_pids(runtime)),
+            notifiers=build_notifiers(config.notifiers, client, external_url),
+            watched=watched,
+            alerts=alerts,
+            after=after,
         )
         ends.push_async_callback(sidecar.delivery.aclose)
         ends.push_async_callback(sidecar.aclose)  # remediations under way: recorded interrupted
-        late.sidecar = sidecar
         sidecar.reconcile()
-        if isinstance(runtime, LocalRuntime):
-            for name in runtime.adopt_orphans():
-                log.warning("instance %s: adopted the server an earlier kvpilot left running", name)
-                store.record_audit(
-                    wall_s=sidecar.now_wall_s(),
-                    actor="agent",
-                    action="adopt",
-                    target=name,
-                    decision="adopted",
-                    reason="a server started by an earlier kvpilot "
-                    "still runs with this instance's argv",
-                )
-        tuning = None
-        if config.tuning.schedule is not None and isinstance(runtime, LocalRuntime):
-            try:
-                tuning = scheduled_tuning(
-                    config,
-                    config_sha256 or "",
-                    runtime,
-                    remediator,
-                    store,
-                    api_key=api_key,
-                    vllm_version=lambda: _version(sidecar, stable_name(runtime.instances())),
-                    workload=workload_now,
-                )
-            except StudyError as exc:  # collecting and alerting go on without it
-                log.error("scheduled tuning is off: %s", exc)
-        elif config.tuning.schedule is not None and isinstance(runtime, KubernetesRuntime):
-            tuning = pod_scheduled_tuning(
-                config,
-                runtime,
-                remediator,
-                store,
-                api_key=api_key,
-                vllm_version=lambda: _version(sidecar, stable_name(runtime.instances())),
-                workload=workload_now,
-            )
-        retune = retune_watch(
-            config.tuning.retune,
-            store,
-            instances=runtime.instances,
-            latest_vllm=sidecar.latest_vllm,
-            better=better,
-            schedule=tuning,
-            restored=sidecar.tracker.alerts(),
-            workload_key=lambda: chosen.key if (chosen := workload_now()) else None,
-        )
-        if retune is not None:
-            sidecar.event_sources.append(retune.take_events)
-            if tuning is not None:
-                tuning.on_tuned = retune.tuned
+        adopt_orphans(runtime, store)
         if tuning is not None and on_tuning is not None:
             on_tuning(tuning)
         starting = sidecar.tasks.spawn(
-            _start_local(config, runtime, remediator, tuning, stop, failed), "start-servers"
+            start_local(config, runtime, remediator, tuning, stop, failed), "start-servers"
         )
         reloader = None
         if reload_config is not None:
@@ -243,12 +220,12 @@ async def _run(
             own(out)
             tuning_families(sidecar.tuning_families())(out)
 
-        registry = build_registry(sidecar.servers, extra)
+        registry = build_registry(watched.servers, extra)
         config.api.control_token()  # a token file that cannot be read stops the start
         token = ControlToken(config.api.token, config.api.token_file)
         stale_after_s = max(10.0, 5 * config.interval_s)
         control_routes = [
-            *api_routes(sidecar, token, window=learned),
+            *api_routes(ControlPorts.of(sidecar), token, window=learned),
             *(reload_routes(reloader, token) if reloader else ()),
         ]
         sock, control_sock = listeners
@@ -280,11 +257,6 @@ async def _run(
 
         async def tick() -> None:
             await sidecar.tick()
-            if retune is not None:
-                retune.check()  # its alert reaches the tracker at the next tick
-            feed_window(learned, sidecar)
-            if config.tuning.learn.enabled:
-                keeper.maybe_save()
             if on_tick is not None:
                 on_tick(sidecar)
 
@@ -358,37 +330,20 @@ def promoted_argv(
     return {inst.name: live.argv}
 
 
-def _version(sidecar: Sidecar | None, name: str | None) -> str | None:
-    """The vLLM version server `name` reported at its last scrape; None while unknown."""
-    scrape = sidecar.latest_vllm(name) if sidecar is not None and name is not None else None
-    return scrape.vllm_version if scrape is not None else None
-
-
-def feed_window(window: WorkloadWindow, sidecar: Sidecar) -> None:
-    """The stable server's latest scrape into the learned workload's window."""
-    if not sidecar.config.tuning.learn.enabled:
-        return
-    for instance in sidecar.runtime.instances():
-        if instance.role == "stable":
-            scrape = sidecar.latest_vllm(instance.name)
-            if scrape is not None:
-                window.observe(scrape)
-            return
-
-
 def _all_pids(runtime: Runtime) -> frozenset[int]:
     return frozenset(pid for instance in runtime.instances() for pid in instance.pids)
 
 
-def _oom_guard(config: AgentConfig, runtime: Runtime, late: _Late) -> OomGuard | None:
+def _oom_guard(config: AgentConfig, runtime: Runtime, watched: WatchedServers) -> OomGuard | None:
     """The OOM guard; the host's free memory bounds the KV budget while NVML sees no GPU."""
     section = config.remediation.oom
     if not section.enabled:
         return None
 
     def available() -> int | None:
-        nvml = late.sidecar.latest_nvml() if late.sidecar else None
-        gpus = getattr(nvml, "gpus", ())  # a SourceError or nothing yet: no GPU seen
+        gpus = getattr(
+            watched.latest_nvml(), "gpus", ()
+        )  # a SourceError or nothing yet: no GPU seen
         return None if gpus else read_mem_available_bytes()
 
     model_config = getattr(config.runtime, "served_model_config", None)
@@ -397,50 +352,3 @@ def _oom_guard(config: AgentConfig, runtime: Runtime, late: _Late) -> OomGuard |
         runtime,
         planner_range(section, model_config=model_config, available_bytes=available),
     )
-
-
-async def _start_local(
-    config: AgentConfig,
-    runtime: Runtime,
-    remediator: Remediator,
-    tuning: ScheduledTuning | None,
-    stop: asyncio.Event,
-    failed: list[StartFailed],
-) -> None:
-    """The local runtime's servers start beside the loop, so /healthz answers meanwhile;
-    then a tuning trial an earlier kvpilot left open is recovered. A server that exits
-    before it was first ready (a wrong argv, no vLLM in its Python) stops the agent."""
-    if not isinstance(config.runtime, LocalRuntimeConfig):
-        if tuning is not None:  # the pod's: resume or recover a rollout left open
-            await _tuning_start_up(tuning)
-        return
-
-    async def start(name: str) -> None:
-        try:
-            await start_guarded(  # a memory death at start-up: the OOM guard steps the knob
-                runtime, remediator, name, ready_timeout_s=config.runtime.ready_timeout_s
-            )
-            log.info("instance %s started", name)
-        except StartFailed as exc:
-            log.error("instance %s failed to start, stopping kvpilot: %s", name, exc.headline)
-            failed.append(exc)
-            stop.set()
-        except RuntimeFailure as exc:
-            # Still starting, or gone later: the rules see it; remediation decides.
-            log.error("instance %s failed to start: %s", name, exc)
-
-    await asyncio.gather(*(start(i.name) for i in config.runtime.instances))
-    if tuning is not None:
-        await _tuning_start_up(tuning)
-
-
-async def _tuning_start_up(tuning: ScheduledTuning) -> None:
-    try:
-        await tuning.start_up()
-    except StudyError as exc:
-        # Expected while vLLM still downloads its model: said in one line, not a traceback.
-        log.warning(
-            "tuning: no recovery at start-up (%s); the next scheduled run recovers first", exc
-        )
-    except Exception:  # the next scheduled run recovers again first
-        log.exception("recovering the tuning trial left open failed")

@@ -136,7 +136,7 @@ def test_a_notification_owed_during_a_full_disk_is_sent_once_when_space_returns(
         # Memory agrees with the disk: neither holds the alert as firing (nor as sent), so
         # every tick tries again to write it.
         assert [a.state for a in store.load_alerts() if a.rule == "kv_saturation"] != ["firing"]
-        assert "firing" not in [a.state for a in sidecar.tracker.alerts()]
+        assert "firing" not in [a.state for a in sidecar.alerts.alerts()]
         status, metrics = await _scrape(client, url)
         assert status == 200, "a tick that cannot write still completes: /healthz is fresh"
         counted = _metric(metrics, "kvpilot_state_write_errors_total", reason="disk_full")
@@ -154,7 +154,7 @@ def test_a_notification_owed_during_a_full_disk_is_sent_once_when_space_returns(
         ticks = sidecar.ticks_total
         await wait_for("three more ticks", lambda: sidecar.ticks_total >= ticks + 3)
         assert len(firing_notifications(receiver, SATURATION_ALERT)) == 1
-        assert [a.state for a in sidecar.tracker.alerts()] == ["firing"]
+        assert [a.state for a in sidecar.alerts.alerts()] == ["firing"]
         recovered = [
             r for r in caplog.records if r.name == WRITE_LOG and r.levelno == logging.WARNING
         ]

@@ -103,7 +103,7 @@ async def _stop_load(load: tuple[asyncio.Event, asyncio.Task[int]]) -> None:
 def _preemptions(sidecar: Sidecar, *, kvpool: bool = False) -> float | None:
     """The stable server's `vllm:num_preemptions_total`, or the kvpool plugin's counter
     (lag-free: the rule sees a spike there first)."""
-    for view in sidecar.servers():
+    for view in sidecar.watched.servers():
         if view.server != STABLE or view.state.latest is None:
             continue
         source = view.state.latest.kvpool if kvpool else view.state.latest.vllm
@@ -115,7 +115,7 @@ def _preemptions(sidecar: Sidecar, *, kvpool: bool = False) -> float | None:
 def _spike_state(sidecar: Sidecar) -> str:
     states = [
         a.state
-        for a in sidecar.tracker.alerts()
+        for a in sidecar.alerts.alerts()
         if dict(a.labels).get("alertname") == SPIKE and dict(a.labels).get("instance") == STABLE
     ]
     return (

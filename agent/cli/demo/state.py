@@ -40,7 +40,7 @@ def frag_state(
 def server_rows(sidecar: Sidecar, alerts: list[AlertView]) -> tuple[ServerRow, ...]:
     threshold = sidecar.config.rules.fragmentation.kv_blocks.threshold_ratio
     rows = []
-    for view in sidecar.servers():
+    for view in sidecar.watched.servers():
         latest = view.state.latest
         vllm = latest.vllm if latest is not None else None
         pool = latest.kvpool if latest is not None else None
@@ -127,7 +127,7 @@ def snapshot_of(
     deliveries: tuple[str, ...],
     logs: tuple[str, ...],
 ) -> DemoSnapshot:
-    alerts = sidecar.tracker.alerts()
+    alerts = sidecar.alerts.alerts()
     store = sidecar.store
     actions = tuple(
         ActionRow(r.wall_s, r.action, r.target, str(r.decision), r.reason)

@@ -18,12 +18,14 @@ from kvpilot.agent.app.api import api_routes
 from kvpilot.agent.app.exposition import build_registry
 from kvpilot.agent.app.http import build_app
 from kvpilot.agent.app.parts import build_runtime
+from kvpilot.agent.app.ports import ControlPorts
 from kvpilot.agent.app.request_body import BodyLimits
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.model import Condition, labels_of
 from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.tick.sidecar import Sidecar
+from kvpilot.agent.tick.watched import WatchedServers
 from kvpilot.collectors.nvml import NvmlCollector
 
 TOKEN = "in-process-token-51ab"
@@ -65,13 +67,16 @@ async def api(tmp_path: Path) -> AsyncIterator[Api]:
                 runtime=runtime,
                 notifiers={},
                 remediator=Remediator(runtime, store, config.remediation),
-                client=scrapes,
-                nvml=NvmlCollector(server_pids=frozenset),
+                watched=WatchedServers(
+                    config, NvmlCollector(server_pids=frozenset), timeout=scrapes.timeout
+                ),
             )
-            routes = api_routes(sidecar, SecretStr(TOKEN), BodyLimits(max_bytes=1024, max_depth=4))
+            routes = api_routes(
+                ControlPorts.of(sidecar), SecretStr(TOKEN), BodyLimits(max_bytes=1024, max_depth=4)
+            )
             app = build_app(
                 sidecar,
-                build_registry(sidecar.servers, lambda out: None),
+                build_registry(sidecar.watched.servers, lambda out: None),
                 clock=sidecar.clock,
                 stale_after_s=10.0,
                 extra_routes=routes,
@@ -100,7 +105,7 @@ def _condition(rule: str, instance: str, value: float) -> Condition:
 
 async def test_non_finite_alert_values_are_null_in_status_and_alerts(api: Api) -> None:
     values = {"nan": math.nan, "inf": math.inf, "minus_inf": -math.inf, "finite": 0.5}
-    api.sidecar.tracker.update(
+    api.sidecar.alerts.tracker.update(
         [_condition(rule, "vllm", value) for rule, value in values.items()],
         now_s=100.0,
         now_wall_s=1e9,
@@ -147,7 +152,7 @@ async def test_limits_are_the_ones_given(api: Api) -> None:
 
     response = await api.client.post("/api/v1/silences", content=chunks(), headers=AUTH)
     assert response.status_code == 413 and "over 1024 bytes" in response.json()["error"]
-    assert api.sidecar.tracker.silences() == []
+    assert api.sidecar.alerts.tracker.silences() == []
     assert _api_audit(api) == []
 
 
@@ -156,7 +161,7 @@ async def test_a_silence_within_the_limits_is_made_and_audited(api: Api) -> None
     response = await api.client.post("/api/v1/silences", json=body, headers=AUTH)
     assert response.status_code == 201, response.text
     assert response.json()["silence"]["matchers"] == {"alertname": "KvSaturation"}
-    assert len(api.sidecar.tracker.silences()) == 1
+    assert len(api.sidecar.alerts.tracker.silences()) == 1
     assert [(r.action, r.decision) for r in _api_audit(api)] == [("silence", "created")]
 
 

@@ -1,5 +1,5 @@
 """`GET /api/v1/workload`: the real Sidecar ticks against a loopback server answering with
-recorded vLLM `/metrics` bodies, `feed_window` (what `kvpilot run` calls after each tick)
+recorded vLLM `/metrics` bodies, the tick's workload-window step
 keeps the window, and the real API serves the learned shape beside the configured one."""
 
 from __future__ import annotations
@@ -13,14 +13,16 @@ import pytest
 from pydantic import SecretStr
 
 from kvpilot.agent.app.api import api_routes
-from kvpilot.agent.app.compose import feed_window
 from kvpilot.agent.app.exposition import build_registry
 from kvpilot.agent.app.http import build_app
 from kvpilot.agent.app.parts import build_runtime
+from kvpilot.agent.app.ports import ControlPorts
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.state import StateStore
+from kvpilot.agent.tick.after import AfterTick
 from kvpilot.agent.tick.sidecar import Sidecar
+from kvpilot.agent.tick.watched import WatchedServers
 from kvpilot.agent.tuning.workload_json import shape_from_json
 from kvpilot.agent.tuning.workload_window import WorkloadWindow
 from kvpilot.collectors.nvml import NvmlCollector
@@ -58,19 +60,22 @@ async def _served(tmp_path: Path, bodies: list[str], learn: dict[str, Any]) -> A
                     runtime=runtime,
                     notifiers={},
                     remediator=Remediator(runtime, store, config.remediation),
-                    client=scrapes,
-                    nvml=NvmlCollector(server_pids=frozenset),
+                    watched=WatchedServers(
+                        config, NvmlCollector(server_pids=frozenset), timeout=scrapes.timeout
+                    ),
+                    after=AfterTick(learned=window),
                 )
                 try:
                     for _ in bodies:
                         await sidecar.tick()
-                        feed_window(window, sidecar)
                     app = build_app(
                         sidecar,
-                        build_registry(sidecar.servers, lambda out: None),
+                        build_registry(sidecar.watched.servers, lambda out: None),
                         clock=sidecar.clock,
                         stale_after_s=10.0,
-                        extra_routes=api_routes(sidecar, SecretStr("t"), window=window),
+                        extra_routes=api_routes(
+                            ControlPorts.of(sidecar), SecretStr("t"), window=window
+                        ),
                     )
                     transport = httpx.ASGITransport(app=app)
                     async with httpx.AsyncClient(transport=transport, base_url="http://k") as c:

@@ -17,6 +17,7 @@ from kubernetes import client
 from kvpilot.agent.app.api import api_routes
 from kvpilot.agent.app.exposition import build_registry
 from kvpilot.agent.app.http import build_app
+from kvpilot.agent.app.ports import ControlPorts
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.remediation import Remediator, Trigger
 from kvpilot.agent.remediation.facts import Action, AlertFacts
@@ -24,6 +25,7 @@ from kvpilot.agent.runtimes.k8s_recommend import EVENT_REASON
 from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.tick.sidecar import Sidecar
+from kvpilot.agent.tick.watched import WatchedServers
 from kvpilot.collectors.nvml import NvmlCollector
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment, make_runtime
 from tests.agent.remediation.remediation_helpers import remediation_config
@@ -150,15 +152,16 @@ def test_the_status_shows_the_latest_recommendation(
                     runtime=runtime,
                     notifiers={},
                     remediator=Remediator(runtime, store, config.remediation),
-                    client=scrapes,
-                    nvml=NvmlCollector(server_pids=frozenset),
+                    watched=WatchedServers(
+                        config, NvmlCollector(server_pids=frozenset), timeout=scrapes.timeout
+                    ),
                 )
                 app = build_app(
                     sidecar,
-                    build_registry(sidecar.servers, lambda out: None),
+                    build_registry(sidecar.watched.servers, lambda out: None),
                     clock=sidecar.clock,
                     stale_after_s=10.0,
-                    extra_routes=api_routes(sidecar, None),
+                    extra_routes=api_routes(ControlPorts.of(sidecar), None),
                 )
                 transport = httpx.ASGITransport(app=app)
                 async with httpx.AsyncClient(transport=transport, base_url="http://k") as api:

@@ -15,6 +15,7 @@ from kvpilot.agent.runtimes import AttachedServer, AttachRuntime
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.tick.external_labels import replica_labels, with_external_labels
 from kvpilot.agent.tick.sidecar import Sidecar
+from kvpilot.agent.tick.watched import WatchedServers
 from kvpilot.collectors.nvml import NvmlCollector
 from tests.agent.tick.test_remediation_pages import PagingRemediator
 
@@ -66,8 +67,7 @@ def test_notified_alerts_carry_namespace_pod_and_configured_labels(
                 runtime=AttachRuntime([AttachedServer(name="vllm", url="http://127.0.0.1:9")]),
                 notifiers={},
                 remediator=remediator,  # type: ignore[arg-type]
-                client=httpx.AsyncClient(),
-                nvml=NvmlCollector(),
+                watched=WatchedServers(config, NvmlCollector(), timeout=httpx.Timeout(5.0)),
             )
             page = circuit_open_event(
                 "vllm", "stable", 3, "not ready", incident_id="i", wall_s=sidecar.now_wall_s()
@@ -83,7 +83,7 @@ def test_notified_alerts_carry_namespace_pod_and_configured_labels(
                 "eu-1",
             )
             assert labels["instance"] == "vllm"  # what remediation and silences target
-            (tracked,) = [a for a in sidecar.tracker.alerts() if a.rule == CIRCUIT_OPEN_ALERT]
+            (tracked,) = [a for a in sidecar.alerts.alerts() if a.rule == CIRCUIT_OPEN_ALERT]
             assert "pod" not in dict(tracked.labels)  # kvpilot's own view is unchanged
             await sidecar.aclose()
 

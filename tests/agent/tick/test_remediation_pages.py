@@ -15,6 +15,7 @@ from kvpilot.agent.remediation.remediator import RemediationStatus
 from kvpilot.agent.runtimes import AttachedServer, AttachRuntime
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.tick.sidecar import Sidecar
+from kvpilot.agent.tick.watched import WatchedServers
 from kvpilot.collectors.nvml import NvmlCollector
 
 
@@ -69,8 +70,7 @@ def _sidecar(tmp_path: Path, store: StateStore, remediator: PagingRemediator) ->
         runtime=runtime,
         notifiers={},
         remediator=remediator,  # type: ignore[arg-type]
-        client=httpx.AsyncClient(),
-        nvml=NvmlCollector(),
+        watched=WatchedServers(config, NvmlCollector(), timeout=httpx.Timeout(5.0)),
     )
 
 
@@ -85,7 +85,7 @@ def test_a_page_is_an_alert_the_api_lists_and_the_outbox_carries(tmp_path: Path)
             sidecar = _sidecar(tmp_path, store, remediator)
             remediator.pages.append(_page(sidecar.now_wall_s()))
             await sidecar.tick()
-            firing = [a for a in sidecar.tracker.alerts() if a.rule == CIRCUIT_OPEN_ALERT]
+            firing = [a for a in sidecar.alerts.alerts() if a.rule == CIRCUIT_OPEN_ALERT]
             assert [a.state for a in firing] == ["firing"]
             queued = [i.event for i in store.outbox.pending()]
             assert [(dict(e.labels)["alertname"], e.status) for e in queued] == [
@@ -95,12 +95,12 @@ def test_a_page_is_an_alert_the_api_lists_and_the_outbox_carries(tmp_path: Path)
             assert CIRCUIT_OPEN_ALERT not in remediator.observed_rules
             # It holds on later ticks, then ends when the remediator resolves it.
             await sidecar.tick()
-            assert [a.state for a in sidecar.tracker.alerts() if a.rule == CIRCUIT_OPEN_ALERT] == [
+            assert [a.state for a in sidecar.alerts.alerts() if a.rule == CIRCUIT_OPEN_ALERT] == [
                 "firing"
             ]
             remediator.pages.append(resolved(queued[0], sidecar.now_wall_s()))
             await sidecar.tick()
-            assert [a.state for a in sidecar.tracker.alerts() if a.rule == CIRCUIT_OPEN_ALERT] == [
+            assert [a.state for a in sidecar.alerts.alerts() if a.rule == CIRCUIT_OPEN_ALERT] == [
                 "resolved"
             ]
             await sidecar.aclose()
@@ -113,10 +113,12 @@ def test_a_silence_suppresses_a_page(tmp_path: Path) -> None:
         with StateStore.open(tmp_path) as store:
             remediator = PagingRemediator()
             sidecar = _sidecar(tmp_path, store, remediator)
-            sidecar.tracker.silence({"alertname": CIRCUIT_OPEN_ALERT}, sidecar.now_wall_s() + 600)
+            sidecar.alerts.tracker.silence(
+                {"alertname": CIRCUIT_OPEN_ALERT}, sidecar.now_wall_s() + 600
+            )
             remediator.pages.append(_page(sidecar.now_wall_s()))
             await sidecar.tick()
-            assert [a.state for a in sidecar.tracker.alerts() if a.rule == CIRCUIT_OPEN_ALERT] == [
+            assert [a.state for a in sidecar.alerts.alerts() if a.rule == CIRCUIT_OPEN_ALERT] == [
                 "firing"
             ]
             alertnames = [dict(i.event.labels)["alertname"] for i in store.outbox.pending()]
@@ -138,7 +140,7 @@ def test_an_open_page_survives_a_restart_of_the_agent(tmp_path: Path) -> None:
             again = _sidecar(tmp_path, store, PagingRemediator())
             for _ in range(3):
                 await again.tick()
-            states = [a.state for a in again.tracker.alerts() if a.rule == CIRCUIT_OPEN_ALERT]
+            states = [a.state for a in again.alerts.alerts() if a.rule == CIRCUIT_OPEN_ALERT]
             assert states == ["firing"]
             await again.aclose()
 

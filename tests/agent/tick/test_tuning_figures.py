@@ -26,6 +26,7 @@ from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.trials import SqliteTrialStore
 from kvpilot.agent.tick.sidecar import Sidecar
 from kvpilot.agent.tick.tuning_figures import TuningFiguresCache
+from kvpilot.agent.tick.watched import WatchedServers
 from kvpilot.collectors.nvml import NvmlCollector
 from kvpilot.dashboards import tuning_metrics
 from kvpilot.rig.server import free_port
@@ -126,12 +127,14 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
                 runtime=runtime,
                 notifiers={},
                 remediator=Remediator(runtime, store, config.remediation, clock=clock),
-                client=client,
-                nvml=NvmlCollector(),  # type: ignore[arg-type]
-                clock=clock,
+                watched=WatchedServers(
+                    config,
+                    NvmlCollector(),  # type: ignore[arg-type]
+                    timeout=client.timeout,
+                    clock=clock,
+                ),
                 wall_clock=lambda: 1_760_000_000.0 + clock(),
-                trial_store=counting,
-                tuning_refresh_s=REFRESH_S,
+                tuning_figures=TuningFiguresCache(counting, refresh_s=REFRESH_S),
             )
             own = sidecar_families(sidecar.counters)
 
@@ -140,7 +143,10 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
                 tuning_families(sidecar.tuning_families())(out)
 
             app = build_app(
-                sidecar, build_registry(sidecar.servers, extra), clock=clock, stale_after_s=60.0
+                sidecar,
+                build_registry(sidecar.watched.servers, extra),
+                clock=clock,
+                stale_after_s=60.0,
             )
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://kvpilot") as scrape:

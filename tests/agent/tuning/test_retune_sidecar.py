@@ -99,7 +99,9 @@ async def restart_as(vllm: UpgradableVllm, sidecar: Sidecar, version: str) -> No
     vllm.down = False
     await wait_for(
         f"a scrape of {version}",
-        lambda: (s := sidecar.latest_vllm("vllm")) is not None and s.vllm_version == version,
+        lambda: (
+            (s := sidecar.watched.latest_vllm("vllm")) is not None and s.vllm_version == version
+        ),
     )
 
 

@@ -1,0 +1,78 @@
+"""What the API (and the CLI's demo) reach of the running loop: three narrow interfaces, the
+alerts, remediation and the loop's status, instead of the loop's attributes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from kvpilot.agent.alert_values import AlertView, Silence
+from kvpilot.agent.config import AgentConfig
+from kvpilot.agent.remediation.remediator import RemediationOutcome
+from kvpilot.agent.remediation.status import RemediationStatus
+from kvpilot.agent.runtimes import Runtime
+from kvpilot.agent.state.store import RemediationRecord
+from kvpilot.agent.tick.sidecar import Sidecar
+
+
+class Alerts(Protocol):
+    """The alerts as the tracker holds them; a silence, saved and audited."""
+
+    def alerts(self) -> list[AlertView]: ...
+
+    def silence(
+        self,
+        matchers: Mapping[str, str],
+        duration_s: float,
+        *,
+        comment: str,
+        requested_by: str | None,
+    ) -> Silence: ...
+
+
+class Remediation(Protocol):
+    """An operator's restart, veto and breaker reset, and remediation's status."""
+
+    def status(self) -> RemediationStatus: ...
+
+    async def trigger(
+        self, instance: str, *, requested_by: str, force: bool = False, reason: str = ""
+    ) -> RemediationOutcome: ...
+
+    def veto(
+        self,
+        *,
+        requested_by: str,
+        reason: str,
+        instance: str | None = None,
+        incident_id: str | None = None,
+    ) -> None: ...
+
+    def reset_breaker(self, instance: str, *, requested_by: str, reason: str) -> bool: ...
+
+
+class LoopStatus(Protocol):
+    """The loop's own figures for `/api/v1/status`."""
+
+    @property
+    def ticks_total(self) -> int: ...
+
+    def last_actions(self, limit: int) -> list[RemediationRecord]: ...
+
+    def outbox_backlog(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ControlPorts:
+    """Everything the API reads or changes. The runtime is read off the event loop only."""
+
+    config: AgentConfig
+    runtime: Runtime
+    alerts: Alerts
+    remediation: Remediation
+    status: LoopStatus
+
+    @classmethod
+    def of(cls, sidecar: Sidecar) -> ControlPorts:
+        return cls(sidecar.config, sidecar.runtime, sidecar.alerts, sidecar.remediator, sidecar)

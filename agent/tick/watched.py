@@ -1,0 +1,137 @@
+"""The servers a tick watches and the latest readings of each: a ticker and an HTTP client per
+server, its role and processes, and the host's latest NVML reading.
+
+This is the tick's observe step, and what the rest of the agent reads between ticks: the
+memory pre-flight and the OOM guard read the latest NVML snapshot and cache config, the tuner
+the latest vLLM scrape, the exposition each server's view. It is built before them, so none
+of them needs the loop that fills it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from kvpilot.agent.config import AgentConfig
+from kvpilot.agent.model import Instance, Labels
+from kvpilot.agent.readings.snapshot import NvmlReading, Snapshot, read_nvml
+from kvpilot.agent.tasks import GuardedTasks
+from kvpilot.agent.tick.calibration import model_config_of
+from kvpilot.agent.tick.ticker import Ticker
+from kvpilot.agent.tick.views import ServerView
+from kvpilot.agent.tick.wiring import CollectSettings, build_ticker, scrape_limits
+from kvpilot.collectors.errors import SourceError
+from kvpilot.collectors.gpu_samples import NvmlSnapshot
+from kvpilot.collectors.nvml import NvmlCollector
+from kvpilot.collectors.vllm_metrics import VllmScrape
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """One server as this tick read it: the snapshot, and its ticker's windows and figures."""
+
+    instance: Instance
+    snapshot: Snapshot
+    ticker: Ticker
+
+
+class WatchedServers:
+    """Each watched server's ticker and client; the latest NVML reading of the host."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        nvml: NvmlCollector,
+        *,
+        timeout: httpx.Timeout,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = config
+        self._nvml = nvml
+        self._timeout = timeout
+        self.clock = clock
+        self._tls = httpx.create_ssl_context()  # loaded once, shared by the servers' clients
+        self._tickers: dict[str, Ticker] = {}
+        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._instances: dict[str, Instance] = {}
+        self._latest_nvml: NvmlSnapshot | SourceError | None = None
+
+    async def observe(self, instances: Sequence[Instance], tasks: GuardedTasks) -> list[Observed]:
+        """One NVML reading, then every listed server's sources concurrently. A server no
+        longer listed (a canary removed) is forgotten, its client closed in `tasks`."""
+        self._forget_except({i.name for i in instances}, tasks)
+        nvml = await read_nvml(self._nvml, self.clock)
+        self._latest_nvml = nvml.value
+        return list(await asyncio.gather(*(self._read(i, nvml) for i in instances)))
+
+    async def _read(self, instance: Instance, nvml: NvmlReading) -> Observed:
+        ticker = self._ticker(instance)
+        self._instances[instance.name] = instance
+        return Observed(instance, await ticker.tick(nvml), ticker)
+
+    def _forget_except(self, names: set[str], tasks: GuardedTasks) -> None:
+        for name in set(self._tickers) - names:
+            del self._tickers[name]
+            self._instances.pop(name, None)
+            client = self._clients.pop(name, None)
+            if client is not None:
+                tasks.spawn(client.aclose(), f"close-client-{name}")
+
+    def _ticker(self, instance: Instance) -> Ticker:
+        ticker = self._tickers.get(instance.name)
+        if ticker is None:
+            api_key = self._config.runtime.api_key
+            settings = CollectSettings(
+                vllm_url=instance.url,
+                kvpool_url=instance.kvpool_url,
+                api_key=api_key.get_secret_value() if api_key else None,
+                limits=scrape_limits(self._config),
+                model_config=instance.model_config or model_config_of(instance.argv),
+            )
+            # A client per server: one pool's connection scan grows with every server
+            # watched, and that cost is paid on every request of every server.
+            client = httpx.AsyncClient(timeout=self._timeout, verify=self._tls)
+            self._clients[instance.name] = client
+            ticker = build_ticker(settings, client)
+            self._tickers[instance.name] = ticker
+        return ticker
+
+    async def aclose(self) -> None:
+        for client in self._clients.values():
+            await client.aclose()
+        self._clients.clear()
+
+    # -- what the rest of the agent reads between ticks --------------------------------
+
+    def servers(self) -> list[ServerView]:
+        return [
+            ServerView(
+                name,
+                instance.role if (instance := self._instances.get(name)) else "stable",
+                ticker.state,
+                instance.pids if instance else frozenset(),
+            )
+            for name, ticker in self._tickers.items()
+        ]
+
+    def latest_nvml(self) -> NvmlSnapshot | SourceError | None:
+        return self._latest_nvml
+
+    def latest_vllm(self, name: str) -> VllmScrape | None:
+        ticker = self._tickers.get(name)
+        latest = ticker.state.latest if ticker else None
+        return latest.vllm if latest and isinstance(latest.vllm, VllmScrape) else None
+
+    def cache_config(self, name: str) -> Labels | None:
+        """The server's `vllm:cache_config_info` labels, for the memory pre-flight."""
+        scrape = self.latest_vllm(name)
+        return scrape.engines[0].cache_config if scrape and scrape.engines else None
+
+    def vllm_version(self, name: str | None) -> str | None:
+        """The vLLM version server `name` reported at its last scrape; None while unknown."""
+        scrape = self.latest_vllm(name) if name is not None else None
+        return scrape.vllm_version if scrape is not None else None
