@@ -213,6 +213,7 @@ async def _run(
                 config,
                 sidecar,
                 lambda cfgs: build_notifiers(cfgs, client, external_url),
+                audit=store,
             )
         own = sidecar_families(sidecar.counters, reloader)
 

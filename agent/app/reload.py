@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from pydantic import SecretStr
 from starlette.requests import Request
@@ -22,7 +24,8 @@ from starlette.routing import Route
 from kvpilot.agent.app.control_token import ControlToken, control_token
 from kvpilot.agent.config import AgentConfig, ConfigError, NotifierConfig
 from kvpilot.agent.notify import Notifier
-from kvpilot.agent.tick.sidecar import Sidecar
+from kvpilot.agent.rules.config import RulesConfig
+from kvpilot.agent.state import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,16 @@ class ReloadResult:
         return bool(self.problems)
 
 
+class Reloadable(Protocol):
+    """What a reload changes in the running loop: its notifiers and its rules."""
+
+    def use_notifiers(
+        self, configs: tuple[NotifierConfig, ...], notifiers: Mapping[str, Notifier]
+    ) -> None: ...
+
+    def use_rules(self, rules: RulesConfig) -> None: ...
+
+
 class Reloader:
     """Reads the configuration again and applies what can change while kvpilot runs."""
 
@@ -49,12 +62,17 @@ class Reloader:
         self,
         load: Callable[[], AgentConfig],
         running: AgentConfig,
-        sidecar: Sidecar,
+        loop: Reloadable,
         build_notifiers: Callable[[tuple[NotifierConfig, ...]], Mapping[str, Notifier]],
+        *,
+        audit: StateStore,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._load = load
         self._running = running
-        self._sidecar = sidecar
+        self._loop = loop
+        self._store = audit
+        self._wall_clock = wall_clock
         self._build_notifiers = build_notifiers
         self._lock = asyncio.Lock()
         self.last_successful = True  # kvpilot started on a valid configuration
@@ -77,9 +95,9 @@ class Reloader:
         applied = tuple(name for name in changed if name in LIVE_SECTIONS)
         later = tuple(name for name in changed if name not in LIVE_SECTIONS)
         if "notifiers" in applied:
-            self._sidecar.use_notifiers(new.notifiers, self._build_notifiers(new.notifiers))
+            self._loop.use_notifiers(new.notifiers, self._build_notifiers(new.notifiers))
         if "rules" in applied:
-            self._sidecar.use_rules(new.rules)
+            self._loop.use_rules(new.rules)
         self._running = old.model_copy(update={name: getattr(new, name) for name in applied})
         names = ", ".join(n.name for n in self._running.notifiers) or "none"
         if not changed:
@@ -110,8 +128,8 @@ class Reloader:
 
     def _audit(self, decision: str, reason: str) -> None:
         try:
-            self._sidecar.store.record_audit(
-                wall_s=self._sidecar.now_wall_s(),
+            self._store.record_audit(
+                wall_s=self._wall_clock(),
                 actor="agent",
                 action="reload",
                 target="configuration",
