@@ -9,7 +9,8 @@ SLO and none fails. A window's requests carry the landscape's lengths (and prefi
 Each landscape's table is `landscape_<name>-capacity.csv` in `out_dir`: the committed
 columns (goodput is the window's at the capacity; feasible when some rate held; the reason
 of a cell that held none) and three more, `capacity_rps`, `capacity_ladder` (each window:
-rate, + held or - not, requests in the SLO of all) and `capacity_failed_at_rps`. The
+rate, + held or - not, requests in the SLO of all) and `capacity_failed_at_rps` (empty
+beside a capacity when the ladder's top held: the capacity is then a floor). The
 replay scores a table with `capacity_rps` by capacity (`tuner_noise`). Every window's
 per-request records (TTFT, mean inter-token gap, error) are appended to the table's
 `.requests.jsonl` beside it.
@@ -44,7 +45,7 @@ class LadderSettings:
 
     window_s: float = 30.0
     start_rps: float = 2.0
-    max_ladder: int = 6  # 1.5 ** 6 = 11x up or down from the start
+    max_ladder: int = 8  # 1.5 ** 8 = 26x up or down from the start
 
     def __post_init__(self) -> None:
         if not self.window_s > 0 or not self.start_rps > 0 or self.max_ladder < 1:
@@ -133,6 +134,15 @@ def capacity_row(
     }
 
 
+def describe(row: dict[str, str]) -> str:
+    """One cell's capacity as the measure prints it, saying when it is only a floor."""
+    capacity = row.get("capacity_rps")
+    if not capacity:
+        return f"capacity none [{row.get('capacity_ladder', '')}] {row['reason'][:80]}"
+    floor = "" if row.get("capacity_failed_at_rps") else " (a floor: the ladder's top held)"
+    return f"capacity {capacity} req/s{floor} [{row['capacity_ladder']}]"
+
+
 def _cell(
     kv_bytes: int,
     seqs: int,
@@ -212,8 +222,7 @@ def measure_capacity(
                 row = rows[landscape.name]
                 append_row(table, header, row, CAPACITY_COLUMNS)
                 print(
-                    f"{landscape.name} kv={blocks} blocks seqs={n_seqs} pass {pass_}: capacity "
-                    f"{row.get('capacity_rps') or 'none'} req/s [{row.get('capacity_ladder', '')}] "
-                    f"{row['reason'][:80]}",
+                    f"{landscape.name} kv={blocks} blocks seqs={n_seqs} pass {pass_}: "
+                    f"{describe(row)}",
                     flush=True,
                 )

@@ -293,6 +293,13 @@ def test_a_capacity_row_as_measured_is_replayed_by_capacity(tmp_path: Path) -> N
     assert rows[0]["capacity_ladder"] == "2+(20/20) 3+(29/30)"
     assert rows[1]["reason"] == "no rate held down to 1.3 req/s"
     assert rows[2]["reason"].startswith("failed to start")
+    assert capacity_mode.describe(rows[0]) == "capacity 3 req/s [2+(20/20) 3+(29/30)]"
+    top_held = Capacity(3.0, held.windows, None)
+    floor = capacity_mode.capacity_row(2048, 4, top_held, None, (1.0, 1.0), 1, 30.0)
+    assert "(a floor: the ladder's top held)" in capacity_mode.describe(floor)
+    assert capacity_mode.describe(rows[1]) == (
+        "capacity none [2-(3/20) 1.3-(2/13)] no rate held down to 1.3 req/s"
+    )
     cells = noise.load_noisy(table)
     assert noise.scored_by_capacity(table)
     assert cells[(2048, 4)].truth == Cell(3.0, True, "")
