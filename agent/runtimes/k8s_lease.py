@@ -380,7 +380,7 @@ class DeploymentLease:
             self.lost, self.record = exc, None
             log.error("%s", exc)
             if body is not None:
-                body.cancel()
+                body.cancel(msg=str(exc))  # what the trial cut off records as its reason
 
         async def renew_loop() -> None:
             wait_s = every_s
