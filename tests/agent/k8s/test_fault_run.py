@@ -270,6 +270,9 @@ def test_a_tuning_session_through_a_scripted_run_of_faults(
     assert failed is not None and "create" in str(failed)
     assert third.state is TrialState.COMPLETE  # measured; the promotion was refused
     assert "changed by someone else during the trial" in str(edited)
+    rollouts = {r.trial_id: (r.phase.value, r.reason or "") for r in journal.records()}
+    assert rollouts["t3"][0] == "failed" and "changed by someone else" in rollouts["t3"][1]
+    assert rollouts["t4"][0] == "aborted" and "holder now: 'pod-c'" in rollouts["t4"][1]
     assert flag_value(tuple(stable_args(fake)), "--max-num-seqs") == "8"  # trial 1's, kept
     # Cut off by the takeover, saying so; its canary was the new holder's to clean up.
     assert fourth.state is TrialState.ABORTED and "'pod-c'" in (fourth.reason or ""), fourth
