@@ -256,8 +256,8 @@ def sidecar_families(
         # Without a reloader, the configuration kvpilot started with is the one loaded: 1.
         reloaded = reloads is None or reloads.last_successful
         out.add("kvpilot_config_last_reload_successful", (), 1.0 if reloaded else 0.0)
-        for deployment, count in unattended():
-            out.add("kvpilot_unattended_canaries", (deployment,), count)
+        for deployment, canaries in unattended():
+            out.add("kvpilot_unattended_canaries", (deployment,), canaries)
 
     return add
 
