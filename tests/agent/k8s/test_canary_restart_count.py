@@ -11,11 +11,16 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from kvpilot.agent.app.parts import build_pod_runtime
+from kvpilot.agent.config import PodRuntimeConfig, validate_config
 from kvpilot.agent.runtimes.k8s_restarts import CanaryRestarts, restart_count
+from kvpilot.agent.state import StateStore
 from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
+from kvpilot.agent.tuning.pod import PodTuner
 from kvpilot.tuner.ports import CanaryAborted
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment, make_runtime
 from tests.agent.k8s.test_live_traffic_adapter import CANARY
+from tests.agent.k8s.test_pod_schedule import TINY
 from tests.agent.tuning.test_live_observer import (
     CONFIG,
     SLO,
@@ -124,3 +129,42 @@ def test_restart_count_reads_the_named_container_only() -> None:
     assert restart_count(pod, "vllm") == 2
     assert restart_count(pod, "other") is None
     assert restart_count({"status": {}}, "vllm") is None
+
+
+def test_the_pod_tuners_live_sessions_read_the_canarys_restarts(fake, tmp_path) -> None:
+    fake.add_deployment(base_deployment(8000))
+    config = validate_config(
+        {
+            "state_dir": str(tmp_path / "state"),
+            "runtime": {
+                "kind": "pod",
+                "port": 8000,
+                "model_config": str(TINY),
+                "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host},
+            },
+            "tuning": {
+                "trials": 1,
+                "memory_knob": "kv_cache_memory_bytes",
+                "canary": {
+                    "traffic": "gateway",
+                    "gateway": {
+                        "httproute": "vllm",
+                        "stable_service": "vllm",
+                        "canary_service": CANARY,
+                    },
+                },
+            },
+        },
+        warn=False,
+    )
+    assert isinstance(config.runtime, PodRuntimeConfig)
+    runtime = build_pod_runtime(config, config.runtime, {"POD_NAME": "pod-a"})
+    store = StateStore.open(config.state_dir)
+    tuner = PodTuner(config, runtime, store.db)
+
+    observer = tuner.session(asyncio.run(tuner.study()))._observer
+
+    assert isinstance(observer, LiveTrafficObserver)
+    assert observer._restarts is tuner.restarts
+    assert tuner.restarts() is None  # no canary yet: nothing to count
+    store.close()
