@@ -99,3 +99,26 @@ def test_worker_delivers_through_alertmanager(alertmanager: AlertmanagerServer) 
     assert report.count("am", "given_up") == 1
     assert [f.item.event for f in outbox.finished() if not f.delivered] == [bad]
     wait_for(lambda: len(ours(alertmanager, dict(good.labels)["alertname"])) == 1)
+
+
+def test_a_flood_of_alerts_reaches_alertmanager_in_batches(
+    alertmanager: AlertmanagerServer,
+) -> None:
+    """Three hundred alerts, each its own lane, go in lists of up to 64 that the real
+    Alertmanager takes whole: a pass reads 100 due rows (two requests, 64 and 36)."""
+    alertname = f"KvTest{uuid.uuid4().hex[:8]}"
+    outbox = MemoryOutbox()
+    for n in range(300):
+        event = make_event(alertname, instance=f"vllm-{n}", starts_at_wall_s=time.time())
+        outbox.enqueue("am", event, time.time())
+
+    async def main():
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            notifier = AlertmanagerNotifier("am", alertmanager.url, client)
+            worker = DeliveryWorker(outbox, {"am": notifier}, clock=time.time, pass_wait_s=10.0)
+            return [await worker.deliver_due() for _ in range(3)]
+
+    reports = asyncio.run(main())
+    assert [r.count("am", "delivered") for r in reports] == [100, 100, 100]
+    assert all(r.errors == () for r in reports)
+    wait_for(lambda: len(ours(alertmanager, alertname)) == 300)
