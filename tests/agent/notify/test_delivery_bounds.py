@@ -59,9 +59,9 @@ def test_a_backlog_past_its_bound_drops_the_lowest_severity_then_the_oldest() ->
 
 def test_the_bound_holds_per_notifier_under_a_flood_and_keeps_every_critical() -> None:
     clock, outbox = FakeClock(), MemoryOutbox()
-    for n in range(2_000):
+    for n in range(1_000):
         outbox.enqueue("hook", event(n, "info"), clock())
-    for n in range(2_000, 2_010):
+    for n in range(1_000, 1_010):
         outbox.enqueue("hook", event(n, "critical"), clock())
     outbox.enqueue("other", event(0), clock())
     down = Receiver()
@@ -74,7 +74,7 @@ def test_the_bound_holds_per_notifier_under_a_flood_and_keeps_every_critical() -
         worker = worker_for(outbox, notifiers, clock, max_pending_per_notifier=100)
         tally = Tally(worker)
         await tally.deliver()
-        assert tally.counts[("hook", "dropped")] == 1_910
+        assert tally.counts[("hook", "dropped")] == 910
         assert ("other", "dropped") not in tally.counts
 
     with_client(body)
