@@ -32,6 +32,11 @@ deadline is 0.8 s, so a tick within its deadline never overruns; goal none), the
 ticks completed against the span (none lost), exceptions in the agent's log (lines with a
 traceback; goal none), and the state directory's size (bounded by retention: it may grow
 with the audit trail of alerts, never with the scrapes).
+
+With a warm-up shorter than the agent's windows (600 s of samples), the RSS growth includes
+their filling, which is bounded: the soak also prints the RSS at each minute of the span and
+the growth once the windows are full. `--tracemalloc` runs the agent under tracemalloc and
+prints where memory grew between the span's start and end.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ HOSTILE_MODES = (*MODES, "labels")
 SLOW_ANSWER_S = 5.0
 HUGE_BYTES = 64 << 20
 MIB = 1 << 20
+WINDOWS_S = 600.0  # the agent's rolling windows keep this much: memory grows until they fill
 
 
 # -- the stand-ins (run in a child process) ---------------------------------------------
@@ -403,7 +409,7 @@ def _measure(
     rss0, db0 = _rss_bytes(agent.pid), _dir_bytes(folder / "state")
     peak = rss0
     started = time.monotonic()
-    phases = Phases(url, started, span_s)
+    phases = Phases(url, started, span_s, windows_full_s=WINDOWS_S + 20.0 - warmup_s)
     while time.monotonic() - started < span_s:
         time.sleep(5.0)
         if agent.poll() is not None:
@@ -459,8 +465,10 @@ class Phases:
     seconds between ticks (kvpilot_ticks_total read each 5 s) and the slowest source of the
     latest tick (kvpilot_collector_scrape_duration_seconds; sources are read concurrently)."""
 
-    def __init__(self, url: str, started: float, span_s: float) -> None:
+    def __init__(self, url: str, started: float, span_s: float, windows_full_s: float) -> None:
         self.url, self.started, self.span_s = url, started, span_s
+        self.windows_full_s = windows_full_s  # into the span: the agent's windows are full
+        self.once_full: list[float] = []  # RSS (MiB) sampled since then
         self.rows: dict[str, list[tuple[float, float, float, float]]] = {"first": [], "last": []}
         self._prev: tuple[float, float] | None = None
         self.by_minute: dict[int, float] = {}  # the span's minute -> RSS (MiB) at its start
@@ -468,6 +476,8 @@ class Phases:
     def sample(self, rss: int) -> None:
         now = time.monotonic()
         self.by_minute.setdefault(int((now - self.started) // 60), rss / MIB)
+        if now - self.started >= self.windows_full_s:
+            self.once_full.append(rss / MIB)
         began = time.monotonic()
         text = httpx.get(self.url, timeout=10).text
         answer_s = time.monotonic() - began
@@ -492,6 +502,10 @@ class Phases:
             self.rows["last"].append(row)
 
     def report(self) -> None:
+        if len(self.once_full) >= 2:  # what a warm-up shorter than the windows cannot tell
+            growth = self.once_full[-1] - self.once_full[0]
+            span_min = (len(self.once_full) - 1) * 5.0 / 60
+            print(f"rss once the windows are full: {growth:+.2f} MiB over {span_min:.1f} min")
         minutes = ", ".join(f"{m}: {v:.1f}" for m, v in sorted(self.by_minute.items()))
         print(f"rss by minute of the span (MiB): {minutes}")
         for phase, rows in self.rows.items():
