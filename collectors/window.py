@@ -14,8 +14,11 @@ server counted between two scrapes, which is what rules about preemptions need.
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -71,6 +74,9 @@ class RollingWindow(Generic[SampleT]):
         self._series: dict[Key, deque[SampleT]] = {}
         self._thinned: dict[Key, int] = {}  # how many of a series' oldest samples are thin
         self._last_at_s: float | None = None
+        # Per series and histogram field: where its count last went down, so that a span's
+        # histogram reads two samples, not every sample of the span, on every tick.
+        self._resets: dict[tuple[Key, str], _ResetMark] = {}
 
     def add(self, scrape: Scrape[SampleT]) -> None:
         """Append a scrape's samples, trim old ones, and drop engines the scrape no longer has."""
@@ -96,6 +102,8 @@ class RollingWindow(Generic[SampleT]):
             for key in [k for k in self._series if k not in seen]:
                 del self._series[key]
                 self._thinned.pop(key, None)
+            for mark in [m for m in self._resets if m[0] not in seen]:
+                del self._resets[mark]
 
     def _thin_old(self, series: deque[SampleT], thinned: int, now: float) -> int:
         """Thins the samples that just became older than `thin_after_s`; returns the count."""
@@ -146,18 +154,46 @@ class RollingWindow(Generic[SampleT]):
 
     def histogram_over(self, key: Key, field: str, span_s: float) -> Histogram | None:
         """The observations a cumulative histogram gained over the span; None below two values."""
-        points = _values(self.samples(key, span_s), field)
-        if len(points) < 2:
+        series = self._series.get(key)
+        if not series:
             return None
-        hists: list[Histogram] = [h for _, h in points]
-        if all(b.count >= a.count for a, b in pairwise(hists)):
-            return delta(hists[-1], hists[0])  # no reset seen: one difference does it
+        first = _first_known(series, field, series[-1].taken_at_s - span_s)
+        last = _last_known(series, field)
+        if first is None or last is None or first.taken_at_s >= last.taken_at_s:
+            return None
+        reset_at_s = self._last_reset_at_s(key, field, series)
+        if reset_at_s is None or reset_at_s <= first.taken_at_s:
+            # No reset among the span's values: the newest minus the oldest is the answer.
+            return delta(getattr(last, field), getattr(first, field))
+        hists: list[Histogram] = [h for _, h in _values(self.samples(key, span_s), field)]
         total = delta(hists[1], hists[0])
         for older, newer in pairwise(hists[1:]):
             step = delta(newer, older)
             summed = add(total, step)
             total = step if summed is None else summed  # a new bucket layout starts over
         return total
+
+    def _last_reset_at_s(self, key: Key, field: str, series: deque[SampleT]) -> float | None:
+        """The stamp of the newest value of `field` below the one before it (a restart), or
+        None; reads only the samples added since the last call."""
+        mark = self._resets.get((key, field))
+        checked_s = mark.checked_at_s if mark is not None else -math.inf
+        fresh = []
+        for sample in reversed(series):
+            if sample.taken_at_s <= checked_s:
+                break
+            fresh.append(sample)
+        previous = mark.count if mark is not None else None
+        reset_at_s = mark.reset_at_s if mark is not None else None
+        for sample in reversed(fresh):
+            h = getattr(sample, field)
+            if h is None:
+                continue
+            if previous is not None and h.count < previous:
+                reset_at_s = sample.taken_at_s
+            previous = h.count
+        self._resets[(key, field)] = _ResetMark(series[-1].taken_at_s, previous, reset_at_s)
+        return reset_at_s
 
     def quantiles(
         self, key: Key, field: str, span_s: float, qs: Iterable[float] = DEFAULT_QUANTILES
@@ -173,6 +209,35 @@ def quantiles_since_start(
     """Quantiles of everything a histogram saw since the server started (one scrape is enough)."""
     h = getattr(sample, field)
     return {q: (quantile(q, h) if h is not None else None) for q in qs}
+
+
+@dataclass(frozen=True, slots=True)
+class _ResetMark:
+    """How far one series' histogram field has been checked for restarts, and the last one."""
+
+    checked_at_s: float  # samples up to this stamp have been read
+    count: float | None  # the newest known count among them
+    reset_at_s: float | None  # the stamp of the newest count below its predecessor
+
+
+def _stamp(sample: Sample) -> float:
+    return sample.taken_at_s
+
+
+def _first_known(series: deque[SampleT], field: str, start_s: float) -> SampleT | None:
+    """The oldest sample from `start_s` on whose `field` is known."""
+    for i in range(bisect_left(series, start_s, key=_stamp), len(series)):
+        if getattr(series[i], field) is not None:
+            return series[i]
+    return None
+
+
+def _last_known(series: deque[SampleT], field: str) -> SampleT | None:
+    """The newest sample whose `field` is known."""
+    for sample in reversed(series):
+        if getattr(sample, field) is not None:
+            return sample
+    return None
 
 
 def _increase(points: list[tuple[float, float]]) -> float:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
 
-from kvpilot.collectors.histogram import Histogram, quantile
+from kvpilot.collectors.histogram import Histogram, add, delta, quantile
 from kvpilot.collectors.vllm_metrics import EngineSample, VllmScrape, parse_vllm_metrics
 from kvpilot.collectors.vllm_parse import kept_for_counters
 from kvpilot.collectors.window import RollingWindow, quantiles_since_start
@@ -193,3 +195,82 @@ def test_samples_older_than_the_thin_edge_lose_what_only_recent_spans_read() -> 
     assert recent and all(s.ttft is hist for s in recent)
     # Counters survive thinning: the long span still has its rate.
     assert window.rate(("m", "0"), "preemptions_total", 390.0) == 1.0
+
+
+def _reference_histogram_over(
+    window: RollingWindow, key: tuple[str, str], field: str, span_s: float
+) -> Histogram | None:
+    """The span's histogram from every value in it: consecutive differences, resets restart."""
+    hists = [getattr(s, field) for s in window.samples(key, span_s)]
+    hists = [h for h in hists if h is not None]
+    if len(hists) < 2:
+        return None
+    total = delta(hists[1], hists[0])
+    for older, newer in pairwise(hists[1:]):
+        step = delta(newer, older)
+        summed = add(total, step)
+        total = step if summed is None else summed
+    return total
+
+
+def _hist(count: float) -> Histogram:
+    return Histogram(buckets=((0.1, count / 2), (1.0, count), (INF, count)), sum=count, count=count)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_span_histogram_matches_every_difference_read_one_by_one(seed: int) -> None:
+    """The remembered last restart never changes an answer: restarts, gaps, thinned old
+    samples and an engine that leaves and comes back, checked against a full walk each tick."""
+    rng = random.Random(seed)
+    w: RollingWindow[EngineSample] = RollingWindow(
+        retention_s=40, thin_after_s=25, thin=kept_for_counters
+    )
+    count = 0.0
+    for t in range(160):
+        if rng.random() < 0.06:
+            count = float(rng.randrange(3))  # a restart
+        count += rng.randrange(4)
+        known = rng.random() > 0.15  # a scrape without the family
+        engines = [engine(t, ttft=_hist(count) if known else None)]
+        if not 60 <= t < 70:  # engine 1 leaves for ten scrapes, then returns
+            engines.append(engine(t, "1", ttft=_hist(count + 5)))
+        w.add(scrape(t, *engines))
+        for key in (KEY, ("m", "1")):
+            span_s = rng.choice((1, 3, 10, 30, 60))
+            got = w.histogram_over(key, "ttft", span_s)
+            assert got == _reference_histogram_over(w, key, "ttft", span_s), (t, key, span_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class _CountingSample:
+    """A sample whose histogram counts how often it is read."""
+
+    taken_at_s: float
+    h: Histogram
+    reads: list[int]
+    key: tuple[str, str] = KEY
+
+    @property
+    def hist(self) -> Histogram:
+        self.reads[0] += 1
+        return self.h
+
+
+@dataclasses.dataclass(frozen=True)
+class _CountingScrape:
+    taken_at_s: float
+    engines: tuple[_CountingSample, ...]
+
+
+def test_a_span_histogram_reads_the_new_samples_not_the_whole_span() -> None:
+    """At 1 Hz a tick asks for the same spans again: the samples read are the ones added
+    since, and the span's two ends, not every sample of a full window."""
+    reads = [0]
+    w: RollingWindow[_CountingSample] = RollingWindow(retention_s=600)
+    for t in range(600):
+        w.add(_CountingScrape(t, (_CountingSample(t, _hist(float(t)), reads),)))
+    assert w.histogram_over(KEY, "hist", 300) == delta(_hist(599.0), _hist(299.0))
+    w.add(_CountingScrape(600, (_CountingSample(600, _hist(600.0), reads),)))
+    reads[0] = 0
+    assert w.histogram_over(KEY, "hist", 300) == delta(_hist(600.0), _hist(300.0))
+    assert reads[0] <= 6
