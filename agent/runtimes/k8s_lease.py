@@ -337,31 +337,39 @@ class DeploymentLease:
         return False
 
     def release(self) -> bool:
-        """Give the lease up so the next tuner need not wait for expiry; False if not ours."""
-        current = self._read()
-        self.record = None
-        if current is None or current.spec is None or current.spec.holder_identity != self.identity:
-            return False
-        client = client_module()
-        current.spec = client.V1LeaseSpec(
-            lease_duration_seconds=current.spec.lease_duration_seconds,
-            lease_transitions=current.spec.lease_transitions,
-            acquire_time=micro_time(_wall_s(current.spec.acquire_time) or self._wall_clock()),
-            renew_time=micro_time(self._wall_clock()),
-        )
-        try:
-            call(
-                self._api.replace_namespaced_lease,
-                self.name,
-                self.namespace,
-                current,
-                verb="update",
-                resource=RESOURCE,
-                what=self._what(),
+        """Give the lease up so the next tuner need not wait for expiry; False if not ours.
+        A conflict is read again: it may be this pod's own renewal, whose thread a cancelled
+        renewer could not stop, landing between the read and the write."""
+        for _ in range(RELEASE_TRIES):
+            current = self._read()
+            self.record = None
+            if (
+                current is None
+                or current.spec is None
+                or current.spec.holder_identity != self.identity
+            ):
+                return False
+            client = client_module()
+            current.spec = client.V1LeaseSpec(
+                lease_duration_seconds=current.spec.lease_duration_seconds,
+                lease_transitions=current.spec.lease_transitions,
+                acquire_time=micro_time(_wall_s(current.spec.acquire_time) or self._wall_clock()),
+                renew_time=micro_time(self._wall_clock()),
             )
-        except Conflict:
-            return False
-        return True
+            try:
+                call(
+                    self._api.replace_namespaced_lease,
+                    self.name,
+                    self.namespace,
+                    current,
+                    verb="update",
+                    resource=RESOURCE,
+                    what=self._what(),
+                )
+            except Conflict:
+                continue  # read again: still ours, or someone else's now
+            return True
+        return False
 
     @contextlib.asynccontextmanager
     async def held(self, *, renew_every_s: float | None = None) -> AsyncIterator[LeaseRecord]:

@@ -58,6 +58,28 @@ def test_renewal_outlives_transient_errors_and_releases_on_leaving(fake) -> None
     assert "holderIdentity" not in stored(fake)["spec"]  # released
 
 
+def test_a_release_that_meets_its_own_renewal_is_read_again_and_made(fake) -> None:
+    """A renewal's thread outlives its cancelled renewer: its write can land between the
+    release's read and write, and the release's write then conflicts."""
+    clock = Clock()
+    a = lease(fake, "pod-a", clock)
+    a.acquire()
+    fake.fail("PUT", LEASE_PATH, 409)  # the release's first write: the record moved on
+
+    assert a.release() is True
+    assert "holderIdentity" not in stored(fake)["spec"]  # given back, not left to lapse
+
+
+def test_a_release_that_finds_another_holder_leaves_the_lease_alone(fake) -> None:
+    clock = Clock()
+    a = lease(fake, "pod-a", clock)
+    a.acquire()
+    stored(fake)["spec"]["holderIdentity"] = "pod-b"
+
+    assert a.release() is False
+    assert stored(fake)["spec"]["holderIdentity"] == "pod-b"
+
+
 def runtime(fake, tmp_path, port: int) -> KubernetesRuntime:
     target = KubernetesTarget(
         namespace=NAMESPACE,
