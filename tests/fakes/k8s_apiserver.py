@@ -235,6 +235,13 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
                     if status["name"] == container:
                         status["restartCount"] = int(status.get("restartCount") or 0) + 1
 
+    def take_lease(self, namespace: str, name: str, holder: str) -> None:
+        """Another replica takes the Lease over: a new holder and a new resourceVersion."""
+        with self._lock:
+            lease = self.leases[(namespace, name)]
+            lease["spec"]["holderIdentity"] = holder
+            lease["metadata"]["resourceVersion"] = self._next_version()
+
     def update_status(self, namespace: str, name: str) -> None:
         """A controller's status update: a new resourceVersion, the same generation."""
         with self._lock:

@@ -190,9 +190,7 @@ def test_a_tuning_session_through_a_scripted_run_of_faults(
 
     async def taken_over() -> None:
         """Pod C takes the Lease over while this pod's canary has its share."""
-        record = fake.leases[(NAMESPACE, lease_name("vllm"))]
-        record["spec"]["holderIdentity"] = "pod-c"
-        record["metadata"]["resourceVersion"] += "0"
+        fake.take_lease(NAMESPACE, lease_name("vllm"), "pod-c")
         await wait_for("the takeover seen", lambda: runtime.lease.lost)  # cancelled by it
 
     async def run() -> tuple[str | None, list, BaseException | None, BaseException | None]:
