@@ -43,6 +43,8 @@ class AlertCommit:
         self.tracker = self._restore_tracker(config)
         self._pages = RemediationPages.restore(self.tracker.alerts())
         self._unsaved_events: list[AlertEvent] = []  # pages of a tick whose commit failed
+        # When each notifier last got each firing alert: kept while the alert fires, so
+        # bounded by the tracker's live alerts times the notifiers.
         self._last_repeat_wall_s: dict[tuple[str, str], float] = {}
 
     def _restore_tracker(self, config: AgentConfig) -> AlertTracker:
@@ -135,9 +137,21 @@ class AlertCommit:
             return False
         self.write_failures.succeeded(now_s)
         self._last_repeat_wall_s.update(sent)
+        self._forget_marks(transitions)
         for transition in transitions:
             _log_transition(transition)
         return True
+
+    def repeat_marks(self) -> int:
+        """How many (notifier, alert) repeat marks are held."""
+        return len(self._last_repeat_wall_s)
+
+    def _forget_marks(self, transitions: Sequence[AlertTransition]) -> None:
+        """An alert that stopped firing starts its next firing afresh: its marks go."""
+        ended = {t.fingerprint for t in transitions if t.to_state in ("resolved", "inactive")}
+        if ended:
+            marks = self._last_repeat_wall_s
+            self._last_repeat_wall_s = {k: v for k, v in marks.items() if k[1] not in ended}
 
     def _record(
         self, transition: AlertTransition, now_wall_s: float, sent: dict[tuple[str, str], float]
