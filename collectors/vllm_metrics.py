@@ -17,7 +17,7 @@ from collections.abc import Callable
 import httpx
 
 from kvpilot.collectors.errors import ErrorKind, SourceError
-from kvpilot.collectors.limits import ScrapeLimits, fetch_text
+from kvpilot.collectors.limits import PreparedGet, ScrapeLimits, fetch_text
 from kvpilot.collectors.promtext import MetricsParseError, SampleLimitError
 from kvpilot.collectors.vllm_parse import EngineKey, EngineSample, VllmScrape, parse_vllm_metrics
 
@@ -59,6 +59,9 @@ class VllmMetricsSource:
         self._wall_clock = wall_clock
         self._version: str | None = None
         self._version_known = False
+        self._metrics_get = PreparedGet(
+            client, self.metrics_url, limits=self._limits, headers=self._headers
+        )
 
     @property
     def metrics_url(self) -> str:
@@ -114,7 +117,12 @@ class VllmMetricsSource:
         """The body of ``/metrics``, or why there is none."""
         url = self.metrics_url
         got = await fetch_text(
-            self._client, url, source=SOURCE, limits=self._limits, headers=self._headers
+            self._client,
+            url,
+            source=SOURCE,
+            limits=self._limits,
+            headers=self._headers,
+            prepared=self._metrics_get,
         )
         if isinstance(got, SourceError):
             return got

@@ -17,7 +17,7 @@ import httpx
 from kvpilot.collectors.checks import Checks, Refused
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.fragmentation import Fragmentation, kv_blocks_fragmentation
-from kvpilot.collectors.limits import ScrapeLimits, fetch_text
+from kvpilot.collectors.limits import PreparedGet, ScrapeLimits, fetch_text
 from kvpilot.collectors.promtext import (
     Labels,
     MetricSample,
@@ -315,11 +315,14 @@ class KvPoolSource:
         self._clock = clock
         self._wall_clock = wall_clock
         self._limits = limits or ScrapeLimits()
+        self._get = PreparedGet(client, url, limits=self._limits)
 
     async def scrape(self) -> KvPoolScrape | SourceError:
         """One GET within the deadline and the size cap; any failure is a SourceError value."""
         taken_at_s, wall_time_s = self._clock(), self._wall_clock()
-        got = await fetch_text(self._client, self.url, source=self.name, limits=self._limits)
+        got = await fetch_text(
+            self._client, self.url, source=self.name, limits=self._limits, prepared=self._get
+        )
         if isinstance(got, SourceError):
             return got
         if got.status_code != 200:

@@ -13,7 +13,16 @@ from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.kvpool.client import KvPoolScrape, KvPoolSource
 from kvpilot.collectors.limits import Body, ScrapeLimits, fetch_text
 from kvpilot.collectors.vllm_metrics import VllmMetricsSource, VllmScrape
-from tests.faults.misbehaving import Misbehaving, Writer, answer, drip, endless, free_port, late
+from tests.faults.misbehaving import (
+    Misbehaving,
+    Writer,
+    answer,
+    answers,
+    drip,
+    endless,
+    free_port,
+    late,
+)
 
 MIB = 1 << 20
 KVPOOL = b'kvpool_blocks_free{engine="0",model_name="m"} 5\n'
@@ -179,3 +188,39 @@ def test_kvpool_source_kinds_past_each_limit() -> None:
         "/many": "too_many_samples",
         "/slow": "timeout",
     }
+
+
+class CountingClient(httpx.AsyncClient):
+    """A real client that counts the requests it builds."""
+
+    built = 0
+
+    def build_request(self, *args, **kwargs) -> httpx.Request:  # type: ignore[no-untyped-def]
+        self.built += 1
+        return super().build_request(*args, **kwargs)
+
+
+def test_a_source_builds_its_request_once_and_every_scrape_reads_a_fresh_answer() -> None:
+    bodies = [b'kvpool_blocks_free{engine="0",model_name="m"} %d\n' % n for n in (5, 6, 7)]
+
+    async def go() -> tuple[list[int | None], int]:
+        with Misbehaving({"/metrics": answers(bodies)}) as server:
+            async with CountingClient() as client:
+                source = KvPoolSource(f"{server.url}/metrics", client=client)
+                scrapes = [await source.scrape() for _ in range(3)]
+                free = [s.engines[0].blocks_free for s in scrapes if isinstance(s, KvPoolScrape)]
+                return free, client.built
+
+    free, built = asyncio.run(go())
+    assert free == [5, 6, 7]
+    assert built == 1
+
+
+def test_a_request_that_cannot_be_built_is_an_error_value_each_time() -> None:
+    async def go() -> list[object]:
+        async with httpx.AsyncClient() as client:
+            source = KvPoolSource("http://[::1/metrics", client=client)
+            return [await source.scrape() for _ in range(2)]
+
+    for got in asyncio.run(go()):
+        assert isinstance(got, SourceError) and got.kind == "error", got
