@@ -5,6 +5,7 @@ watching 1, 8 and 32 servers, for a baseline commit and the current tree, in the
     .venv/bin/python benchmarks/agent_footprint.py                    # 1, 8, 32 servers, 60 s
     .venv/bin/python benchmarks/agent_footprint.py --quick            # 1, 2 servers, 4 s
     .venv/bin/python benchmarks/agent_footprint.py --servers 1,8 --span 120 --baseline REV
+    .venv/bin/python benchmarks/agent_footprint.py --baseline REV --baseline-attach
 
 The servers are stand-ins. One helper process (its CPU is not counted) serves on loopback,
 per server, one port with the recorded `tests/fixtures/vllm/v0_32_under_load.prom` as
@@ -24,7 +25,10 @@ process watching the N servers from a YAML configuration with the attach runtime
 `kvpilot config check` refuses that configuration the candidate falls back to N processes
 too, and says so. At one server the candidate's `kvpilot run --vllm-url` is measured as
 well. Each tree runs from an import root of symlinks (`kvpilot/` -> the tree's folders), so
-the installed package never matters, under this same Python.
+the installed package never matters, under this same Python. With `--baseline-attach` the
+baseline runs as the candidate does (one process, the attach runtime) wherever its tree's
+`kvpilot config check` accepts that configuration: the same work by two versions, for a ratio
+that shows what a change saved.
 
 One run: start the agents, wait until each has ticked WARMUP times, read the CPU time of
 the agents and their children (utime + stime + cutime + cstime in /proc/PID/stat), wait the
@@ -393,6 +397,7 @@ class Setup:
     vllm_ports: list[int]
     kvpool_ports: list[int]
     fell_back: set[int] = field(default_factory=set)
+    baseline_attach: set[int] = field(default_factory=set)  # where the baseline runs one process
 
 
 def _agent_argv(i: int, port: int, setup: Setup) -> list[str]:
@@ -412,12 +417,13 @@ def _agent_argv(i: int, port: int, setup: Setup) -> list[str]:
     ]
 
 
-def candidate_config(setup: Setup, servers: int, port: int) -> Path:
-    """The one-process configuration: the attach runtime over `servers` servers."""
+def candidate_config(setup: Setup, servers: int, port: int, kind: str = CANDIDATE) -> Path:
+    """The one-process configuration: the attach runtime over `servers` servers (each kind
+    keeps its own state directory: two versions never share a database)."""
     config = {
         "listen": {"host": "127.0.0.1", "port": port},
         "interval_s": INTERVAL_S,
-        "state_dir": str(setup.tmp / f"state-{servers}"),
+        "state_dir": str(setup.tmp / f"state-{kind.split()[0]}-{servers}"),
         "runtime": {
             "kind": "attach",
             "servers": [
@@ -430,18 +436,18 @@ def candidate_config(setup: Setup, servers: int, port: int) -> Path:
             ],
         },
     }
-    path = setup.tmp / f"candidate-{servers}.yaml"
+    path = setup.tmp / f"{kind.split()[0]}-{servers}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 
 
-def config_accepted(setup: Setup, path: Path) -> tuple[bool, str]:
+def config_accepted(setup: Setup, path: Path, root: Path | None = None) -> tuple[bool, str]:
     argv = [sys.executable, "-m", "kvpilot.agent", "config", "check", str(path)]
     result = subprocess.run(
         argv,
         capture_output=True,
         text=True,
-        env=_env(setup.candidate_root),
+        env=_env(root or setup.candidate_root),
         check=False,
         cwd=setup.tmp,
         timeout=60,
@@ -455,11 +461,14 @@ def start_agents(kind: str, servers: int, setup: Setup) -> list[Agent]:
     env = _env(root)
     logs = setup.tmp / "logs"
     logs.mkdir(exist_ok=True)
-    if kind == CANDIDATE and servers not in setup.fell_back:
+    one_process = (kind == CANDIDATE and servers not in setup.fell_back) or (
+        kind == BASELINE and servers in setup.baseline_attach
+    )
+    if one_process:
         port = _free_port()
         log = logs / f"{kind}-{servers}.log".replace(" ", "_")
         argv = [sys.executable, "-m", "kvpilot.agent", "run", "--config"]
-        argv.append(str(candidate_config(setup, servers, port)))
+        argv.append(str(candidate_config(setup, servers, port, kind)))
         return [Agent(_start(argv, log, env), port, servers, log)]
     agents = []
     for i in range(servers):
@@ -553,6 +562,8 @@ def _mean(figures: list[Figure]) -> Figure:
 
 
 def _describe(kind: str, servers: int, setup: Setup) -> str:
+    if kind == BASELINE and servers in setup.baseline_attach:
+        return f"baseline {setup.baseline_rev} (one process, attach runtime)"
     if kind == BASELINE:
         return f"baseline {setup.baseline_rev} (one --vllm-url process per server)"
     if kind == CANDIDATE_CLI:
@@ -661,6 +672,8 @@ def run(args: argparse.Namespace) -> None:
                     "kvpilot run --vllm-url process per server",
                     flush=True,
                 )
+            if args.baseline_attach and config_accepted(setup, path, setup.baseline_root)[0]:
+                setup.baseline_attach.add(servers)
             kinds = [BASELINE, CANDIDATE]
             runs: dict[str, list[Figure]] = {}
             for round_ in range(args.rounds):
@@ -698,6 +711,12 @@ def main() -> None:
     parser.add_argument("--span", type=float, help="measured seconds per run (default 60)")
     parser.add_argument("--servers", type=_servers, help="server counts (default 1,8,32)")
     parser.add_argument("--baseline", default=DEFAULT_BASELINE, help="the baseline commit")
+    parser.add_argument(
+        "--baseline-attach",
+        action="store_true",
+        help="run the baseline as the candidate runs (one process, attach runtime) where its "
+        "tree accepts that configuration: the same work, to compare two versions of it",
+    )
     parser.add_argument("--rounds", type=int, help="rounds per server count (default 2)")
     parser.add_argument("--warmup", type=int, help="ticks before measuring (default 10)")
     parser.add_argument("--serve-payloads", type=int, help=argparse.SUPPRESS)
