@@ -28,7 +28,10 @@ def test_the_repeat_marks_of_alerts_that_resolved_are_forgotten(tmp_path: Path) 
     config = AgentConfig.model_validate(
         {
             "state_dir": str(tmp_path),
-            "runtime": {"kind": "local", "instances": [{"name": "vllm", "argv": ["vllm", "serve"]}]},
+            "runtime": {
+                "kind": "local",
+                "instances": [{"name": "vllm", "argv": ["vllm", "serve"]}],
+            },
             "notifiers": [
                 {"name": "a", "kind": "webhook", "url": "http://127.0.0.1:9/a"},
                 {"name": "b", "kind": "webhook", "url": "http://127.0.0.1:9/b"},
