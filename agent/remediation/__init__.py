@@ -1,6 +1,5 @@
 """Remediation: the ladder per rule, the guards, and the remediator that runs them."""
 
-from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.events import CIRCUIT_OPEN_ALERT, TUNING_RECOMMENDED_ALERT
 from kvpilot.agent.remediation.execute import RestartTarget
 from kvpilot.agent.remediation.guards import (
@@ -23,6 +22,7 @@ from kvpilot.agent.remediation.remediator import Remediator
 from kvpilot.agent.remediation.status import RemediationStatus
 from kvpilot.agent.remediation.trigger import RemediationOutcome, Trigger
 from kvpilot.agent.remediation.watch import WatchWindows
+from kvpilot.agent.state.decision import Decision
 
 __all__ = [
     "CIRCUIT_OPEN_ALERT",

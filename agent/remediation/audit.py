@@ -6,9 +6,9 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.journal import RemediationJournal
 from kvpilot.agent.remediation.trigger import Trigger
+from kvpilot.agent.state.decision import Decision
 
 if TYPE_CHECKING:
     from kvpilot.agent.state.store import Actor

@@ -12,12 +12,12 @@ from typing import Protocol
 from kvpilot.agent.config import PreflightConfig
 from kvpilot.agent.model import Instance
 from kvpilot.agent.remediation.audit import AuditTrail
-from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.guards import CircuitBreaker, Cooldown, GuardDecision, RestartBudget
 from kvpilot.agent.remediation.preflight import MemoryCheck
 from kvpilot.agent.remediation.progress import InProgress, Run
 from kvpilot.agent.remediation.trigger import RemediationOutcome
 from kvpilot.agent.remediation.vetoes import Vetoes
+from kvpilot.agent.state.decision import Decision
 
 
 class Preflight(Protocol):

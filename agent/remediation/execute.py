@@ -20,7 +20,6 @@ from kvpilot.agent.model import Instance
 from kvpilot.agent.remediation.audit import AuditTrail
 from kvpilot.agent.remediation.breaker_book import BreakerBook
 from kvpilot.agent.remediation.checks import Checks, Stopped
-from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.guards import Cooldown, RestartBudget
 from kvpilot.agent.remediation.journal import RESTART_FAILED, VERIFY_FAILED
 from kvpilot.agent.remediation.prefix_cache import LightStep
@@ -28,6 +27,7 @@ from kvpilot.agent.remediation.progress import InProgress, Run
 from kvpilot.agent.remediation.trigger import RemediationOutcome
 from kvpilot.agent.remediation.watch import ConditionWatch, WatchWindows
 from kvpilot.agent.runtimes.base import FlagsNotApplied
+from kvpilot.agent.state.decision import Decision
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     # Types only: the store imports this package's `Decision`, so the import runs one way.
-    from kvpilot.agent.remediation.decision import Decision
+    from kvpilot.agent.state.decision import Decision
     from kvpilot.agent.state.store import Actor, AuditRecord, RemediationRecord, RemediationState
 
 # States from which the server may already have been stopped.

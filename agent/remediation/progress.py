@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from kvpilot.agent.model import Instance
 from kvpilot.agent.remediation.audit import AuditTrail
-from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.journal import (
     INTERRUPTED_AFTER_RESTART_BEGAN,
     NOT_RESTARTED,
@@ -26,6 +25,7 @@ from kvpilot.agent.remediation.journal import (
 )
 from kvpilot.agent.remediation.ladder import LadderPlan
 from kvpilot.agent.remediation.trigger import RemediationOutcome, Trigger
+from kvpilot.agent.state.decision import Decision
 
 if TYPE_CHECKING:
     from kvpilot.agent.state.store import RemediationState

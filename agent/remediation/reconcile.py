@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvpilot.agent.remediation.audit import AuditTrail
-from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.guards import Cooldown, RestartBudget
 from kvpilot.agent.remediation.journal import (
     INTERRUPTED_AFTER_RESTART_BEGAN,
@@ -20,6 +19,7 @@ from kvpilot.agent.remediation.journal import (
     restart_began,
     unfinished,
 )
+from kvpilot.agent.state.decision import Decision
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,6 @@ from kvpilot.agent.model import AlertEvent, Condition
 from kvpilot.agent.remediation.audit import AuditTrail
 from kvpilot.agent.remediation.breaker_book import BreakerBook
 from kvpilot.agent.remediation.checks import Checks, Preflight
-from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.events import Notices, tuning_recommended_event
 from kvpilot.agent.remediation.execute import Executor, Promoted, RestartTarget, find_instance
 from kvpilot.agent.remediation.facts import AlertFacts
@@ -49,6 +48,7 @@ from kvpilot.agent.remediation.triage import Advice, AlertOnly, Declined, Procee
 from kvpilot.agent.remediation.trigger import RemediationOutcome, Trigger
 from kvpilot.agent.remediation.vetoes import Vetoes
 from kvpilot.agent.remediation.watch import DEFAULT_WINDOWS, ConditionWatch, WatchWindows
+from kvpilot.agent.state.decision import Decision
 
 log = logging.getLogger(__name__)
 

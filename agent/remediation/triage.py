@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvpilot.agent.model import Instance
-from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.ladder import ADVICE_STEPS, BetterConfig, LadderPlan, plan_for
 from kvpilot.agent.remediation.trigger import Trigger
+from kvpilot.agent.state.decision import Decision
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvpilot.agent.model import Labels
-from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.facts import AlertFacts
+from kvpilot.agent.state.decision import Decision
 
 if TYPE_CHECKING:
     from kvpilot.agent.state.store import Actor

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, get_args
 
-from kvpilot.agent.remediation.decision import Decision, read_decision
+from kvpilot.agent.state.decision import Decision, read_decision
 from kvpilot.agent.state.store import (
     FINISHED_REMEDIATION_STATES,
     Actor,

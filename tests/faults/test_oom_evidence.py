@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from kvpilot.agent.config.remediation import OomConfig
-from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.oom.cgroup import read_oom_kills
 from kvpilot.agent.remediation.oom.step import NoStep, plan_step
+from kvpilot.agent.state.decision import Decision
 from kvpilot.tuner.oom import (
     MIB,
     ExitFacts,

@@ -27,7 +27,6 @@ from typing import Protocol
 from kvpilot.agent.alerts import new_incident_id
 from kvpilot.agent.config.remediation import OomConfig
 from kvpilot.agent.model import AlertEvent, Instance, fingerprint, labels_of
-from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.events import resolved
 from kvpilot.agent.remediation.facts import Action
 from kvpilot.agent.remediation.ladder import LadderPlan
@@ -36,6 +35,7 @@ from kvpilot.agent.remediation.oom.step import NoStep, plan_step
 from kvpilot.agent.remediation.trigger import Trigger
 from kvpilot.agent.runtimes.base import InstanceStatus
 from kvpilot.agent.runtimes.probe import START_MARKER
+from kvpilot.agent.state.decision import Decision
 from kvpilot.collectors.secrets import mask_argv
 from kvpilot.tuner.oom import ExitFacts, NotOom, OomVerdict, classify_exit
 from kvpilot.tuner.planner.preflight import KnobRange

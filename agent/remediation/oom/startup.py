@@ -12,12 +12,12 @@ from typing import Protocol
 
 from kvpilot.agent.alerts import new_incident_id
 from kvpilot.agent.model import Instance
-from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.execute import find_instance
 from kvpilot.agent.remediation.ladder import LadderPlan
 from kvpilot.agent.remediation.oom.guard import OomGuard
 from kvpilot.agent.remediation.trigger import RemediationOutcome, Trigger
 from kvpilot.agent.runtimes.probe import StartFailed
+from kvpilot.agent.state.decision import Decision
 
 STARTUP_RULE = "startup"
 

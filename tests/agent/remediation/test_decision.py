@@ -9,8 +9,8 @@ from prometheus_client import generate_latest
 
 from kvpilot.agent.app.exposition import build_registry, sidecar_families
 from kvpilot.agent.remediation import RemediationOutcome
-from kvpilot.agent.remediation.decision import OUTCOMES, Decision, read_decision
 from kvpilot.agent.state import StateStore
+from kvpilot.agent.state.decision import OUTCOMES, Decision, read_decision
 from kvpilot.agent.tick.views import SidecarCounters
 
 from .remediation_helpers import FixedPreflight, Harness, condition, remediation_config

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from kvpilot.agent.remediation import Remediator, Trigger
-from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.facts import Action, AlertFacts
 from kvpilot.agent.remediation.journal import RemediationJournal, restart_began, unfinished
 from kvpilot.agent.state import StateStore
+from kvpilot.agent.state.decision import Decision
 from tests.fakes.remediation_journal import MemoryJournal
 
 from .remediation_helpers import (

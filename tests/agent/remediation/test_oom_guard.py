@@ -16,13 +16,13 @@ import pytest
 from kvpilot.agent.config.remediation import OomConfig
 from kvpilot.agent.model import Instance
 from kvpilot.agent.remediation import MemoryCheck, Remediator, Trigger
-from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.facts import Action, AlertFacts
 from kvpilot.agent.remediation.oom.guard import SERVER_OOM_ALERT, OomGuard
 from kvpilot.agent.remediation.oom.startup import start_guarded
 from kvpilot.agent.remediation.trigger import RemediationOutcome
 from kvpilot.agent.runtimes.base import InstanceStatus
 from kvpilot.agent.runtimes.probe import START_MARKER, StartFailed
+from kvpilot.agent.state.decision import Decision
 from kvpilot.collectors.vllm_argv import flag_value
 from kvpilot.tuner.oom import GIB, MIB
 from kvpilot.tuner.planner.preflight import KnobRange

@@ -13,9 +13,9 @@ from kvpilot.agent.remediation import (
     Trigger,
     WatchWindows,
 )
-from kvpilot.agent.remediation.decision import Decision
 from kvpilot.agent.remediation.facts import AlertFacts
 from kvpilot.agent.runtimes.base import NotReady
+from kvpilot.agent.state.decision import Decision
 from tests.fakes.remediation_journal import MemoryJournal
 
 from .remediation_helpers import (
