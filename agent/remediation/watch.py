@@ -57,11 +57,16 @@ class ConditionWatch:
 
     def __init__(self) -> None:
         self._watches: dict[str, _Watch] = {}
-        self._latest: dict[str, WatchVerdict] = {}  # the last tick's, replaced each tick
+        # The last tick's conditions and resolved alerts, kept as given (read rarely).
+        self._last_conditions: dict[str, Condition] = {}
+        self._last_resolved: frozenset[str] = frozenset()
 
     def latest(self, fingerprint: str) -> WatchVerdict:
         """The condition as the last tick saw it: "absent" when it reported none."""
-        return self._latest.get(fingerprint, "absent")
+        if fingerprint in self._last_resolved:
+            return "cleared"
+        condition = self._last_conditions.get(fingerprint)
+        return "absent" if condition is None else _verdict(condition.active)
 
     def __contains__(self, fingerprint: str) -> bool:
         return fingerprint in self._watches
@@ -80,9 +85,8 @@ class ConditionWatch:
     ) -> None:
         """One tick: `conditions` evaluated now, `resolved` fingerprints whose alert resolved."""
         by_fp = {c.fingerprint: c for c in conditions}
-        gone = set(resolved)
-        self._latest = {fp: _verdict(c.active) for fp, c in by_fp.items()}
-        self._latest.update(dict.fromkeys(gone, "cleared"))
+        gone = frozenset(resolved)
+        self._last_conditions, self._last_resolved = by_fp, gone
         for fp, watch in list(self._watches.items()):
             if watch.future.done():
                 continue
