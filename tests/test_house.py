@@ -24,7 +24,7 @@ def test_the_agent_root_has_rooms_not_a_pile_of_modules() -> None:
 # module leaves this table when it is split, and none may grow past the hard ceiling.
 WEIGHED_LONG_MODULES = {
     "agent/cli/demo/run.py": "the demo's scenes in the order they play",
-    "agent/runtimes/kubernetes.py": "the pod runtime, to split from its API reads",
+    "agent/runtimes/kubernetes/runtime.py": "the pod runtime, to split from its API reads",
 }
 HARD_CEILING_LINES = 500
 

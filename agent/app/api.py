@@ -33,7 +33,7 @@ from kvpilot.agent.app.ports import ControlPorts
 from kvpilot.agent.app.request_body import BodyLimits, RequestRejected, read_json
 from kvpilot.agent.config import AgentConfig, LocalRuntimeConfig
 from kvpilot.agent.runtimes import Runtime
-from kvpilot.agent.runtimes.k8s_values import RecommendsFlags
+from kvpilot.agent.runtimes.kubernetes.values import RecommendsFlags
 from kvpilot.agent.runtimes.offloop import in_daemon_thread
 from kvpilot.agent.tuning.workload_json import workload_json
 from kvpilot.agent.tuning.workload_window import WorkloadWindow

@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 import kvpilot
 from kvpilot.agent.readings.derive import EngineFigures
 from kvpilot.agent.readings.snapshot import SOURCES
-from kvpilot.agent.runtimes.k8s_unattended import UNATTENDED
+from kvpilot.agent.runtimes.kubernetes.unattended import UNATTENDED
 from kvpilot.agent.tick.ticker import TickState
 from kvpilot.agent.tick.views import ServerView, SidecarCounters
 from kvpilot.collectors.errors import SourceError

@@ -35,10 +35,10 @@ from kvpilot.agent.runtimes import (
     ProcessTarget,
     Runtime,
 )
-from kvpilot.agent.runtimes.k8s_api import make_api_client, pod_name, pod_namespace
-from kvpilot.agent.runtimes.k8s_handover import HandoverConfigMap
-from kvpilot.agent.runtimes.k8s_values import KubernetesTarget
-from kvpilot.agent.runtimes.pod import API_READ_INTERVAL_S, PodRuntime
+from kvpilot.agent.runtimes.kubernetes.api import make_api_client, pod_name, pod_namespace
+from kvpilot.agent.runtimes.kubernetes.handover_configmap import HandoverConfigMap
+from kvpilot.agent.runtimes.kubernetes.pod import API_READ_INTERVAL_S, PodRuntime
+from kvpilot.agent.runtimes.kubernetes.values import KubernetesTarget
 
 
 def build_runtime(

@@ -13,7 +13,7 @@ from kvpilot.agent.config import AgentConfig, LocalRuntimeConfig
 from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.remediation.oom.startup import start_guarded
 from kvpilot.agent.runtimes import LocalRuntime, Runtime, RuntimeFailure
-from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
+from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime
 from kvpilot.agent.runtimes.probe import StartFailed
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.tick.after import CompletedRuns

@@ -30,8 +30,8 @@ from kvpilot.agent.cli.tune_report import report
 from kvpilot.agent.config import AgentConfig, PodRuntimeConfig, secret_values
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes import LocalRuntime, RuntimeFailure
-from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
-from kvpilot.agent.runtimes.pod import strict_reads
+from kvpilot.agent.runtimes.kubernetes.pod import strict_reads
+from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime
 from kvpilot.agent.runtimes.probe import StartFailed
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.store import StateStore

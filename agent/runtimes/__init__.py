@@ -1,5 +1,6 @@
 """Where vLLM lives: `local` (kvpilot runs the server), `process` (a supervised process it
-may signal) and `attach` (servers known only by URL: watched, never signalled)."""
+may signal), `attach` (servers known only by URL: watched, never signalled) and, in their own
+room, `kubernetes` (Deployments through the API server)."""
 
 from kvpilot.agent.runtimes.attach import AttachedServer, AttachRuntime
 from kvpilot.agent.runtimes.base import (

@@ -2,7 +2,7 @@
 
 The Kubernetes runtime reads the API server synchronously (the official client); called on
 the event loop, an API server that accepts a connection and never answers would stop ticks,
-`/healthz`, delivery and SIGTERM handling. Its calls carry a deadline (`k8s_api.call`), and
+`/healthz`, delivery and SIGTERM handling. Its calls carry a deadline (`kubernetes.api.call`), and
 run here in a daemon thread of their own: the loop goes on while one waits, and a read still
 waiting when the agent stops does not hold the process up (the default executor's threads
 are joined at exit, which would add the read's deadline to the shutdown). Other runtimes

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from kvpilot.agent.runtimes.k8s_lease import DeploymentLease
+from kvpilot.agent.runtimes.kubernetes.lease import DeploymentLease
 from kvpilot.collectors.secrets import mask_argv
 from kvpilot.collectors.vllm_argv import canonical_flags, without_flags
 from kvpilot.tuner.ports import PassThroughRuntime, TunerRuntime

@@ -15,20 +15,20 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from kvpilot.agent.config.tuning import CanaryConfig
-from kvpilot.agent.runtimes import k8s_objects as objects
 from kvpilot.agent.runtimes.base import NotReady, RuntimeFailure
-from kvpilot.agent.runtimes.k8s_api import (
+from kvpilot.agent.runtimes.kubernetes import objects
+from kvpilot.agent.runtimes.kubernetes.api import (
     InfrastructureFailure,
     KubernetesApiError,
     call,
     client_module,
 )
-from kvpilot.agent.runtimes.k8s_edits import EditedMeanwhile
-from kvpilot.agent.runtimes.k8s_lease import LeaseRecord
-from kvpilot.agent.runtimes.k8s_traffic import GatewayWeights, ServiceShare, TrafficSplit
-from kvpilot.agent.runtimes.k8s_unattended import UNATTENDED, UnattendedCanaries
-from kvpilot.agent.runtimes.k8s_values import KubernetesTarget
-from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime, PromotionNotApplied
+from kvpilot.agent.runtimes.kubernetes.edits import EditedMeanwhile
+from kvpilot.agent.runtimes.kubernetes.lease import LeaseRecord
+from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime, PromotionNotApplied
+from kvpilot.agent.runtimes.kubernetes.traffic import GatewayWeights, ServiceShare, TrafficSplit
+from kvpilot.agent.runtimes.kubernetes.unattended import UNATTENDED, UnattendedCanaries
+from kvpilot.agent.runtimes.kubernetes.values import KubernetesTarget
 from kvpilot.agent.tuning.live_observer import describe
 from kvpilot.collectors.secrets import SecretLost, has_masked, restore_secrets
 from kvpilot.tuner.ports import CandidateStartFailed, RestartRefused

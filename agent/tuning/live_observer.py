@@ -30,7 +30,7 @@ import httpx
 
 from kvpilot.agent.config.tuning import CanaryConfig
 from kvpilot.agent.runtimes.base import RuntimeFailure
-from kvpilot.agent.runtimes.k8s_traffic import Shares, TrafficSplit
+from kvpilot.agent.runtimes.kubernetes.traffic import Shares, TrafficSplit
 from kvpilot.agent.tuning.live_intervals import (
     PodReading,
     intervals,

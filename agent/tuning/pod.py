@@ -15,13 +15,13 @@ from typing import Any
 from kvpilot.agent.config import AgentConfig, PodRuntimeConfig
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes.base import RuntimeFailure
-from kvpilot.agent.runtimes.k8s_handover import HandedOver
-from kvpilot.agent.runtimes.k8s_lease import LeaseHeld
-from kvpilot.agent.runtimes.k8s_restarts import CanaryRestarts
-from kvpilot.agent.runtimes.k8s_traffic import TrafficSplit
-from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
+from kvpilot.agent.runtimes.kubernetes.handover_configmap import HandedOver
+from kvpilot.agent.runtimes.kubernetes.lease import LeaseHeld
+from kvpilot.agent.runtimes.kubernetes.pod import PodRuntime, strict_reads
+from kvpilot.agent.runtimes.kubernetes.restarts import CanaryRestarts
+from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime
+from kvpilot.agent.runtimes.kubernetes.traffic import TrafficSplit
 from kvpilot.agent.runtimes.local import LocalInstanceSpec
-from kvpilot.agent.runtimes.pod import PodRuntime, strict_reads
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import (
     SqliteRolloutJournal,

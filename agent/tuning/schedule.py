@@ -27,7 +27,7 @@ from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.remediation import Remediator, Trigger
 from kvpilot.agent.remediation.ladder import LadderPlan
 from kvpilot.agent.runtimes.base import RuntimeFailure
-from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
+from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime
 from kvpilot.agent.runtimes.local import LocalRuntime
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.trials import SqliteTrialStore

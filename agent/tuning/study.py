@@ -12,7 +12,7 @@ from pathlib import Path
 from kvpilot.agent.config import AgentConfig, InstanceConfig, LocalRuntimeConfig
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.model_files import find_model_config
-from kvpilot.agent.runtimes.k8s_traffic import TrafficSplit
+from kvpilot.agent.runtimes.kubernetes.traffic import TrafficSplit
 from kvpilot.agent.runtimes.local import LocalInstanceSpec
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore

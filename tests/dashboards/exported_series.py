@@ -27,7 +27,7 @@ from kvpilot.agent.app.exposition import (
 from kvpilot.agent.config.agent import ListenConfig
 from kvpilot.agent.readings.derive import EngineFigures
 from kvpilot.agent.readings.snapshot import Snapshot
-from kvpilot.agent.runtimes.k8s_unattended import UnattendedCanaries
+from kvpilot.agent.runtimes.kubernetes.unattended import UnattendedCanaries
 from kvpilot.agent.tick.ticker import TickState
 from kvpilot.collectors.fragmentation import kv_blocks_fragmentation
 from kvpilot.collectors.gpu_samples import GpuProcess, GpuSample, NvmlSnapshot

@@ -1,7 +1,7 @@
 """Every Kubernetes API call the agent can make, read from its source (no import, no run).
 
 The runtime makes each call through `call(fn, ..., verb=..., resource=...)`
-(agent/runtimes/k8s_api.py), directly or as `asyncio.to_thread(call, fn, ...)`. This module
+(agent/runtimes/kubernetes/api.py), directly or as `asyncio.to_thread(call, fn, ...)`. This module
 walks the syntax tree of every module under agent/, finds those call sites and resolves
 their verb and resource to strings: literals, module constants (also imported ones), and a
 function's parameter through every call of that function in its module. A value it cannot

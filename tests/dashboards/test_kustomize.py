@@ -26,8 +26,8 @@ from typer.testing import CliRunner
 
 from kvpilot.agent.cli.main import app
 from kvpilot.agent.config import load_config
-from kvpilot.agent.runtimes import k8s_objects, k8s_traffic
 from kvpilot.agent.runtimes.base import RuntimeFailure
+from kvpilot.agent.runtimes.kubernetes import objects, traffic
 
 KUBERNETES_VERSION = "1.30.0"
 CORE_KINDS = {
@@ -166,10 +166,10 @@ def test_config_check_accepts_the_sidecars_settings(
 def _canary(deployment: dict[str, Any], serve: dict[str, str] | None = None) -> dict[str, Any]:
     """The canary Deployment the runtime builds from this stable one."""
     stable = {**deployment, "metadata": {**deployment["metadata"], "uid": "0"}}
-    return k8s_objects.build_canary(
+    return objects.build_canary(
         stable,
         container="vllm",
-        command=k8s_objects.ContainerCommand(None, ("--model=candidate",)),
+        command=objects.ContainerCommand(None, ("--model=candidate",)),
         sidecar_container="kvpilot",
         serve_labels=serve,
     )
@@ -185,7 +185,7 @@ def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
 
 def _service_share_labels(service: dict[str, Any], canary: dict[str, Any]) -> dict[str, str]:
     """What the runtime's Service share asks of this Service (its own checks, its answer)."""
-    share = k8s_traffic.ServiceShare(
+    share = traffic.ServiceShare(
         None,
         namespace="serving",
         service=service["metadata"]["name"],
@@ -210,7 +210,7 @@ def test_tuning_service_shares_live_traffic_with_the_canary() -> None:
     canary = _canary(deployment, serve=labels)
     pod = canary["spec"]["template"]["metadata"]["labels"]
     assert _selects(labels, deployment["spec"]["template"]["metadata"]["labels"])
-    assert _selects(labels, pod) and pod[k8s_objects.ROLE_LABEL] == "canary"
+    assert _selects(labels, pod) and pod[objects.ROLE_LABEL] == "canary"
     own = {k for k in labels if k not in canary["spec"]["selector"]["matchLabels"]}
     assert own == {"kvpilot.dev/serving"}
     pulled_back = {k: v for k, v in pod.items() if k not in own}
@@ -229,7 +229,7 @@ def test_other_services_keep_canaries_out(layer: str) -> None:
     selector = service["spec"]["selector"]
     assert _selects(selector, deployment["spec"]["template"]["metadata"]["labels"])
     assert not _selects(selector, _canary_pod_labels(deployment))
-    with pytest.raises(RuntimeFailure, match=k8s_objects.ROLE_LABEL):
+    with pytest.raises(RuntimeFailure, match=objects.ROLE_LABEL):
         _service_share_labels(service, _canary(deployment))
 
 
@@ -279,11 +279,11 @@ def test_canary_pods_stay_out_of_the_vllm_scrape_job(layer: str) -> None:
     as Prometheus names pod labels in service discovery."""
     monitor = named(built(layer), "ServiceMonitor", "vllm")
     endpoints = {e["port"]: e for e in monitor["spec"]["endpoints"]}
-    source = "__meta_kubernetes_pod_label_" + re.sub(r"\W", "_", k8s_objects.ROLE_LABEL)
+    source = "__meta_kubernetes_pod_label_" + re.sub(r"\W", "_", objects.ROLE_LABEL)
     drops = [r for r in endpoints["http"]["relabelings"] if r.get("action") == "drop"]
     assert drops == [{"action": "drop", "regex": "canary", "sourceLabels": [source]}]
     canary = _canary_pod_labels(named(built(layer), "Deployment", "vllm"))
-    assert re.fullmatch(drops[0]["regex"], canary[k8s_objects.ROLE_LABEL])
+    assert re.fullmatch(drops[0]["regex"], canary[objects.ROLE_LABEL])
 
 
 def test_the_canary_does_not_carry_the_sidecars_state_claim() -> None:
@@ -291,10 +291,10 @@ def test_the_canary_does_not_carry_the_sidecars_state_claim() -> None:
     names it is held to that volume's node or zone, and one GPU node may have no room."""
     deployment = named(built("tuning"), "Deployment", "vllm")
     stable = {**deployment, "metadata": {**deployment["metadata"], "uid": "0"}}
-    canary = k8s_objects.build_canary(
+    canary = objects.build_canary(
         stable,
         container="vllm",
-        command=k8s_objects.ContainerCommand(None, ("--model=candidate",)),
+        command=objects.ContainerCommand(None, ("--model=candidate",)),
         sidecar_container="kvpilot",
     )
     volumes = canary["spec"]["template"]["spec"].get("volumes") or []

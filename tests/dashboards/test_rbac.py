@@ -31,7 +31,7 @@ from kustomize_builds import (
     role_file,
 )
 
-from kvpilot.agent.runtimes import k8s_api, k8s_traffic
+from kvpilot.agent.runtimes.kubernetes import api, traffic
 
 READ_VERBS = {"get", "list", "watch"}
 # Resources (and single verbs) that only one layer's features use; otherwise reads are the
@@ -118,13 +118,15 @@ def test_built_layer_binds_its_roles_to_the_sidecar(layer: str) -> None:
 )
 def test_each_way_of_splitting_traffic_runs_on_its_overlay(split: str, layer: str) -> None:
     """What each split declares it calls is granted by its overlay and those below it."""
-    declared = getattr(k8s_traffic, split).API_CALLS
+    declared = getattr(traffic, split).API_CALLS
     below = LAYERS[: LAYERS.index(layer) + 1]
     granted = set().union(*(grants(role_file(name)) for name in below))
     for verb, name in sorted(declared):
         plural, _, group = name.partition(".")
         assert (group, plural, verb) in granted, f"{split}: '{verb}' {name} not in {below}"
-    calls, _ = k8s_api_calls.collect([k8s_api_calls.AGENT / "runtimes" / "k8s_traffic.py"])
+    calls, _ = k8s_api_calls.collect(
+        [k8s_api_calls.AGENT / "runtimes" / "kubernetes" / "traffic.py"]
+    )
     assert declared <= {(c.verb, c.resource) for c in calls}
 
 
@@ -132,22 +134,24 @@ def test_a_403_names_the_role_that_grants_the_verb() -> None:
     """The runtime's table for its 403 message: every call the agent makes is in it with the
     Role that grants it, and every entry follows the same layers (a verb no call uses is
     granted by no Role; were a call to use it, its layer's Role is where it would go)."""
-    table = getattr(k8s_api, "ROLE_GRANTS", None)
+    table = getattr(api, "ROLE_GRANTS", None)
     if table is None:
-        pytest.skip("the runtime's 403 table (k8s_api.ROLE_GRANTS) is not in this checkout")
+        pytest.skip(
+            "the runtime's 403 table (kubernetes/api.py's ROLE_GRANTS) is not in this checkout"
+        )
     place = {layer: (ROLE[layer], str(FOLDER[layer].relative_to(ROOT))) for layer in LAYERS}
     for layer, needed in _needed().items():
         for group, resource, verb in needed:
             name = f"{resource}.{group}" if group else resource
             got = table.get((verb, name))
             assert got == place[layer], (
-                f"k8s_api.ROLE_GRANTS[({verb!r}, {name!r})] is {got}; the Role that grants it: "
+                f"api.ROLE_GRANTS[({verb!r}, {name!r})] is {got}; the Role that grants it: "
                 f"{place[layer]}"
             )
     for (verb, name), where in table.items():
         plural, _, group = name.partition(".")
         want = place[layer_of(group, plural, verb)]
-        assert where == want, f"k8s_api.ROLE_GRANTS[({verb!r}, {name!r})] is {where}, not {want}"
+        assert where == want, f"api.ROLE_GRANTS[({verb!r}, {name!r})] is {where}, not {want}"
 
 
 # -- the reader itself ---------------------------------------------------------------------
@@ -164,8 +168,8 @@ def test_reader_finds_a_new_call_through_constants_and_parameters(tmp_path: Path
         tmp_path,
         """
         import asyncio
-        from kvpilot.agent.runtimes.k8s_api import call
-        from kvpilot.agent.runtimes.k8s_lease import RESOURCE
+        from kvpilot.agent.runtimes.kubernetes.api import call
+        from kvpilot.agent.runtimes.kubernetes.lease import RESOURCE
 
         SERVICES = "services"
 
@@ -195,7 +199,7 @@ def test_reader_refuses_hidden_and_dynamic_calls(tmp_path: Path) -> None:
     path = _module(
         tmp_path,
         """
-        from kvpilot.agent.runtimes.k8s_api import call
+        from kvpilot.agent.runtimes.kubernetes.api import call
 
         def hidden(api):
             return api.delete_namespaced_service("name", "ns")
@@ -217,7 +221,7 @@ def test_reader_catches_a_declared_verb_that_is_not_the_methods(tmp_path: Path) 
     path = _module(
         tmp_path,
         """
-        from kvpilot.agent.runtimes.k8s_api import call
+        from kvpilot.agent.runtimes.kubernetes.api import call
 
         def remove(api):
             return call(api.delete_namespaced_deployment, "n", "ns",
@@ -235,7 +239,7 @@ def test_reader_checks_a_custom_objects_group_and_plural(tmp_path: Path) -> None
     path = _module(
         tmp_path,
         """
-        from kvpilot.agent.runtimes.k8s_api import call
+        from kvpilot.agent.runtimes.kubernetes.api import call
 
         GROUP, VERSION, PLURAL = "gateway.networking.k8s.io", "v1", "httproutes"
         ROUTES = f"{PLURAL}.{GROUP}"

@@ -383,7 +383,7 @@ def k8s_api() -> Iterator[Any]:
 
 
 def test_a_kubernetes_recommendation_shows_no_secret(k8s_api: Any, tmp_path: Path) -> None:
-    from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime, KubernetesTarget
+    from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime, KubernetesTarget
     from tests.agent.k8s.conftest import NAMESPACE, base_deployment
 
     body = base_deployment(8000)

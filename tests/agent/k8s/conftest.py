@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime, KubernetesTarget
+from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime, KubernetesTarget
 from tests.dashboards.kustomize_builds import build
 from tests.fakes.k8s_apiserver import FakeKubernetesApi
 from tests.fakes.standin_vllm import StandInVllm

@@ -13,7 +13,7 @@ import pytest
 
 from kvpilot.agent.app.parts import build_pod_runtime
 from kvpilot.agent.config import PodRuntimeConfig, validate_config
-from kvpilot.agent.runtimes.k8s_restarts import CanaryRestarts, restart_count
+from kvpilot.agent.runtimes.kubernetes.restarts import CanaryRestarts, restart_count
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
 from kvpilot.agent.tuning.pod import PodTuner

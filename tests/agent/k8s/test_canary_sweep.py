@@ -10,8 +10,8 @@ import asyncio
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from kvpilot.agent.runtimes.k8s_lease import DeploymentLease
-from kvpilot.agent.runtimes.k8s_unattended import UNATTENDED
+from kvpilot.agent.runtimes.kubernetes.lease import DeploymentLease
+from kvpilot.agent.runtimes.kubernetes.unattended import UNATTENDED
 from kvpilot.agent.tuning.canary_sweep import SWEEP_EVERY_S
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment
 from tests.agent.k8s.test_live_traffic_adapter import CANARY

@@ -19,13 +19,13 @@ import pytest
 
 from kvpilot.agent.app.parts import build_pod_runtime
 from kvpilot.agent.config import PodRuntimeConfig, validate_config
-from kvpilot.agent.runtimes import k8s_api
-from kvpilot.agent.runtimes.k8s_api import InfrastructureFailure
-from kvpilot.agent.runtimes.k8s_edits import EditedMeanwhile
-from kvpilot.agent.runtimes.k8s_faults import FAULTS
-from kvpilot.agent.runtimes.k8s_lease import LeaseLost, lease_name
-from kvpilot.agent.runtimes.k8s_traffic import GatewayWeights
-from kvpilot.agent.runtimes.k8s_unattended import UnattendedCanaries
+from kvpilot.agent.runtimes.kubernetes import api
+from kvpilot.agent.runtimes.kubernetes.api import InfrastructureFailure
+from kvpilot.agent.runtimes.kubernetes.edits import EditedMeanwhile
+from kvpilot.agent.runtimes.kubernetes.faults import FAULTS
+from kvpilot.agent.runtimes.kubernetes.lease import LeaseLost, lease_name
+from kvpilot.agent.runtimes.kubernetes.traffic import GatewayWeights
+from kvpilot.agent.runtimes.kubernetes.unattended import UnattendedCanaries
 from kvpilot.agent.tuning import kubernetes as k8s_tuning
 from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter
 from kvpilot.collectors.vllm_argv import flag_value
@@ -141,7 +141,7 @@ def test_a_tuning_session_through_a_scripted_run_of_faults(
 ) -> None:
     # Short enough that a hung request fails within the test, long enough that a loaded
     # machine's fake API server answers every other request in time (0.3 s did not, once).
-    monkeypatch.setattr(k8s_api, "REQUEST_TIMEOUT_S", (1.0, 1.0))
+    monkeypatch.setattr(api, "REQUEST_TIMEOUT_S", (1.0, 1.0))
     monkeypatch.setattr(k8s_tuning, "PULL_BACK_PAUSE_S", 0.01)
     seed(fake, standin.port)
     # Pod B was tuning: its canary took a tenth of the traffic, then B was evicted.

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvpilot.agent.runtimes.k8s_handover import HandoverConfigMap
+from kvpilot.agent.runtimes.kubernetes.handover_configmap import HandoverConfigMap
 from kvpilot.agent.state.trials import SqliteRolloutJournal, record_to_dict
 from kvpilot.agent.tuning.handover import HandoverJournal
 from kvpilot.tuner.rollout import Phase

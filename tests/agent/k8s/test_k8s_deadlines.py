@@ -15,9 +15,9 @@ import pytest
 from kvpilot.agent.app import parts
 from kvpilot.agent.app.compose import run_sidecar
 from kvpilot.agent.config import validate_config
-from kvpilot.agent.runtimes import k8s_api
 from kvpilot.agent.runtimes.base import RuntimeFailure
-from kvpilot.agent.runtimes.pod import PodRuntime, strict_reads
+from kvpilot.agent.runtimes.kubernetes import api
+from kvpilot.agent.runtimes.kubernetes.pod import PodRuntime, strict_reads
 from kvpilot.agent.tick.sidecar import Sidecar
 from kvpilot.rig.server import free_port
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment
@@ -29,7 +29,7 @@ DEADLINE_S = (1.0, 1.0)  # a loaded machine still answers the fake in time
 
 @pytest.fixture(autouse=True)
 def short_deadline(monkeypatch) -> None:
-    monkeypatch.setattr(k8s_api, "REQUEST_TIMEOUT_S", DEADLINE_S)
+    monkeypatch.setattr(api, "REQUEST_TIMEOUT_S", DEADLINE_S)
 
 
 def in_thread(fn, limit_s: float) -> tuple[object, float]:
@@ -132,7 +132,7 @@ def test_a_read_on_the_event_loop_waits_briefly_then_not_at_all(
     fake.add_deployment(base_deployment(8000))
     runtime = parts.build_runtime(pod_config(tmp_path, namespace=NAMESPACE, api_url=fake.host))
     assert isinstance(runtime, PodRuntime)
-    monkeypatch.setattr(k8s_api, "REQUEST_TIMEOUT_S", (5.0, 10.0))  # as shipped, off the loop
+    monkeypatch.setattr(api, "REQUEST_TIMEOUT_S", (5.0, 10.0))  # as shipped, off the loop
     fake.hang("GET", r"/deployments/vllm$")
 
     async def on_the_loop() -> tuple[float, float]:

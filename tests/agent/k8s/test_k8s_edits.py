@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from kvpilot.agent.runtimes.k8s_edits import EditedMeanwhile
+from kvpilot.agent.runtimes.kubernetes.edits import EditedMeanwhile
 from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter
 from kvpilot.collectors.vllm_argv import flag_value
 from kvpilot.tuner.trials import TrialState

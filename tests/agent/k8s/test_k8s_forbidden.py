@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from kubernetes.client import ApiException
 
-from kvpilot.agent.runtimes.k8s_api import ROLE_GRANTS, Forbidden, api_error
-from kvpilot.agent.runtimes.k8s_lease import DeploymentLease
+from kvpilot.agent.runtimes.kubernetes.api import ROLE_GRANTS, Forbidden, api_error
+from kvpilot.agent.runtimes.kubernetes.lease import DeploymentLease
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment, make_runtime
 from tests.agent.k8s.test_k8s_runtime import candidate
 

@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from kvpilot.agent.runtimes.k8s_api import InfrastructureFailure
+from kvpilot.agent.runtimes.kubernetes.api import InfrastructureFailure
 from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter
 from kvpilot.tuner.rollout import Strategy
 from kvpilot.tuner.trials import TrialState, history

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from kvpilot.agent.runtimes.k8s_lease import DeploymentLease, LeaseHeld, LeaseLost
+from kvpilot.agent.runtimes.kubernetes.lease import DeploymentLease, LeaseHeld, LeaseLost
 from tests.agent.k8s.conftest import NAMESPACE
 
 T0 = 1_700_000_000.0

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from kvpilot.agent.runtimes.k8s_lease import LeaseHeld, LeaseLost
-from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime, KubernetesTarget
+from kvpilot.agent.runtimes.kubernetes.lease import LeaseHeld, LeaseLost
+from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime, KubernetesTarget
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment
 from tests.agent.k8s.test_k8s_lease import T0, Clock, lease, stored
 

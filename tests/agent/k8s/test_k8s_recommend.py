@@ -21,8 +21,8 @@ from kvpilot.agent.app.ports import ControlPorts
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.remediation import Remediator, Trigger
 from kvpilot.agent.remediation.facts import Action, AlertFacts
-from kvpilot.agent.runtimes.k8s_recommend import EVENT_REASON
-from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
+from kvpilot.agent.runtimes.kubernetes.recommend import EVENT_REASON
+from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.tick.sidecar import Sidecar
 from kvpilot.agent.tick.watched import WatchedServers

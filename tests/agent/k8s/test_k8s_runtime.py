@@ -9,9 +9,9 @@ import re
 import pytest
 
 from kvpilot.agent.runtimes.base import NotReady, RuntimeFailure
-from kvpilot.agent.runtimes.k8s_api import Forbidden
-from kvpilot.agent.runtimes.k8s_objects import ROLE_LABEL
-from kvpilot.agent.runtimes.kubernetes import PromotionNotApplied
+from kvpilot.agent.runtimes.kubernetes.api import Forbidden
+from kvpilot.agent.runtimes.kubernetes.objects import ROLE_LABEL
+from kvpilot.agent.runtimes.kubernetes.runtime import PromotionNotApplied
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment, make_runtime
 
 CANARY = "vllm-kvpilot-canary"

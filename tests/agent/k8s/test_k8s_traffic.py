@@ -15,11 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
-from kvpilot.agent.runtimes import k8s_traffic
 from kvpilot.agent.runtimes.base import RuntimeFailure
-from kvpilot.agent.runtimes.k8s_api import Forbidden
-from kvpilot.agent.runtimes.k8s_objects import ContainerCommand, build_canary
-from kvpilot.agent.runtimes.k8s_traffic import GatewayWeights, ServiceShare
+from kvpilot.agent.runtimes.kubernetes import traffic
+from kvpilot.agent.runtimes.kubernetes.api import Forbidden
+from kvpilot.agent.runtimes.kubernetes.objects import ContainerCommand, build_canary
+from kvpilot.agent.runtimes.kubernetes.traffic import GatewayWeights, ServiceShare
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment
 from tests.fakes.k8s_apiserver import _ROUTES, _VERBS, FakeKubernetesApi
 from tests.fakes.k8s_network import HTTPROUTES
@@ -105,13 +105,13 @@ def send(splitter: TrafficSplitter, n: int) -> None:
 def declared(monkeypatch) -> set[tuple[str, str]]:
     """The (verb, resource) each API call of the split names, recorded as it is made."""
     calls: set[tuple[str, str]] = set()
-    real = k8s_traffic.call
+    real = traffic.call
 
     def recording(fn, *args, verb: str, resource: str, **kw):
         calls.add((verb, resource))
         return real(fn, *args, verb=verb, resource=resource, **kw)
 
-    monkeypatch.setattr(k8s_traffic, "call", recording)
+    monkeypatch.setattr(traffic, "call", recording)
     return calls
 
 

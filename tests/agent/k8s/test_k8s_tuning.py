@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from kvpilot.agent.runtimes.k8s_lease import DeploymentLease, LeaseHeld, lease_name
+from kvpilot.agent.runtimes.kubernetes.lease import DeploymentLease, LeaseHeld, lease_name
 from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter
 from kvpilot.collectors.vllm_argv import flag_value
 from kvpilot.tuner.ports import Observation

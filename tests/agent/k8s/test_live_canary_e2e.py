@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 
 from kvpilot.agent.config.tuning import CanaryConfig
-from kvpilot.agent.runtimes.k8s_values import KubernetesTarget
-from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
+from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime
+from kvpilot.agent.runtimes.kubernetes.values import KubernetesTarget
 from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter, traffic_split
 from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
 from kvpilot.collectors.vllm_argv import flag_value, without_flags

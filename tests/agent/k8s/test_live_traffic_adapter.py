@@ -116,8 +116,8 @@ def test_the_observer_follows_the_canary_traffic_setting(fake) -> None:
 
 def test_the_split_is_built_from_the_canary_settings_and_the_stable_deployment(fake) -> None:
     from kvpilot.agent.config.tuning import CanaryConfig
-    from kvpilot.agent.runtimes.k8s_traffic import GatewayWeights, ServiceShare
-    from kvpilot.agent.runtimes.k8s_values import KubernetesTarget
+    from kvpilot.agent.runtimes.kubernetes.traffic import GatewayWeights, ServiceShare
+    from kvpilot.agent.runtimes.kubernetes.values import KubernetesTarget
     from kvpilot.agent.tuning.kubernetes import traffic_split
 
     fake.add_deployment(base_deployment(8000))

@@ -14,7 +14,7 @@ import pytest
 
 from kvpilot.agent.app.parts import build_pod_runtime
 from kvpilot.agent.config import PodRuntimeConfig, validate_config
-from kvpilot.agent.runtimes.k8s_handover import handover_name
+from kvpilot.agent.runtimes.kubernetes.handover_configmap import handover_name
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.handover import HandoverJournal

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvpilot.agent.app.parts import build_runtime
-from kvpilot.agent.runtimes.pod import PodRuntime
+from kvpilot.agent.runtimes.kubernetes.pod import PodRuntime
 from kvpilot.tuner.oom import ExitFacts, OomSource, OomVerdict, classify_exit
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment
 from tests.agent.k8s.test_pod_runtime import pod_config

@@ -11,9 +11,9 @@ import pytest
 from kvpilot.agent.app.parts import build_pod_runtime, build_runtime
 from kvpilot.agent.config import PodRuntimeConfig, validate_config
 from kvpilot.agent.runtimes import ProcessRuntime, RuntimeFailure
-from kvpilot.agent.runtimes.k8s_api import pod_name, pod_namespace
-from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
-from kvpilot.agent.runtimes.pod import PodRuntime, strict_reads
+from kvpilot.agent.runtimes.kubernetes.api import pod_name, pod_namespace
+from kvpilot.agent.runtimes.kubernetes.pod import PodRuntime, strict_reads
+from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from kvpilot.agent.app.parts import build_pod_runtime
 from kvpilot.agent.config import PodRuntimeConfig, validate_config
-from kvpilot.agent.runtimes.k8s_lease import DeploymentLease, lease_name
-from kvpilot.agent.runtimes.k8s_traffic import GatewayWeights
+from kvpilot.agent.runtimes.kubernetes.lease import DeploymentLease, lease_name
+from kvpilot.agent.runtimes.kubernetes.traffic import GatewayWeights
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
 from kvpilot.agent.tuning.pod import PodTuner

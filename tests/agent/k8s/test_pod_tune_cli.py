@@ -10,7 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from kvpilot.agent.cli.main import app
-from kvpilot.agent.runtimes.k8s_lease import DeploymentLease
+from kvpilot.agent.runtimes.kubernetes.lease import DeploymentLease
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment
 
 TINY = Path(__file__).resolve().parents[3] / "rig" / "models" / "tiny-llama"

@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 
 from kvpilot.agent.app.exposition import build_registry, sidecar_families
 from kvpilot.agent.runtimes.base import RuntimeFailure
-from kvpilot.agent.runtimes.k8s_unattended import UNATTENDED, UnattendedCanaries
+from kvpilot.agent.runtimes.kubernetes.unattended import UNATTENDED, UnattendedCanaries
 from kvpilot.agent.tick.views import SidecarCounters
 from kvpilot.agent.tuning import kubernetes as k8s_tuning
 from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter

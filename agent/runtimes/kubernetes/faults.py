@@ -1,6 +1,6 @@
 """The Kubernetes API's failures as kvpilot met them: a bounded, process-wide record.
 
-Each failed call (`k8s_api.call`: a refusal, a server error, no answer within the deadline,
+Each failed call (`api.call`: a refusal, a server error, no answer within the deadline,
 an answer that is not an API object) is kept here with its verb, object and status, so that
 a failure kvpilot survived (a renewal retried, a pull-back tried again, a tick that fell back
 to the pod's processes) is still on record, beside the trials' own reasons.

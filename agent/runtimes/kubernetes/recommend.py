@@ -17,9 +17,9 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from kvpilot.agent.runtimes.k8s_api import KubernetesApiError, call
-from kvpilot.agent.runtimes.k8s_objects import gitops_owner
-from kvpilot.agent.runtimes.k8s_values import KubernetesTarget, Recommendation
+from kvpilot.agent.runtimes.kubernetes.api import KubernetesApiError, call
+from kvpilot.agent.runtimes.kubernetes.objects import gitops_owner
+from kvpilot.agent.runtimes.kubernetes.values import KubernetesTarget, Recommendation
 from kvpilot.collectors.secrets import MASK, mask, mask_text
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ The stable instance is a Deployment whose pod also runs this sidecar; the canary
 Promotion patches the stable container's args (a rolling update), unless the Deployment
 belongs to GitOps or the target says so: then the patch is written to the state directory
 for a person or a pull request to apply (recommend-only), its secrets masked, and announced
-as an Event on the Deployment (`k8s_recommend`). A plain
+as an Event on the Deployment (`recommend`). A plain
 restart of the stable instance signals vLLM through the shared PID namespace (the `process`
 runtime) or, where configured, patches `restartedAt` as `kubectl rollout restart` does.
 The client is synchronous; every call runs in a worker thread.
@@ -21,9 +21,6 @@ from datetime import datetime
 from typing import Any
 
 from kvpilot.agent.model import Instance
-from kvpilot.agent.runtimes import k8s_api
-from kvpilot.agent.runtimes import k8s_objects as objects
-from kvpilot.agent.runtimes import k8s_recommend as recommend
 from kvpilot.agent.runtimes.base import (
     InstanceStatus,
     NotReady,
@@ -33,11 +30,12 @@ from kvpilot.agent.runtimes.base import (
     StopResult,
     UnknownInstance,
 )
-from kvpilot.agent.runtimes.k8s_api import Conflict, NotFound, call, client_module
-from kvpilot.agent.runtimes.k8s_edits import EditWatch
-from kvpilot.agent.runtimes.k8s_lease import DeploymentLease
-from kvpilot.agent.runtimes.k8s_objects import ContainerCommand
-from kvpilot.agent.runtimes.k8s_values import (
+from kvpilot.agent.runtimes.kubernetes import api, objects, recommend
+from kvpilot.agent.runtimes.kubernetes.api import Conflict, NotFound, call, client_module
+from kvpilot.agent.runtimes.kubernetes.edits import EditWatch
+from kvpilot.agent.runtimes.kubernetes.lease import DeploymentLease
+from kvpilot.agent.runtimes.kubernetes.objects import ContainerCommand
+from kvpilot.agent.runtimes.kubernetes.values import (
     KubernetesTarget,
     Promotion,
     PromotionNotApplied,
@@ -304,14 +302,14 @@ class KubernetesRuntime:
             if failed is not None:
                 why, tail, cluster = failed
                 if cluster:
-                    raise k8s_api.InfrastructureFailure(f"{role} {why}")
+                    raise api.InfrastructureFailure(f"{role} {why}")
                 raise NotReady(f"{role} {why}", tail)
             if self._ready_pod(pods) is not None:
                 break
             last = f"{len(pods)} pods, none ready"
             placed = [m for m in map(objects.unschedulable, pods) if m is not None]
             if self._clock() >= deadline and placed:
-                raise k8s_api.InfrastructureFailure(f"{role} {name!r} unschedulable: {placed[0]}")
+                raise api.InfrastructureFailure(f"{role} {name!r} unschedulable: {placed[0]}")
             if self._clock() >= deadline:
                 raise NotReady(
                     f"{role} Deployment {name!r} not ready within {timeout_s:.0f} s ({last})"

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kvpilot.agent.runtimes.base import RuntimeFailure
-from kvpilot.agent.runtimes.k8s_api import Conflict, NotFound, call, client_module
+from kvpilot.agent.runtimes.kubernetes.api import Conflict, NotFound, call, client_module
 
 log = logging.getLogger(__name__)
 RESOURCE = "leases.coordination.k8s.io"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kvpilot.agent.runtimes.base import RuntimeFailure
-from kvpilot.agent.runtimes.k8s_faults import FAULTS
+from kvpilot.agent.runtimes.kubernetes.faults import FAULTS
 
 T = TypeVar("T")
 INSTALL_HINT = "the Kubernetes runtime needs the official client: pip install 'kvpilot[kubernetes]'"

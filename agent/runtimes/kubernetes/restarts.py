@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvpilot.agent.runtimes import k8s_objects as objects
-from kvpilot.agent.runtimes.k8s_api import NotFound, call, client_module
-from kvpilot.agent.runtimes.k8s_values import KubernetesTarget
+from kvpilot.agent.runtimes.kubernetes import objects
+from kvpilot.agent.runtimes.kubernetes.api import NotFound, call, client_module
+from kvpilot.agent.runtimes.kubernetes.values import KubernetesTarget
 
 
 def restart_count(pod: Mapping[str, Any], container: str) -> int | None:

@@ -25,10 +25,10 @@ from contextvars import ContextVar
 
 from kvpilot.agent.model import Instance
 from kvpilot.agent.runtimes.base import RuntimeFailure, StopResult
-from kvpilot.agent.runtimes.k8s_api import deadline
-from kvpilot.agent.runtimes.k8s_handover import HandoverConfigMap
-from kvpilot.agent.runtimes.k8s_values import Promotion
-from kvpilot.agent.runtimes.kubernetes import KubernetesRuntime
+from kvpilot.agent.runtimes.kubernetes.api import deadline
+from kvpilot.agent.runtimes.kubernetes.handover_configmap import HandoverConfigMap
+from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime
+from kvpilot.agent.runtimes.kubernetes.values import Promotion
 from kvpilot.tuner.oom import container_termination_reason
 
 log = logging.getLogger(__name__)

@@ -19,11 +19,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from kvpilot.agent.runtimes import k8s_route_weights as weights
 from kvpilot.agent.runtimes.base import RuntimeFailure
-from kvpilot.agent.runtimes.k8s_api import KubernetesApiError, NotFound, call, client_module
-from kvpilot.agent.runtimes.k8s_objects import CANARY_OF_ANNOTATION, ROLE_LABEL
-from kvpilot.agent.runtimes.k8s_route_weights import is_service, split_rules
+from kvpilot.agent.runtimes.kubernetes import route_weights as weights
+from kvpilot.agent.runtimes.kubernetes.api import KubernetesApiError, NotFound, call, client_module
+from kvpilot.agent.runtimes.kubernetes.objects import CANARY_OF_ANNOTATION, ROLE_LABEL
+from kvpilot.agent.runtimes.kubernetes.route_weights import is_service, split_rules
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

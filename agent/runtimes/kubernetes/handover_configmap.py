@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvpilot.agent.runtimes.k8s_api import Conflict, NotFound, call, client_module
+from kvpilot.agent.runtimes.kubernetes.api import Conflict, NotFound, call, client_module
 from kvpilot.collectors.secrets import mask
 
 RESOURCE = "configmaps"

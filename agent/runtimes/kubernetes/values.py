@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 from kvpilot.agent.model import Instance
-from kvpilot.agent.runtimes import k8s_objects as objects
 from kvpilot.agent.runtimes.base import FlagsNotApplied
+from kvpilot.agent.runtimes.kubernetes import objects
 
 PromoteMode = Literal["apply", "recommend", "auto"]
 RestartMode = Literal["signal", "rollout"]
