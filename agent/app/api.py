@@ -35,8 +35,8 @@ from kvpilot.agent.config import AgentConfig, LocalRuntimeConfig
 from kvpilot.agent.runtimes import Runtime
 from kvpilot.agent.runtimes.kubernetes.values import RecommendsFlags
 from kvpilot.agent.runtimes.offloop import in_daemon_thread
-from kvpilot.agent.tuning.workload_json import workload_json
-from kvpilot.agent.tuning.workload_window import WorkloadWindow
+from kvpilot.agent.tuning.workload.as_json import workload_json
+from kvpilot.agent.tuning.workload.window import WorkloadWindow
 from kvpilot.collectors.secrets import mask_argv, mask_text, mask_url
 
 log = logging.getLogger(__name__)

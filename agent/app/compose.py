@@ -53,9 +53,9 @@ from kvpilot.agent.tuning.retune import retune_watch, stable_name
 from kvpilot.agent.tuning.schedule import (
     ScheduledTuning,
 )
-from kvpilot.agent.tuning.workload_choice import WorkloadChoice, window_choice
-from kvpilot.agent.tuning.workload_keep import WindowKeeper
-from kvpilot.agent.tuning.workload_window import WorkloadWindow
+from kvpilot.agent.tuning.workload.choice import WorkloadChoice, window_choice
+from kvpilot.agent.tuning.workload.keep import WindowKeeper
+from kvpilot.agent.tuning.workload.window import WorkloadWindow
 from kvpilot.collectors.nvml import NvmlCollector
 from kvpilot.collectors.procfs import read_mem_available_bytes
 

@@ -23,7 +23,7 @@ from kvpilot.agent.tuning.schedule import (
     scheduled_tuning,
 )
 from kvpilot.agent.tuning.study import StudyError
-from kvpilot.agent.tuning.workload_choice import WorkloadChoice
+from kvpilot.agent.tuning.workload.choice import WorkloadChoice
 
 log = logging.getLogger(__name__)
 

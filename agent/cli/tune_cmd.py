@@ -55,7 +55,7 @@ from kvpilot.agent.tuning.study import (
     read_gpu,
     with_version,
 )
-from kvpilot.agent.tuning.workload_record import remember_workload
+from kvpilot.agent.tuning.workload.record import remember_workload
 from kvpilot.tuner.render import trials_table
 from kvpilot.tuner.rollout import Strategy
 from kvpilot.tuner.session import (

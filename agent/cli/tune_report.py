@@ -19,7 +19,7 @@ from kvpilot.agent.state.store import StateStore
 from kvpilot.agent.state.trials import SqliteTrialStore
 from kvpilot.agent.tuning.promoted import PROMOTED_FACT, live_argv
 from kvpilot.agent.tuning.study import StudyError, build_study, read_gpu, stable_instance
-from kvpilot.agent.tuning.workload_record import ReplayedWorkload, last_workload
+from kvpilot.agent.tuning.workload.record import ReplayedWorkload, last_workload
 from kvpilot.collectors.vllm_argv import flag_value
 from kvpilot.tuner.constraints import Value
 from kvpilot.tuner.report import ReportContext, write_report

@@ -21,9 +21,9 @@ from kvpilot.agent.cli.config_load import load_or_exit
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.tuning.promoted import tuned_instance
-from kvpilot.agent.tuning.workload_choice import WorkloadChoice, choose_workload
-from kvpilot.agent.tuning.workload_json import workload_json
-from kvpilot.agent.tuning.workload_source import Learned, from_sidecar, observe
+from kvpilot.agent.tuning.workload.as_json import workload_json
+from kvpilot.agent.tuning.workload.choice import WorkloadChoice, choose_workload
+from kvpilot.agent.tuning.workload.source import Learned, from_sidecar, observe
 from kvpilot.collectors.addresses import WILDCARD_HOSTS
 from kvpilot.collectors.vllm_argv import flag_value
 from kvpilot.tuner.learned import WorkloadShape, coarse_key

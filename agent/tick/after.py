@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from kvpilot.agent.model import Instance
 from kvpilot.agent.tuning.retune import RetuneWatch
-from kvpilot.agent.tuning.workload_keep import WindowKeeper
-from kvpilot.agent.tuning.workload_window import WorkloadWindow
+from kvpilot.agent.tuning.workload.keep import WindowKeeper
+from kvpilot.agent.tuning.workload.window import WorkloadWindow
 from kvpilot.collectors.vllm_metrics import VllmScrape
 
 

@@ -31,7 +31,7 @@ from kvpilot.agent.state.store import StateStore
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.promoted import PROMOTED_FACT, tuned_instance
 from kvpilot.agent.tuning.study import Study, build_study, read_gpu
-from kvpilot.agent.tuning.workload_choice import WorkloadChoice
+from kvpilot.agent.tuning.workload.choice import WorkloadChoice
 from kvpilot.collectors.vllm_argv import canonical_flags
 from kvpilot.tuner.objective import Slo, TrialResult, better
 from kvpilot.tuner.rollout import Phase

@@ -45,7 +45,7 @@ from kvpilot.agent.tuning.study import (
     make_session,
     read_gpu,
 )
-from kvpilot.agent.tuning.workload_choice import WorkloadChoice
+from kvpilot.agent.tuning.workload.choice import WorkloadChoice
 from kvpilot.tuner.rollout import Recovered, RolloutSettings, recover
 from kvpilot.tuner.session import TuningBlocked, TuningSession
 from kvpilot.tuner.trials import trial_from_dict, trial_to_dict

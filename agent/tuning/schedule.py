@@ -43,8 +43,8 @@ from kvpilot.agent.tuning.study import (
     read_gpu,
     stable_instance,
 )
-from kvpilot.agent.tuning.workload_choice import WorkloadChoice
-from kvpilot.agent.tuning.workload_record import remember_workload
+from kvpilot.agent.tuning.workload.choice import WorkloadChoice
+from kvpilot.agent.tuning.workload.record import remember_workload
 from kvpilot.tuner.ports import RestartRefused
 from kvpilot.tuner.render import summary_line
 from kvpilot.tuner.session import TuningBlocked, dry_run

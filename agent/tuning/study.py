@@ -22,7 +22,7 @@ from kvpilot.agent.tuning.gpu_bounds import read_gpu as read_gpu
 from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
 from kvpilot.agent.tuning.observer import LoadObserver
 from kvpilot.agent.tuning.promoted import tuned_instance
-from kvpilot.agent.tuning.workload_choice import WorkloadChoice, choose_workload
+from kvpilot.agent.tuning.workload.choice import WorkloadChoice, choose_workload
 from kvpilot.collectors.vllm_argv import flag_value, parse_server_argv, without_flags
 from kvpilot.tuner.constraints import (
     batched_tokens_constraint,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.state import StateStore
-from kvpilot.agent.tuning.workload_choice import WorkloadChoice, choose_workload
-from kvpilot.agent.tuning.workload_record import WORKLOAD_FACT, last_workload, remember_workload
+from kvpilot.agent.tuning.workload.choice import WorkloadChoice, choose_workload
+from kvpilot.agent.tuning.workload.record import WORKLOAD_FACT, last_workload, remember_workload
 from kvpilot.tuner.learned import learned_workload
 from kvpilot.tuner.report import ReportContext, render_report
 from kvpilot.tuner.report_workload import workload_svg

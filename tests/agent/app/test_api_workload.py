@@ -23,8 +23,8 @@ from kvpilot.agent.state import StateStore
 from kvpilot.agent.tick.after import AfterTick
 from kvpilot.agent.tick.sidecar import Sidecar
 from kvpilot.agent.tick.watched import WatchedServers
-from kvpilot.agent.tuning.workload_json import shape_from_json
-from kvpilot.agent.tuning.workload_window import WorkloadWindow
+from kvpilot.agent.tuning.workload.as_json import shape_from_json
+from kvpilot.agent.tuning.workload.window import WorkloadWindow
 from kvpilot.collectors.nvml import NvmlCollector
 from tests.agent.vllm_bodies import metrics_server, recorded
 

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from kvpilot.agent.cli.main import app
 from kvpilot.agent.config.tuning import TuningConfig
-from kvpilot.agent.tuning.workload_json import workload_json
-from kvpilot.agent.tuning.workload_window import WorkloadWindow
+from kvpilot.agent.tuning.workload.as_json import workload_json
+from kvpilot.agent.tuning.workload.window import WorkloadWindow
 from kvpilot.rig.server import free_port
 from tests.agent.sidecar_harness import agent_config, server_spec
 from tests.agent.tuning.workload_scrapes import served

@@ -130,8 +130,8 @@ def test_a_pod_tuner_on_live_traffic_splits_it_through_the_configured_route(fake
 
 def test_a_pod_replay_sends_the_learned_workload_live_traffic_does_not(fake, tmp_path) -> None:
     from kvpilot.agent.config.tuning import TuningConfig
-    from kvpilot.agent.tuning.workload_choice import choose_workload
-    from kvpilot.agent.tuning.workload_window import WorkloadWindow
+    from kvpilot.agent.tuning.workload.choice import choose_workload
+    from kvpilot.agent.tuning.workload.window import WorkloadWindow
     from tests.agent.tuning.workload_scrapes import served
 
     fake.add_deployment(base_deployment(8000))

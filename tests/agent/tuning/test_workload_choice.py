@@ -10,8 +10,8 @@ import pytest
 from kvpilot.agent.config import load_config
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.tuning.study import StudyError, build_study
-from kvpilot.agent.tuning.workload_choice import choose_workload, configured_workload
-from kvpilot.agent.tuning.workload_window import WorkloadWindow
+from kvpilot.agent.tuning.workload.choice import choose_workload, configured_workload
+from kvpilot.agent.tuning.workload.window import WorkloadWindow
 from kvpilot.rig.server import free_port
 from kvpilot.tuner.loadgen import ShapedWorkload, TraceWorkload, Workload
 from kvpilot.tuner.traces import workload_hash

@@ -17,8 +17,8 @@ import pytest
 from kvpilot.agent.app.compose import run_sidecar
 from kvpilot.agent.config import AgentConfig, validate_config
 from kvpilot.agent.state.store import StateStore
-from kvpilot.agent.tuning.workload_keep import WINDOW_FACT, WindowKeeper
-from kvpilot.agent.tuning.workload_window import WorkloadWindow
+from kvpilot.agent.tuning.workload.keep import WINDOW_FACT, WindowKeeper
+from kvpilot.agent.tuning.workload.window import WorkloadWindow
 from kvpilot.rig.server import free_port
 from tests.agent.state.loopback import CALM, agent_config
 from tests.agent.tuning.workload_scrapes import served

@@ -9,8 +9,8 @@ from pathlib import Path
 from kvpilot.agent.config import AgentConfig, load_config
 from kvpilot.agent.tuning.best import config_studies
 from kvpilot.agent.tuning.study import Study, build_study
-from kvpilot.agent.tuning.workload_choice import WorkloadChoice, window_choice
-from kvpilot.agent.tuning.workload_window import WorkloadWindow
+from kvpilot.agent.tuning.workload.choice import WorkloadChoice, window_choice
+from kvpilot.agent.tuning.workload.window import WorkloadWindow
 from kvpilot.rig.server import free_port
 from kvpilot.tuner.learned import WorkloadShape
 from tests.agent.sidecar_harness import agent_config, server_spec

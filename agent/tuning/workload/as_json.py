@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from kvpilot.agent.config.tuning import TuningConfig
-from kvpilot.agent.tuning.workload_choice import choose_workload
+from kvpilot.agent.tuning.workload.choice import choose_workload
 from kvpilot.collectors.histogram import Histogram
 from kvpilot.tuner.learned import WorkloadShape, coarse_key
 

@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvpilot.agent.state.store import StateStore
-from kvpilot.agent.tuning.workload_json import histogram_from_json, histogram_json
-from kvpilot.agent.tuning.workload_window import Increase, WorkloadWindow
+from kvpilot.agent.tuning.workload.as_json import histogram_from_json, histogram_json
+from kvpilot.agent.tuning.workload.window import Increase, WorkloadWindow
 from kvpilot.collectors.histogram import Histogram, add
 
 log = logging.getLogger(__name__)

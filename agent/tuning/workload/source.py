@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from kvpilot.agent.tuning.workload_json import shape_from_json
-from kvpilot.agent.tuning.workload_window import WorkloadWindow
+from kvpilot.agent.tuning.workload.as_json import shape_from_json
+from kvpilot.agent.tuning.workload.window import WorkloadWindow
 from kvpilot.collectors.vllm_metrics import VllmMetricsSource, VllmScrape
 from kvpilot.tuner.learned import WorkloadShape
 

@@ -93,7 +93,7 @@ class WorkloadWindow:
         return self._block_size
 
     def increases(self) -> tuple[Increase, ...]:
-        """What the window holds, oldest first (for `agent.tuning.workload_keep`)."""
+        """What the window holds, oldest first (for `workload.keep`)."""
         return tuple(self._increases)
 
     def restore(
