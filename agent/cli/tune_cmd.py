@@ -38,14 +38,14 @@ from kvpilot.agent.state.store import StateStore
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.factory import local_adapter, stable_runtime
 from kvpilot.agent.tuning.ground import Ground, GroundStore, argv_model, server_version
-from kvpilot.agent.tuning.local import (
+from kvpilot.agent.tuning.local_adapter import (
     STABLE_FACT,
     end_stable,
     recover_at_startup,
     stable_owner_id,
     started_by_tune,
 )
-from kvpilot.agent.tuning.pod import PodTuner, pod_study
+from kvpilot.agent.tuning.pod_tuner import PodTuner, pod_study
 from kvpilot.agent.tuning.promoted import tuned_instance
 from kvpilot.agent.tuning.study import (
     Study,

@@ -10,7 +10,7 @@ from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.store import StateStore
-from kvpilot.agent.tuning.local import STABLE_OWNER_ENV, LocalTunerAdapter, StableRestarter
+from kvpilot.agent.tuning.local_adapter import STABLE_OWNER_ENV, LocalTunerAdapter, StableRestarter
 from kvpilot.agent.tuning.promoted import PROMOTED_FACT, LiveArgv, live_argv
 from kvpilot.agent.tuning.study import stable_instance
 

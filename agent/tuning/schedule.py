@@ -33,8 +33,8 @@ from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.trials import SqliteTrialStore
 from kvpilot.agent.tuning.canary_sweep import CanarySweep
 from kvpilot.agent.tuning.factory import local_adapter
-from kvpilot.agent.tuning.local import StableRestarter, recover_at_startup
-from kvpilot.agent.tuning.pod import PodRecovery, PodTuner
+from kvpilot.agent.tuning.local_adapter import StableRestarter, recover_at_startup
+from kvpilot.agent.tuning.pod_tuner import PodRecovery, PodTuner
 from kvpilot.agent.tuning.study import (
     Study,
     StudyError,

@@ -21,7 +21,7 @@ from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
 from kvpilot.agent.runtimes.processes import find_vllm_mains
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.store import StateStore
-from kvpilot.agent.tuning.local import LocalTunerAdapter, open_stores
+from kvpilot.agent.tuning.local_adapter import LocalTunerAdapter, open_stores
 from kvpilot.agent.tuning.observer import LoadObserver
 from kvpilot.agent.tuning.promoted import PROMOTED_FACT, yaml_hash
 from kvpilot.collectors.procfs import list_processes

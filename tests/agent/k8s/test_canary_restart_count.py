@@ -16,7 +16,7 @@ from kvpilot.agent.config import PodRuntimeConfig, validate_config
 from kvpilot.agent.runtimes.kubernetes.restarts import CanaryRestarts, restart_count
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
-from kvpilot.agent.tuning.pod import PodTuner
+from kvpilot.agent.tuning.pod_tuner import PodTuner
 from kvpilot.tuner.ports import CanaryAborted
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment, make_runtime
 from tests.agent.k8s.test_live_traffic_adapter import CANARY

@@ -26,8 +26,8 @@ from kvpilot.agent.runtimes.kubernetes.faults import FAULTS
 from kvpilot.agent.runtimes.kubernetes.lease import LeaseLost, lease_name
 from kvpilot.agent.runtimes.kubernetes.traffic import GatewayWeights
 from kvpilot.agent.runtimes.kubernetes.unattended import UnattendedCanaries
-from kvpilot.agent.tuning import kubernetes as k8s_tuning
-from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter
+from kvpilot.agent.tuning import kubernetes_adapter
+from kvpilot.agent.tuning.kubernetes_adapter import KubernetesTunerAdapter
 from kvpilot.collectors.vllm_argv import flag_value
 from kvpilot.tuner.ports import Observation
 from kvpilot.tuner.rollout import RolloutSettings, Strategy
@@ -142,7 +142,7 @@ def test_a_tuning_session_through_a_scripted_run_of_faults(
     # Short enough that a hung request fails within the test, long enough that a loaded
     # machine's fake API server answers every other request in time (0.3 s did not, once).
     monkeypatch.setattr(api, "REQUEST_TIMEOUT_S", (1.0, 1.0))
-    monkeypatch.setattr(k8s_tuning, "PULL_BACK_PAUSE_S", 0.01)
+    monkeypatch.setattr(kubernetes_adapter, "PULL_BACK_PAUSE_S", 0.01)
     seed(fake, standin.port)
     # Pod B was tuning: its canary took a tenth of the traffic, then B was evicted.
     evicted = make_runtime(fake, standin.port, tmp_path / "b", promote="apply")

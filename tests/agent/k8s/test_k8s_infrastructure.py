@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from kvpilot.agent.runtimes.kubernetes.api import InfrastructureFailure
-from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter
+from kvpilot.agent.tuning.kubernetes_adapter import KubernetesTunerAdapter
 from kvpilot.tuner.rollout import Strategy
 from kvpilot.tuner.trials import TrialState, history
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment, make_runtime

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import pytest
 
 from kvpilot.agent.runtimes.kubernetes.lease import DeploymentLease, LeaseHeld, lease_name
-from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter
+from kvpilot.agent.tuning.kubernetes_adapter import KubernetesTunerAdapter
 from kvpilot.collectors.vllm_argv import flag_value
 from kvpilot.tuner.ports import Observation
 from kvpilot.tuner.rollout import Phase, RolloutSettings, Strategy

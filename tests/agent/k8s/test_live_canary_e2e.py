@@ -33,7 +33,7 @@ import pytest
 from kvpilot.agent.config.tuning import CanaryConfig
 from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime
 from kvpilot.agent.runtimes.kubernetes.values import KubernetesTarget
-from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter, traffic_split
+from kvpilot.agent.tuning.kubernetes_adapter import KubernetesTunerAdapter, traffic_split
 from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
 from kvpilot.collectors.vllm_argv import flag_value, without_flags
 from kvpilot.rig.server import TINY_MODEL_DIR, free_port

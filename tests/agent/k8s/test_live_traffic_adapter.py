@@ -12,8 +12,8 @@ import pytest
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.local import LocalInstanceSpec
-from kvpilot.agent.tuning import kubernetes as k8s_tuning
-from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter
+from kvpilot.agent.tuning import kubernetes_adapter
+from kvpilot.agent.tuning.kubernetes_adapter import KubernetesTunerAdapter
 from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
 from kvpilot.agent.tuning.observer import LoadObserver
 from kvpilot.agent.tuning.study import Study, StudyError, make_observer
@@ -83,7 +83,7 @@ def test_the_share_goes_back_before_the_canary_is_deleted(fake, standin, tmp_pat
 def test_a_canary_whose_share_cannot_come_back_keeps_serving(
     fake, standin, tmp_path, split_kwargs, says, monkeypatch
 ) -> None:
-    monkeypatch.setattr(k8s_tuning, "PULL_BACK_PAUSE_S", 0.01)  # tried three times, quickly
+    monkeypatch.setattr(kubernetes_adapter, "PULL_BACK_PAUSE_S", 0.01)  # tried three times, quickly
     split = SplitDouble(fake, **split_kwargs)
     adapter = started(fake, standin, tmp_path, split)
 
@@ -118,7 +118,7 @@ def test_the_split_is_built_from_the_canary_settings_and_the_stable_deployment(f
     from kvpilot.agent.config.tuning import CanaryConfig
     from kvpilot.agent.runtimes.kubernetes.traffic import GatewayWeights, ServiceShare
     from kvpilot.agent.runtimes.kubernetes.values import KubernetesTarget
-    from kvpilot.agent.tuning.kubernetes import traffic_split
+    from kvpilot.agent.tuning.kubernetes_adapter import traffic_split
 
     fake.add_deployment(base_deployment(8000))
     target = KubernetesTarget(namespace=NAMESPACE, deployment="vllm")

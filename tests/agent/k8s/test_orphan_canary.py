@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
-from kvpilot.agent.tuning import kubernetes as k8s_tuning
-from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter
+from kvpilot.agent.tuning import kubernetes_adapter
+from kvpilot.agent.tuning.kubernetes_adapter import KubernetesTunerAdapter
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment, make_runtime
 from tests.agent.k8s.test_live_traffic_adapter import CANARY, Split, SplitDouble
 from tests.agent.k8s.test_pod_schedule import scheduled
@@ -60,7 +60,7 @@ def test_a_canary_of_someone_else_is_left_alone(fake, standin, tmp_path) -> None
 
 
 def test_a_pull_back_refused_once_is_tried_again(fake, standin, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(k8s_tuning, "PULL_BACK_PAUSE_S", 0.01)
+    monkeypatch.setattr(kubernetes_adapter, "PULL_BACK_PAUSE_S", 0.01)
     fake.add_deployment(base_deployment(standin.port))
     evicted_mid_trial(fake, standin, tmp_path)
     split = RefusedOnce(fake)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.handover import HandoverJournal, HandoverRuntime, resume_handed_over
-from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter
+from kvpilot.agent.tuning.kubernetes_adapter import KubernetesTunerAdapter
 from kvpilot.collectors.vllm_argv import flag_value
 from kvpilot.tuner.objective import evaluate
 from kvpilot.tuner.ports import Observation

@@ -18,7 +18,7 @@ from kvpilot.agent.runtimes.kubernetes.handover_configmap import handover_name
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.handover import HandoverJournal
-from kvpilot.agent.tuning.pod import PodTuner
+from kvpilot.agent.tuning.pod_tuner import PodTuner
 from kvpilot.tuner.rollout import Phase
 from tests.agent.k8s.conftest import NAMESPACE
 from tests.agent.k8s.test_k8s_tuning import stable_args

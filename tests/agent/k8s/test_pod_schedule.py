@@ -13,7 +13,7 @@ from kvpilot.agent.runtimes.kubernetes.lease import DeploymentLease, lease_name
 from kvpilot.agent.runtimes.kubernetes.traffic import GatewayWeights
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
-from kvpilot.agent.tuning.pod import PodTuner
+from kvpilot.agent.tuning.pod_tuner import PodTuner
 from kvpilot.agent.tuning.schedule import pod_scheduled_tuning
 from kvpilot.agent.tuning.study import make_observer
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment

@@ -14,8 +14,8 @@ from kvpilot.agent.app.exposition import build_registry, sidecar_families
 from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.kubernetes.unattended import UNATTENDED, UnattendedCanaries
 from kvpilot.agent.tick.views import SidecarCounters
-from kvpilot.agent.tuning import kubernetes as k8s_tuning
-from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter
+from kvpilot.agent.tuning import kubernetes_adapter
+from kvpilot.agent.tuning.kubernetes_adapter import KubernetesTunerAdapter
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment, make_runtime
 from tests.agent.k8s.test_live_traffic_adapter import CANARY, SplitDouble
 from tests.agent.k8s.test_orphan_canary import evicted_mid_trial
@@ -25,7 +25,7 @@ DEPLOYMENT = f"{NAMESPACE}/vllm"
 
 @pytest.fixture(autouse=True)
 def quick_retries(monkeypatch) -> None:
-    monkeypatch.setattr(k8s_tuning, "PULL_BACK_PAUSE_S", 0.01)
+    monkeypatch.setattr(kubernetes_adapter, "PULL_BACK_PAUSE_S", 0.01)
 
 
 def adapter(fake, standin, tmp_path, split: SplitDouble, unattended: UnattendedCanaries):
@@ -45,7 +45,7 @@ def test_a_pull_back_that_fails_its_retries_marks_the_canary_until_it_is_removed
     with pytest.raises(RuntimeFailure, match="could not be sent back"):
         asyncio.run(tuner.stop_canary())
 
-    assert len(split.pulls) == k8s_tuning.PULL_BACK_TRIES
+    assert len(split.pulls) == kubernetes_adapter.PULL_BACK_TRIES
     assert unattended.series() == ((DEPLOYMENT, 1.0),)
     assert fake.deployment(NAMESPACE, CANARY) is not None  # kept serving, not cut off
     split.fails = False  # the API server lets the pull-back through again

@@ -36,7 +36,7 @@ from kvpilot.agent.tuning.handover import (
     resume_handed_over,
 )
 from kvpilot.agent.tuning.handover_trust import KeepEdits, consume_vouch, refusal, vouch
-from kvpilot.agent.tuning.kubernetes import KubernetesTunerAdapter, traffic_split
+from kvpilot.agent.tuning.kubernetes_adapter import KubernetesTunerAdapter, traffic_split
 from kvpilot.agent.tuning.study import (
     Study,
     StudyError,
