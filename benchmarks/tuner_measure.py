@@ -18,9 +18,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import httpx
 from tuner_landscapes import BYTES_PER_BLOCK, Landscape, append_row, cell_row, measured_cells
 
+from kvpilot.collectors.scrape_client import ScrapeClient
 from kvpilot.collectors.vllm_metrics import VllmMetricsSource, VllmScrape
 from kvpilot.rig.server import ServerSpec, ServerStartError, VllmServer, free_port
 from kvpilot.tuner.loadgen import LengthDist, Workload, run_load, run_planned
@@ -74,7 +74,7 @@ async def measure_window(
 ) -> tuple[TrialResult, float | None]:
     """One window of the landscape's traffic, judged against its SLO; and the hit ratio."""
     done = asyncio.Event()
-    async with httpx.AsyncClient() as client:
+    async with ScrapeClient() as client:
         source = VllmMetricsSource(url, client=client)
         scraper = asyncio.create_task(_scrape_until(source, done))
         report = await run_planned(

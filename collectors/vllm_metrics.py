@@ -14,11 +14,10 @@ import json
 import time
 from collections.abc import Callable
 
-import httpx
-
 from kvpilot.collectors.errors import ErrorKind, SourceError
-from kvpilot.collectors.limits import PreparedGet, ScrapeLimits, fetch_text
+from kvpilot.collectors.limits import ScrapeLimits
 from kvpilot.collectors.promtext import MetricsParseError, SampleLimitError
+from kvpilot.collectors.scrape_client import ScrapeClient
 from kvpilot.collectors.vllm_parse import EngineKey, EngineSample, VllmScrape, parse_vllm_metrics
 
 __all__ = [
@@ -45,7 +44,7 @@ class VllmMetricsSource:
         self,
         base_url: str,
         *,
-        client: httpx.AsyncClient,
+        client: ScrapeClient,
         limits: ScrapeLimits | None = None,
         api_key: str | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -59,9 +58,6 @@ class VllmMetricsSource:
         self._wall_clock = wall_clock
         self._version: str | None = None
         self._version_known = False
-        self._metrics_get = PreparedGet(
-            client, self.metrics_url, limits=self._limits, headers=self._headers
-        )
 
     @property
     def metrics_url(self) -> str:
@@ -116,14 +112,7 @@ class VllmMetricsSource:
     async def _fetch_metrics(self) -> str | SourceError:
         """The body of ``/metrics``, or why there is none."""
         url = self.metrics_url
-        got = await fetch_text(
-            self._client,
-            url,
-            source=SOURCE,
-            limits=self._limits,
-            headers=self._headers,
-            prepared=self._metrics_get,
-        )
+        got = await self._client.get(url, source=SOURCE, limits=self._limits, headers=self._headers)
         if isinstance(got, SourceError):
             return got
         body = got.text
@@ -145,8 +134,7 @@ class VllmMetricsSource:
     async def _fetch_version(self, timeout_s: float) -> None:
         """Learn the server's version from ``/version``; a failure leaves it unknown."""
         limits = ScrapeLimits(timeout_s=timeout_s, body_size_limit_bytes=VERSION_BODY_LIMIT_BYTES)
-        got = await fetch_text(
-            self._client,
+        got = await self._client.get(
             self._base_url + "/version",
             source=SOURCE,
             limits=limits,

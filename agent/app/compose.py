@@ -122,9 +122,7 @@ async def _run(
         # Each clean-up is owed from the moment its part exists (they run in reverse):
         # a failure while composing still stops a server adopted or started by then.
         ends.push_async_callback(runtime.aclose, drain_timeout_s=config.runtime.drain_timeout_s)
-        watched = WatchedServers(
-            config, NvmlCollector(server_pids=lambda: _all_pids(runtime)), timeout=timeout
-        )
+        watched = WatchedServers(config, NvmlCollector(server_pids=lambda: _all_pids(runtime)))
         ends.push_async_callback(watched.aclose)
         section = config.remediation
         preflight = MemoryPreflight(

@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
-import httpx
 import typer
 from rich.console import Console
 
@@ -34,6 +33,7 @@ from kvpilot.collectors.limits import (
     ScrapeLimits,
 )
 from kvpilot.collectors.nvml import NvmlCollector
+from kvpilot.collectors.scrape_client import ScrapeClient
 
 if TYPE_CHECKING:
     from kvpilot.agent.config import AgentConfig
@@ -146,7 +146,7 @@ async def _collect_once(
     from kvpilot.collectors.errors import SourceError
 
     nvml = NvmlCollector(server_pids=lambda: pids)
-    async with httpx.AsyncClient() as client:
+    async with ScrapeClient() as client:
         ticker = build_ticker(settings, client)
         snapshot = await ticker.tick(await read_nvml(nvml))
         if span is not None and not isinstance(snapshot.vllm, SourceError):
@@ -164,7 +164,7 @@ async def _collect_live(settings: CollectSettings, pids: frozenset[int], interva
     from kvpilot.agent.cli.live_view import LiveView
 
     nvml = NvmlCollector(server_pids=lambda: pids)
-    async with httpx.AsyncClient() as client:
+    async with ScrapeClient() as client:
         ticker = build_ticker(settings, client)
         with LiveView(title=f"kvpilot: {settings.vllm_url}") as view:
             while True:

@@ -10,11 +10,10 @@ of them needs the loop that fills it.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-import httpx
 
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.model import Instance, Labels
@@ -27,6 +26,7 @@ from kvpilot.agent.tick.wiring import CollectSettings, build_ticker, scrape_limi
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import NvmlSnapshot
 from kvpilot.collectors.nvml import NvmlCollector
+from kvpilot.collectors.scrape_client import ScrapeClient
 from kvpilot.collectors.vllm_metrics import VllmScrape
 
 
@@ -47,16 +47,14 @@ class WatchedServers:
         config: AgentConfig,
         nvml: NvmlCollector,
         *,
-        timeout: httpx.Timeout,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._config = config
         self._nvml = nvml
-        self._timeout = timeout
         self.clock = clock
-        self._tls = httpx.create_ssl_context()  # loaded once, shared by the servers' clients
+        self._tls = ssl.create_default_context()  # loaded once, shared by the servers' clients
         self._tickers: dict[str, Ticker] = {}
-        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._clients: dict[str, ScrapeClient] = {}
         self._instances: dict[str, Instance] = {}
         self._latest_nvml: NvmlSnapshot | SourceError | None = None
 
@@ -94,7 +92,7 @@ class WatchedServers:
             )
             # A client per server: one pool's connection scan grows with every server
             # watched, and that cost is paid on every request of every server.
-            client = httpx.AsyncClient(timeout=self._timeout, verify=self._tls)
+            client = ScrapeClient(ssl_context=self._tls)
             self._clients[instance.name] = client
             ticker = build_ticker(settings, client)
             self._tickers[instance.name] = ticker

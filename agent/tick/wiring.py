@@ -5,14 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.readings.snapshot import SnapshotTaker
 from kvpilot.agent.tick.calibration import PlannerCheck
 from kvpilot.agent.tick.ticker import Ticker
 from kvpilot.collectors.kvpool.client import KvPoolSource
 from kvpilot.collectors.limits import ScrapeLimits
+from kvpilot.collectors.scrape_client import ScrapeClient
 from kvpilot.collectors.vllm_metrics import VllmMetricsSource
 
 
@@ -41,7 +40,7 @@ def scrape_limits(config: AgentConfig) -> ScrapeLimits:
 
 def build_ticker(
     settings: CollectSettings,
-    client: httpx.AsyncClient,
+    client: ScrapeClient,
 ) -> Ticker:
     """Sources and windows for one vLLM target; the caller owns (and closes) the client and
     reads NVML once per tick for every target (`read_nvml`)."""

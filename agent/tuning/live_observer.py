@@ -26,8 +26,6 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
-import httpx
-
 from kvpilot.agent.config.tuning import CanaryConfig
 from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.kubernetes.traffic import Shares, TrafficSplit
@@ -40,8 +38,9 @@ from kvpilot.agent.tuning.live_intervals import (
     restarted,
 )
 from kvpilot.collectors.errors import SourceError
-from kvpilot.collectors.limits import ScrapeLimits, fetch_text
+from kvpilot.collectors.limits import ScrapeLimits
 from kvpilot.collectors.promtext import MetricsParseError
+from kvpilot.collectors.scrape_client import ScrapeClient
 from kvpilot.tuner.objective import Measurement, Slo, server_kv_budget_bytes
 from kvpilot.tuner.ports import CanaryAborted, Observation
 from kvpilot.tuner.trials import Warmup
@@ -121,7 +120,7 @@ class LiveTrafficObserver:
         canary: list[PodReading] = []
         unanswered = 0  # the canary's scrapes in a row that got no answer
         first, self._restarts_from = self._restarts_from, None
-        async with httpx.AsyncClient() as client:
+        async with ScrapeClient() as client:
             async for tick in self._ticks(count):
                 got_stable, got_canary, restarts = await asyncio.gather(
                     self._read(client, stable_url),
@@ -165,7 +164,7 @@ class LiveTrafficObserver:
         await self._sleep(self._canary.warmup_s)
         count = max(1, round(self._canary.bake_s / self._canary.analysis_interval_s))
         readings: list[PodReading] = []
-        async with httpx.AsyncClient() as client:
+        async with ScrapeClient() as client:
             async for _ in self._ticks(count):
                 _append(readings, await self._read(client, url))
         said = f"bake after a {self._canary.warmup_s:g} s warm-up: {describe(shares)}"
@@ -196,13 +195,11 @@ class LiveTrafficObserver:
 
     # --- one scrape ---------------------------------------------------------------------
 
-    async def _read(self, client: httpx.AsyncClient, base_url: str) -> PodReading | str:
+    async def _read(self, client: ScrapeClient, base_url: str) -> PodReading | str:
         """One reading of a pod's /metrics, or why there is none."""
         url = base_url.rstrip("/") + "/metrics"
         taken, wall = self._clock(), self._wall()
-        got = await fetch_text(
-            client, url, source="vllm", limits=self._limits, headers=self._headers
-        )
+        got = await client.get(url, source="vllm", limits=self._limits, headers=self._headers)
         if isinstance(got, SourceError):
             return Unanswered(self._error(f"{url}: {got.message}"))
         if got.status_code != 200:

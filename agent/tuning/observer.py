@@ -9,8 +9,7 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
-import httpx
-
+from kvpilot.collectors.scrape_client import ScrapeClient
 from kvpilot.collectors.vllm_metrics import VllmMetricsSource, VllmScrape
 from kvpilot.tuner.evidence import Counts, Samples
 from kvpilot.tuner.loadgen import LoadReport, Workload, run_load
@@ -49,10 +48,10 @@ class LoadObserver:
         return Warmup(requests=self._warm)
 
     async def observe(self, urls: Sequence[str]) -> tuple[Observation, ...]:
-        async with httpx.AsyncClient() as client:
+        async with ScrapeClient() as client:
             return tuple(await asyncio.gather(*(self._one(client, u) for u in urls)))
 
-    async def _one(self, client: httpx.AsyncClient, url: str) -> Observation:
+    async def _one(self, client: ScrapeClient, url: str) -> Observation:
         source = VllmMetricsSource(url, client=client, api_key=self._api_key)
         scrapes: list[VllmScrape] = []
         done = asyncio.Event()

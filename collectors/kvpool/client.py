@@ -12,12 +12,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
-
 from kvpilot.collectors.checks import Checks, Refused
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.fragmentation import Fragmentation, kv_blocks_fragmentation
-from kvpilot.collectors.limits import PreparedGet, ScrapeLimits, fetch_text
+from kvpilot.collectors.limits import ScrapeLimits
 from kvpilot.collectors.promtext import (
     Labels,
     MetricSample,
@@ -25,6 +23,7 @@ from kvpilot.collectors.promtext import (
     SampleLimitError,
     parse_samples,
 )
+from kvpilot.collectors.scrape_client import ScrapeClient
 
 PREFIX = "kvpool_"
 
@@ -303,7 +302,7 @@ class KvPoolSource:
         self,
         url: str,
         *,
-        client: httpx.AsyncClient,
+        client: ScrapeClient,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         limits: ScrapeLimits | None = None,
@@ -315,14 +314,11 @@ class KvPoolSource:
         self._clock = clock
         self._wall_clock = wall_clock
         self._limits = limits or ScrapeLimits()
-        self._get = PreparedGet(client, url, limits=self._limits)
 
     async def scrape(self) -> KvPoolScrape | SourceError:
         """One GET within the deadline and the size cap; any failure is a SourceError value."""
         taken_at_s, wall_time_s = self._clock(), self._wall_clock()
-        got = await fetch_text(
-            self._client, self.url, source=self.name, limits=self._limits, prepared=self._get
-        )
+        got = await self._client.get(self.url, source=self.name, limits=self._limits)
         if isinstance(got, SourceError):
             return got
         if got.status_code != 200:

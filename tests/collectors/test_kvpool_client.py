@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-import httpx
 import pytest
 
 from kvpilot.collectors.errors import SourceError
@@ -20,7 +19,10 @@ from kvpilot.collectors.kvpool.server import (
     PartErrors,
     serve,
 )
+from kvpilot.collectors.limits import ScrapeLimits
+from kvpilot.collectors.scrape_client import ScrapeClient
 from kvpilot.rig.server import free_port
+from tests.faults.misbehaving import Misbehaving, Writer, answer, endless, late
 
 block_pool = pytest.importorskip("vllm.v1.core.block_pool")
 
@@ -44,10 +46,19 @@ class StandIn:
         return {}
 
 
-def scrape_once(url: str, **kwargs) -> KvPoolScrape | SourceError:
+KVPOOL_LINE = b'kvpool_blocks_free{engine="0",model_name="m"} 5\n'
+
+
+def scrape_once(url: str, timeout_s: float = 2.0) -> KvPoolScrape | SourceError:
     async def go():
-        async with httpx.AsyncClient(**kwargs) as client:
-            source = KvPoolSource(url, client=client, clock=lambda: 11.0, wall_clock=lambda: 12.0)
+        async with ScrapeClient() as client:
+            source = KvPoolSource(
+                url,
+                client=client,
+                clock=lambda: 11.0,
+                wall_clock=lambda: 12.0,
+                limits=ScrapeLimits(timeout_s=timeout_s),
+            )
             return await source.scrape()
 
     return asyncio.run(go())
@@ -138,21 +149,20 @@ def test_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    ("handler", "kind"),
+    ("writer", "kind"),
     [
-        (lambda request: httpx.Response(503, text="busy"), "http_status"),
-        (lambda request: httpx.Response(200, text="<html>hello</html>"), "parse_error"),
-        (lambda request: httpx.Response(200, text="other_metric 1\n"), "not_metrics"),
+        (endless(4, b"busy", status=503), "http_status"),
+        (answer(b"<html>hello</html>", "text/html"), "parse_error"),
+        (answer(b"other_metric 1\n"), "not_metrics"),
     ],
 )
-def test_bad_answers_become_values(handler, kind: str) -> None:
-    got = scrape_once("http://kvpool.test/metrics", transport=httpx.MockTransport(handler))
+def test_bad_answers_become_values(writer: Writer, kind: str) -> None:
+    with Misbehaving({"/metrics": writer}) as server:
+        got = scrape_once(f"{server.url}/metrics")
     assert isinstance(got, SourceError) and got.kind == kind and got.source == "kvpool"
 
 
 def test_timeout_becomes_a_value() -> None:
-    def handler(request):
-        raise httpx.ReadTimeout("slow", request=request)
-
-    got = scrape_once("http://kvpool.test/metrics", transport=httpx.MockTransport(handler))
+    with Misbehaving({"/metrics": late(30.0, KVPOOL_LINE)}) as server:
+        got = scrape_once(f"{server.url}/metrics", timeout_s=0.3)
     assert isinstance(got, SourceError) and got.kind == "timeout"

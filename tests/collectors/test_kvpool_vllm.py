@@ -12,6 +12,7 @@ import pytest
 from kvpilot.collectors.kvpool.client import KvPoolScrape, KvPoolSource
 from kvpilot.collectors.limits import ScrapeLimits
 from kvpilot.collectors.promtext import parse_samples
+from kvpilot.collectors.scrape_client import ScrapeClient
 from kvpilot.rig.server import VllmServer
 from kvpilot.tuner.loadgen import LengthDist, Workload, run_load
 
@@ -45,8 +46,12 @@ async def vllm_figures(client: httpx.AsyncClient, server: VllmServer) -> dict[st
 
 
 async def kvpool_scrape(client: httpx.AsyncClient, server: VllmServer) -> KvPoolScrape:
-    source = KvPoolSource(kvpool_url(server), client=client, limits=ScrapeLimits(timeout_s=10.0))
-    got = await source.scrape()
+    """The plugin port through the scrape client (`client` reads vLLM's own side)."""
+    async with ScrapeClient() as scraper:
+        source = KvPoolSource(
+            kvpool_url(server), client=scraper, limits=ScrapeLimits(timeout_s=10.0)
+        )
+        got = await source.scrape()
     assert isinstance(got, KvPoolScrape), got
     assert len(got.engines) == 1
     return got

@@ -14,11 +14,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.metadata import version as dist_version
 from pathlib import Path
 
-import httpx
 import pytest
 
 from kvpilot.collectors.errors import ERROR_KINDS, SourceError
 from kvpilot.collectors.limits import ScrapeLimits
+from kvpilot.collectors.scrape_client import ScrapeClient
 from kvpilot.collectors.vllm_metrics import VllmMetricsSource, VllmScrape
 from kvpilot.collectors.window import RollingWindow
 
@@ -102,7 +102,7 @@ def site() -> Iterator[tuple[Site, str]]:
 
 def scrape(base_url: str, **kwargs: object) -> VllmScrape | SourceError:
     async def go() -> VllmScrape | SourceError:
-        async with httpx.AsyncClient() as client:
+        async with ScrapeClient() as client:
             return await VllmMetricsSource(base_url, client=client, **kwargs).scrape()  # type: ignore[arg-type]
 
     return asyncio.run(go())
@@ -190,7 +190,7 @@ def test_version_is_read_once_and_again_after_a_failure(site: tuple[Site, str]) 
     good = state.routes["/flaky/metrics"]
 
     async def go() -> list[VllmScrape | SourceError]:
-        async with httpx.AsyncClient() as client:
+        async with ScrapeClient() as client:
             source = VllmMetricsSource(url + "/flaky", client=client)
             out = [await source.scrape(), await source.scrape()]
             state.routes["/flaky/metrics"] = Route(503, "restarting", "text/plain")
@@ -226,7 +226,7 @@ def test_real_vllm_scrape_and_rates(vllm_server) -> None:  # type: ignore[no-unt
 
     async def go() -> tuple[VllmScrape | SourceError, VllmScrape | SourceError]:
         ticks = iter([10.0, 20.0])
-        async with httpx.AsyncClient() as client:
+        async with ScrapeClient() as client:
             source = VllmMetricsSource(
                 vllm_server.url,
                 client=client,

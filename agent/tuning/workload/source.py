@@ -16,6 +16,7 @@ import httpx
 
 from kvpilot.agent.tuning.workload.as_json import shape_from_json
 from kvpilot.agent.tuning.workload.window import WorkloadWindow
+from kvpilot.collectors.scrape_client import ScrapeClient
 from kvpilot.collectors.vllm_metrics import VllmMetricsSource, VllmScrape
 from kvpilot.tuner.learned import WorkloadShape
 
@@ -66,7 +67,7 @@ async def observe(
     window = WorkloadWindow(max(window_s, seconds + interval_s))
     last_error = ""
     scrapes = 0
-    async with httpx.AsyncClient(timeout=httpx.Timeout(5.0, connect=2.0)) as client:
+    async with ScrapeClient() as client:
         source = VllmMetricsSource(url, client=client, api_key=api_key, clock=clock)
         end = clock() + seconds
         while True:

@@ -58,33 +58,30 @@ async def api(tmp_path: Path) -> AsyncIterator[Api]:
         }
     )
     config.state_dir.mkdir(parents=True)
-    async with httpx.AsyncClient() as scrapes:
-        with StateStore.open(config.state_dir) as store:
-            runtime = build_runtime(config)
-            sidecar = Sidecar(
-                config,
-                store=store,
-                runtime=runtime,
-                notifiers={},
-                remediator=Remediator(runtime, store, config.remediation),
-                watched=WatchedServers(
-                    config, NvmlCollector(server_pids=frozenset), timeout=scrapes.timeout
-                ),
-            )
-            routes = api_routes(
-                ControlPorts.of(sidecar), SecretStr(TOKEN), BodyLimits(max_bytes=1024, max_depth=4)
-            )
-            app = build_app(
-                sidecar,
-                build_registry(sidecar.watched.servers, lambda out: None),
-                clock=sidecar.clock,
-                stale_after_s=10.0,
-                extra_routes=routes,
-            )
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://kvpilot") as client:
-                yield Api(client, sidecar, store)
-            await sidecar.aclose()
+    with StateStore.open(config.state_dir) as store:
+        runtime = build_runtime(config)
+        sidecar = Sidecar(
+            config,
+            store=store,
+            runtime=runtime,
+            notifiers={},
+            remediator=Remediator(runtime, store, config.remediation),
+            watched=WatchedServers(config, NvmlCollector(server_pids=frozenset)),
+        )
+        routes = api_routes(
+            ControlPorts.of(sidecar), SecretStr(TOKEN), BodyLimits(max_bytes=1024, max_depth=4)
+        )
+        app = build_app(
+            sidecar,
+            build_registry(sidecar.watched.servers, lambda out: None),
+            clock=sidecar.clock,
+            stale_after_s=10.0,
+            extra_routes=routes,
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://kvpilot") as client:
+            yield Api(client, sidecar, store)
+        await sidecar.aclose()
 
 
 def _strict(text: str) -> Any:

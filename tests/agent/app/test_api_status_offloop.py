@@ -73,9 +73,7 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
     runtime = HangingRuntimeFake([AttachedServer(name="vllm", url="http://127.0.0.1:9")])
     with StateStore.open(config.state_dir) as store:
         remediator = Remediator(runtime, store, config.remediation)
-        watched = WatchedServers(
-            config, NvmlCollector(server_pids=frozenset), timeout=httpx.Timeout(2.0)
-        )
+        watched = WatchedServers(config, NvmlCollector(server_pids=frozenset))
         sidecar = Sidecar(
             config,
             store=store,

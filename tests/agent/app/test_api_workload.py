@@ -51,37 +51,34 @@ async def _served(tmp_path: Path, bodies: list[str], learn: dict[str, Any]) -> A
         )
         config.state_dir.mkdir(parents=True)
         window = WorkloadWindow(config.tuning.learn.window_s)
-        async with httpx.AsyncClient() as scrapes:
-            with StateStore.open(config.state_dir) as store:
-                runtime = build_runtime(config)
-                sidecar = Sidecar(
-                    config,
-                    store=store,
-                    runtime=runtime,
-                    notifiers={},
-                    remediator=Remediator(runtime, store, config.remediation),
-                    watched=WatchedServers(
-                        config, NvmlCollector(server_pids=frozenset), timeout=scrapes.timeout
+        with StateStore.open(config.state_dir) as store:
+            runtime = build_runtime(config)
+            sidecar = Sidecar(
+                config,
+                store=store,
+                runtime=runtime,
+                notifiers={},
+                remediator=Remediator(runtime, store, config.remediation),
+                watched=WatchedServers(config, NvmlCollector(server_pids=frozenset)),
+                after=AfterTick(learned=window),
+            )
+            try:
+                for _ in bodies:
+                    await sidecar.tick()
+                app = build_app(
+                    sidecar,
+                    build_registry(sidecar.watched.servers, lambda out: None),
+                    clock=sidecar.clock,
+                    stale_after_s=10.0,
+                    extra_routes=api_routes(
+                        ControlPorts.of(sidecar), SecretStr("t"), window=window
                     ),
-                    after=AfterTick(learned=window),
                 )
-                try:
-                    for _ in bodies:
-                        await sidecar.tick()
-                    app = build_app(
-                        sidecar,
-                        build_registry(sidecar.watched.servers, lambda out: None),
-                        clock=sidecar.clock,
-                        stale_after_s=10.0,
-                        extra_routes=api_routes(
-                            ControlPorts.of(sidecar), SecretStr("t"), window=window
-                        ),
-                    )
-                    transport = httpx.ASGITransport(app=app)
-                    async with httpx.AsyncClient(transport=transport, base_url="http://k") as c:
-                        response = await c.get("/api/v1/workload")
-                finally:
-                    await sidecar.aclose()
+                transport = httpx.ASGITransport(app=app)
+                async with httpx.AsyncClient(transport=transport, base_url="http://k") as c:
+                    response = await c.get("/api/v1/workload")
+            finally:
+                await sidecar.aclose()
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("application/json")
     return json.loads(response.text)

@@ -144,29 +144,26 @@ def test_the_status_shows_the_latest_recommendation(
     config.state_dir.mkdir(parents=True)
 
     async def main() -> dict[str, Any]:
-        async with httpx.AsyncClient() as scrapes:
-            with StateStore.open(config.state_dir) as store:
-                sidecar = Sidecar(
-                    config,
-                    store=store,
-                    runtime=runtime,
-                    notifiers={},
-                    remediator=Remediator(runtime, store, config.remediation),
-                    watched=WatchedServers(
-                        config, NvmlCollector(server_pids=frozenset), timeout=scrapes.timeout
-                    ),
-                )
-                app = build_app(
-                    sidecar,
-                    build_registry(sidecar.watched.servers, lambda out: None),
-                    clock=sidecar.clock,
-                    stale_after_s=10.0,
-                    extra_routes=api_routes(ControlPorts.of(sidecar), None),
-                )
-                transport = httpx.ASGITransport(app=app)
-                async with httpx.AsyncClient(transport=transport, base_url="http://k") as api:
-                    answer = await api.get("/api/v1/status")
-                await sidecar.aclose()
+        with StateStore.open(config.state_dir) as store:
+            sidecar = Sidecar(
+                config,
+                store=store,
+                runtime=runtime,
+                notifiers={},
+                remediator=Remediator(runtime, store, config.remediation),
+                watched=WatchedServers(config, NvmlCollector(server_pids=frozenset)),
+            )
+            app = build_app(
+                sidecar,
+                build_registry(sidecar.watched.servers, lambda out: None),
+                clock=sidecar.clock,
+                stale_after_s=10.0,
+                extra_routes=api_routes(ControlPorts.of(sidecar), None),
+            )
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://k") as api:
+                answer = await api.get("/api/v1/status")
+            await sidecar.aclose()
         assert answer.status_code == 200
         return answer.json()
 

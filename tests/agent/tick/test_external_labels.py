@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import httpx
 import pytest
 
 from kvpilot.agent.config import ConfigError, validate_config
@@ -67,7 +66,7 @@ def test_notified_alerts_carry_namespace_pod_and_configured_labels(
                 runtime=AttachRuntime([AttachedServer(name="vllm", url="http://127.0.0.1:9")]),
                 notifiers={},
                 remediator=remediator,  # type: ignore[arg-type]
-                watched=WatchedServers(config, NvmlCollector(), timeout=httpx.Timeout(5.0)),
+                watched=WatchedServers(config, NvmlCollector()),
             )
             page = circuit_open_event(
                 "vllm", "stable", 3, "not ready", incident_id="i", wall_s=sidecar.now_wall_s()

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import httpx
-
 from kvpilot.agent.config import validate_config
 from kvpilot.agent.model import AlertEvent
 from kvpilot.agent.remediation.events import CIRCUIT_OPEN_ALERT, circuit_open_event, resolved
@@ -70,7 +68,7 @@ def _sidecar(tmp_path: Path, store: StateStore, remediator: PagingRemediator) ->
         runtime=runtime,
         notifiers={},
         remediator=remediator,  # type: ignore[arg-type]
-        watched=WatchedServers(config, NvmlCollector(), timeout=httpx.Timeout(5.0)),
+        watched=WatchedServers(config, NvmlCollector()),
     )
 
 

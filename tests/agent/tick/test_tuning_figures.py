@@ -120,38 +120,36 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     runtime, clock = OneServer(), Clock()
     with StateStore.open(tmp_path) as store:
         counting = CountingTrialStore(SqliteTrialStore(store.db))
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            sidecar = Sidecar(
+        sidecar = Sidecar(
+            config,
+            store=store,
+            runtime=runtime,
+            notifiers={},
+            remediator=Remediator(runtime, store, config.remediation, clock=clock),
+            watched=WatchedServers(
                 config,
-                store=store,
-                runtime=runtime,
-                notifiers={},
-                remediator=Remediator(runtime, store, config.remediation, clock=clock),
-                watched=WatchedServers(
-                    config,
-                    NvmlCollector(),  # type: ignore[arg-type]
-                    timeout=client.timeout,
-                    clock=clock,
-                ),
-                wall_clock=lambda: 1_760_000_000.0 + clock(),
-                tuning_figures=TuningFiguresCache(counting, refresh_s=REFRESH_S),
-            )
-            own = sidecar_families(sidecar.counters)
-
-            def extra(out: Any) -> None:  # as `kvpilot run` wires /metrics
-                own(out)
-                tuning_families(sidecar.tuning_families())(out)
-
-            app = build_app(
-                sidecar,
-                build_registry(sidecar.watched.servers, extra),
+                NvmlCollector(),  # type: ignore[arg-type]
                 clock=clock,
-                stale_after_s=60.0,
-            )
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://kvpilot") as scrape:
-                yield Rig(sidecar, runtime, clock, counting, SqliteTrialStore(store.db), scrape)
-            await sidecar.aclose()
+            ),
+            wall_clock=lambda: 1_760_000_000.0 + clock(),
+            tuning_figures=TuningFiguresCache(counting, refresh_s=REFRESH_S),
+        )
+        own = sidecar_families(sidecar.counters)
+
+        def extra(out: Any) -> None:  # as `kvpilot run` wires /metrics
+            own(out)
+            tuning_families(sidecar.tuning_families())(out)
+
+        app = build_app(
+            sidecar,
+            build_registry(sidecar.watched.servers, extra),
+            clock=clock,
+            stale_after_s=60.0,
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://kvpilot") as scrape:
+            yield Rig(sidecar, runtime, clock, counting, SqliteTrialStore(store.db), scrape)
+        await sidecar.aclose()
 
 
 def live_flags(families: Sequence[tuning_metrics.Family]) -> list[tuple[str, str]]:
