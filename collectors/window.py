@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, Generic, Protocol, TypeVar
@@ -74,8 +74,9 @@ class RollingWindow(Generic[SampleT]):
         self._series: dict[Key, deque[SampleT]] = {}
         self._thinned: dict[Key, int] = {}  # how many of a series' oldest samples are thin
         self._last_at_s: float | None = None
-        # Per series and histogram field: where its count last went down, so that a span's
-        # histogram reads two samples, not every sample of the span, on every tick.
+        # Per series and counter or histogram field: where it last went down (a histogram by
+        # its count), so that a span's increase reads two samples, not every sample of the
+        # span, on every tick.
         self._resets: dict[tuple[Key, str], _ResetMark] = {}
 
     def add(self, scrape: Scrape[SampleT]) -> None:
@@ -124,6 +125,11 @@ class RollingWindow(Generic[SampleT]):
         series = self._series.get(key)
         return series[-1] if series else None
 
+    def newest_first(self, key: Key) -> Iterator[SampleT]:
+        """The samples of an engine, newest first, without copying the series (for a walk
+        that stops early); the window must not change during the walk."""
+        return reversed(self._series.get(key, ()))
+
     def samples(self, key: Key, span_s: float | None = None) -> list[SampleT]:
         """The samples of an engine, oldest first, within ``span_s`` of the newest if given."""
         series = self._series.get(key)
@@ -142,15 +148,48 @@ class RollingWindow(Generic[SampleT]):
 
     def increase(self, key: Key, field: str, span_s: float) -> float | None:
         """How much a counter grew over the span, resets counted from 0; None below two values."""
-        points = _values(self.samples(key, span_s), field)
-        return _increase(points) if len(points) >= 2 else None
+        span = self._counter_span(key, field, span_s)
+        return None if span is None else span[1]
 
     def rate(self, key: Key, field: str, span_s: float) -> float | None:
         """Per-second increase of a counter over the span; None below two values."""
-        points = _values(self.samples(key, span_s), field)
-        if len(points) < 2:
+        span = self._counter_span(key, field, span_s)
+        return None if span is None else span[1] / span[0]  # stamps strictly increase
+
+    def _counter_span(self, key: Key, field: str, span_s: float) -> tuple[float, float] | None:
+        series = self._series.get(key)
+        last = _last_known(series, field) if series else None
+        if not series or last is None:
             return None
-        return _increase(points) / (points[-1][0] - points[0][0])  # stamps strictly increase
+        return self.increase_between(key, field, series[-1].taken_at_s - span_s, last.taken_at_s)
+
+    def increase_between(
+        self, key: Key, field: str, start_s: float, end_s: float
+    ) -> tuple[float, float] | None:
+        """(seconds, increase) of a counter from its first value stamped at or after
+        `start_s` to its first value stamped at or after `end_s`, resets counted from 0; None
+        unless those are two values. Without a reset between them the increase is the later
+        value minus the earlier, so only the two ends are read."""
+        series = self._series.get(key)
+        if not series:
+            return None
+        first = _first_known(series, field, start_s)
+        last = _first_known(series, field, end_s)
+        if first is None or last is None or first.taken_at_s >= last.taken_at_s:
+            return None
+        seconds = last.taken_at_s - first.taken_at_s
+        reset_at_s = self._last_reset_at_s(key, field, series)
+        if reset_at_s is None or reset_at_s <= first.taken_at_s:
+            return seconds, float(getattr(last, field)) - float(getattr(first, field))
+        lo = bisect_left(series, first.taken_at_s, key=_stamp)
+        hi = bisect_left(series, last.taken_at_s, key=_stamp)
+        return seconds, _increase(_values([series[i] for i in range(lo, hi + 1)], field))
+
+    def newest_known_at_s(self, key: Key, field: str) -> float | None:
+        """The stamp of the newest sample whose `field` is known."""
+        series = self._series.get(key)
+        last = _last_known(series, field) if series else None
+        return None if last is None else last.taken_at_s
 
     def histogram_over(self, key: Key, field: str, span_s: float) -> Histogram | None:
         """The observations a cumulative histogram gained over the span; None below two values."""
@@ -186,12 +225,13 @@ class RollingWindow(Generic[SampleT]):
         previous = mark.count if mark is not None else None
         reset_at_s = mark.reset_at_s if mark is not None else None
         for sample in reversed(fresh):
-            h = getattr(sample, field)
-            if h is None:
+            value = getattr(sample, field)
+            if value is None:
                 continue
-            if previous is not None and h.count < previous:
+            level = value.count if isinstance(value, Histogram) else value
+            if previous is not None and level < previous:
                 reset_at_s = sample.taken_at_s
-            previous = h.count
+            previous = level
         self._resets[(key, field)] = _ResetMark(series[-1].taken_at_s, previous, reset_at_s)
         return reset_at_s
 
@@ -213,10 +253,11 @@ def quantiles_since_start(
 
 @dataclass(frozen=True, slots=True)
 class _ResetMark:
-    """How far one series' histogram field has been checked for restarts, and the last one."""
+    """How far one series' counter or histogram field has been checked for restarts, and the
+    last one."""
 
     checked_at_s: float  # samples up to this stamp have been read
-    count: float | None  # the newest known count among them
+    count: float | None  # the newest known value (a histogram's count) among them
     reset_at_s: float | None  # the stamp of the newest count below its predecessor
 
 

@@ -11,8 +11,6 @@ the remediation ladder.
 
 from __future__ import annotations
 
-from itertools import pairwise
-
 from kvpilot.agent.model import Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext, source_error_text
 from kvpilot.agent.rules.config import PreemptionSpikeConfig
@@ -21,6 +19,7 @@ from kvpilot.collectors.vllm_metrics import EngineSample
 from kvpilot.collectors.window import RollingWindow
 
 ALERTNAME = "VllmPreemptionSpike"
+FIELD = "preemptions_total"
 RUNBOOK = (
     "The KV cache is too small for the load: the scheduler evicts running requests and "
     "recomputes them, so latency climbs. Compare the rate with the baseline; if a tuned "
@@ -30,36 +29,22 @@ RUNBOOK = (
 )
 
 
-def counter_increase(points: list[tuple[float, float]]) -> float:
-    """Sum of consecutive differences; a value below its predecessor is a reset from 0."""
-    total = 0.0
-    for (_, prev), (_, value) in pairwise(points):
-        total += value - prev if value >= prev else value
-    return total
-
-
 def baseline_rate(
     window: RollingWindow, key: tuple[str, str], *, window_s: float, baseline_window_s: float
 ) -> float | None:
-    """The counter's rate over the baseline span, which ends where the short window starts."""
-    points = [
-        (s.taken_at_s, float(v))
-        for s in window.samples(key, baseline_window_s)
-        if (v := getattr(s, "preemptions_total", None)) is not None
-    ]
-    if not points:
+    """The counter's rate over the baseline span, which ends where the short window starts:
+    at the first value of the short window, so that the spans share that point."""
+    newest_s = window.newest_known_at_s(key, FIELD)
+    latest = window.latest(key)
+    if newest_s is None or latest is None:
         return None
-    boundary = points[-1][0] - window_s
-    # Up to and including the first sample of the short window: the spans share that point.
-    before = [p for p in points if p[0] < boundary]
-    if not before:
-        return None
-    short_first = next((p for p in points if p[0] >= boundary), None)
-    span = before + ([short_first] if short_first is not None else [])
+    start_s = latest.taken_at_s - baseline_window_s
+    span = window.increase_between(key, FIELD, start_s, newest_s - window_s)
     # A baseline shorter than the short window is noise: leave the decision to the floor.
-    if len(span) < 2 or span[-1][0] - span[0][0] < window_s:
+    if span is None or span[0] < window_s:
         return None
-    return counter_increase(span) / (span[-1][0] - span[0][0])
+    seconds, increase = span
+    return increase / seconds
 
 
 class PreemptionSpikeRule:
@@ -96,7 +81,7 @@ class PreemptionSpikeRule:
         target = {"model_name": sample.model_name, "engine": sample.engine}
         where = f"engine {sample.engine} of {ctx.instance.name}"
         window, counter = self._counter_window(ctx, sample)
-        increase = window.increase(sample.key, "preemptions_total", cfg.window_s)
+        increase = window.increase(sample.key, FIELD, cfg.window_s)
         # Divided by the whole window, not the time covered: a fresh agent's first seconds
         # must not turn one preemption into a spike.
         rate = None if increase is None else increase / cfg.window_s

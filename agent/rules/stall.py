@@ -62,11 +62,12 @@ class EngineStallRule:
             return self._unknown(ctx, target, where, f"vLLM did not export {missing}", extra)
         if load == 0:
             return self._judge(ctx, target, where, 0.0, load, extra)
-        history = ctx.vllm_window.samples(sample.key)
-        if not history or history[-1].taken_at_s != sample.taken_at_s:
-            history = [*history, sample]
+        older_first = ctx.vllm_window.newest_first(sample.key)  # no copy of the window
+        newest = ctx.vllm_window.latest(sample.key)
+        if newest is not None and newest.taken_at_s == sample.taken_at_s:
+            next(older_first)  # the sample itself
         start_s, reached_oldest = sample.taken_at_s, True
-        for older in reversed(history[:-1]):
+        for older in older_first:
             if older.iterations_total != sample.iterations_total or not _load(older):
                 reached_oldest = False
                 break

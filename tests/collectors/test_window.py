@@ -274,3 +274,74 @@ def test_a_span_histogram_reads_the_new_samples_not_the_whole_span() -> None:
     reads[0] = 0
     assert w.histogram_over(KEY, "hist", 300) == delta(_hist(600.0), _hist(300.0))
     assert reads[0] <= 6
+
+
+def _reference_increase(
+    w: RollingWindow[EngineSample], key: tuple[str, str], field: str, span_s: float
+) -> tuple[float, float] | None:
+    """(seconds, increase) by the definition: every consecutive difference of the span's
+    values, a value below its predecessor counted from 0."""
+    points = [
+        (s.taken_at_s, float(v))
+        for s in w.samples(key, span_s)
+        if (v := getattr(s, field)) is not None
+    ]
+    if len(points) < 2:
+        return None
+    total = sum(b - a if b >= a else b for (_, a), (_, b) in pairwise(points))
+    return points[-1][0] - points[0][0], total
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_counter_increase_and_rate_match_the_full_walk(seed: int) -> None:
+    """Reading a counter's span from its two ends never changes an answer: restarts inside
+    and before the span, gaps, and an engine that leaves and comes back."""
+    rng = random.Random(seed)
+    w: RollingWindow[EngineSample] = RollingWindow(retention_s=40)
+    total = 0.0
+    for t in range(160):
+        if rng.random() < 0.06:
+            total = float(rng.randrange(3))  # a restart
+        total += rng.randrange(4)
+        known = rng.random() > 0.15
+        engines = [engine(t, preemptions_total=total if known else None)]
+        if not 60 <= t < 70:
+            engines.append(engine(t, "1", preemptions_total=total + 5))
+        w.add(scrape(t, *engines))
+        for key in (KEY, ("m", "1")):
+            span_s = rng.choice((1, 3, 10, 30, 60))
+            want = _reference_increase(w, key, "preemptions_total", span_s)
+            got_increase = w.increase(key, "preemptions_total", span_s)
+            got_rate = w.rate(key, "preemptions_total", span_s)
+            if want is None:
+                assert (got_increase, got_rate) == (None, None), (t, key, span_s)
+            else:
+                assert got_increase == pytest.approx(want[1]), (t, key, span_s)
+                assert got_rate == pytest.approx(want[1] / want[0]), (t, key, span_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class _CountingCounterSample:
+    """A sample whose counter counts how often it is read."""
+
+    taken_at_s: float
+    value: float
+    reads: list[int]
+    key: tuple[str, str] = KEY
+
+    @property
+    def total(self) -> float:
+        self.reads[0] += 1
+        return self.value
+
+
+def test_a_counter_rate_reads_the_new_samples_not_the_whole_span() -> None:
+    reads = [0]
+    w: RollingWindow[_CountingCounterSample] = RollingWindow(retention_s=600)
+    for t in range(600):
+        w.add(_CountingScrape(t, (_CountingCounterSample(t, 2.0 * t, reads),)))  # type: ignore[arg-type]
+    assert w.rate(KEY, "total", 300) == pytest.approx(2.0)
+    w.add(_CountingScrape(600, (_CountingCounterSample(600, 1200.0, reads),)))  # type: ignore[arg-type]
+    reads[0] = 0
+    assert w.increase(KEY, "total", 300) == pytest.approx(600.0)
+    assert reads[0] <= 6

@@ -1,8 +1,15 @@
 from __future__ import annotations
 
+import random
+from itertools import pairwise
+
+import pytest
+
 from kvpilot.agent.rules.config import PreemptionSpikeConfig
-from kvpilot.agent.rules.preemption import PreemptionSpikeRule, counter_increase
+from kvpilot.agent.rules.preemption import PreemptionSpikeRule, baseline_rate
 from kvpilot.collectors.errors import SourceError
+from kvpilot.collectors.vllm_metrics import EngineSample, VllmScrape
+from kvpilot.collectors.window import RollingWindow
 from tests.agent.rules.rules_helpers import Driver, annotation, engine, kv_block, label, only
 
 
@@ -58,7 +65,6 @@ def test_counter_reset_is_not_a_negative_rate() -> None:
     c = only(run(Driver(rule()), [50.0, 50.0, 0.0, 1.0, 2.0]))
     # After the reset: 0 counted from zero, then +1, +1.
     assert c.value is not None and abs(c.value - 2 / 30) < 1e-9
-    assert counter_increase([(0, 5.0), (1, 2.0), (2, 4.0)]) == 4.0
 
 
 def test_plugin_counter_wins_over_the_lagging_vllm_counter() -> None:
@@ -111,3 +117,52 @@ def test_every_engine_gets_its_own_condition() -> None:
         )
     by_engine = {label(c, "engine"): c.active for c in out}
     assert by_engine == {"0": True, "1": False}
+
+
+def _reference_baseline_rate(
+    window: RollingWindow, key: tuple[str, str], window_s: float, baseline_window_s: float
+) -> float | None:
+    """The baseline by its definition, walking every value of the baseline span."""
+    points = [
+        (s.taken_at_s, float(v))
+        for s in window.samples(key, baseline_window_s)
+        if (v := s.preemptions_total) is not None
+    ]
+    if not points:
+        return None
+    boundary = points[-1][0] - window_s
+    before = [p for p in points if p[0] < boundary]
+    short_first = next((p for p in points if p[0] >= boundary), None)
+    span = before + ([short_first] if short_first is not None else [])
+    if not before or len(span) < 2 or span[-1][0] - span[0][0] < window_s:
+        return None
+    total = sum(b - a if b >= a else b for (_, a), (_, b) in pairwise(span))
+    return total / (span[-1][0] - span[0][0])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_baseline_read_from_the_span_ends_matches_the_full_walk(seed: int) -> None:
+    rng = random.Random(seed)
+    window: RollingWindow = RollingWindow(retention_s=120)
+    total = 0.0
+    for t in range(240):
+        if rng.random() < 0.04:
+            total = float(rng.randrange(3))  # vLLM restarted
+        total += rng.randrange(3)
+        known = rng.random() > 0.1
+        sample = EngineSample(
+            model_name="m",
+            engine="0",
+            taken_at_s=float(t),
+            wall_time_s=1e9 + t,
+            preemptions_total=total if known else None,
+        )
+        window.add(
+            VllmScrape(
+                taken_at_s=float(t), wall_time_s=1e9 + t, engines=(sample,), vllm_version=None
+            )
+        )
+        window_s, baseline_s = rng.choice(((5.0, 30.0), (30.0, 100.0), (10.0, 12.0)))
+        got = baseline_rate(window, ("m", "0"), window_s=window_s, baseline_window_s=baseline_s)
+        want = _reference_baseline_rate(window, ("m", "0"), window_s, baseline_s)
+        assert got == (None if want is None else pytest.approx(want)), (t, window_s, baseline_s)
