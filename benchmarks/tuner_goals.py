@@ -33,10 +33,17 @@ from tuner_noise import (
     load_noisy,
     mirrored,
     rows_of,
-    scored_by_capacity,
+    score_kind,
 )
 from tuner_regret import GOAL_SHARE, GOAL_TRIALS, Landscape, paired_p, replay_landscape
-from tuner_replay import excluded_passes, load_table, measured_seconds, missing_cells, pass_cells
+from tuner_replay import (
+    CAPACITY,
+    excluded_passes,
+    load_table,
+    measured_seconds,
+    missing_cells,
+    pass_cells,
+)
 from tuner_strategies import OPTUNA_STRATEGIES, STRATEGIES, optuna_missing
 
 ANCHOR = "bayesian"
@@ -112,15 +119,15 @@ def goals(ls: Landscape, missing_optuna: str | None) -> list[Goal]:
 
 def report(ls: Landscape, checkpoints: Sequence[int], missing_optuna: str | None) -> list[str]:
     """The lines printed for one landscape."""
-    kib = 1024
+    kib, score = 1024, ls.score_kind
 
     def at(key: Key) -> str:
         return f"kv={key[0] // kib} KiB seqs={key[1]}"
 
     lines = [
-        f"landscape {ls.name}: {ls.cells} cells, {ls.feasible} feasible; best {ls.score_name} "
-        f"{ls.score_text(ls.top_goodput)} at {at(ls.top)}; memory-priced best "
-        f"{ls.score_text(ls.best_goodput)} at {at(ls.best)}",
+        f"landscape {ls.name}: {ls.cells} cells, {ls.feasible} feasible; best {score.name} "
+        f"{score.text(ls.top_score)} at {at(ls.top)}; memory-priced best "
+        f"{score.text(ls.best_score)} at {at(ls.best)}",
         "  "
         + f"{'strategy':<11}"
         + "".join(f"{f'regret@{k}':>10}" for k in checkpoints)
@@ -148,21 +155,21 @@ def summary(done: Sequence[Landscape], mirrors: bool, missing_optuna: str | None
     names = list(done[0].figures)
     lines = [
         f"across {len(done)} landscape(s), mean regret at {GOAL_TRIALS} trials, one figure a "
-        "landscape"
+        "landscape, each against the memory-priced best of its own score"
         + (
             "; a '-mirrored' landscape is a measured table with its KV axis reversed, the same "
             "measurements, counted as a landscape of its own in the tests below"
             if mirrors
             else ""
         ),
-        f"  {'landscape':<18}" + "".join(f"{n:>11}" for n in names) + "  goals 1 2 3",
+        f"  {'landscape':<18}{'score':<9}" + "".join(f"{n:>11}" for n in names) + "  goals 1 2 3",
     ]
     for ls in done:
         marks = " ".join(
             {True: "met", False: "NOT", None: "n/a"}[g.met] for g in goals(ls, missing_optuna)
         )
         lines.append(
-            f"  {ls.name:<18}"
+            f"  {ls.name:<18}{ls.score_kind.name:<9}"
             + "".join(f"{ls.figures[n].mean_regret(GOAL_TRIALS):>11.3f}" for n in names)
             + f"  {marks}"
         )
@@ -201,7 +208,7 @@ def prepared(source: Source, passes: set[int] | None) -> tuple[NoisyTable | None
         for n, cells in sorted(counts.items())
     )
     lines = [f"landscape {name}: windows pooled over the complete passes ({note})"]
-    if scored_by_capacity(path):
+    if score_kind(path) == CAPACITY:
         lines.append(
             f"  scored by capacity at the SLO ({CAPACITY_COLUMN}, req/s), memory priced: "
             "the least KV budget within 5 % of the best capacity; a trial draws one ladder"
@@ -246,14 +253,12 @@ def replay_tables(
         print("\n".join(lines), flush=True)
         if noisy is None:
             continue
-        by_capacity = scored_by_capacity(source.path)
+        kind = score_kind(source.path)
         variants = [(source.name, noisy)] if mirror != "only" else []
         if mirror != "none":
             variants.append((f"{source.name}-mirrored", mirrored(noisy)))
         for name, table in variants:
-            ls = replay_landscape(
-                name, table, seeds, checkpoints, strategies, by_capacity=by_capacity
-            )
+            ls = replay_landscape(name, table, seeds, checkpoints, strategies, score_kind=kind)
             print("\n".join(report(ls, checkpoints, missing_optuna)), flush=True)
             done.append(ls)
     print("\n".join(summary(done, mirror != "none", missing_optuna)))

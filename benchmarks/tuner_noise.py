@@ -13,10 +13,10 @@ not assumed to be the faster one). A table without `goodput_windows` (one measur
 elsewhere) has one window a cell: its median row, so its replay carries no noise.
 
 A table with a `capacity_rps` column (the measure's capacity mode) is scored by capacity at
-the SLO instead of goodput: a cell's score, the slot every strategy maximises and the
-memory pricing compares (`Cell.goodput_tokens_per_s`, `Window.goodput_tokens_per_s`), is
-then its capacity in requests per second; a row is one ladder (one pass), the window a
-trial draws; a cell is feasible when most of its ladders held some rate.
+the SLO instead of goodput (`score_kind`): a cell's score, what every strategy maximises and
+the memory pricing compares (`Cell.score`, `Window.score`, `Drawn.score`), is then its
+capacity in requests per second; a row is one ladder (one pass), the window a trial draws; a
+cell is feasible when most of its ladders held some rate.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner_replay import Cell, Table, load_table
+from tuner_replay import CAPACITY, GOODPUT, Cell, ScoreKind, Table, load_table
 
 from kvpilot.tuner.objective import TrialOutcome, TrialResult
 
@@ -51,9 +51,10 @@ class TableError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    """One measured window: its goodput, and the chance it was feasible (1 or 0 if known)."""
+    """One measured window: its score (the table's `ScoreKind`), and the chance it was
+    feasible (1 or 0 if known)."""
 
-    goodput_tokens_per_s: float | None
+    score: float | None
     feasible_ratio: float
 
 
@@ -66,6 +67,26 @@ class NoisyCell:
 
 
 NoisyTable = dict[Key, NoisyCell]
+
+
+@dataclass(frozen=True, slots=True)
+class Drawn:
+    """One trial's drawn window as the replay judges it: its outcome and score."""
+
+    outcome: TrialOutcome
+    score: float | None
+    memory_bytes: int
+    reason: str | None
+
+    @property
+    def feasible(self) -> bool:
+        return self.outcome is TrialOutcome.FEASIBLE
+
+    def as_trial_result(self) -> TrialResult:
+        """What a suggester is told. The tuner's TrialResult has one objective field,
+        `goodput_tokens_per_s` (goodput, in the product); the replay hands it the score,
+        whichever the table's is, since a suggester maximises what it is told."""
+        return TrialResult(self.outcome, self.score, self.memory_bytes, self.reason)
 
 
 def rows_of(path: Path) -> list[dict[str, str]]:
@@ -109,10 +130,10 @@ def _windows(row: Mapping[str, str]) -> tuple[Window, ...]:
     return tuple(Window(g, ratio) for g in goodputs)
 
 
-def scored_by_capacity(path: Path) -> bool:
-    """Whether the table holds capacities at the SLO (`capacity_rps`), the replay's score."""
+def score_kind(path: Path) -> ScoreKind:
+    """The table's score: capacity at the SLO where it has `capacity_rps`, else goodput."""
     lines = (line for line in path.read_text().splitlines() if not line.startswith("#"))
-    return CAPACITY_COLUMN in next(csv.reader(lines), [])
+    return CAPACITY if CAPACITY_COLUMN in next(csv.reader(lines), []) else GOODPUT
 
 
 def _capacity_cell(rows: Sequence[Mapping[str, str]]) -> NoisyCell:
@@ -129,7 +150,7 @@ def load_noisy(path: Path, passes: set[int] | None = None) -> NoisyTable:
     """Every cell's pooled truth (`load_table`) and its windows from the same passes; a
     table with `capacity_rps` by capacity (see the module docstring)."""
     rows = rows_of(path)
-    if scored_by_capacity(path):
+    if score_kind(path) == CAPACITY:
         cells: dict[Key, list[dict[str, str]]] = {}
         for row in rows:
             if passes is None or int(row.get("pass") or 1) in passes:
@@ -153,7 +174,7 @@ def mirrored(table: NoisyTable) -> NoisyTable:
     return {(mirror[k], s): cell for (k, s), cell in table.items()}
 
 
-def draw(cell: NoisyCell, seed: int, key: Key, visit: int) -> TrialResult:
+def draw(cell: NoisyCell, seed: int, key: Key, visit: int) -> Drawn:
     """The `visit`-th trial of this cell in the run seeded `seed`: one window, drawn.
 
     The draw depends on (seed, cell, visit) only, so every strategy of one seed meets the
@@ -163,12 +184,12 @@ def draw(cell: NoisyCell, seed: int, key: Key, visit: int) -> TrialResult:
     window = cell.windows[rng.randrange(len(cell.windows))]
     feasible = rng.random() < window.feasible_ratio
     if feasible:
-        return TrialResult(TrialOutcome.FEASIBLE, window.goodput_tokens_per_s, key[0], None)
+        return Drawn(TrialOutcome.FEASIBLE, window.score, key[0], None)
     reason = cell.truth.reason or "this window broke the SLO (the cell was feasible)"
     if reason.startswith("failed to start"):
-        return TrialResult(TrialOutcome.FAILED_TO_START, None, key[0], reason)
+        return Drawn(TrialOutcome.FAILED_TO_START, None, key[0], reason)
     outcome = TrialOutcome.PREEMPTED if "preemptions" in reason else TrialOutcome.SLO_BROKEN
-    return TrialResult(outcome, window.goodput_tokens_per_s, key[0], reason)
+    return Drawn(outcome, window.score, key[0], reason)
 
 
 def levels(table: Mapping[Key, object]) -> tuple[list[int], list[int]]:

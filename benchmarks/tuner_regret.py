@@ -1,16 +1,16 @@
 """The measure: regret against the memory-priced best, and the goals, per landscape.
 
+* A cell's score is the table's (`tuner_replay.ScoreKind`): goodput, or capacity at the SLO
+  for a table with `capacity_rps`.
 * The memory-priced best of a table: among its feasible cells (pooled truth) within 5 % of
-  the best goodput, the one with the least KV budget (then the higher goodput). A table
-  scored by capacity (`capacity_rps`) reads capacity at the SLO wherever goodput is said
-  here: among the cells within 5 % of the best capacity, the least KV budget wins.
+  the best score, the one with the least KV budget (then the higher score).
 * What a strategy recommends after k trials: the same rule over what it observed (a cell
-  tried more than once counts its mean goodput, and is feasible when most of its windows
+  tried more than once counts its mean score, and is feasible when most of its windows
   were), so every strategy is judged by one rule, not by its own.
-* Regret of a recommendation r against the best b: 1 - min(1, goodput_r / goodput_b,
-  kv_b / kv_r), where goodput and feasibility are r's pooled truth, not the window the
+* Regret of a recommendation r against the best b: 1 - min(1, score_r / score_b,
+  kv_b / kv_r), where score and feasibility are r's pooled truth, not the window the
   strategy saw; 1 when r is infeasible or nothing was recommended. Memory over the best
-  counts as lost share: at equal goodput, twice the best's KV budget is a regret of 0.5.
+  counts as lost share: at an equal score, twice the best's KV budget is a regret of 0.5.
   "Within 95 %" is a regret of at most 0.05.
 * Server starts: one a trial, plus auto_tune's descent.
 * Significance across landscapes, not seeds: each landscape gives one figure per strategy
@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tuner_noise import Key, NoisyTable
-from tuner_replay import Table
+from tuner_replay import GOODPUT, ScoreKind, Table
 from tuner_strategies import RUNNERS, Run, Trial
 
 MEMORY_TIE_RATIO = 0.05
@@ -37,18 +37,18 @@ MIN_LANDSCAPES = 6
 
 
 def memory_priced(cells: Mapping[Key, tuple[float, bool]]) -> Key | None:
-    """Least KV among feasible cells within 5 % of the best goodput; None if none feasible."""
-    feasible = {k: g for k, (g, ok) in cells.items() if ok}
+    """Least KV among feasible cells within 5 % of the best score; None if none feasible."""
+    feasible = {k: score for k, (score, ok) in cells.items() if ok}
     if not feasible:
         return None
     top = max(feasible.values())
-    near = [k for k, g in feasible.items() if g >= (1 - MEMORY_TIE_RATIO) * top]
+    near = [k for k, score in feasible.items() if score >= (1 - MEMORY_TIE_RATIO) * top]
     return min(near, key=lambda k: (k[0], -feasible[k]))
 
 
 def best_of(table: Table) -> Key | None:
     """The table's memory-priced best, from its pooled truth."""
-    return memory_priced({k: (c.goodput_tokens_per_s or 0.0, c.feasible) for k, c in table.items()})
+    return memory_priced({k: (c.score or 0.0, c.feasible) for k, c in table.items()})
 
 
 def recommend(trials: Sequence[Trial]) -> Key | None:
@@ -59,8 +59,8 @@ def recommend(trials: Sequence[Trial]) -> Key | None:
     return memory_priced(
         {
             key: (
-                statistics.fmean(t.result.goodput_tokens_per_s or 0.0 for t in group),
-                2 * sum(t.result.feasible for t in group) > len(group),
+                statistics.fmean(t.drawn.score or 0.0 for t in group),
+                2 * sum(t.drawn.feasible for t in group) > len(group),
             )
             for key, group in seen.items()
         }
@@ -68,11 +68,11 @@ def recommend(trials: Sequence[Trial]) -> Key | None:
 
 
 def regret(table: Table, best: Key, chosen: Key | None) -> float:
-    """1 - min(1, goodput share, memory share); 1 for no or an infeasible recommendation."""
+    """1 - min(1, score share, memory share); 1 for no or an infeasible recommendation."""
     if chosen is None or not table[chosen].feasible:
         return 1.0
-    goodput = (table[chosen].goodput_tokens_per_s or 0.0) / (table[best].goodput_tokens_per_s or 1)
-    return 1.0 - min(1.0, goodput, best[0] / chosen[0])
+    share = (table[chosen].score or 0.0) / (table[best].score or 1)
+    return 1.0 - min(1.0, share, best[0] / chosen[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,19 +98,11 @@ class Landscape:
     cells: int
     feasible: int
     best: Key
-    best_goodput: float
-    top: Key  # the best goodput, memory not priced
-    top_goodput: float
+    best_score: float
+    top: Key  # the best score, memory not priced
+    top_score: float
     figures: dict[str, Figures]
-    by_capacity: bool = False  # the score is capacity at the SLO (req/s), not goodput
-
-    @property
-    def score_name(self) -> str:
-        return "capacity" if self.by_capacity else "goodput"
-
-    def score_text(self, score: float) -> str:
-        """A score with its unit, as the report prints it."""
-        return f"{score:.3g} req/s" if self.by_capacity else f"{score:.0f} tok/s"
+    score_kind: ScoreKind = GOODPUT
 
 
 def _starts_to(run: Run, table: Table, best: Key, target: float) -> float:
@@ -127,10 +119,10 @@ def replay_landscape(
     checkpoints: Sequence[int],
     strategies: Sequence[str],
     *,
-    by_capacity: bool = False,
+    score_kind: ScoreKind = GOODPUT,
 ) -> Landscape:
-    """Every strategy, `seeds` runs each, for max(checkpoints) trials; `by_capacity` says
-    that the cells' score is capacity at the SLO (`tuner_noise.scored_by_capacity`)."""
+    """Every strategy, `seeds` runs each, for max(checkpoints) trials; `score_kind` says what
+    the cells' score is (`tuner_noise.score_kind`)."""
     table: Table = {key: cell.truth for key, cell in noisy.items()}
     best = best_of(table)
     assert best is not None, "the caller replays only tables with a feasible cell"
@@ -149,18 +141,18 @@ def replay_landscape(
                 _starts_to(r, table, best, a) for r, a in zip(done, anchor, strict=False)
             ),
         )
-    feasible = {k: c.goodput_tokens_per_s or 0.0 for k, c in table.items() if c.feasible}
+    feasible = {k: c.score or 0.0 for k, c in table.items() if c.feasible}
     top = max(feasible, key=lambda k: feasible[k])
     return Landscape(
         name=name,
         cells=len(table),
         feasible=len(feasible),
         best=best,
-        best_goodput=feasible[best],
+        best_score=feasible[best],
         top=top,
-        top_goodput=feasible[top],
+        top_score=feasible[top],
         figures=figures,
-        by_capacity=by_capacity,
+        score_kind=score_kind,
     )
 
 

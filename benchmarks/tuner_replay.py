@@ -19,10 +19,29 @@ from kvpilot.tuner.space import Knob, KnobKind, SearchSpace
 
 
 @dataclass(frozen=True, slots=True)
-class Cell:
-    """One measured grid cell."""
+class ScoreKind:
+    """What a table's cells are scored by: the figure every strategy maximises and the
+    memory pricing compares, with its unit and how the report prints it."""
 
-    goodput_tokens_per_s: float | None
+    name: str
+    unit: str
+    number_format: str
+
+    def text(self, score: float) -> str:
+        """A score with its unit, as the report prints it."""
+        return f"{score:{self.number_format}} {self.unit}"
+
+
+GOODPUT = ScoreKind("goodput", "tok/s", ".0f")
+CAPACITY = ScoreKind("capacity", "req/s", ".3g")  # at the SLO
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One measured grid cell: its score (the table's `ScoreKind`: goodput, or capacity at
+    the SLO), whether it met the SLO, and why not."""
+
+    score: float | None
     feasible: bool
     reason: str
 
@@ -31,7 +50,8 @@ Table = dict[tuple[int, int], Cell]
 
 
 def load_table(path: Path, passes: set[int] | None = None) -> Table:
-    """(kv_cache_memory_bytes, max_num_seqs) -> cell, from the CSV (comment lines skipped).
+    """(kv_cache_memory_bytes, max_num_seqs) -> cell scored by goodput, from the CSV (comment
+    lines skipped).
 
     A cell measured in several passes (of `passes`; default all) pools their windows: the
     median of every window's goodput, feasible when most windows were.
@@ -68,7 +88,7 @@ def _pooled(rows: list[dict[str, str]]) -> Cell:
 
 
 def reversed_kv(table: Table) -> Table:
-    """The table with its KV budgets in reverse order: goodput falling as memory grows.
+    """The table with its KV budgets in reverse order: the score falling as memory grows.
 
     No engine behaves so; it is the adversary of the Bayesian suggester's prior (a trend
     along the memory knob that may rise, never fall), replayed to show what that prior costs

@@ -18,7 +18,7 @@
   Its trials end there (one more than the grid's rows in starts); the script's final
   profiling run is left out.
 * `optuna-gp`: Optuna's GPSampler with `constraints_func` (an infeasible trial's constraint
-  is 1, a feasible one's -1), maximising the trial's goodput (0 where none was measured).
+  is 1, a feasible one's -1), maximising the trial's score (0 where none was measured).
 * `optuna-tpe`: Optuna's TPESampler with the same constraints.
 
 Both Optuna samplers search the two knobs as integer indices over the table's levels (the
@@ -29,7 +29,8 @@ trials before modelling. Optuna may propose a cell again; that is a trial and a 
 start, as it would be on a real server. Optuna is a dev dependency: without it the two are
 not run and the replay says so.
 
-Every trial draws one measured window of its cell (`tuner_noise.draw`).
+Every trial draws one measured window of its cell (`tuner_noise.draw`); its score is the
+table's (goodput, or capacity at the SLO), and that is what every strategy maximises.
 """
 
 from __future__ import annotations
@@ -39,10 +40,9 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tuner_noise import Key, NoisyTable, draw, levels
+from tuner_noise import Drawn, Key, NoisyTable, draw, levels
 from tuner_replay import table_space
 
-from kvpilot.tuner.objective import TrialResult
 from kvpilot.tuner.space import Candidate
 from kvpilot.tuner.suggest import BayesianSuggester, RandomSuggester, SearchExhausted, Suggester
 
@@ -55,7 +55,7 @@ class Trial:
     """One trial: the cell asked for and the window it drew."""
 
     key: Key
-    result: TrialResult
+    drawn: Drawn
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +106,7 @@ def _suggested(make: Callable[..., Suggester]) -> Callable[[NoisyTable, int, int
             except SearchExhausted:
                 break
             trial = visits.trial(_key(candidate))
-            suggester.tell(candidate, trial.result)
+            suggester.tell(candidate, trial.drawn.as_trial_result())
             trials.append(trial)
         return Run(tuple(trials))
 
@@ -154,8 +154,8 @@ def _optuna(kind: str) -> Callable[[NoisyTable, int, int], Run]:
                     seqs[asked.suggest_int("seqs_level", 0, len(seqs) - 1)],
                 )
                 trial = visits.trial(key)
-                asked.set_user_attr("infeasible", 1.0 if not trial.result.feasible else -1.0)
-                study.tell(asked, trial.result.goodput_tokens_per_s or 0.0)
+                asked.set_user_attr("infeasible", 1.0 if not trial.drawn.feasible else -1.0)
+                study.tell(asked, trial.drawn.score or 0.0)
                 trials.append(trial)
         return Run(tuple(trials))
 

@@ -74,7 +74,7 @@ def test_the_table_is_appended_cell_by_cell_and_a_rerun_sees_what_is_there(
     assert landscapes.measured_cells(table) == {(2048, 4), (2048, 8)}
     text = table.read_text()
     assert text.startswith("# made by: the command\n") and text.count("# made by") == 1
-    assert replay.load_table(table)[(2048, 8)].goodput_tokens_per_s == 10.0
+    assert replay.load_table(table)[(2048, 8)].score == 10.0
 
 
 def test_a_second_pass_is_measured_apart_and_pooled_with_the_first(tmp_path: Path) -> None:
@@ -86,7 +86,7 @@ def test_a_second_pass_is_measured_apart_and_pooled_with_the_first(tmp_path: Pat
     landscapes.append_row(table, (), landscapes.cell_row(1, 4, second, [None] * 3, (0, 0), 2))
     assert landscapes.measured_cells(table, 2) == {(1, 4)}
     cell = replay.load_table(table)[(1, 4)]
-    assert cell.goodput_tokens_per_s == 105.0  # the median of all six windows
+    assert cell.score == 105.0  # the median of all six windows
     assert cell.feasible  # 4 of 6 windows
 
 
@@ -101,10 +101,10 @@ def test_a_pass_the_header_sets_aside_is_named_and_not_pooled(
     landscapes.append_row(table, header, landscapes.cell_row(1, 4, quiet, [None] * 3, (0, 0), 2))
     assert replay.excluded_passes(table) == {1: "measured under load average 4-19"}
     # The replay pools the complete passes it may use: here pass 2 only.
-    assert replay.load_table(table, {2})[(1, 4)].goodput_tokens_per_s == 100.0
+    assert replay.load_table(table, {2})[(1, 4)].score == 100.0
     noisy, lines = goals.prepared(goals.Source("t", table, [(1, 4)], "finish"), None)
-    assert noisy is not None and noisy[(1, 4)].truth.goodput_tokens_per_s == 100.0
-    assert {w.goodput_tokens_per_s for w in noisy[(1, 4)].windows} == {100.0}  # pass 2's
+    assert noisy is not None and noisy[(1, 4)].truth.score == 100.0
+    assert {w.score for w in noisy[(1, 4)].windows} == {100.0}  # pass 2's
     assert "pass 1: 1 of 1 cells, not used (measured under load average 4-19)" in lines[0]
 
 

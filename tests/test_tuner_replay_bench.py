@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvpilot.tuner.objective import TrialOutcome, TrialResult
+from kvpilot.tuner.suggest.base import objective_value
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the tuner benchmark's modules
@@ -19,7 +21,7 @@ import tuner_landscapes as landscapes  # noqa: E402
 import tuner_noise as noise  # noqa: E402
 import tuner_regret as regret  # noqa: E402
 import tuner_strategies as strategies  # noqa: E402
-from tuner_replay import Cell  # noqa: E402
+from tuner_replay import CAPACITY, GOODPUT, Cell  # noqa: E402
 
 KV = (1024, 2048, 4096)
 SEQS = (4, 8, 16)
@@ -53,11 +55,11 @@ def _noisy(goodputs: dict[tuple[int, int], tuple[float, bool]]) -> noise.NoisyTa
 def test_a_trial_draws_one_of_the_cells_windows_not_its_median() -> None:
     windows = tuple(noise.Window(g, 1.0) for g in (100.0, 300.0, 500.0))
     cell = noise.NoisyCell(Cell(300.0, True, ""), windows)
-    drawn = [noise.draw(cell, seed, (1, 8), 0).goodput_tokens_per_s for seed in range(60)]
+    drawn = [noise.draw(cell, seed, (1, 8), 0).score for seed in range(60)]
     assert set(drawn) == {100.0, 300.0, 500.0}
     # Seeded by (seed, cell, visit): every strategy meets the same window on a first visit.
     assert noise.draw(cell, 7, (1, 8), 0) == noise.draw(cell, 7, (1, 8), 0)
-    assert {noise.draw(cell, 7, (1, 8), v).goodput_tokens_per_s for v in range(30)} == set(drawn)
+    assert {noise.draw(cell, 7, (1, 8), v).score for v in range(30)} == set(drawn)
 
 
 def test_a_drawn_windows_feasibility_is_its_own_or_its_rows_share(tmp_path: Path) -> None:
@@ -66,7 +68,7 @@ def test_a_drawn_windows_feasibility_is_its_own_or_its_rows_share(tmp_path: Path
     landscapes.append_row(table, (), landscapes.cell_row(8, 4, windows, [None] * 3, (0, 0)))
     cell = noise.load_noisy(table)[(8, 4)]
     draws = [noise.draw(cell, seed, (8, 4), 0) for seed in range(100)]
-    assert all(d.feasible == (d.goodput_tokens_per_s != 50.0) for d in draws)
+    assert all(d.feasible == (d.score != 50.0) for d in draws)
     # A committed table knows only the count ("2/3"): a window is feasible at that ratio.
     old = tmp_path / "old.csv"
     old.write_text(
@@ -95,7 +97,8 @@ def test_the_memory_priced_best_is_the_least_kv_within_5_percent_of_the_best() -
 
 def test_a_recommendation_prices_memory_and_needs_most_windows_feasible() -> None:
     def trial(key: tuple[int, int], goodput: float, ok: bool) -> strategies.Trial:
-        return strategies.Trial(key, _window(goodput, ok))
+        outcome = TrialOutcome.FEASIBLE if ok else TrialOutcome.SLO_BROKEN
+        return strategies.Trial(key, noise.Drawn(outcome, goodput, key[0], None))
 
     seen = [trial((4096, 8), 1000.0, True), trial((2048, 8), 980.0, True)]
     assert regret.recommend(seen) == (2048, 8)
@@ -234,13 +237,32 @@ def _capacity_table(path: Path, with_capacity: bool = True) -> Path:
 def test_a_table_with_capacity_is_scored_by_capacity_with_memory_priced(tmp_path: Path) -> None:
     table = noise.load_noisy(_capacity_table(tmp_path / "cap.csv"))
     truth = {key: cell.truth for key, cell in table.items()}
-    assert truth[(2048, 8)].goodput_tokens_per_s == 9.7  # the score slot holds req/s here
+    assert truth[(2048, 8)].score == 9.7  # req/s at the SLO
     assert not truth[(1024, 8)].feasible
     assert truth[(1024, 8)].reason == "no rate held down to 0.5 req/s"
     assert regret.best_of(truth) == (2048, 8)  # within 5 % of 10 req/s, half the memory
     # The same cells without the column: goodput, where only the largest budget is best.
-    plain = noise.load_noisy(_capacity_table(tmp_path / "plain.csv", with_capacity=False))
+    plain_path = _capacity_table(tmp_path / "plain.csv", with_capacity=False)
+    plain = noise.load_noisy(plain_path)
     assert regret.best_of({k: c.truth for k, c in plain.items()}) == (4096, 8)
+    assert noise.score_kind(plain_path) == GOODPUT
+
+
+def test_the_score_travels_under_its_own_name_and_is_what_a_suggester_maximises() -> None:
+    # Capacity at the SLO never rides in a field named goodput inside the replay.
+    replay_types = (Cell, noise.Window, noise.Drawn, strategies.Trial, regret.Landscape)
+    named_goodput = [
+        f"{kind.__name__}.{field.name}"
+        for kind in replay_types
+        for field in dataclasses.fields(kind)
+        if "goodput" in field.name
+    ]
+    assert named_goodput == []
+    # The tuner's TrialResult has one objective field; a suggester is told the score there.
+    told = noise.Drawn(TrialOutcome.FEASIBLE, 9.7, 2048, None).as_trial_result()
+    assert (objective_value(told), told.memory_bytes) == (9.7, 2048)
+    broken = noise.Drawn(TrialOutcome.SLO_BROKEN, 3.0, 2048, "slow").as_trial_result()
+    assert (objective_value(broken), broken.reason) == (None, "slow")
 
 
 def test_a_capacity_cell_measured_twice_draws_either_ladder_and_is_judged_on_the_median(
@@ -250,24 +272,31 @@ def test_a_capacity_cell_measured_twice_draws_either_ladder_and_is_judged_on_the
     with path.open("a") as handle:
         handle.write("2048,8,400,1,,2,8.5\n2048,8,0,0,no rate held,3,\n")
     cell = noise.load_noisy(path)[(2048, 8)]
-    assert cell.truth.goodput_tokens_per_s == pytest.approx(9.1)  # median of 9.7 and 8.5
+    assert cell.truth.score == pytest.approx(9.1)  # median of 9.7 and 8.5
     assert cell.truth.feasible  # two ladders of three held a rate
-    drawn = {noise.draw(cell, seed, (2048, 8), 0).goodput_tokens_per_s for seed in range(60)}
+    drawn = {noise.draw(cell, seed, (2048, 8), 0).score for seed in range(60)}
     assert drawn == {9.7, 8.5, None}
 
 
 def test_the_replay_of_a_capacity_table_says_so_and_prices_memory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    table = _capacity_table(tmp_path / "cap.csv")
-    assert bench.main(["--table", str(table), "--quick", "--mirror", "none"]) == 0
+    table, gpu = _capacity_table(tmp_path / "cap.csv"), _small_table(tmp_path / "gpu.csv")
+    args = ["--table", str(table), "--table", str(gpu), "--quick", "--mirror", "none"]
+    assert bench.main(args) == 0
     out = capsys.readouterr().out
     assert "scored by capacity at the SLO (capacity_rps, req/s), memory priced" in out
     assert (
         "landscape cap: 6 cells, 5 feasible; best capacity 10 req/s at kv=4 KiB seqs=8; "
         "memory-priced best 9.7 req/s at kv=2 KiB seqs=8"
     ) in out
+    assert "landscape gpu: 9 cells, 6 feasible; best goodput 1600 tok/s" in out
     assert out.count("  goal cap, ") == 3
+    # The summary mixes both scores: each landscape's row names the one its regret is of.
+    assert f"  {'landscape':<18}score    " in out
+    words = [line.split() for line in out.splitlines()]
+    rows = {w[0]: w[1] for w in words if w and w[0] in {"cap", "gpu"}}
+    assert rows == {"cap": "capacity", "gpu": "goodput"}
 
 
 def test_a_capacity_row_as_measured_is_replayed_by_capacity(tmp_path: Path) -> None:
@@ -301,7 +330,7 @@ def test_a_capacity_row_as_measured_is_replayed_by_capacity(tmp_path: Path) -> N
         "capacity none [2-(3/20) 1.3-(2/13)] no rate held down to 1.3 req/s"
     )
     cells = noise.load_noisy(table)
-    assert noise.scored_by_capacity(table)
+    assert noise.score_kind(table) == CAPACITY
     assert cells[(2048, 4)].truth == Cell(3.0, True, "")
     assert not cells[(1024, 4)].truth.feasible and not cells[(4096, 4)].truth.feasible
     drawn = noise.draw(cells[(4096, 4)], 0, (4096, 4), 0)
