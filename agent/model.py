@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ def labels_of(mapping: Mapping[str, str]) -> Labels:
     return tuple(sorted((str(k), str(v)) for k, v in mapping.items()))
 
 
+@functools.lru_cache(maxsize=8192)  # every tick asks again for the same few hundred
 def fingerprint(labels: Labels) -> str:
     """A stable id for an alert: the hash of its sorted labels (alertname included)."""
     text = "\x1f".join(f"{k}\x1e{v}" for k, v in sorted(labels))

@@ -130,6 +130,16 @@ class RollingWindow(Generic[SampleT]):
         that stops early); the window must not change during the walk."""
         return reversed(self._series.get(key, ()))
 
+    def covered_s(self, key: Key, span_s: float) -> float | None:
+        """Seconds between the oldest and the newest sample within ``span_s`` of the newest;
+        None below two samples."""
+        series = self._series.get(key)
+        if not series:
+            return None
+        newest = series[-1].taken_at_s
+        oldest = series[bisect_left(series, newest - span_s, key=_stamp)].taken_at_s
+        return newest - oldest if oldest < newest else None
+
     def samples(self, key: Key, span_s: float | None = None) -> list[SampleT]:
         """The samples of an engine, oldest first, within ``span_s`` of the newest if given."""
         series = self._series.get(key)

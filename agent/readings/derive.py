@@ -52,9 +52,8 @@ def derive_figures(
     figures = []
     for sample in snapshot.vllm.engines:
         key = (sample.model_name, sample.engine)
-        in_span = vllm_window.samples(key, quantile_span_s)
         # Two scrapes make a window; one alone gives quantiles since the server started.
-        covered_s = in_span[-1].taken_at_s - in_span[0].taken_at_s if len(in_span) >= 2 else None
+        covered_s = vllm_window.covered_s(key, quantile_span_s)
         latency: list[tuple[str, float, float | None]] = []
         for name, field in LATENCY_FIELDS:
             if covered_s is not None:

@@ -345,3 +345,15 @@ def test_a_counter_rate_reads_the_new_samples_not_the_whole_span() -> None:
     reads[0] = 0
     assert w.increase(KEY, "total", 300) == pytest.approx(600.0)
     assert reads[0] <= 6
+
+
+@pytest.mark.parametrize("span_s", [0.5, 1, 2.5, 3, 10])
+def test_the_seconds_a_span_covers_are_those_of_its_samples(span_s: float) -> None:
+    w: RollingWindow[EngineSample] = RollingWindow(retention_s=60)
+    assert w.covered_s(KEY, span_s) is None
+    feed(w, [(0, 1.0)], "preemptions_total")
+    assert w.covered_s(KEY, span_s) is None  # one sample covers nothing
+    feed(w, [(1, 1.0), (2, 1.0), (4, 1.0)], "preemptions_total")
+    in_span = w.samples(KEY, span_s)
+    want = in_span[-1].taken_at_s - in_span[0].taken_at_s if len(in_span) >= 2 else None
+    assert w.covered_s(KEY, span_s) == want
