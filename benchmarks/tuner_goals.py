@@ -153,6 +153,7 @@ def summary(done: Sequence[Landscape], mirrors: bool, missing_optuna: str | None
     if not done:
         return ["no landscape replayed"]
     names = list(done[0].figures)
+    width = max(17, *(len(ls.name) for ls in done))  # a table's name may be its file's
     lines = [
         f"across {len(done)} landscape(s), mean regret at {GOAL_TRIALS} trials, one figure a "
         "landscape, each against the memory-priced best of its own score"
@@ -162,14 +163,16 @@ def summary(done: Sequence[Landscape], mirrors: bool, missing_optuna: str | None
             if mirrors
             else ""
         ),
-        f"  {'landscape':<18}{'score':<9}" + "".join(f"{n:>11}" for n in names) + "  goals 1 2 3",
+        f"  {'landscape':<{width}} {'score':<9}"
+        + "".join(f"{n:>11}" for n in names)
+        + "  goals 1 2 3",
     ]
     for ls in done:
         marks = " ".join(
             {True: "met", False: "NOT", None: "n/a"}[g.met] for g in goals(ls, missing_optuna)
         )
         lines.append(
-            f"  {ls.name:<18}{ls.score_kind.name:<9}"
+            f"  {ls.name:<{width}} {ls.score_kind.name:<9}"
             + "".join(f"{ls.figures[n].mean_regret(GOAL_TRIALS):>11.3f}" for n in names)
             + f"  {marks}"
         )

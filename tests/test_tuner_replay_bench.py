@@ -344,3 +344,13 @@ def test_the_capacity_measure_refuses_a_window_that_is_no_window(
     assert bench.main([*args, "--window-s", "0"]) == 2
     assert "a ladder needs a positive window" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # nothing started, nothing written
+
+
+def test_a_long_table_name_keeps_the_summary_columns_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = _capacity_table(tmp_path / "landscape_chat-capacity.csv")
+    assert bench.main(["--table", str(table), "--quick", "--mirror", "none"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    (row,) = [w for w in rows if w and w[0] == "landscape_chat-capacity"]
+    assert row[1] == "capacity"
