@@ -206,7 +206,7 @@ class ScrapeClient:
             reader, writer = await asyncio.open_connection(
                 host, port, ssl=tls, server_hostname=host if tls else None, limit=READ_SIZE
             )
-        except ssl.SSLError:
+        except ssl.SSLError:  # an OSError too, but a refused certificate is an error
             raise
         except OSError as e:
             raise _Refused(str(e) or type(e).__name__) from e

@@ -167,11 +167,11 @@ class RollingWindow(Generic[SampleT]):
         return None if span is None else span[1] / span[0]  # stamps strictly increase
 
     def _counter_span(self, key: Key, field: str, span_s: float) -> tuple[float, float] | None:
-        series = self._series.get(key)
-        last = _last_known(series, field) if series else None
-        if not series or last is None:
+        newest_s = self.newest_known_at_s(key, field)
+        latest = self.latest(key)
+        if newest_s is None or latest is None:
             return None
-        return self.increase_between(key, field, series[-1].taken_at_s - span_s, last.taken_at_s)
+        return self.increase_between(key, field, latest.taken_at_s - span_s, newest_s)
 
     def increase_between(
         self, key: Key, field: str, start_s: float, end_s: float
