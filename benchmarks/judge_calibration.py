@@ -9,10 +9,11 @@ goodput, counts for errors and preemptions) are kept in a JSON-lines file, and t
 * **False-fail rate**: the share of A/A windows the judge calls FAIL or MARGINAL (worse on
   some counted metric, the whole family together), with its 95 % Wilson interval; also the
   shares of PASS and INCONCLUSIVE (evidence too thin to promote).
-* **Power**: a 10 % regression is injected into the canary side of recorded windows (every
-  TTFT times 1.1, which moves the p95 by 10 %; or goodput times 0.9), and the judge runs on
-  analyses of k consecutive windows pooled, k = 1, 2, 4, ...: the share of analyses it counts
-  that metric against the canary, and the share it passes (would promote). TTFT is judged
+* **Power**: a regression (`--shift`, 10 % by default) is injected into the canary side of
+  recorded windows (every TTFT times 1.1, which moves the p95 by 10 %; or goodput times
+  0.9), and the judge runs on analyses of k consecutive windows, k = 1, 2, 4, ...: the
+  share of analyses it counts that metric against the canary, and the share it passes
+  (would promote). TTFT is judged
   with the SLO's tolerance (10 % of the SLO's limit: a change far below the limit is let
   through by design) and without it. The noise is real (what the servers did); only the
   shift is made.
@@ -21,6 +22,12 @@ goodput, counts for errors and preemptions) are kept in a JSON-lines file, and t
 
     .venv/bin/python benchmarks/judge_calibration.py --pairs 60       # measure, then analyse
     .venv/bin/python benchmarks/judge_calibration.py --analyse FILE   # analyse recorded pairs
+    .venv/bin/python benchmarks/judge_calibration.py --analyse FILE --shift 0.2
+
+The analysis ends with the least k from which every longer analysis counts each regression
+against the canary 80 % of the time. At a shift equal to a metric's margin that is out of
+reach by design (counting against needs the estimate past the margin: a coin toss there),
+so the most each regression was passed at any k is printed beside it.
 
 The goal: a false-fail rate of at most 5 %, family-wise.
 """
@@ -58,6 +65,7 @@ SLO = Slo(ttft_p95_s=3.5, inter_token_p95_s=0.25)
 KV_BYTES = 512 * BLOCK_BYTES
 FALSE_FAIL_GOAL = 0.05
 SHIFT = 0.10
+POWER_GOAL = 0.80  # the share of analyses that should count a regression against
 WORSE = (Classification.FAIL, Classification.MARGINAL)
 
 
@@ -121,10 +129,10 @@ async def _measure(path: Path, pairs: int, cpus: Sequence[int]) -> None:
                 print(f"pair {i + 1}/{pairs}: {record['seconds']} s", flush=True)
 
 
-def _regressed(samples: Mapping[str, Samples], metric: str) -> dict[str, Samples]:
+def _regressed(samples: Mapping[str, Samples], metric: str, shift: float) -> dict[str, Samples]:
     out = dict(samples)
     values = out.get(metric, ())
-    factor = 1 + SHIFT if metric == "ttft_s" else 1 - SHIFT
+    factor = 1 + shift if metric == "ttft_s" else 1 - shift
     if not isinstance(values, Counts):
         out[metric] = tuple(x * factor for x in values)
     return out
@@ -137,12 +145,12 @@ def _shares(verdicts: Sequence[Judgement]) -> str:
 
 
 def _judge(
-    way: str, run: Sequence[Pair], regress: Mapping[str, str], limits: Mapping[str, float]
+    way: str, run: Sequence[Pair], regress: tuple[str, float] | None, limits: Mapping[str, float]
 ) -> Judgement:
-    """One analysis of `run`: pooled or by windows, with a regression injected when asked."""
-    metric = regress.get("metric")
+    """One analysis of `run`: pooled or by windows, with a regression (metric, shift) injected
+    when asked."""
     windows = [
-        Window(_regressed(p.canary, metric) if metric else p.canary, p.baseline) for p in run
+        Window(_regressed(p.canary, *regress) if regress else p.canary, p.baseline) for p in run
     ]
     if way == "windows":
         return judge_windows(windows, JudgeConfig(), limits)
@@ -154,8 +162,49 @@ def _judge(
     )
 
 
-def analyse(pairs: Sequence[Pair], window_s: float) -> bool:
-    """Print the calibration; True when the false-fail goal is met on single windows."""
+def analysis_lengths(n: int) -> list[int]:
+    """The k of the analyses: 1, 2, 4, the judge's least windows, then doubling up to `n`."""
+    lengths = {1, 2, 4, MIN_WINDOWS}
+    k = 8
+    while k <= n:
+        lengths.add(k)
+        k *= 2
+    return sorted(x for x in lengths if x <= n)
+
+
+def least_windows(shares: Mapping[int, float], goal: float = POWER_GOAL) -> int | None:
+    """The least k from which on every longer analysis caught the regression `goal` of the
+    time (None: not within the longest); a k that reaches it once and falls back is not it."""
+    found = None
+    for k in sorted(shares, reverse=True):
+        if shares[k] < goal:
+            break
+        found = k
+    return found
+
+
+def print_power(
+    caught_at: Mapping[tuple[str, str], Mapping[int, tuple[float, float]]], window_s: float
+) -> None:
+    """Per way of judging and regression: the analysis time that counts it against the canary
+    `POWER_GOAL` of the time, and the most it was passed (promoted) at any length."""
+    print(f"analysis time for {POWER_GOAL:.0%} power (counted against the canary):")
+    for (way, regression), shares in caught_at.items():
+        against = {k: share for k, (share, _) in shares.items()}
+        k = least_windows(against)
+        longest = max(against)
+        said = (
+            f"k={k} windows (about {k * window_s:.0f} s)"
+            if k is not None
+            else f"not reached within k={longest} ({against[longest]:.0%} there)"
+        )
+        promoted = max(passed for _, passed in shares.values())
+        print(f"  {way}, {regression}: {said}; passed at most {promoted:.0%} at any k")
+
+
+def analyse(pairs: Sequence[Pair], window_s: float, shift: float = SHIFT) -> bool:
+    """Print the calibration, regressions injected by `shift`; True when the false-fail goal
+    is met on single windows."""
     config = JudgeConfig()
     limits = SLO.judge_limits()
     verdicts = [judge(p.canary, p.baseline, config, limits) for p in pairs]
@@ -181,29 +230,33 @@ def analyse(pairs: Sequence[Pair], window_s: float) -> bool:
     print("analyses of k consecutive windows (overlapping runs), judged two ways:")
     print("  pooled: every request of the k windows as one sample (`judge`)")
     print("  windows: one summary per window, paired by window (`judge_windows`)")
-    for k in sorted({1, 2, 4, MIN_WINDOWS, 8, 16, 32}):
-        if k > n:
-            break
+    # (way, regression) -> k -> (share counted against, share passed)
+    caught_at: dict[tuple[str, str], dict[int, tuple[float, float]]] = {}
+    for k in analysis_lengths(n):
         runs = [pairs[i : i + k] for i in range(n - k + 1)]
         for way in ("pooled", "windows"):
             if way == "windows" and k < MIN_WINDOWS:
                 continue
-            same = [_judge(way, run, {}, limits) for run in runs]
+            same = [_judge(way, run, None, limits) for run in runs]
             print(f"  k={k} (about {k * window_s:.0f} s) {way}, A/A: {_shares(same)}")
             for metric, judged_limits in (
                 ("goodput_tokens_per_s", limits),
                 ("ttft_s", limits),
                 ("ttft_s", {}),  # the margin from its level alone, 10 %, without the SLO's
             ):
-                got = [_judge(way, run, {"metric": metric}, judged_limits) for run in runs]
+                got = [_judge(way, run, (metric, shift), judged_limits) for run in runs]
                 caught = sum(
                     any(m.name == metric and m.counts_against for m in g.metrics) for g in got
                 )
                 promoted = sum(g.promote for g in got)
+                named = f"{metric} {shift:.0%} worse{'' if judged_limits else ' (no SLO)'}"
                 print(
-                    f"    {metric} {SHIFT:.0%} worse{'' if judged_limits else ' (no SLO)'}: "
-                    f"counted against {caught / len(runs):.0%}, passed {promoted / len(runs):.0%}"
+                    f"    {named}: counted against {caught / len(runs):.0%}, "
+                    f"passed {promoted / len(runs):.0%}"
                 )
+                shares = (caught / len(runs), promoted / len(runs))
+                caught_at.setdefault((way, named), {})[k] = shares
+    print_power(caught_at, window_s)
     return met
 
 
@@ -213,7 +266,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DATA / "judge_aa.jsonl")
     parser.add_argument("--analyse", type=Path, help="analyse recorded pairs, measure nothing")
     parser.add_argument("--cpus", default="0,1", help="the two servers' cores")
+    parser.add_argument(
+        "--shift", type=float, default=SHIFT, help="the injected regression (0.1: 10 %% worse)"
+    )
     args = parser.parse_args(argv)
+    if not 0 < args.shift < 1:
+        parser.error(f"--shift {args.shift:g}: a regression is a share between 0 and 1")
     path = args.analyse or args.out
     if args.analyse is None:
         cpus = [int(c) for c in args.cpus.split(",")]
@@ -225,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{path}: no recorded pairs")
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     window_s = sum(x.get("seconds", 0.0) for x in lines) / max(len(lines), 1)
-    return 0 if analyse(load_pairs(path), window_s) else 1
+    return 0 if analyse(load_pairs(path), window_s, args.shift) else 1
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ Two modes:
   (`tuner_capacity.py`: the ladder of tuner/capacity.py, `--window-s` windows from
   `--start-rps`), one table per landscape, `landscape_<name>-capacity.csv` in `--out-dir`
   (default `benchmarks/data/`), with a `capacity_rps` column and the windows' per-request
-  records beside it; replay it with `--table`.
+  records beside it; replay it with `--table`. Two landscapes are measured this way only,
+  `chat-tight` and `stream-tight` (the same traffic under an inter-token limit that binds
+  as `max_num_seqs` grows: `CAPACITY_ONLY`).
 * replay (the default): run each strategy over each table many times, a trial drawing one
   measured window of the cell it asks for (`tuner_noise`, `tuner_strategies`). Prints, per
   landscape and strategy, the regret of the configuration it would recommend after 4, 8
@@ -55,7 +57,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, when imported
 
 from tuner_goals import Source, replay_tables
-from tuner_landscapes import BY_NAME, BYTES_PER_BLOCK, DATA, Landscape, at_rate
+from tuner_landscapes import (
+    BY_NAME,
+    BYTES_PER_BLOCK,
+    CAPACITY_ONLY,
+    DATA,
+    LANDSCAPES,
+    Landscape,
+    at_rate,
+)
 from tuner_replay import Cell, load_table, table_space
 
 from kvpilot.tuner.loadgen import LengthDist, Workload
@@ -133,7 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--measure", action="store_true", help="measure on the CPU vLLM")
-    parser.add_argument("--landscapes", default=",".join(BY_NAME), help="which, in order")
+    parser.add_argument(
+        "--landscapes", default=",".join(ls.name for ls in LANDSCAPES), help="which, in order"
+    )
     parser.add_argument("--kv-blocks", default=KV_BLOCKS, help="KV budgets in 32-token blocks")
     parser.add_argument("--seqs", default=SEQS, help="max_num_seqs values")
     parser.add_argument(
@@ -185,6 +197,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = [BY_NAME[n] for n in names]
     if args.measure and args.capacity:
         return _measure_capacity(args, names, chosen)
+    by_capacity = [ls.name for ls in chosen if ls in CAPACITY_ONLY]
+    if by_capacity:  # their SLO binds only on open-loop arrivals; a burst would not show it
+        parser.error(
+            f"{', '.join(by_capacity)}: measured by capacity only (--measure --capacity); "
+            "replay its table with --table"
+        )
     if args.measure:
         try:
             rates = [float(r) for r in args.rates.split(",") if r.strip()]

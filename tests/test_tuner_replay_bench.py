@@ -354,3 +354,33 @@ def test_a_long_table_name_keeps_the_summary_columns_apart(
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]
     (row,) = [w for w in rows if w and w[0] == "landscape_chat-capacity"]
     assert row[1] == "capacity"
+
+
+def test_a_landscape_measured_by_capacity_only_is_replayed_by_its_table_not_its_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert {"chat-tight", "stream-tight"} <= set(landscapes.BY_NAME)
+    with pytest.raises(SystemExit) as exited:
+        bench.main(["--landscapes", "chat-tight"])
+    assert exited.value.code == 2
+    assert "chat-tight: measured by capacity only" in capsys.readouterr().err
+
+
+def test_a_windows_record_keeps_each_requests_own_p95_gap_the_slo_judges() -> None:
+    from capacity import request_records
+
+    from kvpilot.tuner.loadgen import LoadReport, RequestResult
+    from kvpilot.tuner.objective import Slo, attains
+
+    gaps = (0.004,) * 19 + (0.040,) * 2  # a mean of 7.4 ms, a p95 of 40 ms
+    times = [0.1]
+    for gap in gaps:
+        times.append(times[-1] + gap)
+    result = RequestResult(0, 16, 22, 0.0, times[-1], 0.1, tuple(times), 22, None)
+    assert result.inter_token_s == pytest.approx(gaps)
+    (record,) = request_records(LoadReport(0.0, times[-1], (result,)))
+    assert record["inter_token_s"] == pytest.approx(sum(gaps) / len(gaps))
+    assert record["inter_token_p95_s"] == pytest.approx(0.040)
+    # The mean alone would say the 10 ms limit holds; the request's own p95 says it does not.
+    slo = Slo(ttft_p95_s=2.0, inter_token_p95_s=0.010)
+    assert record["inter_token_s"] < slo.inter_token_p95_s and not attains(result, slo)
