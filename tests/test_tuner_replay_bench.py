@@ -384,3 +384,15 @@ def test_a_windows_record_keeps_each_requests_own_p95_gap_the_slo_judges() -> No
     # The mean alone would say the 10 ms limit holds; the request's own p95 says it does not.
     slo = Slo(ttft_p95_s=2.0, inter_token_p95_s=0.010)
     assert record["inter_token_s"] < slo.inter_token_p95_s and not attains(result, slo)
+
+
+def test_a_tight_landscape_is_its_burst_traffic_under_a_tighter_inter_token_limit() -> None:
+    for tight in landscapes.CAPACITY_ONLY:
+        burst = landscapes.BY_NAME[tight.name.removesuffix("-tight")]
+        assert (tight.workload, tight.prefix_len, tight.prefix_groups) == (
+            burst.workload,
+            burst.prefix_len,
+            burst.prefix_groups,
+        )
+        assert tight.slo.ttft_p95_s == burst.slo.ttft_p95_s
+        assert tight.slo.inter_token_p95_s < burst.slo.inter_token_p95_s
