@@ -17,9 +17,9 @@ Two modes:
   (`tuner_capacity.py`: the ladder of tuner/capacity.py, `--window-s` windows from
   `--start-rps`), one table per landscape, `landscape_<name>-capacity.csv` in `--out-dir`
   (default `benchmarks/data/`), with a `capacity_rps` column and the windows' per-request
-  records beside it; replay it with `--table`. Two landscapes are measured this way only,
-  `chat-tight` and `stream-tight` (the same traffic under an inter-token limit that binds
-  as `max_num_seqs` grows: `CAPACITY_ONLY`).
+  records beside it; replay it with `--table`. Four landscapes are measured this way only,
+  `chat-tight`, `stream-tight`, `long-tight` and `prefix-tight` (the burst landscapes'
+  traffic under an inter-token limit that binds as `max_num_seqs` grows: `CAPACITY_ONLY`).
 * replay (the default): run each strategy over each table many times, a trial drawing one
   measured window of the cell it asks for (`tuner_noise`, `tuner_strategies`). Prints, per
   landscape and strategy, the regret of the configuration it would recommend after 4, 8
