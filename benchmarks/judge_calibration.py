@@ -13,10 +13,9 @@ goodput, counts for errors and preemptions) are kept in a JSON-lines file, and t
   recorded windows (every TTFT times 1.1, which moves the p95 by 10 %; or goodput times
   0.9), and the judge runs on analyses of k consecutive windows, k = 1, 2, 4, ...: the
   share of analyses it counts that metric against the canary, and the share it passes
-  (would promote). TTFT is judged
-  with the SLO's tolerance (10 % of the SLO's limit: a change far below the limit is let
-  through by design) and without it. The noise is real (what the servers did); only the
-  shift is made.
+  (would promote). TTFT is judged with the SLO's tolerance (10 % of the SLO's limit: a
+  change far below the limit is let through by design) and without it. The noise is real
+  (what the servers did); only the shift is made.
 * **What it takes to pass**: the share of A/A analyses of k windows that pass, since a
   judge that needs evidence to pass also needs the analysis time to gather it.
 
@@ -248,14 +247,10 @@ def analyse(pairs: Sequence[Pair], window_s: float, shift: float = SHIFT) -> boo
                 caught = sum(
                     any(m.name == metric and m.counts_against for m in g.metrics) for g in got
                 )
-                promoted = sum(g.promote for g in got)
+                against, passed = caught / len(runs), sum(g.promote for g in got) / len(runs)
                 named = f"{metric} {shift:.0%} worse{'' if judged_limits else ' (no SLO)'}"
-                print(
-                    f"    {named}: counted against {caught / len(runs):.0%}, "
-                    f"passed {promoted / len(runs):.0%}"
-                )
-                shares = (caught / len(runs), promoted / len(runs))
-                caught_at.setdefault((way, named), {})[k] = shares
+                print(f"    {named}: counted against {against:.0%}, passed {passed:.0%}")
+                caught_at.setdefault((way, named), {})[k] = (against, passed)
     print_power(caught_at, window_s)
     return met
 
