@@ -9,8 +9,8 @@ from typing import Protocol
 
 from kvpilot.agent.alert_values import AlertView, Silence
 from kvpilot.agent.config import AgentConfig
-from kvpilot.agent.remediation.remediator import RemediationOutcome
 from kvpilot.agent.remediation.status import RemediationStatus
+from kvpilot.agent.remediation.trigger import RemediationOutcome
 from kvpilot.agent.runtimes import Runtime
 from kvpilot.agent.state.store import RemediationRecord
 from kvpilot.agent.tick.sidecar import Sidecar

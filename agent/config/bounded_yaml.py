@@ -47,7 +47,8 @@ class _BoundedLoader(yaml.SafeLoader):
         self._measured: dict[int, tuple[int, int]] = {}  # id(node): (expanded size, height)
 
     def compose_node(self, parent: Node | None, index: int) -> Node | None:
-        mark = self.peek_event().start_mark
+        # types-PyYAML leaves Parser.peek_event unannotated; it returns an Event.
+        mark: Mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
         if self.check_event(yaml.AliasEvent):
             node = super().compose_node(parent, index)
             measured = self._measured.get(id(node))

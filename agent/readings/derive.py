@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from kvpilot.agent.readings.snapshot import Snapshot
 from kvpilot.collectors.histogram import quantile
-from kvpilot.collectors.vllm_metrics import VllmScrape
+from kvpilot.collectors.kvpool.client import KvBlockSample
+from kvpilot.collectors.vllm_metrics import EngineSample, VllmScrape
 from kvpilot.collectors.window import RollingWindow
 
 QUANTILES = (0.5, 0.95, 0.99)
@@ -40,8 +41,8 @@ class EngineFigures:
 
 def derive_figures(
     snapshot: Snapshot,
-    vllm_window: RollingWindow,
-    kvpool_window: RollingWindow,
+    vllm_window: RollingWindow[EngineSample],
+    kvpool_window: RollingWindow[KvBlockSample],
     *,
     rate_span_s: float,
     quantile_span_s: float,
@@ -86,7 +87,7 @@ def derive_figures(
     return tuple(figures)
 
 
-def _kvpool_rate(window: RollingWindow, engine: str, span_s: float) -> float | None:
+def _kvpool_rate(window: RollingWindow[KvBlockSample], engine: str, span_s: float) -> float | None:
     for key in window.keys():  # noqa: SIM118 - a RollingWindow is not a mapping
         if key[1] == engine:
             return window.rate(key, "preemptions_total", span_s)

@@ -15,6 +15,8 @@ from kvpilot.agent.rules.preemption import PreemptionSpikeRule
 from kvpilot.agent.rules.saturation import KvSaturationRule
 from kvpilot.agent.rules.server_down import ServerDownRule
 from kvpilot.agent.rules.stall import EngineStallRule
+from kvpilot.collectors.kvpool.client import KvBlockSample
+from kvpilot.collectors.vllm_metrics import EngineSample
 from kvpilot.collectors.window import RollingWindow
 
 log = logging.getLogger(__name__)
@@ -60,8 +62,8 @@ class RuleEngine:
         snapshot: Snapshot,
         *,
         instance: Instance,
-        vllm_window: RollingWindow,
-        kvpool_window: RollingWindow,
+        vllm_window: RollingWindow[EngineSample],
+        kvpool_window: RollingWindow[KvBlockSample],
         figures: tuple[EngineFigures, ...] = (),
         instance_state: str | None = None,
         instance_state_reason: str | None = None,

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, get_args
 
-from kvpilot.agent.alerts import AlertRow, Silence
+from kvpilot.agent.alert_values import AlertRow, Silence
 from kvpilot.agent.config import RetentionConfig
 from kvpilot.agent.model import Labels
 from kvpilot.agent.state.db import DEFAULT_BUSY_TIMEOUT_S, Database
@@ -160,7 +160,7 @@ class StateStore:
                         a.fingerprint,
                         a.rule,
                         _labels_json(a.labels),
-                        _labels_json(a.annotations),
+                        _labels_json(tuple((k, mask_text(v)) for k, v in a.annotations)),
                         a.state,
                         a.active_since_wall_s,
                         a.fired_at_wall_s,

@@ -13,7 +13,7 @@ from typing import Any
 
 from kvpilot.agent.state.db import Database
 from kvpilot.collectors.secrets import mask
-from kvpilot.tuner.rollout import Phase, RolloutRecord, Strategy
+from kvpilot.tuner.rollout.canary import Phase, RolloutRecord, Strategy
 from kvpilot.tuner.trials import Trial, trial_from_dict, trial_to_dict
 
 
@@ -123,7 +123,8 @@ def record_to_dict(record: RolloutRecord) -> dict[str, Any]:
     data = dataclasses.asdict(record)
     data["stable_argv"] = list(record.stable_argv)
     data["candidate_argv"] = list(record.candidate_argv)
-    return mask(data)
+    masked: dict[str, Any] = mask(data)  # a dict masked is a dict
+    return masked
 
 
 def record_from_dict(data: dict[str, Any]) -> RolloutRecord:

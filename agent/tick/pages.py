@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvpilot.agent.alerts import AlertView
+from kvpilot.agent.alert_values import AlertView
 from kvpilot.agent.model import AlertEvent, Condition, labels_of
 from kvpilot.agent.remediation.events import CIRCUIT_OPEN_ALERT, TUNING_RECOMMENDED_ALERT
 from kvpilot.agent.remediation.oom.guard import SERVER_OOM_ALERT

@@ -1,37 +1,86 @@
-"""The agent's rooms run one way (pyproject.toml's `agent-rooms` layers contract), and so do the
-modules inside the Kubernetes room (`kubernetes-room`): each holds for the tree as it is, and
-breaks when a module imports one above it or a sibling."""
+"""Every import-linter contract in pyproject.toml holds for the tree as it is, and breaks when an
+import that violates it is planted: the contracts are read from pyproject, so a new contract is
+covered without an edit here. One lint-imports run checks them all on the package as
+scripts/package_tree.py lays it out; a second run checks them all with every plant at once."""
 
 from __future__ import annotations
 
 import os
-import shutil
+import re
 import subprocess
 import sys
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
-FOLDERS = ("agent", "collectors", "rig", "tuner", "dashboards")
+CONTRACTS: list[dict[str, Any]] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"][
+    "importlinter"
+]["contracts"]
 
 
-def _package(tmp_path: Path) -> Path:
-    """The top-level folders laid out as one `kvpilot` package, as scripts/lint-imports does."""
-    package = tmp_path / "kvpilot"
-    package.mkdir()
-    shutil.copy(ROOT / "kvpilot_ns" / "__init__.py", package)
-    for folder in FOLDERS:
-        shutil.copytree(
-            ROOT / folder, package / folder, ignore=shutil.ignore_patterns("__pycache__")
-        )
-    return package
+@dataclass(frozen=True)
+class Plant:
+    """An import of `imported` written into `importer` (a package gets a new module)."""
+
+    importer: str
+    imported: str
 
 
-def _rooms_contract(tree: Path, contract: str = "agent-rooms") -> subprocess.CompletedProcess[str]:
+def _siblings(layer: str) -> list[str]:
+    # import-linter writes independent siblings as "a | b" and optional layers as "(a)".
+    return [name.strip().strip("()") for name in layer.split("|")]
+
+
+def _plants(contract: Mapping[str, Any]) -> list[Plant]:
+    """Imports that break the contract: the lowest layer reaching the top, one sibling another,
+    a source module reaching a forbidden one, one independent module another."""
+    kind = contract["type"]
+    if kind == "layers":
+        layers = [_siblings(layer) for layer in contract["layers"]]
+        plants = [Plant(layers[-1][0], layers[0][0])]
+        plants += [Plant(group[0], group[1]) for group in layers if len(group) > 1]
+        containers = contract.get("containers", [])
+        return [
+            Plant(f"{container}.{p.importer}", f"{container}.{p.imported}")
+            for container in containers
+            for p in plants
+        ] or plants
+    if kind == "forbidden":
+        return [Plant(contract["source_modules"][0], contract["forbidden_modules"][0])]
+    if kind == "independence":
+        first, second = contract["modules"][:2]
+        return [Plant(first, second)]
+    raise AssertionError(f"no plant known for a {kind!r} contract: teach _plants one")
+
+
+def _path(package: Path, module: str) -> Path:
+    return package.joinpath(*module.split(".")[1:])
+
+
+def _plant(package: Path, plant: Plant, number: int) -> str:
+    """Write the import and return the importing module's name as import-linter reports it."""
+    line = f"import {plant.imported}\n"
+    folder = _path(package, plant.importer)
+    if folder.is_dir():
+        (folder / f"planted_{number}.py").write_text(line)
+        return f"{plant.importer}.planted_{number}"
+    module = folder.with_suffix(".py")
+    assert module.is_file(), f"{plant.importer} is neither a package nor a module"
+    # A copy (never a link into the tree): appending leaves the repository's file alone.
+    assert not module.is_symlink()
+    module.write_text(module.read_text() + line)
+    return plant.importer
+
+
+def _lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(LINT_IMPORTS), "--no-cache", "--contract", contract],
-        # Wide enough that a long import chain is reported on one line.
-        env={**os.environ, "PYTHONPATH": str(tree), "COLUMNS": "200"},
+        [str(LINT_IMPORTS), "--no-cache"],
+        # Wide enough that a contract's name and an import chain each stay on one line.
+        env={**os.environ, "PYTHONPATH": str(tree), "COLUMNS": "500"},
         cwd=ROOT,  # lint-imports reads the contracts from ./pyproject.toml
         capture_output=True,
         text=True,
@@ -40,57 +89,63 @@ def _rooms_contract(tree: Path, contract: str = "agent-rooms") -> subprocess.Com
     )
 
 
-def test_the_rooms_contract_holds(tmp_path: Path) -> None:
-    _package(tmp_path)
-    result = _rooms_contract(tmp_path)
+def _broken_sections(report: str) -> dict[str, str]:
+    """Each broken contract's name and the text import-linter prints under it."""
+    _, _, details = report.partition("Broken contracts")
+    # Each section opens with the contract's name underlined by dashes.
+    heads = list(re.finditer(r"^(.+)\n-+\n", details, flags=re.MULTILINE))
+    ends = [h.start() for h in heads[1:]] + [len(details)]
+    return {h.group(1).strip(): details[h.end() : end] for h, end in zip(heads, ends, strict=True)}
+
+
+def _package(tree: Path, *how: str) -> Path:
+    """The package as scripts/package_tree.py lays it out for the tools (`--copy` to plant)."""
+    command = [sys.executable, str(ROOT / "scripts" / "package_tree.py"), str(tree), *how]
+    subprocess.run(command, check=True, timeout=60)
+    return tree / "kvpilot"
+
+
+def _room_plants() -> list[Plant]:
+    """A new module in each room a forbidden contract names with `.**`, importing what the
+    room may import: the room is what is allowed, not the modules in it today."""
+    plants = []
+    for contract in CONTRACTS:
+        for ignored in (
+            contract.get("ignore_imports", []) if contract["type"] == "forbidden" else []
+        ):
+            importer, _, imported = (part.strip() for part in ignored.partition("->"))
+            if importer.endswith(".**") and "*" not in imported:
+                plants.append(Plant(importer.removesuffix(".**"), imported))
+    return plants
+
+
+def test_every_contract_holds_with_a_new_client_module_in_each_room(tmp_path: Path) -> None:
+    package = _package(tmp_path, "--copy")
+    plants = _room_plants()
+    assert plants, "no contract names a room"
+    for number, plant in enumerate(plants):
+        _plant(package, plant, number)
+    result = _lint_imports(package.parent)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "1 kept, 0 broken" in result.stdout
+    assert f"{len(CONTRACTS)} kept, 0 broken" in result.stdout
 
 
-def test_the_rooms_contract_breaks_on_an_upward_or_sideways_import(tmp_path: Path) -> None:
-    package = _package(tmp_path)
-    # The rules read the tick's values from below it; importing the tick itself goes up.
-    (package / "agent" / "rules" / "planted_up.py").write_text(
-        "from kvpilot.agent.tick import sidecar\n"
-    )
-    # The notifiers and the runtimes are siblings: neither imports the other.
-    (package / "agent" / "notify" / "planted_sideways.py").write_text(
-        "from kvpilot.agent.runtimes import base\n"
-    )
-    result = _rooms_contract(tmp_path)
+def test_every_contract_breaks_on_its_planted_import(tmp_path: Path) -> None:
+    package = _package(tmp_path, "--copy")
+    planted: list[tuple[str, Sequence[str]]] = []
+    number = 0
+    for contract in CONTRACTS:
+        imports = []
+        for plant in _plants(contract):
+            number += 1
+            importer = _plant(package, plant, number)
+            imports.append(f"{importer} -> {plant.imported}")
+        planted.append((contract["name"], imports))
+    result = _lint_imports(package.parent)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "0 kept, 1 broken" in result.stdout
-    assert "kvpilot.agent.rules.planted_up -> kvpilot.agent.tick.sidecar" in result.stdout
-    assert "kvpilot.agent.notify.planted_sideways -> kvpilot.agent.runtimes.base" in result.stdout
-
-
-def test_the_kubernetes_room_contract_holds(tmp_path: Path) -> None:
-    _package(tmp_path)
-    result = _rooms_contract(tmp_path, "kubernetes-room")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "1 kept, 0 broken" in result.stdout
-
-
-def test_the_kubernetes_room_contract_breaks_on_an_upward_or_sideways_import(
-    tmp_path: Path,
-) -> None:
-    room = _package(tmp_path) / "agent" / "runtimes" / "kubernetes"
-    # The fault log is the floor: it reaching the runtime goes up.
-    up = "from kvpilot.agent.runtimes.kubernetes import runtime\n"
-    faults = room / "faults.py"
-    faults.write_text(faults.read_text() + up)
-    # The Lease and the traffic split are siblings: neither imports the other.
-    sideways = "from kvpilot.agent.runtimes.kubernetes import traffic\n"
-    lease = room / "lease.py"
-    lease.write_text(lease.read_text() + sideways)
-    result = _rooms_contract(tmp_path, "kubernetes-room")
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert "0 kept, 1 broken" in result.stdout
-    assert (
-        "kvpilot.agent.runtimes.kubernetes.faults -> kvpilot.agent.runtimes.kubernetes.runtime"
-        in result.stdout
-    )
-    assert (
-        "kvpilot.agent.runtimes.kubernetes.lease -> kvpilot.agent.runtimes.kubernetes.traffic"
-        in result.stdout
-    )
+    assert f"0 kept, {len(CONTRACTS)} broken" in result.stdout, result.stdout
+    sections = _broken_sections(result.stdout)
+    for name, imports in planted:
+        # Each contract is broken by its own plant, not only by another contract's.
+        for line in imports:
+            assert f"{line} (l." in sections[name], f"{name}: {line} not reported\n{sections[name]}"

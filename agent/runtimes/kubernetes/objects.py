@@ -8,7 +8,7 @@ template, and a copy of the wire form keeps every field the client's models migh
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -42,7 +42,8 @@ def canary_name(stable: str) -> str:
 
 
 def find_container(pod_spec: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
-    for container in pod_spec.get("containers") or ():
+    containers: Iterable[Mapping[str, Any]] = pod_spec.get("containers") or ()
+    for container in containers:
         if container.get("name") == name:
             return container
     return None

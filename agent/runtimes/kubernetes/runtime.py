@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from kvpilot.agent.model import Instance
 from kvpilot.agent.runtimes.base import (
@@ -52,6 +52,7 @@ CONFLICT_RETRIES = 3
 RECOMMENDATIONS_KEPT = 5
 POD_GONE_MARGIN_S = 30.0  # beyond the drain deadline: the kubelet's SIGKILL and clean-up
 Probe = Callable[..., Awaitable[Any]]
+T = TypeVar("T")
 
 
 class KubernetesRuntime:
@@ -103,7 +104,8 @@ class KubernetesRuntime:
     # -- API calls -----------------------------------------------------------------------
 
     def _json(self, model: Any) -> dict[str, Any]:
-        return self.api_client.sanitize_for_serialization(model)
+        found: dict[str, Any] = self.api_client.sanitize_for_serialization(model)
+        return found
 
     def _get(self, name: str) -> dict[str, Any] | None:
         what = f"Deployment {self.target.namespace}/{name}"
@@ -158,7 +160,7 @@ class KubernetesRuntime:
             self.edits.note(self._json(patched))
         return self._json(patched)
 
-    async def _io(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _io(self, fn: Callable[..., T], *args: Any) -> T:
         return await in_daemon_thread(fn, *args)  # not joined at exit: no wait on a hang
 
     # -- reading -------------------------------------------------------------------------

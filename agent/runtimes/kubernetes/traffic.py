@@ -93,7 +93,8 @@ class _Api:
             )
         except NotFound:
             return None
-        return self.json(found)
+        service: dict[str, Any] = self.json(found)
+        return service
 
     async def pods(self, selector: Mapping[str, str]) -> list[dict[str, Any]]:
         text = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
@@ -292,7 +293,8 @@ class GatewayWeights:
         )
 
     async def _version(self) -> str | None:
-        return (await self._read_route())["metadata"].get("resourceVersion")
+        version: str | None = (await self._read_route())["metadata"].get("resourceVersion")
+        return version
 
     async def _patch_route(
         self, ops_for: Callable[[dict[str, Any]], Sequence[dict[str, Any]]]
