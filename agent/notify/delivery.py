@@ -11,6 +11,15 @@ follows. Lanes run concurrently (a bounded number of sends per notifier) and a p
 wait for a slow one, so one slow or failing receiver, or alert, never holds up another. A
 receiver that takes lists (Alertmanager) gets many lanes in one request (`batches`).
 
+A lane goes one request at a time, each under its own `send_timeout_s`, and each event is
+marked delivered as soon as its request succeeds: a lane that takes longer than the timeout
+as a whole still moves on, instead of sending its first events again on every attempt.
+
+Each notifier has its own share: every pass reads each notifier's due rows apart (up to
+`batch_limit` of them, past those its running lanes hold) and starts its critical lanes
+before its others, so a slow or down receiver owing thousands of rows holds back no other
+notifier's, critical pages included.
+
 Each notifier's backlog is bounded: past `max_pending_per_notifier` the lowest severity,
 then the oldest, is dropped and counted (`shedding`).
 
@@ -40,6 +49,7 @@ from kvpilot.agent.notify.report import DeliveryCount, DeliveryOutcome, Delivery
 from kvpilot.agent.notify.shedding import (
     DEFAULT_MAX_PENDING_PER_NOTIFIER,
     drop_reason,
+    severity_rank,
     to_drop,
 )
 from kvpilot.agent.notify.steady_time import SteadyTime
@@ -76,8 +86,10 @@ class DeliveryWorker:
     """Sends due outbox items, one lane per (notifier, alert), in order within each lane.
 
     A pass starts a lane for each alert with due items (unless that lane still runs), at most
-    `lanes_per_notifier` at once per notifier, and waits up to `pass_wait_s` for them; a
-    lane still running then goes on in the background and its outcomes are in a later report.
+    `lanes_per_notifier` at once per notifier and reading at most about `batch_limit` rows of
+    each notifier, and waits up to `pass_wait_s` for them; a lane still running then goes on
+    in the background and its outcomes are in a later report. `send_timeout_s` bounds each
+    request (one event, or one batch for a notifier that takes batches).
     """
 
     def __init__(
@@ -137,8 +149,8 @@ class DeliveryWorker:
                 self._owed_made_due = True
                 if made_due:
                     log.info("delivery: %d items owed from before the start are due now", made_due)
-            self._shed(now)
-            lanes = self._startable_lanes(now)
+            owing = self._shed(now)
+            lanes = self._startable_lanes(owing, now)
         except Exception as exc:
             log.exception("outbox: reading due items failed")
             self._errors.append(("outbox", repr(exc)))
@@ -170,17 +182,27 @@ class DeliveryWorker:
 
     # -- lanes -------------------------------------------------------------------------
 
-    def _startable_lanes(self, now: float) -> dict[LaneKey, list[OutboxItem]]:
-        """The due items by lane, oldest first, without lanes that still run; reads past the
-        rows that running lanes hold, so that they never crowd the others out."""
-        limit = self._batch_limit + sum(n for _, n in self._running.values())
+    def _startable_lanes(self, owing: Sequence[str], now: float) -> dict[LaneKey, list[OutboxItem]]:
+        """The due items by lane of every notifier in `owing` with a send to spare, each
+        notifier read apart so that none crowds another out."""
+        lanes: dict[LaneKey, list[OutboxItem]] = {}
+        for name in owing:
+            if self._has_room(name):
+                lanes.update(self._startable_lanes_of(name, now))
+        return lanes
+
+    def _startable_lanes_of(self, name: str, now: float) -> dict[LaneKey, list[OutboxItem]]:
+        """One notifier's due items by lane, oldest first, without lanes that still run;
+        reads past the rows that its running lanes hold, so that they never crowd out its
+        others."""
+        held = sum(n for (owner, _), (_, n) in self._running.items() if owner == name)
+        limit = self._batch_limit + held
         while True:
-            items = self._outbox.due(self._time.due_by(now), limit)
+            items = self._outbox.due(self._time.due_by(now), limit, notifier=name)
             lanes: dict[LaneKey, list[OutboxItem]] = {}
             for item in items:
-                lanes.setdefault((item.notifier, item.event.fingerprint), []).append(item)
-            busy = {name for name in {n for n, _ in lanes} if not self._has_room(name)}
-            free = {k: v for k, v in lanes.items() if k not in self._running and k[0] not in busy}
+                lanes.setdefault((name, item.event.fingerprint), []).append(item)
+            free = {k: v for k, v in lanes.items() if k not in self._running}
             if (
                 len(items) < limit
                 or sum(map(len, free.values())) >= self._batch_limit
@@ -207,6 +229,8 @@ class DeliveryWorker:
         started: list[asyncio.Task[None]] = []
         for name, waiting in ready.items():
             notifier = self._notifiers[name]
+            # Critical lanes first when sends are few (stable: oldest first within a severity).
+            waiting.sort(key=lambda lane: severity_rank(lane[1][0]))
             for group in groups(waiting, batch_size_of(notifier)):
                 if not self._has_room(name):
                     break  # the notifier has its sends out: a later pass starts the rest
@@ -261,12 +285,13 @@ class DeliveryWorker:
 
     async def _send_lane(self, name: str, notifier: Notifier, items: list[OutboxItem]) -> None:
         """Sends one lane's items (or a batch of lanes' items) in order, `batch_size_of`
-        the notifier per request where it takes batches, the whole lane otherwise."""
+        the notifier per request: one event at a time for a notifier without batches, each
+        under its own timeout and marked delivered as soon as it arrives."""
         size = batch_size_of(notifier)
         queue = list(items)
         one_by_one = False
         while queue:
-            batch = queue[:1] if one_by_one else queue[:size] if size > 1 else queue
+            batch = queue[:1] if one_by_one else queue[:size]
             err = await self._send(notifier, batch)
             now = self._clock()
             if err is None:
@@ -354,10 +379,12 @@ class DeliveryWorker:
 
     # -- outcomes ----------------------------------------------------------------------
 
-    def _shed(self, now: float) -> None:
+    def _shed(self, now: float) -> list[str]:
         """Each notifier's backlog back to `max_pending_per_notifier` (see `shedding`); rows
-        that a running lane is sending are not dropped but count against the bound."""
-        for name, count in self._outbox.pending_counts().items():
+        that a running lane is sending are not dropped but count against the bound. Returns
+        the notifiers that owe rows."""
+        counts = self._outbox.pending_counts()
+        for name, count in counts.items():
             if count <= self._max_pending:
                 continue
             rows = self._outbox.pending_of(name)
@@ -373,6 +400,7 @@ class DeliveryWorker:
                 "delivery: outbox full, dropped notifications",
                 extra={"notifier": name, "items": len(dropped), "pending": count},
             )
+        return sorted(counts)
 
     def _give_up_unknown(self, name: str, items: Sequence[OutboxItem], now: float) -> None:
         error = f"notifier {name!r} is not configured"
@@ -433,5 +461,6 @@ class DeliveryWorker:
         return DeliveryReport(counts, errors, backlog, reason)
 
 
-def _oldest_first(item: OutboxItem) -> tuple[float, int]:
-    return item.created_wall_s, item.id
+def _oldest_first(item: OutboxItem) -> int:
+    """The order enqueued (ids only grow), which a step of the wall clock cannot change."""
+    return item.id

@@ -32,8 +32,11 @@ class Outbox(Protocol):
         same key may be enqueued again: that is a repeat notification."""
         ...
 
-    def due(self, now_wall_s: float, limit: int = 100) -> list[OutboxItem]:
-        """Pending rows with next_attempt <= now, oldest (created, then id) first."""
+    def due(
+        self, now_wall_s: float, limit: int = 100, *, notifier: str | None = None
+    ) -> list[OutboxItem]:
+        """Pending rows with next_attempt <= now, in the order they were enqueued; only
+        `notifier`'s when given."""
         ...
 
     def mark_delivered(self, item_ids: Sequence[int], now_wall_s: float) -> None:
@@ -64,5 +67,5 @@ class Outbox(Protocol):
         ...
 
     def pending_of(self, notifier: str) -> list[OutboxItem]:
-        """Every pending row of one notifier, due or not, oldest (created, then id) first."""
+        """Every pending row of one notifier, due or not, in the order they were enqueued."""
         ...

@@ -29,13 +29,15 @@ class MemoryOutbox:
     def __init__(self) -> None:
         self._ids = itertools.count(1)
         self._pending: dict[int, OutboxItem] = {}
+        self._pending_keys: dict[tuple[str, str], int] = {}  # (notifier, dedup key) -> id
         self._finished: list[FinishedItem] = []
 
     def enqueue(self, notifier: str, event: AlertEvent, now_wall_s: float) -> int:
-        for item in self._pending.values():
-            if (item.notifier, item.dedup_key) == (notifier, event.dedup_key):
-                return item.id
+        pending_id = self._pending_keys.get((notifier, event.dedup_key))
+        if pending_id is not None:
+            return pending_id
         item_id = next(self._ids)
+        self._pending_keys[(notifier, event.dedup_key)] = item_id
         self._pending[item_id] = OutboxItem(
             id=item_id,
             notifier=notifier,
@@ -48,15 +50,22 @@ class MemoryOutbox:
         )
         return item_id
 
-    def due(self, now_wall_s: float, limit: int = 100) -> list[OutboxItem]:
-        ready = [i for i in self._pending.values() if i.next_attempt_wall_s <= now_wall_s]
-        ready.sort(key=lambda i: (i.created_wall_s, i.id))
+    def due(
+        self, now_wall_s: float, limit: int = 100, *, notifier: str | None = None
+    ) -> list[OutboxItem]:
+        ready = [
+            i
+            for i in self._pending.values()
+            if i.next_attempt_wall_s <= now_wall_s and notifier in (None, i.notifier)
+        ]
+        ready.sort(key=lambda i: i.id)  # the order they were enqueued, as SQLite's
         return ready[:limit]
 
     def mark_delivered(self, item_ids: Sequence[int], now_wall_s: float) -> None:
         for item_id in item_ids:
             item = self._pending.pop(item_id, None)
             if item is not None:
+                del self._pending_keys[(item.notifier, item.dedup_key)]
                 self._finished.append(FinishedItem(item, True, now_wall_s))
 
     def mark_failed(
@@ -79,6 +88,7 @@ class MemoryOutbox:
             )
             if give_up:
                 del self._pending[item_id]
+                del self._pending_keys[(item.notifier, item.dedup_key)]
                 self._finished.append(FinishedItem(item, False, None))
             else:
                 self._pending[item_id] = item
@@ -102,8 +112,8 @@ class MemoryOutbox:
         return len(held)
 
     def pending(self) -> list[OutboxItem]:
-        """Every pending row, due or not, oldest first (as `SqliteOutbox.pending`)."""
-        return sorted(self._pending.values(), key=lambda i: (i.created_wall_s, i.id))
+        """Every pending row, due or not, in the order enqueued (as `SqliteOutbox.pending`)."""
+        return sorted(self._pending.values(), key=lambda i: i.id)
 
     def finished(self) -> list[FinishedItem]:
         """Rows that left the backlog, in the order they did."""

@@ -43,7 +43,7 @@ class _QuietServer(ThreadingHTTPServer):
 
 class Receiver:
     """Answers 200 unless told otherwise (`answer`), hangs on `hang()` (or only for one alert,
-    `hang_alert`), is down after `stop()`.
+    `hang_alert`), takes its time on `slow()`, is down after `stop()`.
 
     With a `secret`, it checks every request's HMAC signature with `verify_signature` and
     answers 401 to a bad one, as a real receiver would.
@@ -60,6 +60,8 @@ class Receiver:
         self._release = threading.Event()
         self._release.set()
         self._held_alerts: set[str] = set()  # fingerprints whose requests are held
+        self._delay_s = 0.0  # before each answer (`slow`)
+        self._stopping = threading.Event()  # cuts a delay short at `stop()`
         self._arrived: list[str] = []  # dedup keys as requests came in, before any hold
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -69,6 +71,7 @@ class Receiver:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Receiver:
+        self._stopping.clear()
         server = _QuietServer(("127.0.0.1", self.port), self._handler_class())
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
@@ -78,6 +81,7 @@ class Receiver:
     def stop(self) -> None:
         """Down: the port refuses connections until `start()` again."""
         self._release.set()
+        self._stopping.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -103,6 +107,11 @@ class Receiver:
         with self._lock:
             self._held_alerts.add(fingerprint)
         self._release.clear()
+
+    def slow(self, delay_s: float) -> None:
+        """Take `delay_s` over each answer from now on (0: answer at once)."""
+        with self._lock:
+            self._delay_s = delay_s
 
     def release(self) -> None:
         with self._lock:
@@ -148,6 +157,10 @@ class Receiver:
                     receiver._arrived.append(key)
                 if receiver._held(key):
                     receiver._release.wait(timeout=30)
+                with receiver._lock:
+                    delay_s = receiver._delay_s
+                if delay_s > 0:
+                    receiver._stopping.wait(timeout=delay_s)
                 status, extra = receiver._next_answer()
                 signature_ok = None
                 if receiver.secret is not None:

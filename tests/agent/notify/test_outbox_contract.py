@@ -167,13 +167,16 @@ def test_due_is_oldest_first_and_limited(outbox: InspectableOutbox) -> None:
     assert ids(outbox.due(T + 2)) == made[:3]
 
 
-def test_creation_time_orders_before_the_id(outbox: InspectableOutbox) -> None:
-    late = outbox.enqueue("hook", event(1), T + 5)  # a clock step back between two ticks
-    early = outbox.enqueue("hook", event(2), T + 1)
-    tie = outbox.enqueue("hook", event(3), T + 1)
-    assert ids(outbox.due(T + 10)) == [early, tie, late]
-    assert ids(outbox.due(T + 10, limit=1)) == [early]
-    assert ids(outbox.pending()) == [early, tie, late]
+def test_the_order_enqueued_survives_a_wall_clock_step_back(outbox: InspectableOutbox) -> None:
+    """A firing event goes before its resolved one though the wall clock stepped back an hour
+    between the two ticks that made them: rows keep the order they were enqueued in."""
+    firing = outbox.enqueue("hook", make_event(), T + 5)
+    resolved = outbox.enqueue("hook", make_event(status="resolved"), T + 5 - 3600)
+    other = outbox.enqueue("hook", event(3), T + 5 - 3600)
+    assert ids(outbox.due(T + 10)) == [firing, resolved, other]
+    assert ids(outbox.due(T + 10, limit=1)) == [firing]
+    assert ids(outbox.pending()) == [firing, resolved, other]
+    assert ids(outbox.pending_of("hook")) == [firing, resolved, other]
 
 
 def test_a_retried_row_keeps_its_place_ahead_of_newer_ones(outbox: InspectableOutbox) -> None:
@@ -232,6 +235,17 @@ def test_backlog_counts_rows_not_yet_due(outbox: InspectableOutbox) -> None:
     outbox.mark_failed([item_id], "HTTP 503", T + 300)
     assert outbox.due(T + 1) == []
     assert outbox.backlog() == 1
+
+
+def test_due_of_one_notifier_leaves_the_others_out(outbox: InspectableOutbox) -> None:
+    """Each notifier's due rows read apart, so that one owing thousands crowds out no other."""
+    hook = [outbox.enqueue("hook", event(n), T) for n in range(3)]
+    am = outbox.enqueue("am", event(9), T)
+    outbox.mark_failed([hook[1]], "503", T + 60)  # held for later: not due
+    assert ids(outbox.due(T + 1, notifier="am")) == [am]
+    assert ids(outbox.due(T + 1, notifier="hook")) == [hook[0], hook[2]]
+    assert ids(outbox.due(T + 1, limit=1, notifier="hook")) == [hook[0]]
+    assert outbox.due(T + 1, notifier="nobody") == []
 
 
 def test_pending_counts_and_rows_per_notifier_leave_finished_ones_out(
