@@ -1,8 +1,10 @@
 """The embedded runtime: kvpilot starts and supervises vLLM processes from their argv.
 
 Each instance runs in its own process group (its own session), with its output appended to
-`<log_dir>/<name>.log`. The runtime never restarts a server by itself: an exit shows in
-`status()` and the remediation layer decides, under its budget.
+`<log_dir>/<name>.log`, and carries a mark of its own in its environment (`SERVER_MARK_ENV`):
+a stop reaches every process it started, whatever killed its leader and wherever they went.
+The runtime never restarts a server by itself: an exit shows in `status()` and the
+remediation layer decides, under its budget.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import shlex
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -29,13 +32,19 @@ from kvpilot.agent.runtimes.base import (
 from kvpilot.agent.runtimes.drain import drain_then_kill
 from kvpilot.agent.runtimes.launch_hint import no_vllm_hint, not_found_hint
 from kvpilot.agent.runtimes.probe import START_MARKER, StartFailed, wait_ready
-from kvpilot.agent.runtimes.processes import GroupWatch, find_vllm_mains, send_signal
+from kvpilot.agent.runtimes.processes import (
+    KEEP_ENVIRON_ENV,
+    SERVER_MARK_ENV,
+    GroupWatch,
+    find_vllm_mains,
+    send_signal,
+)
 from kvpilot.collectors.kvpool.ports import PORT_ENV as KVPOOL_PORT_ENV
 from kvpilot.collectors.procfs import (
     ProcRef,
     is_alive,
     list_processes,
-    live_group_members,
+    read_environ,
     start_wall_s,
 )
 from kvpilot.collectors.secrets import mask_argv
@@ -72,6 +81,9 @@ class _Slot:
     # A server an earlier kvpilot started (its own session, so it outlived that agent),
     # taken over at start-up instead of started twice on one port.
     adopted: ProcRef | None = None
+    # The mark in the environment of the server last started (or adopted), and of everything
+    # it started; None for a server an older kvpilot started without one.
+    mark: str | None = None
 
 
 class LocalRuntime:
@@ -138,12 +150,19 @@ class LocalRuntime:
             return slot.adopted.pid
         return None
 
+    def _watch(self, slot: _Slot) -> GroupWatch | None:
+        """The server's processes: its group (whose id is ours while our child is not reaped,
+        an adopted leader's while it lives) and whatever carries its mark."""
+        process, adopted = slot.process, slot.adopted
+        if process is not None:
+            return GroupWatch(process.pid, lambda: process.returncode is None, mark=slot.mark)
+        if adopted is not None:  # it leads its own group
+            return GroupWatch(adopted.pid, lambda: is_alive(adopted), mark=slot.mark)
+        return None
+
     def _group(self, slot: _Slot) -> list[int]:
-        if slot.process is not None:
-            return live_group_members(slot.process.pid)
-        if slot.adopted is not None:
-            return live_group_members(slot.adopted.pid)  # it leads its own group
-        return []
+        watch = self._watch(slot)
+        return [] if watch is None else watch.live_pids()
 
     def adopt_orphans(self) -> list[str]:
         """Take over servers an earlier kvpilot left running (it was killed, they were not).
@@ -159,6 +178,7 @@ class LocalRuntime:
             for info in find_vllm_mains(procs, port=slot.args.port):
                 if info.argv == tuple(slot.spec.argv) and info.pgid == info.pid:
                     slot.adopted = info.ref
+                    slot.mark = (read_environ(info.pid) or {}).get(SERVER_MARK_ENV)
                     slot.started_at_wall_s = start_wall_s(info)
                     adopted.append(slot.spec.name)
                     break
@@ -218,12 +238,16 @@ class LocalRuntime:
 
     # -- acting ------------------------------------------------------------------------
 
-    def _env(self, spec: LocalInstanceSpec) -> dict[str, str]:
+    def _env(self, spec: LocalInstanceSpec, mark: str | None = None) -> dict[str, str]:
         env = dict(os.environ if self._base_env is None else self._base_env)
         env.update(dict(spec.env))
         env.pop(KVPOOL_PORT_ENV, None)  # never inherit another instance's port
         if spec.kvpool_port is not None:
             env[KVPOOL_PORT_ENV] = str(spec.kvpool_port)
+        env.pop(SERVER_MARK_ENV, None)  # never another server's (the agent's own, if any)
+        if mark is not None:
+            env[SERVER_MARK_ENV] = mark
+            env.setdefault(*KEEP_ENVIRON_ENV)
         return env
 
     def _api_key(self, slot: _Slot) -> str | None:
@@ -239,7 +263,8 @@ class LocalRuntime:
             f"\n{START_MARKER}{slot.starts_total} of {spec.name} at {stamp}: "
             f"{shlex.join(mask_argv(spec.argv))} =====\n"
         )
-        env = self._env(spec)
+        slot.mark = uuid.uuid4().hex
+        env = self._env(spec, slot.mark)
         with slot.log_path.open("ab") as log:
             log.write(header.encode())
             log.flush()
@@ -307,11 +332,7 @@ class LocalRuntime:
 
     async def _stop(self, slot: _Slot, drain_timeout_s: float) -> StopResult:
         process, adopted = slot.process, slot.adopted
-        if process is not None:
-            pgid = process.pid
-        elif adopted is not None:
-            pgid = adopted.pid
-        else:
+        if process is None and adopted is None:
             return StopResult(slot.spec.name, False, False, None, (), 0.0)
 
         def main_exited() -> bool:
@@ -328,11 +349,10 @@ class LocalRuntime:
                 send_signal(adopted, signal.SIGTERM)
 
         # The group id is ours while our child is not reaped (an adopted leader: while it
-        # lives); after that only the members seen meanwhile, and their children, are killed.
-        if process is not None:
-            group = GroupWatch(pgid, lambda: process.returncode is None)
-        else:
-            group = GroupWatch(pgid, lambda: is_alive(adopted))  # type: ignore[arg-type]
+        # lives); after that only the members seen meanwhile, their children, and whatever
+        # carries the server's mark (an engine orphaned before we looked) are killed.
+        group = self._watch(slot)
+        assert group is not None  # process or adopted is set
 
         slot.stopped_by_runtime = True
         outcome = await drain_then_kill(

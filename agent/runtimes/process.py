@@ -14,6 +14,9 @@ A process is a target's server when all of these hold:
 
 A process that matches is trusted only when it runs as the expected uid (the agent's own
 unless configured) and, with `host` unset, its `--host` is this machine's (process_trust).
+When no trusted process matches but exactly one of another uid does, the server is there and
+is reported running (its /proc stat, status and command line are readable, so a healthy
+server is never "missing"); it is never signalled, and a stop or restart says why.
 
 Exactly one process must match; none or several, and nothing is signalled. Right before each
 signal the process is read again from /proc: it must still be the same process (PID and start
@@ -26,6 +29,7 @@ waits for it to be healthy and answer a probe.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import time
@@ -59,6 +63,7 @@ from kvpilot.collectors.procfs import (
     list_processes,
     read_environ,
     read_proc,
+    read_uids,
     start_wall_s,
 )
 from kvpilot.collectors.vllm_argv import NotAVllmServer, ServerArgs, parse_server_argv
@@ -70,6 +75,10 @@ class SupervisorTimeout(NotReady):
 
 class IdentityChanged(RuntimeFailure):
     """The process found is still alive but no longer the target's server: not signalled."""
+
+
+class NotPermitted(RuntimeFailure):
+    """The server is there, but kvpilot may not (or cannot) signal it: another uid's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +116,7 @@ class _Found:
     main: ProcInfo | None
     tree: tuple[ProcInfo, ...]  # main and its live descendants
     reason: str | None  # why main is None
+    untrusted: str | None = None  # why main is watched but never signalled (another uid's)
 
 
 class ProcessRuntime:
@@ -162,8 +172,10 @@ class ProcessRuntime:
     def _distrust(self, target: ProcessTarget, info: ProcInfo) -> str | None:
         """Why a process that looks like the server is not trusted as it (process_trust)."""
         problem = uid_problem(info.pid, expected_uid(target.expected_uid), self._proc_root)
-        if problem is not None:
-            return problem
+        return problem or self._elsewhere(target, info)
+
+    def _elsewhere(self, target: ProcessTarget, info: ProcInfo) -> str | None:
+        """Why the agent may not reach a server there: its --host is another machine's."""
         host = parse_server_argv(info.argv).host
         if target.host is None and own_listen_host(host) is None:
             return (
@@ -186,6 +198,12 @@ class ProcessRuntime:
         mains = [info for info in alike if distrust[info.pid] is None]
         where = self._criteria(target)
         if not mains:
+            # Another user's server on this machine is there: watched, never signalled.
+            present = [info for info in alike if self._elsewhere(target, info) is None]
+            if len(present) == 1:
+                main = present[0]
+                tree = (main, *descendants(main.pid, procs))
+                return _Found(main, tree, None, untrusted=distrust[main.pid])
             why = "; ".join(d for d in distrust.values() if d)
             untrusted = f" (not trusted: {why})" if why else ""
             return _Found(None, (), f"no vLLM server process{where} found in /proc{untrusted}")
@@ -195,9 +213,9 @@ class ProcessRuntime:
         main = mains[0]
         return _Found(main, (main, *descendants(main.pid, procs)), None)
 
-    def _kvpool_url(self, target: ProcessTarget, main: ProcInfo) -> str | None:
-        if target.kvpool_url is not None:
-            return target.kvpool_url
+    def _kvpool_url(self, target: ProcessTarget, found: _Found, main: ProcInfo) -> str | None:
+        if target.kvpool_url is not None or found.untrusted is not None:
+            return target.kvpool_url  # not a port another user's environment chose
         port = (read_environ(main.pid, self._proc_root) or {}).get(KVPOOL_PORT_ENV)
         return f"http://127.0.0.1:{port}" if port else None
 
@@ -225,7 +243,7 @@ class ProcessRuntime:
             name=target.name,
             role=target.role,
             url=self._url(target, parse_server_argv(main.argv)),
-            kvpool_url=self._kvpool_url(target, main),
+            kvpool_url=self._kvpool_url(target, found, main),
             pids=frozenset(info.pid for info in found.tree),
             main_pid=main.pid,
             argv=main.argv,
@@ -241,7 +259,7 @@ class ProcessRuntime:
         if found.main is not None:
             self._absent_since.pop(name, None)
             since = start_wall_s(found.main, self._proc_root)
-            return InstanceStatus(name, "running", found.main.pid, since)
+            return InstanceStatus(name, "running", found.main.pid, since, reason=found.untrusted)
         if name not in self._absent_since:
             self._absent_since[name] = self._wall_clock()  # first observed, not exact
         since = self._absent_since[name]
@@ -266,7 +284,16 @@ class ProcessRuntime:
 
     def _send(self, ref: ProcRef, sig: signal.Signals, target: ProcessTarget | None) -> bool:
         """Send `sig` if `_is_still(ref, target)` holds right now; returns whether it was sent."""
-        return send_signal(ref, sig, self._proc_root, still=lambda r: self._is_still(r, target))
+        try:
+            return send_signal(ref, sig, self._proc_root, still=lambda r: self._is_still(r, target))
+        except PermissionError:
+            uids = read_uids(ref.pid, self._proc_root)
+            owner = f"uid {uids[0]}" if uids is not None else "another user"
+            raise NotPermitted(
+                f"cannot signal PID {ref.pid}: operation not permitted (EPERM): it runs as "
+                f"{owner} and kvpilot as uid {os.geteuid()}; run kvpilot as that user (or with "
+                "CAP_KILL) to let it stop or restart the server"
+            ) from None
 
     def _changed(self, target: ProcessTarget, pid: int) -> IdentityChanged:
         return IdentityChanged(
@@ -281,6 +308,11 @@ class ProcessRuntime:
         main = found.main
         if main is None:
             return StopResult(name, False, False, None, (), 0.0)
+        if found.untrusted is not None:
+            raise NotPermitted(
+                f"vLLM instance {name!r} (PID {main.pid}) is not signalled: {found.untrusted}; "
+                "set the runtime's expected_uid to that uid to let kvpilot stop or restart it"
+            )
         if is_alive(main.ref, self._proc_root) and not self._is_still(main.ref, target):
             raise self._changed(target, main.pid)  # nor are the processes it started ours now
         children: set[ProcRef] = {info.ref for info in found.tree if info.ref != main.ref}

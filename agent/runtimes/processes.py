@@ -8,8 +8,24 @@ import signal
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from kvpilot.collectors.procfs import PROC, ProcInfo, ProcRef, is_alive, list_processes
+from kvpilot.collectors.procfs import (
+    PROC,
+    ProcInfo,
+    ProcRef,
+    is_alive,
+    list_processes,
+    read_environ,
+)
 from kvpilot.collectors.vllm_argv import NotAVllmServer, launch_split, parse_server_argv
+
+# Each server the local runtime starts carries a mark of its own in its environment, which
+# every process it starts inherits: they are found by it even once they have left its process
+# group or session, or lost their parent (vLLM's engine and workers outlive a killed API
+# server: vLLM issue 55510).
+SERVER_MARK_ENV = "KVPILOT_SERVER_MARK"
+# vLLM names its engine and workers with py-setproctitle, which overwrites the memory that
+# /proc/PID/environ shows unless this is set; the mark must stay readable there.
+KEEP_ENVIRON_ENV = ("SPT_NOENV", "1")
 
 
 def find_vllm_mains(procs: Mapping[int, ProcInfo], *, port: int | None = None) -> list[ProcInfo]:
@@ -72,6 +88,16 @@ def send_signal(
             os.close(pidfd)
 
 
+def marked(mark: str, procs: Mapping[int, ProcInfo], proc_root: Path = PROC) -> list[ProcInfo]:
+    """The live processes whose environment carries `SERVER_MARK_ENV=mark` (ours only: another
+    user's environment cannot be read, and is not counted)."""
+    found = []
+    for info in procs.values():
+        if info.alive and (read_environ(info.pid, proc_root) or {}).get(SERVER_MARK_ENV) == mark:
+            found.append(info)
+    return found
+
+
 def signal_refs(refs: Iterable[ProcRef], sig: signal.Signals, proc_root: Path = PROC) -> list[int]:
     """Send `sig` to each process still alive as itself; returns the PIDs signalled."""
     return [ref.pid for ref in refs if send_signal(ref, sig, proc_root)]
@@ -89,43 +115,59 @@ def kill_group(pgid: int, proc_root: Path = PROC) -> list[int]:
 
 
 class GroupWatch:
-    """The members of a process group that belong to the process started, and only those.
+    """The processes of the server started, and only those: its process group's members that
+    belong to it, and every process that carries its mark (`SERVER_MARK_ENV`), wherever it is.
 
     A process group's id is its leader's PID, and once every member has gone the kernel may
     give that PID, and so the group id, to an unrelated process. So the group is trusted only
     while its leader is known to hold the id (`leader_holds()`: running, or exited but not
     yet reaped); the members seen then are remembered by identity (PID and start time).
     Afterwards a member counts only if it was seen then, or its parent is one that counts (a
-    process the server started meanwhile). Signals go through each member's pidfd
-    (`send_signal`), so a PID reused between the check and the signal is never hit.
+    process the server started meanwhile). A marked process counts whatever its group: the
+    mark is the server's own, so no reused id can lend it to a stranger; it finds what left
+    the group (setsid, setpgrp) or was orphaned before it was ever seen. Signals go through
+    each member's pidfd (`send_signal`), so a PID reused between the check and the signal is
+    never hit.
     """
 
-    def __init__(self, pgid: int, leader_holds: Callable[[], bool], proc_root: Path = PROC):
+    def __init__(
+        self,
+        pgid: int,
+        leader_holds: Callable[[], bool],
+        proc_root: Path = PROC,
+        *,
+        mark: str | None = None,
+    ) -> None:
         self.pgid = pgid
         self._leader_holds = leader_holds
         self._proc_root = proc_root
+        self._mark = mark
         self._known: set[ProcRef] = set()
         self.members()  # seen while the caller still holds the leader
 
     def members(self) -> list[ProcRef]:
-        """The group's live members that belong to it, as identities."""
+        """The live processes that belong to the server, as identities."""
         procs = list_processes(self._proc_root)
         group = {i.pid: i for i in procs.values() if i.pgid == self.pgid and i.alive}
         if self._leader_holds():
-            self._known.update(i.ref for i in group.values())
-            return sorted((i.ref for i in group.values()), key=lambda r: r.pid)
-        ours = {i.pid for i in group.values() if i.ref in self._known}
+            ours = set(group)
+        else:
+            ours = {i.pid for i in group.values() if i.ref in self._known}
+        if self._mark is not None:
+            ours |= {i.pid for i in marked(self._mark, procs, self._proc_root)}
         grew = True
-        while grew:  # children of members that count count too
-            more = {pid for pid, i in group.items() if pid not in ours and i.ppid in ours}
+        while grew:  # children of processes that count count too
+            more = {
+                pid for pid, i in procs.items() if pid not in ours and i.alive and i.ppid in ours
+            }
             grew = bool(more)
             ours |= more
-        self._known.update(group[pid].ref for pid in ours)
-        return sorted((group[pid].ref for pid in ours), key=lambda r: r.pid)
+        self._known.update(procs[pid].ref for pid in ours)
+        return sorted((procs[pid].ref for pid in ours), key=lambda r: r.pid)
 
     def live_pids(self) -> list[int]:
         return [ref.pid for ref in self.members()]
 
     def kill(self) -> list[int]:
-        """SIGKILL each member that belongs to the group; returns the PIDs signalled."""
+        """SIGKILL each process that belongs to the server; returns the PIDs signalled."""
         return signal_refs(self.members(), signal.SIGKILL, self._proc_root)

@@ -18,11 +18,15 @@ from typing import Any, TypeVar
 import httpx
 import yaml
 
+from kvpilot.collectors.procfs import list_processes, read_environ
 from kvpilot.rig.server import ServerSpec, build_argv, free_port, live_group_members
-from kvpilot.tuner.loadgen import LengthDist, LoadReport, Workload, run_load
+from kvpilot.tuner.load.generator import LengthDist, LoadReport, Workload, run_load
 
 T = TypeVar("T")
 TOKEN = "e2e-control-token"
+# Every process of a test's server carries its served model name here (the runtime keeps the
+# environment readable in /proc): what a test leaves behind is found even once renamed.
+SERVER_ENV = "KVPILOT_E2E_SERVER"
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float, poll_s: float = 0.5) -> T:
@@ -68,7 +72,11 @@ def agent_config(
                     "name": "vllm",
                     "role": "stable",
                     "argv": instance_argv(spec),
-                    "env": {"HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
+                    "env": {
+                        "HF_HUB_OFFLINE": "1",
+                        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                        SERVER_ENV: spec.served_model_name,
+                    },
                     "kvpool_port": spec.kvpool_port,
                     "log_dir": str(tmp / "logs"),
                     "cpus": list(spec.cpus),
@@ -165,8 +173,21 @@ class AgentProcess:
         return self.process.returncode
 
 
+def server_processes(marker: str) -> list[int]:
+    """Live processes of the server whose `SERVER_ENV` is `marker` (engines and workers too)."""
+    return sorted(
+        info.pid
+        for info in list_processes().values()
+        if info.alive and (read_environ(info.pid) or {}).get(SERVER_ENV) == marker
+    )
+
+
 def kill_servers_of(argv_marker: str) -> None:
-    """Last-resort clean-up: kill vLLM groups whose command line holds `argv_marker`."""
+    """Last-resort clean-up: kill vLLM groups whose command line holds `argv_marker`, and
+    every process marked as that server's (an engine whose API server was killed)."""
+    for pid in server_processes(argv_marker):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     for proc in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             cmdline = proc.read_bytes().replace(b"\0", b" ").decode(errors="replace")

@@ -9,7 +9,10 @@ STANDIN_PLAN, one word per start, the last one repeating:
 * `serve`: answer /health, /v1/models, /v1/completions and /metrics (the text of the file
   STANDIN_METRICS names, read on each scrape; empty without it);
 * `exit`: print an error as vLLM would and exit with code 3;
-* `hang`: start a child in its process group, then wait forever without listening.
+* `hang`: start a child in its process group, then wait forever without listening;
+* `engine`: `serve`, with an engine child (in its process group) that ignores SIGTERM, as
+  vLLM's engine core may once its API server is gone;
+* `detached`: `engine`, the child in a session of its own (as `setsid` would put it).
 
 Every process it starts carries STANDIN_TAG in its command line, so a test can tell whether
 any is left. Starts are counted in the file STANDIN_STARTS. Only the standard library.
@@ -82,6 +85,14 @@ if mode == "hang":
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", tag])
     while True:
         time.sleep(60)
+if mode in ("engine", "detached"):
+    engine = (
+        "import os, signal, time\\n"
+        f"if {mode == 'detached'}: os.setsid()\\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
+        "time.sleep(600)\\n"
+    )
+    subprocess.Popen([sys.executable, "-c", engine, tag])
 server = ThreadingHTTPServer(("127.0.0.1", int(option("--port", "8000"))), Handler)
 server.serve_forever()
 """

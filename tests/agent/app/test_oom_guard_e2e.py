@@ -30,6 +30,7 @@ from tests.agent.sidecar_harness import (
     AgentProcess,
     agent_config,
     kill_servers_of,
+    server_processes,
     server_spec,
     wait_for,
 )
@@ -95,6 +96,7 @@ def test_the_oom_guard_steps_the_kv_budget_down_at_start_and_after_an_oom_kill(
         },
     )
     agent = AgentProcess(config, port, tmp_path / "agent.log").start()
+    left: list[int] = []
     try:
         # 1. The first start fails of memory; the step starts it within the ceiling.
         wait_for("the stepped server ready", lambda: agent.started("vllm") or None, 400)
@@ -125,8 +127,10 @@ def test_the_oom_guard_steps_the_kv_budget_down_at_start_and_after_an_oom_kill(
         wait_for("ServerOOM resolved", lambda: _oom(receiver, "oom_killer", "resolved"), 120)
     finally:
         agent.stop()
+        left = server_processes(marker)  # the killed server's engine included
         kill_servers_of(marker)
         receiver.stop()
+    assert left == [], f"processes of the stopped server left running: {left}"
     # The promotion holds for the next start: recorded with its reason.
     with open_exclusive(tmp_path / "state") as store:
         promoted = store.get_fact(PROMOTED_FACT)

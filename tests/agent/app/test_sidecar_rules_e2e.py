@@ -19,12 +19,13 @@ from typing import Any
 import pytest
 
 from kvpilot.rig.server import TINY_MODEL_DIR, free_port
-from kvpilot.tuner.loadgen import LengthDist, Workload, run_load
+from kvpilot.tuner.load.generator import LengthDist, Workload, run_load
 from tests.agent.notify.notify_receiver import Receiver
 from tests.agent.sidecar_harness import (
     AgentProcess,
     agent_config,
     kill_servers_of,
+    server_processes,
     server_spec,
     wait_for,
 )
@@ -167,6 +168,7 @@ def test_a_server_that_cannot_start_opens_the_circuit_and_pages_once(tmp_path: P
         },
     )
     agent = AgentProcess(config, port, tmp_path / "agent.log").start()
+    left: list[int] = []
     try:
         # Ready as the runtime says it (its probe answered), not only scraped: a server killed
         # between the two would be one that never started, which ends `kvpilot run`.
@@ -199,5 +201,7 @@ def test_a_server_that_cannot_start_opens_the_circuit_and_pages_once(tmp_path: P
         assert 'kvpilot_remediation_circuit_open{server="vllm"} 1.0' in agent.metrics()
     finally:
         agent.stop()
+        left = server_processes(marker)  # the killed server's engine included
         kill_servers_of(marker)
         receiver.stop()
+    assert left == [], f"processes of the stopped server left running: {left}"
