@@ -3,8 +3,10 @@
 `AlertTracker.update` takes every condition of one tick (all instances, all rules) and
 returns the transitions, each with the notification to send, if any:
 
-* active: inactive or resolved -> pending, or straight to firing when the rule's `for_s`
-  is 0; pending -> firing once active for `for_s` without a break.
+* active: inactive or resolved -> pending, or straight to firing when the condition's
+  `for_s` (its rule's, carried on every condition) is 0; pending -> firing once active for
+  `for_s` without a break. A reloaded rule's new `for_s` holds from its next condition:
+  a pending alert keeps its start.
 * inactive: pending -> inactive (the `for` clock starts over next time); firing -> resolved.
 * unknown (`active=None`): the state holds; pending does not advance, firing does not
   resolve (repeats go on).
@@ -26,7 +28,14 @@ import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from kvpilot.agent.alert_limit import DEFAULT_MAX_ALERTS, LIMIT_RULE, admitted, limit_condition
+from kvpilot.agent.alert_limit import (
+    DEFAULT_MAX_ALERTS,
+    EVICTED_REASON,
+    LIMIT_RULE,
+    Tracked,
+    admit,
+    limit_condition,
+)
 from kvpilot.agent.alert_values import AlertRow, AlertTransition, AlertView, Silence
 from kvpilot.agent.model import AlertEvent, AlertState, Condition, Labels, labels_of
 
@@ -76,7 +85,6 @@ class AlertTracker:
 
     def __init__(
         self,
-        rules_for_s: Mapping[str, float],
         *,
         repeat_interval_s: float = 4 * 3600.0,
         resolved_retention_s: float = 900.0,
@@ -89,7 +97,6 @@ class AlertTracker:
             raise ValueError("repeat_interval_s must be positive")
         if max_alerts < 1:
             raise ValueError(f"max_alerts must be at least 1, got {max_alerts}")
-        self._for_s = dict(rules_for_s)
         self.repeat_interval_s = repeat_interval_s
         self.resolved_retention_s = resolved_retention_s
         self.gone_grace_s = gone_grace_s
@@ -106,13 +113,12 @@ class AlertTracker:
     def from_rows(
         cls,
         rows: Iterable[AlertRow],
-        rules_for_s: Mapping[str, float],
         *,
         silences: Iterable[Silence] = (),
         **kwargs: object,
     ) -> AlertTracker:
         """A tracker holding persisted states; monotonic stamps are set on the first update."""
-        tracker = cls(rules_for_s, **kwargs)  # type: ignore[arg-type]  # __init__'s keywords
+        tracker = cls(**kwargs)  # type: ignore[arg-type]  # __init__'s keywords
         for row in rows:
             tracker._alerts[row.fingerprint] = _Alert(
                 fingerprint=row.fingerprint,
@@ -180,11 +186,6 @@ class AlertTracker:
 
     # -- silences ----------------------------------------------------------------------
 
-    def use_for_s(self, rules_for_s: Mapping[str, float]) -> None:
-        """New `for` durations by rule (a reloaded configuration); pending alerts keep their
-        start and fire once the new duration has passed."""
-        self._for_s = dict(rules_for_s)
-
     def silence(
         self, matchers: Mapping[str, str], until_wall_s: float, *, comment: str = ""
     ) -> Silence:
@@ -234,18 +235,19 @@ class AlertTracker:
         self, conditions: Iterable[Condition], now_s: float, now_wall_s: float
     ) -> list[AlertTransition]:
         """Advance every alert by one tick; `conditions` is everything evaluated this tick.
-        New alerts past `max_alerts` are held back (not tracked) and said by one alert."""
+        New alerts past `max_alerts` are held back (not tracked) and said by one alert; a new
+        critical one takes the place of a resolved or less severe one instead."""
         if self._needs_restore:
             self._restore(now_s, now_wall_s)
         given: dict[str, Condition] = {}
         for condition in conditions:
             given.setdefault(condition.fingerprint, condition)  # one per alert: the first wins
-        live = sum(
-            1 for a in self._alerts.values() if a.state != "inactive" and a.rule != LIMIT_RULE
-        )
-        allowed = admitted(list(given.values()), live, self._starts, self.max_alerts)
+        admission = admit(list(given.values()), self._tracked(), self._starts, self.max_alerts)
+        allowed = admission.allowed
         held_back = 0
         out: list[AlertTransition] = []
+        for fp in admission.evicted:
+            out.extend(self._evict(self._alerts[fp], now_s, now_wall_s))
         for condition in given.values():
             if (
                 allowed is not None
@@ -263,6 +265,33 @@ class AlertTracker:
         for fp in [fp for fp in self._alerts if fp not in given]:
             out.extend(self._absent(self._alerts[fp], now_s, now_wall_s))
         return out
+
+    def _tracked(self) -> list[Tracked]:
+        """The alerts that hold a place under `max_alerts` (the limit's own does not)."""
+        return [
+            Tracked(
+                a.fingerprint,
+                a.state,
+                a.labels,
+                (a.resolved_at_s if a.state == "resolved" else a.active_since_s) or 0.0,
+            )
+            for a in self._alerts.values()
+            if a.state != "inactive" and a.rule != LIMIT_RULE
+        ]
+
+    def _evict(self, a: _Alert, now_s: float, now_wall_s: float) -> list[AlertTransition]:
+        """A critical alert takes `a`'s place: `a` leaves the tracker (its condition, still
+        active, is then held back). A firing one is resolved as it goes, saying why, so the
+        receivers that saw it firing see it end."""
+        del self._alerts[a.fingerprint]
+        reason = EVICTED_REASON.format(max_alerts=self.max_alerts)
+        if a.state == "firing":
+            a.annotations = labels_of({**dict(a.annotations), "resolved_reason": reason})
+            return self._resolve(a, now_s, now_wall_s, reason=reason)
+        if a.state == "pending":
+            a.state = "inactive"
+            return [self._transition(a, "pending", None, now_wall_s, reason=reason)]
+        return []  # resolved: its end already went out
 
     def _starts(self, condition: Condition) -> bool:
         """Whether the condition would start an alert (one not pending, firing or resolved)."""
@@ -291,10 +320,10 @@ class AlertTracker:
             condition.reason,
         )
         alert.annotations = condition.annotations
-        return self._step(alert, condition.active, now_s, now_wall_s)
+        return self._step(alert, condition.active, condition.for_s, now_s, now_wall_s)
 
     def _step(
-        self, a: _Alert, active: bool | None, now_s: float, now_wall_s: float
+        self, a: _Alert, active: bool | None, for_s: float, now_s: float, now_wall_s: float
     ) -> list[AlertTransition]:
         if active is True:
             if a.state in ("inactive", "resolved"):
@@ -303,12 +332,12 @@ class AlertTracker:
                 a.resolved_at_s = a.resolved_at_wall_s = None
                 a.incident_id = a.fired_at_wall_s = None
                 a.last_sent_s = a.last_sent_wall_s = None
-                if self._for(a) > 0:
+                if for_s > 0:
                     return [self._transition(a, previous, None, now_wall_s)]
                 return self._fire(a, previous, now_s, now_wall_s)
             if a.state == "pending":
                 assert a.active_since_s is not None
-                if now_s - a.active_since_s >= self._for(a):
+                if now_s - a.active_since_s >= for_s:
                     return self._fire(a, "pending", now_s, now_wall_s)
                 return []
             return self._repeat(a, now_s, now_wall_s)
@@ -389,9 +418,6 @@ class AlertTracker:
         ):
             del self._alerts[a.fingerprint]
         return []
-
-    def _for(self, a: _Alert) -> float:
-        return self._for_s.get(a.rule, 0.0)
 
     def _event(self, a: _Alert, status: str, *, ends_at_wall_s: float | None) -> AlertEvent:
         assert a.incident_id is not None and a.active_since_wall_s is not None

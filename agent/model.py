@@ -6,6 +6,7 @@ import functools
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
@@ -25,13 +26,34 @@ def fingerprint(labels: Labels) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+class Action(StrEnum):
+    """What a rule is configured to do when its alert fires."""
+
+    ALERT = "alert"  # notify only
+    RESTART = "restart"
+    LADDER = "ladder"  # the preemption spike's: promote, restart for a leak, or recommend
+
+
+@dataclass(frozen=True, slots=True)
+class AlertFacts:
+    """What the remediation ladder decides on, as the rule made it (never read back from
+    the annotations, which are text for people)."""
+
+    action: Action = Action.ALERT
+    # The preemption rule's capacity-leak signature (KV usage high while few requests run);
+    # None when the rule could not tell or does not report it.
+    capacity_leak: bool | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Condition:
     """What one rule says about one target at one tick.
 
     `active` is None when the rule cannot tell (a source is down, a guard holds); `reason`
     says why. Unknown is never treated as healthy: an alert that is pending or firing stays
-    so while its condition is unknown.
+    so while its condition is unknown. The rule's own settings travel with it: `for_s` (how
+    long it must hold before its alert fires; 0 fires on the first tick) for the alert
+    tracker, and `facts` for the remediator.
     """
 
     rule: str
@@ -41,6 +63,8 @@ class Condition:
     summary: str
     reason: str | None = None
     annotations: Labels = ()
+    for_s: float = 0.0
+    facts: AlertFacts = AlertFacts()
 
     @property
     def fingerprint(self) -> str:

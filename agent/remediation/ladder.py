@@ -8,9 +8,9 @@
   recommendation naming them instead); a restart with the same flags only for the
   capacity-leak signature; otherwise a recommendation to run the tuner, and no restart.
 
-The ladder decides on the alert's typed facts (`AlertFacts`), read once from the
-condition's annotations: the action the rule is configured with (a rule without one is
-alert-only) and the capacity-leak signature.
+The ladder decides on the alert's typed facts (`AlertFacts`), which the rule puts on its
+condition: the action the rule is configured with (a condition without one is alert-only)
+and the capacity-leak signature.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from kvpilot.agent.remediation.facts import Action, AlertFacts
+from kvpilot.agent.model import Action, AlertFacts
 from kvpilot.collectors.secrets import mask_argv
 from kvpilot.collectors.vllm_argv import canonical_flags
 
@@ -121,6 +121,8 @@ def plan_for(
             (*_light(rule, light_step_enabled), "restart"),
             f"{rule}: action is restart",
         )
+    # The configuration admits no other action; should one come anyway, restarting on it
+    # would be the unsafe guess.
     return LadderPlan(rule, action, (), f"{rule}: unknown action {action!r}, treated as alert only")
 
 

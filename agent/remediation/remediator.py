@@ -27,15 +27,15 @@ import time
 from collections.abc import Callable, Iterable
 from typing import assert_never
 
-from kvpilot.agent.alerts import AlertTransition, new_incident_id
+from kvpilot.agent.alert_values import AlertTransition
+from kvpilot.agent.alerts import new_incident_id
 from kvpilot.agent.config import RemediationConfig
-from kvpilot.agent.model import AlertEvent, Condition
+from kvpilot.agent.model import AlertEvent, AlertFacts, Condition
 from kvpilot.agent.remediation.audit import AuditTrail
 from kvpilot.agent.remediation.breaker_book import BreakerBook
 from kvpilot.agent.remediation.checks import Checks, Preflight
 from kvpilot.agent.remediation.events import Notices, tuning_recommended_event
 from kvpilot.agent.remediation.execute import Executor, Promoted, RestartTarget, find_instance
-from kvpilot.agent.remediation.facts import AlertFacts
 from kvpilot.agent.remediation.guards import CircuitBreaker, Cooldown, RestartBudget
 from kvpilot.agent.remediation.journal import RemediationJournal, restart_began
 from kvpilot.agent.remediation.ladder import BetterConfig, LadderPlan, manual_plan, no_better_config
@@ -188,12 +188,8 @@ class Remediator:
                 continue
             self._book.alert_fired(t.fingerprint, now_s)
             condition = by_fp.get(t.fingerprint)
-            annotations = (
-                condition.annotations
-                if condition is not None
-                else (t.event.annotations if t.event else ())
-            )
-            facts = AlertFacts.from_annotations(annotations)  # once, here, for the ladder
+            # The rule's typed facts; without this tick's condition, nothing to act on.
+            facts = condition.facts if condition is not None else AlertFacts()
             trigger = Trigger(instance, t.rule, t.fingerprint, t.incident_id, t.labels, facts)
             started.append(self.submit(trigger))
         self._book.expire(now_s)

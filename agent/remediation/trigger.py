@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kvpilot.agent.model import Labels
-from kvpilot.agent.remediation.facts import AlertFacts
+from kvpilot.agent.model import AlertFacts, Labels
 from kvpilot.agent.state.decision import Decision
 
 if TYPE_CHECKING:

@@ -10,11 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvpilot.agent.model import Condition, Instance, Labels, labels_of
+from kvpilot.agent.model import Action, AlertFacts, Condition, Instance, Labels, labels_of
 from kvpilot.agent.readings.derive import EngineFigures
 from kvpilot.agent.readings.snapshot import Snapshot
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.kvpool.client import KvBlockSample
+from kvpilot.collectors.secrets import mask_text
 from kvpilot.collectors.vllm_metrics import EngineSample
 from kvpilot.collectors.window import RollingWindow
 
@@ -47,12 +48,15 @@ class Rule(Protocol):
 
 
 def source_error_text(error: SourceError) -> str:
-    """A reason for conditions a failed source leaves unknown."""
-    return f"{error.source} source down ({error.kind}): {error.message}"
+    """A reason for conditions a failed source leaves unknown; masked, since it travels to
+    the API, every receiver and the state database, and a message may name a URL."""
+    return mask_text(f"{error.source} source down ({error.kind}): {error.message}")
 
 
 class ConditionMaker:
-    """Builds one rule's conditions with its alertname, severity, user labels and runbook."""
+    """Builds one rule's conditions with its alertname, severity, user labels and runbook,
+    and the rule's own `for_s` and `action` as typed fields (the tracker and the remediator
+    read those; the `action` annotation is only for people)."""
 
     def __init__(
         self,
@@ -62,9 +66,13 @@ class ConditionMaker:
         severity: str,
         user_labels: Mapping[str, str],
         runbook: str,
+        for_s: float,
+        action: Action,
     ) -> None:
         self.rule = rule
         self.alertname = alertname
+        self.for_s = for_s
+        self.action = action
         self._severity = severity
         self._user_labels = dict(user_labels)
         self._runbook = runbook
@@ -95,12 +103,14 @@ class ConditionMaker:
         description: str,
         reason: str | None = None,
         extra: Mapping[str, str] | None = None,
+        capacity_leak: bool | None = None,
     ) -> Condition:
         """One condition about one target; its labels are remembered for outages."""
         labels = self.labels(ctx, target)
         self._known.setdefault(ctx.instance.name, {})[labels] = None
         annotations = {
             **(extra or {}),
+            "action": self.action.value,
             "summary": summary,
             "description": description,
             "runbook": self._runbook,
@@ -115,6 +125,8 @@ class ConditionMaker:
             summary=summary,
             reason=reason,
             annotations=labels_of(annotations),
+            for_s=self.for_s,
+            facts=AlertFacts(self.action, capacity_leak),
         )
 
     def was_seen(self, ctx: RuleContext, target: Mapping[str, str]) -> bool:
@@ -147,6 +159,8 @@ class ConditionMaker:
                     summary=summary,
                     reason=reason,
                     annotations=annotations,
+                    for_s=self.for_s,
+                    facts=AlertFacts(self.action),
                 )
             ]
         return [
@@ -158,6 +172,8 @@ class ConditionMaker:
                 summary=summary,
                 reason=reason,
                 annotations=annotations,
+                for_s=self.for_s,
+                facts=AlertFacts(self.action),
             )
             for labels in known
         ]

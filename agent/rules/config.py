@@ -323,16 +323,3 @@ class RulesConfig(_Section):
             if name in RESERVED_LABELS:
                 raise ValueError(f"external label {name!r} is set by the rules themselves")
         return labels
-
-    def for_s_by_rule(self) -> dict[str, float]:
-        """Each rule's name (as conditions carry it) and its `for` duration."""
-        return {
-            "fragmentation_kv_blocks": self.fragmentation.kv_blocks.for_s,
-            "fragmentation_allocator": self.fragmentation.allocator.for_s,
-            "preemption_spike": self.preemption_spike.for_s,
-            "server_down": self.server_down.for_s,
-            "kv_saturation": self.kv_saturation.for_s,
-            "engine_stall": self.engine_stall.for_s,
-            "gpu_memory_growth": self.gpu_memory_growth.for_s,
-            "gpu_neighbour_pressure": self.gpu_neighbour_pressure.for_s,
-        }

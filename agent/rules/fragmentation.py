@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from kvpilot.agent.model import Condition
+from kvpilot.agent.model import Action, Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext, fmt_ratio, source_error_text
 from kvpilot.agent.rules.config import FragmentationSourceConfig
 from kvpilot.collectors.errors import SourceError
@@ -43,6 +43,8 @@ class FragmentationRule:
             severity=config.severity,
             user_labels=config.labels,
             runbook=RUNBOOKS[source],
+            for_s=config.for_s,
+            action=Action(config.action),
         )
 
     def evaluate(self, ctx: RuleContext) -> list[Condition]:
@@ -117,7 +119,7 @@ class FragmentationRule:
             value=ratio,
             summary=summary,
             description=description,
-            extra={"action": self.config.action, "threshold": fmt_ratio(threshold)},
+            extra={"threshold": fmt_ratio(threshold)},
         )
 
     def _unknown(
@@ -132,5 +134,4 @@ class FragmentationRule:
             summary=summary,
             description=summary,
             reason=reason,
-            extra={"action": self.config.action},
         )

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kvpilot.agent.model import Condition
+from kvpilot.agent.model import Action, Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext, fmt_bytes, source_error_text
 from kvpilot.agent.rules.config import GpuMemoryGrowthConfig, GpuNeighbourPressureConfig
 from kvpilot.collectors.errors import SourceError
@@ -161,6 +161,8 @@ class GpuMemoryGrowthRule(_NvmlRule):
                 severity=config.severity,
                 user_labels=config.labels,
                 runbook=GROWTH_RUNBOOK,
+                for_s=config.for_s,
+                action=Action(config.action),
             )
         )
         self.config = config
@@ -217,7 +219,6 @@ class GpuMemoryGrowthRule(_NvmlRule):
             value=slope,
             summary=summary,
             description=description,
-            extra={"action": cfg.action},
         )
 
 
@@ -234,6 +235,8 @@ class GpuNeighbourPressureRule(_NvmlRule):
                 severity=config.severity,
                 user_labels=config.labels,
                 runbook=PRESSURE_RUNBOOK,
+                for_s=config.for_s,
+                action=Action(config.action),
             )
         )
         self.config = config
@@ -287,7 +290,6 @@ class GpuNeighbourPressureRule(_NvmlRule):
             value=left_bytes / need_bytes if need_bytes else None,
             summary=summary,
             description=description,
-            extra={"action": cfg.action},
         )
 
 

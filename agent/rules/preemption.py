@@ -5,16 +5,17 @@ vLLM's `vllm:num_preemptions_total` (which lags until the victim produces output
 The short-window rate is the counter's increase over `window_s` divided by `window_s`.
 The baseline is the rate over `baseline_window_s` before the short window; without such
 history (a fresh server, a fresh agent) the floor alone decides. The capacity-leak signature
-(KV usage high while few requests run) is reported in the `capacity_leak` annotation for
-the remediation ladder.
+(KV usage high while few requests run) travels with the condition, typed, to the
+remediation ladder; the `capacity_leak` annotation says it to people.
 """
 
 from __future__ import annotations
 
-from kvpilot.agent.model import Condition
+from kvpilot.agent.model import Action, Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext, source_error_text
 from kvpilot.agent.rules.config import PreemptionSpikeConfig
 from kvpilot.collectors.errors import SourceError
+from kvpilot.collectors.kvpool.client import KvBlockSample
 from kvpilot.collectors.vllm_metrics import EngineSample
 from kvpilot.collectors.window import RollingWindow
 
@@ -28,9 +29,16 @@ RUNBOOK = (
     "max_num_seqs, max_num_batched_tokens) or shed load."
 )
 
+# The preemption counter is read from the kvpool plugin's window when it has one, else vLLM's.
+CounterWindow = RollingWindow[EngineSample] | RollingWindow[KvBlockSample]
+
 
 def baseline_rate(
-    window: RollingWindow, key: tuple[str, str], *, window_s: float, baseline_window_s: float
+    window: CounterWindow,
+    key: tuple[str, str],
+    *,
+    window_s: float,
+    baseline_window_s: float,
 ) -> float | None:
     """The counter's rate over the baseline span, which ends where the short window starts:
     at the first value of the short window, so that the spans share that point."""
@@ -60,6 +68,8 @@ class PreemptionSpikeRule:
             severity=config.severity,
             user_labels=config.labels,
             runbook=RUNBOOK,
+            for_s=config.for_s,
+            action=Action(config.action),
         )
 
     def evaluate(self, ctx: RuleContext) -> list[Condition]:
@@ -70,7 +80,7 @@ class PreemptionSpikeRule:
         self._maker.forget_except(ctx, out)
         return out
 
-    def _counter_window(self, ctx: RuleContext, sample: EngineSample) -> tuple[RollingWindow, str]:
+    def _counter_window(self, ctx: RuleContext, sample: EngineSample) -> tuple[CounterWindow, str]:
         latest = ctx.kvpool_window.latest(sample.key)
         if latest is not None and getattr(latest, "preemptions_total", None) is not None:
             return ctx.kvpool_window, "kvpool"
@@ -86,7 +96,8 @@ class PreemptionSpikeRule:
         # must not turn one preemption into a spike.
         rate = None if increase is None else increase / cfg.window_s
         leak = self._capacity_leak(sample)
-        extra = {"action": cfg.action, "counter": counter, "capacity_leak": leak}
+        # The annotation says it to people; the remediator reads the typed fact.
+        extra = {"counter": counter, "capacity_leak": _leak_text(leak)}
         if rate is None:
             reason = f"fewer than two {counter} preemption counter readings in {cfg.window_s:g} s"
             summary = f"preemption rate unknown on {where}: {reason}"
@@ -99,6 +110,7 @@ class PreemptionSpikeRule:
                 description=summary,
                 reason=reason,
                 extra=extra,
+                capacity_leak=leak,
             )
         baseline = baseline_rate(
             window, sample.key, window_s=cfg.window_s, baseline_window_s=cfg.baseline_window_s
@@ -118,8 +130,8 @@ class PreemptionSpikeRule:
             f"(floor {cfg.floor_per_s:g}/s)"
         )
         description = (
-            f"{summary}; {baseline_text}; counter: {counter}; capacity-leak signature: {leak}; "
-            f"action: {cfg.action}."
+            f"{summary}; {baseline_text}; counter: {counter}; "
+            f"capacity-leak signature: {_leak_text(leak)}; action: {cfg.action}."
         )
         if baseline is not None:
             extra["baseline_per_s"] = f"{baseline:.6g}"
@@ -131,15 +143,19 @@ class PreemptionSpikeRule:
             summary=summary,
             description=description,
             extra=extra,
+            capacity_leak=leak,
         )
 
-    def _capacity_leak(self, sample: EngineSample) -> str:
-        """'true' when KV usage is high while few requests run; 'unknown' without figures."""
+    def _capacity_leak(self, sample: EngineSample) -> bool | None:
+        """Whether KV usage is high while few requests run; None without the figures."""
         usage, running = sample.kv_usage_ratio, sample.requests_running
         if usage is None or running is None:
-            return "unknown"
-        leak = (
+            return None
+        return (
             usage >= self.config.capacity_leak_usage_ratio
             and running <= self.config.capacity_leak_max_running
         )
-        return "true" if leak else "false"
+
+
+def _leak_text(leak: bool | None) -> str:
+    return "unknown" if leak is None else str(leak).lower()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvpilot.agent.model import Condition
+from kvpilot.agent.model import Action, Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext, fmt_ratio, source_error_text
 from kvpilot.agent.rules.config import KvSaturationConfig
 from kvpilot.collectors.errors import SourceError
@@ -29,6 +29,8 @@ class KvSaturationRule:
             severity=config.severity,
             user_labels=config.labels,
             runbook=RUNBOOK,
+            for_s=config.for_s,
+            action=Action(config.action),
         )
 
     def evaluate(self, ctx: RuleContext) -> list[Condition]:
@@ -44,7 +46,6 @@ class KvSaturationRule:
         target = {"model_name": sample.model_name, "engine": sample.engine}
         where = f"engine {sample.engine} of {ctx.instance.name}"
         usage, waiting = sample.kv_usage_ratio, sample.requests_waiting
-        extra = {"action": cfg.action}
         if usage is None or waiting is None:
             missing = "KV cache usage" if usage is None else "the waiting-request gauge"
             reason = f"vLLM did not export {missing}"
@@ -57,7 +58,6 @@ class KvSaturationRule:
                 summary=summary,
                 description=summary,
                 reason=reason,
-                extra=extra,
             )
         active = usage >= cfg.usage_threshold_ratio and waiting >= cfg.min_waiting
         verdict = "saturated" if active else "not saturated"
@@ -77,5 +77,4 @@ class KvSaturationRule:
             value=usage,
             summary=summary,
             description=description,
-            extra=extra,
         )

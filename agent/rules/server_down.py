@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvpilot.agent.model import Condition
+from kvpilot.agent.model import Action, Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext
 from kvpilot.agent.rules.config import ServerDownConfig
 
@@ -28,12 +28,13 @@ class ServerDownRule:
             severity=config.severity,
             user_labels=config.labels,
             runbook=RUNBOOK,
+            for_s=config.for_s,
+            action=Action(config.action),
         )
 
     def evaluate(self, ctx: RuleContext) -> list[Condition]:
         state, why = ctx.instance_state, ctx.instance_state_reason
         where = ctx.instance.name
-        extra = {"action": self.config.action}
         if state is None or state == "unknown":
             reason = f"the runtime cannot tell whether {where} runs" + (f": {why}" if why else "")
             summary = f"server state unknown on {where}"
@@ -46,7 +47,6 @@ class ServerDownRule:
                     summary=summary,
                     description=summary,
                     reason=reason,
-                    extra=extra,
                 )
             ]
         down = state in _DOWN
@@ -59,6 +59,5 @@ class ServerDownRule:
                 value=1.0 if down else 0.0,
                 summary=summary,
                 description=summary,
-                extra=extra,
             )
         ]

@@ -8,7 +8,7 @@ window, shorter than `stall_s`, is unknown: the progress before it was not seen.
 
 from __future__ import annotations
 
-from kvpilot.agent.model import Condition
+from kvpilot.agent.model import Action, Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext, source_error_text
 from kvpilot.agent.rules.config import EngineStallConfig
 from kvpilot.collectors.errors import SourceError
@@ -41,6 +41,8 @@ class EngineStallRule:
             severity=config.severity,
             user_labels=config.labels,
             runbook=RUNBOOK,
+            for_s=config.for_s,
+            action=Action(config.action),
         )
 
     def evaluate(self, ctx: RuleContext) -> list[Condition]:
@@ -55,13 +57,12 @@ class EngineStallRule:
         cfg = self.config
         target = {"model_name": sample.model_name, "engine": sample.engine}
         where = f"engine {sample.engine} of {ctx.instance.name}"
-        extra: dict[str, str] = {"action": cfg.action}
         load = _load(sample)
         if sample.iterations_total is None or load is None:
             missing = "the iteration counter" if load is not None else "the request gauges"
-            return self._unknown(ctx, target, where, f"vLLM did not export {missing}", extra)
+            return self._unknown(ctx, target, where, f"vLLM did not export {missing}")
         if load == 0:
-            return self._judge(ctx, target, where, 0.0, load, extra)
+            return self._judge(ctx, target, where, 0.0, load)
         older_first = ctx.vllm_window.newest_first(sample.key)  # no copy of the window
         newest = ctx.vllm_window.latest(sample.key)
         if newest is not None and newest.taken_at_s == sample.taken_at_s:
@@ -78,8 +79,8 @@ class EngineStallRule:
                 f"no progress in the {stalled_s:g} s observed so far, and none seen before "
                 f"(needs {cfg.stall_s:g} s)"
             )
-            return self._unknown(ctx, target, where, reason, extra)
-        return self._judge(ctx, target, where, stalled_s, load, extra)
+            return self._unknown(ctx, target, where, reason)
+        return self._judge(ctx, target, where, stalled_s, load)
 
     def _judge(
         self,
@@ -88,7 +89,6 @@ class EngineStallRule:
         where: str,
         stalled_s: float,
         load: int,
-        extra: dict[str, str],
     ) -> Condition:
         cfg = self.config
         active = stalled_s >= cfg.stall_s
@@ -106,7 +106,6 @@ class EngineStallRule:
             value=stalled_s,
             summary=summary,
             description=description,
-            extra=extra,
         )
 
     def _unknown(
@@ -115,7 +114,6 @@ class EngineStallRule:
         target: dict[str, str],
         where: str,
         reason: str,
-        extra: dict[str, str],
     ) -> Condition:
         summary = f"engine stall unknown on {where}: {reason}"
         return self._maker.condition(
@@ -126,5 +124,4 @@ class EngineStallRule:
             summary=summary,
             description=summary,
             reason=reason,
-            extra=extra,
         )

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -8,6 +9,7 @@ from kvpilot.agent.alerts import AlertTracker
 from kvpilot.agent.model import Condition, fingerprint, labels_of
 
 WALL = 1_700_000_000.0
+# Each rule's `for_s`, as its conditions carry it.
 FOR_S = {"kv_saturation": 10.0, "instant": 0.0}
 LABELS = labels_of({"alertname": "VllmKvCacheSaturated", "instance": "vllm-0", "role": "stable"})
 
@@ -21,6 +23,7 @@ def cond(active: bool | None, labels=LABELS, rule: str = "kv_saturation") -> Con
         summary="s",
         reason=None if active is not None else "source down",
         annotations=labels_of({"summary": "s"}),
+        for_s=FOR_S[rule],
     )
 
 
@@ -28,7 +31,7 @@ def make(ids=None, **kwargs) -> AlertTracker:
     ids = ids if ids is not None else (f"inc{i}" for i in itertools.count(1))
     defaults = dict(repeat_interval_s=100.0, resolved_retention_s=50.0, gone_grace_s=30.0)
     defaults.update(kwargs)
-    return AlertTracker(FOR_S, new_id=lambda: next(ids), **defaults)
+    return AlertTracker(new_id=lambda: next(ids), **defaults)
 
 
 def step(tracker: AlertTracker, t: float, *conditions: Condition):
@@ -84,6 +87,17 @@ def test_flapping_restarts_the_for_clock_and_makes_new_incidents() -> None:
     [again] = step(tracker, 28.0, cond(True))
     assert again.incident_id == "inc2"
     assert again.event is not None and again.event.dedup_key != fired.event.dedup_key
+
+
+def test_the_for_s_each_condition_carries_decides_and_a_pending_alert_keeps_its_start() -> None:
+    """A reloaded rule's conditions carry its new `for_s`: the pending alert fires once that
+    much has passed since it became active, not since the reload."""
+    tracker = make()
+    longer = dataclasses.replace(cond(True), for_s=60.0)
+    assert [t.to_state for t in step(tracker, 0.0, longer)] == ["pending"]
+    assert step(tracker, 30.0, longer) == []
+    shorter = dataclasses.replace(cond(True), for_s=5.0)
+    assert [t.to_state for t in step(tracker, 31.0, shorter)] == ["firing"]
 
 
 def test_unknown_holds_pending_and_firing() -> None:
@@ -236,7 +250,6 @@ def test_restore_from_rows_behaves_identically(cut: int) -> None:
     shift = 5_000.0
     restored = AlertTracker.from_rows(
         rows,
-        FOR_S,
         repeat_interval_s=100.0,
         resolved_retention_s=50.0,
         gone_grace_s=30.0,

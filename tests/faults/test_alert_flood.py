@@ -34,7 +34,6 @@ def engine(n: int, active: bool | None = True, severity: str = "warning") -> Con
 def tracker(**kwargs: object) -> AlertTracker:
     ids = (f"inc{i}" for i in itertools.count(1))
     return AlertTracker(
-        {"kv_saturation": 0.0},
         new_id=lambda: next(ids),
         resolved_retention_s=50.0,
         **kwargs,  # type: ignore[arg-type]
@@ -100,3 +99,45 @@ def test_an_alert_held_back_leaves_no_record_behind() -> None:
 def test_a_bound_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="max_alerts"):
         tracker(max_alerts=0)
+
+
+def test_a_new_critical_takes_the_place_of_the_oldest_resolved_one() -> None:
+    t = tracker(max_alerts=3)
+    t.update([engine(0), engine(1), engine(2)], 0.0, WALL)
+    t.update([engine(0, False), engine(1), engine(2)], 1.0, WALL + 1)  # 0 resolves first
+    t.update([engine(0, False), engine(1, False), engine(2)], 2.0, WALL + 2)
+    page = engine(9, severity="critical")
+    out = t.update([engine(0, False), engine(1, False), engine(2), page], 3.0, WALL + 3)
+    (fired,) = [tr for tr in out if tr.event is not None]
+    assert fired.fingerprint == page.fingerprint and fired.to_state == "firing"
+    engines = {dict(a.labels)["engine"]: a.state for a in t.alerts() if a.state != "inactive"}
+    assert engines == {"1": "resolved", "2": "firing", "9": "firing"}  # resolved 0 gave way
+    assert LIMITED not in by_name(t)  # nothing is held back
+
+
+def test_a_new_critical_takes_the_place_of_a_live_warning_whose_end_goes_out() -> None:
+    """Before: the page waited behind the warnings (up to 15 minutes), and so did its restart."""
+    t = tracker(max_alerts=2)
+    t.update([engine(0, severity="info"), engine(1)], 0.0, WALL)
+    page = engine(9, severity="critical")
+    out = t.update([engine(0, severity="info"), engine(1), page], 1.0, WALL + 1)
+    events = {(dict(tr.labels).get("engine"), tr.event.status) for tr in out if tr.event}
+    # The info alert gives way (the lowest severity): its end goes out, saying why.
+    assert ("9", "firing") in events and ("0", "resolved") in events
+    (ended,) = [tr for tr in out if dict(tr.labels).get("engine") == "0"]
+    assert ended.reason is not None and "critical alert needed the place" in ended.reason
+    assert ended.event is not None
+    assert "evicted" in dict(ended.event.annotations)["resolved_reason"]
+    engines = {dict(a.labels).get("engine"): a.state for a in t.alerts()}
+    assert engines == {"1": "firing", "9": "firing", None: "firing"}  # None: the limit's own
+    (limit,) = [a for a in t.alerts() if dict(a.labels)["alertname"] == LIMITED]
+    assert limit.value == 1  # the info alert, still active, is now held back
+
+
+def test_a_live_critical_keeps_its_place_and_a_warning_waits() -> None:
+    t = tracker(max_alerts=1)
+    first = engine(0, severity="critical")
+    t.update([first], 0.0, WALL)
+    out = t.update([first, engine(1, severity="critical"), engine(2)], 1.0, WALL + 1)
+    assert [tr for tr in out if tr.event and dict(tr.labels)["alertname"] != LIMITED] == []
+    assert {dict(a.labels).get("engine") for a in t.alerts()} == {"0", None}

@@ -26,9 +26,8 @@ from typing import Protocol
 
 from kvpilot.agent.alerts import new_incident_id
 from kvpilot.agent.config.remediation import OomConfig
-from kvpilot.agent.model import AlertEvent, Instance, fingerprint, labels_of
+from kvpilot.agent.model import Action, AlertEvent, Instance, fingerprint, labels_of
 from kvpilot.agent.remediation.events import resolved
-from kvpilot.agent.remediation.facts import Action
 from kvpilot.agent.remediation.ladder import LadderPlan
 from kvpilot.agent.remediation.oom.cgroup import OomKillCount, own_events_file, read_oom_kills
 from kvpilot.agent.remediation.oom.step import NoStep, plan_step

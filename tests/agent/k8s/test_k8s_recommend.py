@@ -19,8 +19,8 @@ from kvpilot.agent.app.exposition import build_registry
 from kvpilot.agent.app.http import build_app
 from kvpilot.agent.app.ports import ControlPorts
 from kvpilot.agent.config import AgentConfig
+from kvpilot.agent.model import Action, AlertFacts
 from kvpilot.agent.remediation import Remediator, Trigger
-from kvpilot.agent.remediation.facts import Action, AlertFacts
 from kvpilot.agent.runtimes.kubernetes.recommend import EVENT_REASON
 from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime
 from kvpilot.agent.state import StateStore

@@ -9,7 +9,7 @@ from typing import Any
 
 from kvpilot.agent.alerts import AlertTracker, AlertTransition
 from kvpilot.agent.config import RemediationConfig
-from kvpilot.agent.model import Condition, Instance, labels_of
+from kvpilot.agent.model import Action, AlertFacts, Condition, Instance, labels_of
 from kvpilot.agent.remediation import (
     LightStepResult,
     MemoryCheck,
@@ -129,11 +129,12 @@ def condition(
     active: bool | None = True,
     action: str = "restart",
     role: str = "stable",
-    capacity_leak: str | None = None,
+    capacity_leak: bool | None = None,
+    action_note: str | None = None,
 ) -> Condition:
-    notes = {"action": action, "summary": f"{rule} on {instance}"}
-    if capacity_leak is not None:
-        notes["capacity_leak"] = capacity_leak
+    """A rule's condition: the typed facts the remediator reads, and the annotation text for
+    people (`action_note`, the action's own name unless told otherwise)."""
+    notes = {"action": action_note or action, "summary": f"{rule} on {instance}"}
     return Condition(
         rule=rule,
         labels=labels_of(
@@ -144,6 +145,7 @@ def condition(
         summary=f"{rule} on {instance}",
         reason=None if active is not None else "source down",
         annotations=labels_of(notes),
+        facts=AlertFacts(Action(action), capacity_leak),
     )
 
 
@@ -178,7 +180,7 @@ class Harness:
         )
         self.journal = journal if journal is not None else MemoryJournal()
         self.config = config or remediation_config(preflight={"enabled": preflight is not None})
-        self.tracker = AlertTracker({}, new_id=self._ids())
+        self.tracker = AlertTracker(new_id=self._ids())
         self.remediator = Remediator(
             self.runtime,
             self.journal,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from kvpilot.agent.model import Action, AlertFacts
 from kvpilot.agent.remediation import Remediator, Trigger
-from kvpilot.agent.remediation.facts import Action, AlertFacts
 from kvpilot.agent.remediation.journal import RemediationJournal, restart_began, unfinished
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.decision import Decision

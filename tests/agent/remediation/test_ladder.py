@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-from kvpilot.agent.model import labels_of
+import pytest
+
+from kvpilot.agent.model import Action, AlertFacts
 from kvpilot.agent.remediation import plan_for
-from kvpilot.agent.remediation.facts import Action, AlertFacts
 from kvpilot.agent.remediation.ladder import manual_plan
 
 
-def notes(**values: str) -> AlertFacts:
-    """The facts of an alert whose rule wrote these annotations."""
-    return AlertFacts.from_annotations(labels_of(values))
+def notes(action: str | None = None, capacity_leak: bool | None = None) -> AlertFacts:
+    """The typed facts a rule configured with `action` puts on its condition."""
+    return AlertFacts(Action(action) if action else Action.ALERT, capacity_leak)
 
 
-def test_facts_are_read_once_from_the_annotations_the_rules_write() -> None:
-    assert notes() == AlertFacts(Action.ALERT, None)
-    assert notes(action="ladder", capacity_leak="true", summary="x") == AlertFacts(
-        Action.LADDER, True
-    )
-    assert notes(action="restart", capacity_leak="false") == AlertFacts(Action.RESTART, False)
-    assert notes(action="ladder", capacity_leak="unknown").capacity_leak is None
-    assert notes(action="reboot").action == "reboot"  # unknown: kept for the audit, alert only
-    assert not isinstance(notes(action="reboot").action, Action)
+def test_facts_without_an_action_are_alert_only_and_unknown_actions_are_not_facts() -> None:
+    assert AlertFacts() == AlertFacts(Action.ALERT, None)
+    # The configuration admits only these; no annotation text becomes an action.
+    assert {a.value for a in Action} == {"alert", "restart", "ladder"}
+    with pytest.raises(ValueError):
+        Action("reboot")
 
 
 def test_the_ladder_decides_on_typed_facts() -> None:
@@ -75,7 +73,7 @@ def test_preemption_ladder_promotes_a_better_configuration() -> None:
 
     plan = plan_for(
         "preemption_spike",
-        notes(action="ladder", capacity_leak="true"),
+        notes(action="ladder", capacity_leak=True),
         "vllm-0",
         light_step_enabled=False,
         better_config=better,
@@ -88,12 +86,12 @@ def test_preemption_ladder_promotes_a_better_configuration() -> None:
 def test_preemption_ladder_restarts_only_for_the_capacity_leak() -> None:
     leak = plan_for(
         "preemption_spike",
-        notes(action="ladder", capacity_leak="true"),
+        notes(action="ladder", capacity_leak=True),
         "i",
         light_step_enabled=False,
     )
     assert leak.steps == ("restart",) and leak.argv is None
-    for signature in ("false", "unknown"):
+    for signature in (False, None):
         plan = plan_for(
             "preemption_spike",
             notes(action="ladder", capacity_leak=signature),
@@ -107,7 +105,7 @@ def test_preemption_ladder_restarts_only_for_the_capacity_leak() -> None:
 def test_preemption_action_restart_is_literal() -> None:
     plan = plan_for(
         "preemption_spike",
-        notes(action="restart", capacity_leak="false"),
+        notes(action="restart", capacity_leak=False),
         "i",
         light_step_enabled=False,
     )
@@ -115,8 +113,12 @@ def test_preemption_action_restart_is_literal() -> None:
 
 
 def test_no_or_unknown_action_is_alert_only() -> None:
-    assert plan_for("engine_stall", notes(), "i", light_step_enabled=True).steps == ()
-    unknown = plan_for("engine_stall", notes(action="reboot"), "i", light_step_enabled=True)
+    plan = plan_for("engine_stall", notes(), "i", light_step_enabled=True)
+    assert plan.steps == () and plan.action == "alert"
+    assert plan.reason == "engine_stall: action is alert (notify only)"
+    # Not one the configuration admits, were one to come anyway: never a restart.
+    reboot = AlertFacts("reboot")  # type: ignore[arg-type]
+    unknown = plan_for("engine_stall", reboot, "i", light_step_enabled=True)
     assert unknown.steps == () and unknown.action == "reboot"
     assert unknown.reason == "engine_stall: unknown action 'reboot', treated as alert only"
 

@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from kvpilot.agent.config.remediation import OomConfig
-from kvpilot.agent.model import Instance
+from kvpilot.agent.model import Action, AlertFacts, Instance
 from kvpilot.agent.remediation import MemoryCheck, Remediator, Trigger
-from kvpilot.agent.remediation.facts import Action, AlertFacts
 from kvpilot.agent.remediation.oom.guard import SERVER_OOM_ALERT, OomGuard
 from kvpilot.agent.remediation.oom.startup import start_guarded
 from kvpilot.agent.remediation.trigger import RemediationOutcome

@@ -13,7 +13,6 @@ from kvpilot.agent.remediation import (
     Trigger,
     WatchWindows,
 )
-from kvpilot.agent.remediation.facts import AlertFacts
 from kvpilot.agent.runtimes.base import NotReady
 from kvpilot.agent.state.decision import Decision
 from tests.fakes.remediation_journal import MemoryJournal
@@ -107,6 +106,23 @@ def test_alert_only_rule_is_not_restarted_and_is_audited() -> None:
         assert outcome.decision == "alert_only"
         assert h.runtime.entered == 0
         assert h.decisions() == [Decision.ALERT_ONLY]
+
+    run(main)
+
+
+def test_the_action_comes_from_the_rules_typed_fact_not_the_annotation_text() -> None:
+    """The `action` annotation is for people: whatever its text says, the remediator acts on
+    the action the rule put on its condition."""
+
+    async def main() -> None:
+        h = Harness(FAST, windows=FAST_WATCH)
+        quiet = condition("fragmentation_kv_blocks", action="alert", action_note="restart")
+        (task,) = h.tick(quiet)
+        assert (await task).decision == "alert_only"
+        assert h.runtime.entered == 0
+        h.tick(condition("fragmentation_kv_blocks", active=False))
+        await restart_and_clear(h, action="restart", action_note="notify only")
+        assert len(h.runtime.restarts) == 1
 
     run(main)
 
@@ -481,7 +497,7 @@ def test_preemption_ladder_branches() -> None:
         rule = "preemption_spike"
         better = ["python", "-m", "vllm.entrypoints.openai.api_server", "--max-num-seqs", "4"]
         promoted = Harness(FAST, windows=FAST_WATCH, better_config=lambda name: better)
-        (task,) = promoted.tick(condition(rule, action="ladder", capacity_leak="false"))
+        (task,) = promoted.tick(condition(rule, action="ladder", capacity_leak=False))
         await until(lambda: promoted.runtime.restarts != [], "promotion")
         promoted.tick(condition(rule, action="ladder", active=False))
         assert (await task).decision == "succeeded"
@@ -489,14 +505,14 @@ def test_preemption_ladder_branches() -> None:
         assert promoted.journal.records[1].action == "promote"
 
         leak = Harness(FAST, windows=FAST_WATCH)
-        (task,) = leak.tick(condition(rule, action="ladder", capacity_leak="true"))
+        (task,) = leak.tick(condition(rule, action="ladder", capacity_leak=True))
         await until(lambda: leak.runtime.restarts != [], "same-flags restart")
         leak.tick(condition(rule, action="ladder", active=False))
         assert (await task).decision == "succeeded"
         assert leak.runtime.restarts[0][1] is None
 
         advice = Harness(FAST, windows=FAST_WATCH)
-        (task,) = advice.tick(condition(rule, action="ladder", capacity_leak="false"))
+        (task,) = advice.tick(condition(rule, action="ladder", capacity_leak=False))
         outcome = await task
         assert outcome.decision == "recommended" and advice.runtime.entered == 0
         (event,) = advice.remediator.take_events()
@@ -504,7 +520,7 @@ def test_preemption_ladder_branches() -> None:
             dict(event.labels)["alertname"] == TUNING_RECOMMENDED_ALERT and event.status == "firing"
         )
         assert "recommended" in advice.decisions("recommend_tuning")
-        advice.tick(condition(rule, action="ladder", capacity_leak="false", active=False))
+        advice.tick(condition(rule, action="ladder", capacity_leak=False, active=False))
         (ended,) = advice.remediator.take_events()
         assert ended.status == "resolved" and ended.fingerprint == event.fingerprint
 
@@ -541,7 +557,7 @@ def test_reconcile_after_a_crash_mid_restart_does_not_restart_the_incident_again
             condition().fingerprint,
             "inc-1",
             condition().labels,
-            AlertFacts.from_annotations(condition().annotations),
+            condition().facts,
         )
         again = await second.remediate(trigger)
         assert again.decision == "skipped" and "already restarted" in again.reason
@@ -576,7 +592,7 @@ def test_reconcile_of_a_planned_record_allows_a_restart_later() -> None:
             condition().fingerprint,
             "inc-9",
             condition().labels,
-            AlertFacts.from_annotations(condition().annotations),
+            condition().facts,
         )
         task = asyncio.ensure_future(h.remediator.remediate(trigger))
         await until(lambda: h.runtime.restarts != [], "restart")
@@ -615,7 +631,7 @@ def test_the_sqlite_store_is_a_journal_and_reconcile_works_across_processes(tmp_
             condition().fingerprint,
             record.incident_id,
             condition().labels,
-            AlertFacts.from_annotations(condition().annotations),
+            condition().facts,
         )
         assert (await second.remediate(trigger)).decision == "skipped"
         audit = reopened.audit_records()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from kvpilot.agent.model import Action, AlertFacts
 from kvpilot.agent.remediation import Trigger
-from kvpilot.agent.remediation.facts import Action, AlertFacts
 from kvpilot.agent.remediation.ladder import manual_plan, no_better_config
 from kvpilot.agent.remediation.triage import Advice, AlertOnly, Declined, Proceed, triage
 from kvpilot.agent.state.decision import Decision

@@ -42,7 +42,6 @@ def test_defaults_build_every_rule_and_disabled_ones_are_left_out() -> None:
     ]
     cfg = RulesConfig.model_validate({"engine_stall": {"enabled": False}})
     assert "engine_stall" not in [r.name for r in build_rules(cfg)]
-    assert set(RulesConfig().for_s_by_rule()) == set(names)
 
 
 def test_every_rule_sees_the_same_context_and_a_broken_rule_is_unknown() -> None:

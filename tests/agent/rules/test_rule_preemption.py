@@ -88,10 +88,13 @@ def test_plugin_counter_wins_over_the_lagging_vllm_counter() -> None:
 def test_capacity_leak_signature_is_reported() -> None:
     spike = [0.0] + [float(i) for i in range(1, 12)]
     leak = only(run(Driver(rule()), spike, kv_usage_ratio=0.97, requests_running=1))
-    assert annotation(leak, "capacity_leak") == "true"
+    assert leak.facts.capacity_leak is True  # what the remediation ladder reads
+    assert annotation(leak, "capacity_leak") == "true"  # what people read
     busy = only(run(Driver(rule()), spike, kv_usage_ratio=0.97, requests_running=40))
+    assert busy.facts.capacity_leak is False
     assert annotation(busy, "capacity_leak") == "false"
     unknown = only(run(Driver(rule()), spike))
+    assert unknown.facts.capacity_leak is None
     assert annotation(unknown, "capacity_leak") == "unknown"
 
 

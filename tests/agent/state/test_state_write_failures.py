@@ -87,7 +87,7 @@ def _active() -> Condition:
 
 
 def test_a_rolled_back_update_is_decided_and_sent_again() -> None:
-    tracker = AlertTracker({"instant": 0.0}, repeat_interval_s=3600.0)
+    tracker = AlertTracker(repeat_interval_s=3600.0)
     before = tracker.checkpoint()
     fired = tracker.update([_active()], 10.0, 1010.0)
     assert [t.event.status for t in fired if t.event] == ["firing"]
