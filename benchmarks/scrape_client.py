@@ -5,6 +5,8 @@ child process, so only the client's CPU is counted (``time.process_time`` of thi
 Each round times N GETs with each client, in alternating order; the table gives the median
 over rounds and the ratio httpx / scrape client. The httpx side does what the agent's read did
 before the scrape client: one prepared request, sent streamed, the body read chunk by chunk.
+The line `scrape, gzip` is the scrape client on the same body sent gzip-compressed unasked
+(a server that ignores `Accept-Encoding: identity`), inflated within the body cap.
 
     .venv/bin/python benchmarks/scrape_client.py [--gets 300] [--rounds 5]
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import multiprocessing as mp
 import statistics
 import time
@@ -27,17 +30,21 @@ from kvpilot.collectors.scrape_client import ScrapeClient
 PAYLOAD = (
     Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vllm" / "v0_32_under_load.prom"
 ).read_bytes()
+GZIPPED = gzip.compress(PAYLOAD)
 
 
 class _Recorded(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn serves vLLM
 
     def do_GET(self) -> None:
+        body = GZIPPED if self.path.endswith(".gz") else PAYLOAD
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-        self.send_header("Content-Length", str(len(PAYLOAD)))
+        if body is GZIPPED:
+            self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(PAYLOAD)
+        self.wfile.write(body)
 
     def log_message(self, *args: object) -> None:
         pass
@@ -84,12 +91,15 @@ def main() -> None:
     server.start()
     try:
         url = f"http://127.0.0.1:{ports.get(timeout=10)}/metrics"
-        runs: dict[str, list[float]] = {"httpx": [], "scrape client": []}
+        runs: dict[str, list[float]] = {"httpx": [], "scrape client": [], "scrape, gzip": []}
         for round_ in range(args.rounds):
-            order = ["httpx", "scrape client"][:: 1 if round_ % 2 == 0 else -1]
+            order = list(runs)[:: 1 if round_ % 2 == 0 else -1]
             for name in order:
-                measure = _httpx_cpu_s if name == "httpx" else _scrape_client_cpu_s
-                runs[name].append(asyncio.run(measure(url, args.gets)))
+                if name == "httpx":
+                    runs[name].append(asyncio.run(_httpx_cpu_s(url, args.gets)))
+                else:
+                    where = url + ".gz" if name == "scrape, gzip" else url
+                    runs[name].append(asyncio.run(_scrape_client_cpu_s(where, args.gets)))
     finally:
         server.terminate()
         server.join(5)

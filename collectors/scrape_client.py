@@ -11,7 +11,13 @@ per origin, the request line and headers built once per URL.
   drips its body a byte at a time cannot hold a tick past it.
 - The body is read as it arrives and the read stops as soon as it passes the cap; a declared
   length past the cap is refused before any of the body is read. Bodies are asked for
-  uncompressed (``Accept-Encoding: identity``), so no compressed bomb expands past the cap.
+  uncompressed (``Accept-Encoding: identity``); a server that compresses all the same has its
+  gzip or deflate undone within the same cap (`collectors.content_coding`).
+- What a hostile server sends costs bounded CPU: the head is capped, a body in tiny chunks is
+  refused once its pieces prove too small to be worth their parsing, and a charset is taken
+  only from the few an exposition can be in (some codecs, punycode, cost seconds on 200 KB).
+- A URL's user-info is sent as Basic auth (an explicit Authorization header wins) and never
+  shown: every message names the URL with its secrets masked.
 - A connection is put back for the next GET only after a complete exchange both sides agreed
   to keep alive; any failure, timeout or cancellation closes it. A kept connection the server
   closed while idle is replaced once, transparently, when it fails before any answer.
@@ -22,15 +28,18 @@ per origin, the request line and headers built once per URL.
 from __future__ import annotations
 
 import asyncio
+import base64
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import h11
 
+from kvpilot.collectors.content_coding import EncodingError, InflatedTooLarge, inflater_for
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.limits import Body, ScrapeLimits
+from kvpilot.collectors.secrets import mask_url
 
 READ_SIZE = 256 * 1024
 # The largest status line and headers accepted: a server cannot make the client buffer
@@ -38,6 +47,20 @@ READ_SIZE = 256 * 1024
 MAX_HEAD_BYTES = 100 * 1024
 IDLE_PER_ORIGIN = 4  # a source scrapes once a tick; more than one idle is a rare overlap
 USER_AGENT = "kvpilot"
+# A body in pieces (chunks or reads) this small on average, past this many pieces, is refused:
+# h11 spends about 6 us on each piece, so 1-byte chunks would cost a second per 170 KB.
+MANY_PIECES = 4096
+MIN_AVERAGE_PIECE_BYTES = 64
+# Charsets an exposition may declare; any other is read as UTF-8, the format's own.
+_CHARSETS = {
+    "utf-8": "utf-8",
+    "utf8": "utf-8",
+    "us-ascii": "ascii",
+    "ascii": "ascii",
+    "iso-8859-1": "latin-1",
+    "latin-1": "latin-1",
+    "latin1": "latin-1",
+}
 
 
 class _Refused(Exception):
@@ -99,6 +122,7 @@ class ScrapeClient:
         """GET `url` within `limits` (the deadline and the body cap); never raises but on
         cancellation."""
         deadline = limits.timeout_s
+        shown = mask_url(url)  # what messages say: the URL without its secrets
         try:
             target = self._target(url, headers)
             async with asyncio.timeout(deadline):  # the whole exchange, not each read
@@ -107,22 +131,24 @@ class ScrapeClient:
             return SourceError(
                 source,
                 "timeout",
-                f"{url}: no complete answer within {deadline:g} s (the whole "
+                f"{shown}: no complete answer within {deadline:g} s (the whole "
                 "response: connection, headers and body)",
             )
-        except _TooLarge as e:
+        except (_TooLarge, InflatedTooLarge) as e:
             return SourceError(
                 source,
                 "too_large",
-                f"{url}: the body is larger than the {limits.body_size_limit_bytes} byte "
+                f"{shown}: the body is larger than the {limits.body_size_limit_bytes} byte "
                 f"limit ({e.seen})",
             )
+        except EncodingError as e:
+            return SourceError(source, "error", f"{shown}: {e}")
         except _Refused as e:
-            return SourceError(source, "refused", f"cannot connect to {url}: {e}")
+            return SourceError(source, "refused", f"cannot connect to {shown}: {e}")
         except (h11.ProtocolError, OSError, ValueError, EOFError) as e:
-            return SourceError(source, "error", f"{url}: {type(e).__name__}: {e}")
+            return SourceError(source, "error", f"{shown}: {type(e).__name__}: {e}")
         except Exception as e:  # a read must never take the agent down; reported, not hidden
-            return SourceError(source, "error", f"{url}: unexpected {type(e).__name__}: {e}")
+            return SourceError(source, "error", f"{shown}: unexpected {type(e).__name__}: {e}")
 
     async def aclose(self) -> None:
         """Close every idle connection; the client stays usable."""
@@ -169,15 +195,33 @@ class ScrapeClient:
         declared = _header(response, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > cap:
             raise _TooLarge(f"it declares {int(declared)} bytes")
+        encoding = _header(response, b"content-encoding")
+        inflater = inflater_for(None if encoding is None else encoding.decode("latin-1"), cap)
         body = bytearray()
+        sent = pieces = 0  # bytes as sent (before inflating), and the pieces they came in
         while True:
             event = await _next(connection, reused=False)
             if isinstance(event, h11.Data):
-                body += event.data
-                if len(body) > cap:  # stop here: the rest is never read
-                    raise _TooLarge(f"{len(body)} bytes read so far")
+                sent += len(event.data)
+                pieces += 1
+                if sent > cap:  # stop here: the rest is never read
+                    raise _TooLarge(f"{sent} bytes read so far")
+                if pieces > MANY_PIECES and sent < pieces * MIN_AVERAGE_PIECE_BYTES:
+                    raise h11.RemoteProtocolError(
+                        f"the body comes in {pieces} pieces of {sent // pieces} bytes on "
+                        "average; refused, as parsing so many pieces costs more than the body"
+                    )
+                if inflater is None:
+                    body += event.data
+                    continue
+                body += inflater.feed(event.data)
+                while inflater.more:  # the loop runs between slices: no inflate holds it long
+                    await asyncio.sleep(0)
+                    body += inflater.feed(b"")
             elif isinstance(event, h11.EndOfMessage):
                 break
+        if inflater is not None:
+            body += inflater.finish()
         connection.used = True
         self._put_back(target.origin, connection)
         content_type = (_header(response, b"content-type") or b"").decode("latin-1")
@@ -272,6 +316,9 @@ def _build_target(url: str, headers: Mapping[str, str]) -> _Target:
         **headers,
         "Accept-Encoding": "identity",
     }
+    if parts.username is not None and not any(k.lower() == "authorization" for k in headers):
+        credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+        sent["Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode("ascii")
     try:
         request = h11.Request(method="GET", target=path, headers=list(sent.items()))
     except h11.LocalProtocolError:
@@ -296,8 +343,7 @@ def _charset(content_type: str) -> str | None:
 
 
 def _decode(body: bytearray, charset: str | None) -> str:
-    """The body as text (an exposition is UTF-8); undecodable bytes become U+FFFD."""
-    try:
-        return body.decode(charset or "utf-8", errors="replace")
-    except LookupError:  # a charset Python does not know
-        return body.decode("utf-8", errors="replace")
+    """The body as text (an exposition is UTF-8); undecodable bytes become U+FFFD. Only a
+    charset of `_CHARSETS` is taken from the server: each costs linear time."""
+    codec = _CHARSETS.get((charset or "").lower(), "utf-8")
+    return body.decode(codec, errors="replace")

@@ -10,14 +10,15 @@ the deadline, the size cap or the sample limit is a ``timeout``, ``too_large`` o
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 
+from kvpilot.collectors import json_body
 from kvpilot.collectors.errors import ErrorKind, SourceError
 from kvpilot.collectors.limits import ScrapeLimits
 from kvpilot.collectors.promtext import MetricsParseError, SampleLimitError
 from kvpilot.collectors.scrape_client import ScrapeClient
+from kvpilot.collectors.secrets import mask_url
 from kvpilot.collectors.vllm_parse import EngineKey, EngineSample, VllmScrape, parse_vllm_metrics
 
 __all__ = [
@@ -51,6 +52,7 @@ class VllmMetricsSource:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._base_url = base_url.rstrip("/")
+        self._shown_url = mask_url(self.metrics_url)  # what messages say: no secrets in it
         self._client = client
         self._limits = limits or ScrapeLimits()
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -84,19 +86,19 @@ class VllmMetricsSource:
             )
         except SampleLimitError as e:
             self._version_known = False
-            return self._error("too_many_samples", f"{self.metrics_url}: {e} (the sample limit)")
+            return self._error("too_many_samples", f"{self._shown_url}: {e} (the sample limit)")
         except MetricsParseError as e:
             self._version_known = False
-            return self._error("parse_error", f"{self.metrics_url} does not parse: {e}")
+            return self._error("parse_error", f"{self._shown_url} does not parse: {e}")
         except ArithmeticError as e:  # a number no check foresaw must not stop the tick
             self._version_known = False
             return self._error(
-                "parse_error", f"{self.metrics_url}: a value out of range: {type(e).__name__}"
+                "parse_error", f"{self._shown_url}: a value out of range: {type(e).__name__}"
             )
         if not engines:
             return self._error(
                 "stats_disabled",
-                f"{self.metrics_url} exports no vllm: metrics; the server was probably "
+                f"{self._shown_url} exports no vllm: metrics; the server was probably "
                 "started with --disable-log-stats, so KV usage, queues and latencies are unknown",
             )
         left_s = deadline - loop.time()
@@ -111,8 +113,10 @@ class VllmMetricsSource:
 
     async def _fetch_metrics(self) -> str | SourceError:
         """The body of ``/metrics``, or why there is none."""
-        url = self.metrics_url
-        got = await self._client.get(url, source=SOURCE, limits=self._limits, headers=self._headers)
+        url = self._shown_url
+        got = await self._client.get(
+            self.metrics_url, source=SOURCE, limits=self._limits, headers=self._headers
+        )
         if isinstance(got, SourceError):
             return got
         body = got.text
@@ -147,9 +151,10 @@ class VllmMetricsSource:
         if isinstance(got, SourceError) or got.status_code != 200:
             return
         try:
-            version = json.loads(got.text).get("version")
-        except (ValueError, AttributeError):
+            answer = json_body.loads(got.text)
+        except json_body.JsonBodyError:
             return
+        version = answer.get("version") if isinstance(answer, dict) else None
         if isinstance(version, str):
             self._version = version
 

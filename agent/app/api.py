@@ -31,13 +31,13 @@ from kvpilot.agent.app.control_token import ControlToken, control_token
 from kvpilot.agent.app.json_render import JsonResponse, error_response
 from kvpilot.agent.app.ports import ControlPorts
 from kvpilot.agent.app.request_body import BodyLimits, RequestRejected, read_json
-from kvpilot.agent.config import AgentConfig, LocalRuntimeConfig
+from kvpilot.agent.config import AgentConfig, secret_values
 from kvpilot.agent.runtimes import Runtime
 from kvpilot.agent.runtimes.kubernetes.values import RecommendsFlags
 from kvpilot.agent.runtimes.offloop import in_daemon_thread
 from kvpilot.agent.tuning.workload.as_json import workload_json
 from kvpilot.agent.tuning.workload.window import WorkloadWindow
-from kvpilot.collectors.secrets import mask_argv, mask_text, mask_url
+from kvpilot.collectors.secrets import mask, mask_argv, mask_text, mask_url
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +107,7 @@ def _plain(value: Any) -> Any:
 
 
 def _configured_argv(config: AgentConfig) -> dict[str, tuple[str, ...]]:
-    if not isinstance(config.runtime, LocalRuntimeConfig):
-        return {}
-    return {i.name: tuple(i.argv) for i in config.runtime.instances}
+    return {i.name: tuple(i.argv) for i in config.runtime.started_instances}
 
 
 def _runtime_status(
@@ -179,6 +177,11 @@ def api_routes(
     control = control_token(token)
     background: set[asyncio.Task[Any]] = set()
 
+    def shown(value: Any) -> Any:
+        """A failed source's message may name its URL, and these reads need no token: every
+        text masked (the configuration's secrets, as reloaded, and whatever reads as one)."""
+        return mask(_plain(value), secret_values(ports.config))
+
     def protected(handler: Handler) -> Handler:
         async def guarded(request: Request) -> JsonResponse:
             # Before anything else, the body included: an unauthenticated caller gets nothing
@@ -226,16 +229,16 @@ def api_routes(
             "runtime": ports.runtime.kind,
             "targets": targets,
             "ticks_total": ports.status.ticks_total,
-            "alerts": _plain(ports.alerts.alerts()),
-            "remediation": _plain(ports.remediation.status()),
-            "last_actions": _plain(ports.status.last_actions(10)),
+            "alerts": shown(ports.alerts.alerts()),
+            "remediation": shown(ports.remediation.status()),
+            "last_actions": shown(ports.status.last_actions(10)),
             "outbox_backlog": ports.status.outbox_backlog(),
             "recommendations": recommendations,
         }
         return JsonResponse(body)
 
     async def alerts(_: Request) -> JsonResponse:
-        return JsonResponse({"alerts": _plain(ports.alerts.alerts())})
+        return JsonResponse({"alerts": shown(ports.alerts.alerts())})
 
     async def workload(_: Request) -> JsonResponse:
         """The workload learned from the stable server beside the configured one."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import urlsplit
 
 import typer
 from pydantic import BaseModel
@@ -21,6 +20,7 @@ from kvpilot.agent.config import (
     config_warnings,
 )
 from kvpilot.agent.config.extras import missing_extras, needed_extras
+from kvpilot.collectors.secrets import mask_url
 from kvpilot.collectors.vllm_argv import launch_form
 
 
@@ -28,17 +28,6 @@ def json_schema() -> dict[str, Any]:
     """The JSON schema of the configuration file, for editors (yaml-language-server)."""
     schema = AgentConfig.model_json_schema()
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
-
-
-def masked_url(url: str, *, secret: bool = False) -> str:
-    """The URL without credentials or query (a secret URL shows only its host)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host += f":{parts.port}"
-    if secret:
-        return f"{parts.scheme}://{host}/***"
-    return f"{parts.scheme}://{host}{parts.path}" + ("?***" if parts.query else "")
 
 
 def enabled_rules(rules: BaseModel, prefix: str = "") -> list[str]:
@@ -59,9 +48,9 @@ def enabled_rules(rules: BaseModel, prefix: str = "") -> list[str]:
 
 def _notifier_line(notifier: NotifierConfig) -> str:
     if isinstance(notifier, SlackNotifierConfig):
-        target = masked_url(notifier.url.get_secret_value(), secret=True)
+        target = mask_url(notifier.url.get_secret_value(), path_is_secret=True)
     else:
-        target = masked_url(notifier.url)
+        target = mask_url(notifier.url)
     extras = []
     if getattr(notifier, "hmac_secret", None) is not None:
         extras.append("hmac signed")
@@ -83,19 +72,19 @@ def summary(config: AgentConfig) -> list[str]:
         for inst in runtime.instances:
             kvpool = f", kvpool :{inst.kvpool_port}" if inst.kvpool_port else ""
             form = launch_form(inst.argv)
-            lines.append(f"  {inst.name} ({inst.role}) {inst.url}, {form} form{kvpool}")
+            lines.append(f"  {inst.name} ({inst.role}) {mask_url(inst.url)}, {form} form{kvpool}")
     elif isinstance(runtime, AttachRuntimeConfig):
         lines.append(f"runtime: attach (watch only), {len(runtime.servers)} server(s)")
-        lines.extend(f"  {s.name} ({s.role}) {s.url}" for s in runtime.servers)
+        lines.extend(f"  {s.name} ({s.role}) {mask_url(s.url)}" for s in runtime.servers)
     elif isinstance(runtime, PodRuntimeConfig):
         k8s = runtime.kubernetes
         where = f"{k8s.namespace or '(the pod namespace)'}/{k8s.deployment}"
         lines.append(
-            f"runtime: pod, {runtime.name} at {runtime.url}, Deployment {where}, "
+            f"runtime: pod, {runtime.name} at {mask_url(runtime.url)}, Deployment {where}, "
             f"promote {k8s.promote}, restart by {k8s.restart}"
         )
     else:
-        lines.append(f"runtime: process, {runtime.name} at {runtime.url}")
+        lines.append(f"runtime: process, {runtime.name} at {mask_url(runtime.url)}")
     lines.append(f"api key for vLLM: {'set' if runtime.api_key else 'none'}")
     rules = enabled_rules(config.rules)
     lines.append(f"rules enabled ({len(rules)}): {', '.join(rules) or 'none'}")

@@ -18,13 +18,15 @@ _COLUMNS = (
 
 
 def event_to_json(event: AlertEvent) -> str:
+    """The event as stored, and so as every receiver gets it: each label and annotation
+    masked (a failed source's reason may name a URL with its password)."""
     return json.dumps(
         {
             "fingerprint": event.fingerprint,
             "incident_id": event.incident_id,
             "status": event.status,
-            "labels": [list(pair) for pair in event.labels],
-            "annotations": [list(pair) for pair in event.annotations],
+            "labels": [[name, mask_text(value)] for name, value in event.labels],
+            "annotations": [[name, mask_text(value)] for name, value in event.annotations],
             "starts_at_wall_s": event.starts_at_wall_s,
             "ends_at_wall_s": event.ends_at_wall_s,
             "generator_url": event.generator_url,
@@ -72,7 +74,11 @@ def _chunks(ids: Sequence[int]) -> list[Sequence[int]]:
 
 
 class SqliteOutbox:
-    """Implements `Outbox` on the `outbox` table; same thread contract as `Database`."""
+    """Implements `Outbox` on the `outbox` table; same thread contract as `Database`.
+
+    Rows are ordered by their id, the order they were enqueued in (AUTOINCREMENT never reuses
+    one): a firing event goes before its resolved one even when the wall clock stepped back
+    between the two. `created_wall_s` is kept for people and for an item's age."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -93,11 +99,15 @@ class SqliteOutbox:
             )
             return int(cursor.lastrowid or 0)
 
-    def due(self, now_wall_s: float, limit: int = 100) -> list[OutboxItem]:
+    def due(
+        self, now_wall_s: float, limit: int = 100, *, notifier: str | None = None
+    ) -> list[OutboxItem]:
+        mine = "" if notifier is None else "AND notifier = ? "
+        only = () if notifier is None else (notifier,)
         rows = self._db.read(
-            f"SELECT {_COLUMNS} FROM outbox WHERE state = 'pending' "  # noqa: S608 (constant)
-            "AND next_attempt_wall_s <= ? ORDER BY created_wall_s, id LIMIT ?",
-            (now_wall_s, limit),
+            f"SELECT {_COLUMNS} FROM outbox WHERE state = 'pending' "  # noqa: S608 (constants)
+            f"AND next_attempt_wall_s <= ? {mine}ORDER BY id LIMIT ?",
+            (now_wall_s, *only, limit),
         )
         return [_item(row) for row in rows]
 
@@ -150,7 +160,7 @@ class SqliteOutbox:
     def pending_of(self, notifier: str) -> list[OutboxItem]:
         rows = self._db.read(
             f"SELECT {_COLUMNS} FROM outbox WHERE state = 'pending' "  # noqa: S608 (constant)
-            "AND notifier = ? ORDER BY created_wall_s, id",
+            "AND notifier = ? ORDER BY id",
             (notifier,),
         )
         return [_item(row) for row in rows]
@@ -162,6 +172,6 @@ class SqliteOutbox:
         """Every pending row, due or not, oldest first (for `kvpilot status`)."""
         rows = self._db.read(
             f"SELECT {_COLUMNS} FROM outbox WHERE state = 'pending' "  # noqa: S608 (constant)
-            "ORDER BY created_wall_s, id"
+            "ORDER BY id"
         )
         return [_item(row) for row in rows]

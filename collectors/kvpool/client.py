@@ -24,6 +24,7 @@ from kvpilot.collectors.promtext import (
     parse_samples,
 )
 from kvpilot.collectors.scrape_client import ScrapeClient
+from kvpilot.collectors.secrets import mask_url
 
 PREFIX = "kvpool_"
 
@@ -309,6 +310,7 @@ class KvPoolSource:
         name: str = "kvpool",
     ) -> None:
         self.url = url
+        self._shown_url = mask_url(url)  # what messages say: no secrets in it
         self.name = name
         self._client = client
         self._clock = clock
@@ -322,18 +324,18 @@ class KvPoolSource:
         if isinstance(got, SourceError):
             return got
         if got.status_code != 200:
-            return SourceError(self.name, "http_status", f"{self.url}: {got.status_code}")
+            return SourceError(self.name, "http_status", f"{self._shown_url}: {got.status_code}")
         try:
             samples = parse_samples(
                 got.text, prefixes=(PREFIX,), sample_limit=self._limits.sample_limit
             )
         except SampleLimitError as exc:
-            return SourceError(self.name, "too_many_samples", f"{self.url}: {exc}")
+            return SourceError(self.name, "too_many_samples", f"{self._shown_url}: {exc}")
         except MetricsParseError as exc:
-            return SourceError(self.name, "parse_error", f"{self.url}: {exc}")
+            return SourceError(self.name, "parse_error", f"{self._shown_url}: {exc}")
         if not samples:
-            return SourceError(self.name, "not_metrics", f"{self.url}: no kvpool_ samples")
+            return SourceError(self.name, "not_metrics", f"{self._shown_url}: no kvpool_ samples")
         try:
             return samples_to_scrape(samples, taken_at_s=taken_at_s, wall_time_s=wall_time_s)
         except Exception as exc:  # a reading bug must not take the tick down; reported
-            return SourceError(self.name, "error", f"{self.url}: {exc!r}")
+            return SourceError(self.name, "error", f"{self._shown_url}: {exc!r}")
