@@ -18,6 +18,7 @@ import httpx
 
 from kvpilot.collectors.kvpool.ports import PORT_ENV as KVPOOL_PORT_ENV
 from kvpilot.collectors.procfs import live_group_members
+from kvpilot.rig.amx_hook import with_amx_hook
 
 TINY_MODEL_DIR = Path(__file__).resolve().parent / "models" / "tiny-llama"
 TINY_MODEL_VOCAB_SIZE = 1024
@@ -116,7 +117,8 @@ def build_argv(spec: ServerSpec, python: str = sys.executable) -> list[str]:
 
 
 def build_env(spec: ServerSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: offline, the plugin's port, the plugin allow-list."""
+    """The server's environment: offline, the plugin's port, the plugin allow-list, the AMX
+    hook on PYTHONPATH."""
     env = dict(os.environ if base is None else base)
     env["HF_HUB_OFFLINE"] = "1"
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
@@ -128,6 +130,7 @@ def build_env(spec: ServerSpec, base: Mapping[str, str] | None = None) -> dict[s
         # An allow-list of every other general plugin keeps only ours out.
         env["VLLM_PLUGINS"] = ",".join(_other_general_plugins()) or "none"
     env.update(dict(spec.extra_env))
+    env["PYTHONPATH"] = with_amx_hook(env.get("PYTHONPATH"))
     return env
 
 

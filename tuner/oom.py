@@ -9,7 +9,10 @@ blocks", "To serve at least one request ...". A too-big server is stepped down; 
 one never is.
 
 The evidence is read from the exit and the log; where it says nothing about memory the
-answer is `NotOom` with the reason, never a guess.
+answer is `NotOom` with the reason, never a guess. Only the engine's own error lines count
+(`engine_error`): the log also carries what clients sent (a logged prompt, a request's chat
+template raising its own text), and a line that merely quotes an out-of-memory message must
+never step a server's memory down.
 """
 
 from __future__ import annotations
@@ -93,6 +96,21 @@ _TOO_SMALL = (
 )
 _UNITS = {"GiB": GIB, "MiB": MIB, "KiB": 1 << 10, "B": 1}
 _MAX_LINE_CHARS = 500
+# vLLM prefixes what each of its processes writes with "(EngineCore_DP0 pid=7) "; a logger
+# record then reads "ERROR 12-01 18:55:30 [core.py:1510] message", a traceback's stderr
+# comes bare.
+_ORIGIN = re.compile(
+    r"(?:\((?P<process>[\w.-]+) pid=\d+\) )?"
+    r"(?:(?P<level>[A-Z]+) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] )?"
+    r"(?P<message>.*)"
+)
+# The exceptions vLLM and torch raise for memory (a template's error, say, is none of them).
+_EXCEPTION = re.compile(r"(?:ValueError|RuntimeError|(?:torch\.(?:cuda\.)?)?OutOfMemoryError): ")
+_ERROR_LEVELS = frozenset({"ERROR", "CRITICAL"})
+# The processes that take requests ("APIServer", "ApiServer_1"): their errors may quote what a
+# client sent. Memory errors are raised in the engine core and its workers, which never log a
+# request's text.
+_REQUEST_PROCESS = "apiserver"
 
 
 def classify_exit(facts: ExitFacts) -> OomVerdict | NotOom:
@@ -134,9 +152,25 @@ def oom_killed(facts: ExitFacts) -> OomVerdict | None:
     )
 
 
+def engine_error(line: str) -> str | None:
+    """The exception (`ValueError: ...`) that `line` reports as the engine's own error, or
+    None: a record below ERROR (a logged request), a line of the process that takes requests,
+    or any line whose message is not an exception's."""
+    origin = _ORIGIN.fullmatch(line.strip())
+    if origin is None:
+        return None
+    process, level, message = origin.group("process", "level", "message")
+    if level is not None and level not in _ERROR_LEVELS:
+        return None
+    if process is not None and process.lower().startswith(_REQUEST_PROCESS):
+        return None
+    return message if _EXCEPTION.match(message) else None
+
+
 def classify_log(text: str) -> OomVerdict | None:
-    """The memory error vLLM's log names, most specific first; None when it names none."""
-    lines = text.splitlines()
+    """The memory error the engine's own error lines name, most specific first; None when
+    they name none."""
+    lines = [error for line in text.splitlines() if (error := engine_error(line)) is not None]
     for line in lines:
         match = _CPU_KV.search(line)
         if match:

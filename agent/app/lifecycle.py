@@ -1,9 +1,11 @@
 """The agent process: ticks on a schedule, serves /metrics and /healthz, stops on a signal.
 
 The listen address is bound before anything starts, so a taken port is one clear error and
-nothing claims to be listening. Shutdown is a path: SIGTERM and SIGINT only set an event; the
-scheduler stops taking new ticks, the running tick gets a bounded time to finish, then the
-HTTP server closes. SIGHUP reloads the configuration where the caller can (else it says so).
+nothing claims to be listening. The ticks run on the monotonic clock (`TickLoop`); APScheduler
+only runs the jobs the caller adds (the nightly tuning run). Shutdown is a path: SIGTERM and
+SIGINT only set an event; no new tick starts, the running tick gets a bounded time to finish,
+then the HTTP server closes. SIGHUP reloads the configuration where the caller can (else it
+says so).
 """
 
 from __future__ import annotations
@@ -14,15 +16,14 @@ import errno
 import logging
 import signal
 import socket
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC
 
 import uvicorn
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from starlette.applications import Starlette
 
+from kvpilot.agent.app.tick_loop import TickLoop
 from kvpilot.agent.config.agent import DEFAULT_PORT
 from kvpilot.agent.tick.overruns import TickOverruns
 
@@ -37,7 +38,13 @@ SIGHUP_WHILE_STARTING = (
 
 
 class ListenError(Exception):
-    """The listen address cannot be bound (taken, not this machine's, not allowed)."""
+    """The listen address cannot be bound (taken, not this machine's, not allowed); `host`
+    and `port` say which address, so that the caller can name the setting that holds it."""
+
+    def __init__(self, message: str, host: str, port: int) -> None:
+        super().__init__(message)
+        self.host = host
+        self.port = port
 
 
 _BIND_ERRORS = {
@@ -53,7 +60,7 @@ def bind_listener(host: str, port: int) -> socket.socket:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         raise ListenError(
-            f"cannot listen on {host}:{port}: unknown host ({exc.strerror})"
+            f"cannot listen on {host}:{port}: unknown host ({exc.strerror})", host, port
         ) from None
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
@@ -64,7 +71,7 @@ def bind_listener(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         why = _BIND_ERRORS.get(exc.errno or 0, exc.strerror or str(exc))
-        raise ListenError(f"cannot listen on {host}:{port}: {why}") from None
+        raise ListenError(f"cannot listen on {host}:{port}: {why}", host, port) from None
     return sock
 
 
@@ -122,46 +129,15 @@ async def serve_and_tick(
         _Server(uvicorn.Config(each, log_level="warning", access_log=False, lifespan="off"))
         for each, _ in listeners
     ]
-    current: set[asyncio.Task[None]] = set()
-
-    async def run_tick() -> None:
-        started_s = time.monotonic()
-        try:
-            await tick()
-        except Exception:
-            # A tick that dies is logged loudly; the next one runs on schedule.
-            log.exception("tick failed")
-        finally:
-            if overruns is not None:
-                overruns.record(time.monotonic() - started_s)
-
-    async def tick_job() -> None:
-        # The job only starts the tick, in a task of its own, and returns at once: a tick
-        # that overruns its interval (a slow server under load) never leaves a job instance
-        # running, so APScheduler has no run to skip and no warning to log each second.
-        # The overrun is counted by `TickOverruns`; the tick due meanwhile waits for the next.
-        if current:
-            return
-        task = loop.create_task(run_tick(), name="tick")
-        current.add(task)
-        task.add_done_callback(current.discard)
-
+    ticks = TickLoop(tick, settings.interval_s, overruns)
     scheduler = AsyncIOScheduler(event_loop=loop)
-    scheduler.add_job(
-        tick_job,
-        "interval",
-        seconds=settings.interval_s,
-        max_instances=1,
-        coalesce=True,
-        next_run_time=_now(),
-        misfire_grace_time=None,
-    )
     if add_jobs is not None:
         add_jobs(scheduler)
     serving = [
-        asyncio.create_task(server.serve(sockets=[bound]))
+        asyncio.create_task(server.serve(sockets=[bound]), name="the HTTP server")
         for server, (_, bound) in zip(servers, listeners, strict=True)
     ]
+    ticking = asyncio.create_task(ticks.run(stop), name="the tick loop")
     scheduler.start()
     log.info(
         "kvpilot agent listening on %s, ticking every %.1f s",
@@ -170,20 +146,24 @@ async def serve_and_tick(
     )
     try:
         stopped = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait({stopped, *serving}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            {stopped, ticking, *serving}, return_when=asyncio.FIRST_COMPLETED
+        )
         stopped.cancel()
         for failed in done - {stopped}:
             if not stop.is_set():
-                failed.result()  # the HTTP server failed: raise it
-                raise RuntimeError("the HTTP server stopped on its own")
+                failed.result()  # the HTTP server or the tick loop failed: raise it
+                raise RuntimeError(f"{failed.get_name()} stopped on its own")
     finally:
         log.info("stopping: no new ticks")
+        ticking.cancel()
         scheduler.shutdown(wait=False)
-        if current:
+        running = ticks.running
+        if running is not None:
             log.info(
                 "stopping: waiting up to %.0f s for the running tick", settings.shutdown_grace_s
             )
-            _, pending = await asyncio.wait(current, timeout=settings.shutdown_grace_s)
+            _, pending = await asyncio.wait({running}, timeout=settings.shutdown_grace_s)
             for task in pending:
                 log.warning("stopping: tick did not finish in time, cancelling it")
                 task.cancel()
@@ -248,9 +228,3 @@ class _Reloads:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-
-
-def _now():
-    from datetime import datetime
-
-    return datetime.now(UTC)

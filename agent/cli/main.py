@@ -36,6 +36,7 @@ from kvpilot.collectors.nvml import NvmlCollector
 from kvpilot.collectors.scrape_client import ScrapeClient
 
 if TYPE_CHECKING:
+    from kvpilot.agent.app.lifecycle import ListenError
     from kvpilot.agent.config import AgentConfig
 
 app = typer.Typer(
@@ -248,16 +249,23 @@ def _run_sidecar(path: Path | None, data: dict[str, object] | None = None) -> No
         try:
             asyncio.run(run_sidecar(config, config_sha256=sha256, reload_config=reload_config))
         except ListenError as exc:
-            where = (
-                f"listen.host and listen.port in {path} (or KVPILOT_LISTEN__PORT)"
-                if path is not None
-                else "--listen HOST:PORT"
-            )
+            where = _listen_setting(exc, config, path)
             print(f"kvpilot: {exc}; choose another with {where}", file=sys.stderr)
             raise typer.Exit(1) from None
         except StartFailed as exc:
             print(exc.explain(), file=sys.stderr)
             raise typer.Exit(1) from None
+
+
+def _listen_setting(exc: ListenError, config: AgentConfig, path: Path | None) -> str:
+    """The setting that holds the address that could not be bound: `api.listen` when the
+    control API has a listener of its own there, else `listen`."""
+    api = config.api.listen
+    if api is not None and (api.host, api.port) == (exc.host, exc.port):
+        return f"api.listen in {path} (or KVPILOT_API__LISTEN=HOST:PORT)"
+    if path is not None:
+        return f"listen.host and listen.port in {path} (or KVPILOT_LISTEN__PORT)"
+    return "--listen HOST:PORT"
 
 
 @contextlib.contextmanager
@@ -409,7 +417,7 @@ def rig_load(
     api_key: ApiKey = None,
 ) -> None:
     """Send token-id completions and print client-side latency quantiles."""
-    from kvpilot.tuner.loadgen import LengthDist, Workload, percentile, run_load
+    from kvpilot.tuner.load.generator import LengthDist, Workload, percentile, run_load
 
     if concurrency is None and rate is None:
         concurrency = 8

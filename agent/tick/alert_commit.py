@@ -9,8 +9,8 @@ import logging
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 
-from kvpilot.agent.alert_values import AlertView, Silence
-from kvpilot.agent.alerts import AlertTracker, AlertTransition
+from kvpilot.agent.alert_values import AlertTransition, AlertView, Silence
+from kvpilot.agent.alerts import AlertTracker
 from kvpilot.agent.config import AgentConfig, NotifierConfig
 from kvpilot.agent.model import AlertEvent, Condition
 from kvpilot.agent.rules.config import RulesConfig
@@ -43,15 +43,15 @@ class AlertCommit:
         self.tracker = self._restore_tracker(config)
         self._pages = RemediationPages.restore(self.tracker.alerts())
         self._unsaved_events: list[AlertEvent] = []  # pages of a tick whose commit failed
-        # When each notifier last got each firing alert: kept while the alert fires, so
-        # bounded by the tracker's live alerts times the notifiers.
-        self._last_repeat_wall_s: dict[tuple[str, str], float] = {}
+        # When each notifier last got each firing alert, on the monotonic clock (a step of
+        # the wall clock back must not hold a re-push: Alertmanager would resolve the alert):
+        # kept while the alert fires, so bounded by the tracker's live alerts times notifiers.
+        self._last_repeat_s: dict[tuple[str, str], float] = {}
 
     def _restore_tracker(self, config: AgentConfig) -> AlertTracker:
         api = config.api_listen()
         return AlertTracker.from_rows(
             self._store.load_alerts(),
-            config.rules.for_s_by_rule(),
             silences=self._store.load_silences(self._wall_clock()),
             repeat_interval_s=_repeat_s(config.notifiers),
             generator_url=f"http://{api.host}:{api.port}/api/v1/alerts",
@@ -93,9 +93,9 @@ class AlertCommit:
         self.tracker.repeat_interval_s = _repeat_s(configs)
 
     def use_rules(self, rules: RulesConfig) -> None:
-        """A reloaded configuration's rules: their hold times and the labels that leave."""
+        """A reloaded configuration's labels that leave (the rules' hold times come on
+        their conditions)."""
         self._external_labels = rules.external_labels
-        self.tracker.use_for_s(rules.for_s_by_rule())
 
     def advance(
         self,
@@ -130,13 +130,13 @@ class AlertCommit:
         try:
             with self._store.transaction():
                 for transition in transitions:
-                    self._record(transition, now_wall_s, sent)
+                    self._record(transition, now_s, now_wall_s, sent)
                 self._store.save_alerts(self.tracker.to_rows())
         except sqlite3.Error as exc:
             self.write_failures.failed(exc, "the alert changes of a tick", now_s)
             return False
         self.write_failures.succeeded(now_s)
-        self._last_repeat_wall_s.update(sent)
+        self._last_repeat_s.update(sent)
         self._forget_marks(transitions)
         for transition in transitions:
             _log_transition(transition)
@@ -144,17 +144,21 @@ class AlertCommit:
 
     def repeat_marks(self) -> int:
         """How many (notifier, alert) repeat marks are held."""
-        return len(self._last_repeat_wall_s)
+        return len(self._last_repeat_s)
 
     def _forget_marks(self, transitions: Sequence[AlertTransition]) -> None:
         """An alert that stopped firing starts its next firing afresh: its marks go."""
         ended = {t.fingerprint for t in transitions if t.to_state in ("resolved", "inactive")}
         if ended:
-            marks = self._last_repeat_wall_s
-            self._last_repeat_wall_s = {k: v for k, v in marks.items() if k[1] not in ended}
+            marks = self._last_repeat_s
+            self._last_repeat_s = {k: v for k, v in marks.items() if k[1] not in ended}
 
     def _record(
-        self, transition: AlertTransition, now_wall_s: float, sent: dict[tuple[str, str], float]
+        self,
+        transition: AlertTransition,
+        now_s: float,
+        now_wall_s: float,
+        sent: dict[tuple[str, str], float],
     ) -> None:
         labels = dict(transition.labels)
         if _audited(transition):
@@ -169,35 +173,35 @@ class AlertCommit:
                 details={"fingerprint": transition.fingerprint, "labels": labels},
             )
         if transition.event is not None and not transition.silenced:
-            self._enqueue_all(transition.event, now_wall_s, sent, repeat=transition.repeat)
+            self._enqueue_all(transition.event, now_s, now_wall_s, sent, repeat=transition.repeat)
 
     def _enqueue_all(
         self,
         event: AlertEvent,
+        now_s: float,
         now_wall_s: float,
         sent: dict[tuple[str, str], float],
         *,
         repeat: bool,
     ) -> None:
         """Outbox rows for the notifiers that want `event`; `sent` collects the repeat marks
-        that hold once the transaction commits. What leaves carries the replica's labels."""
+        (monotonic) that hold once the transaction commits. What leaves carries the replica's
+        labels; the rows keep the wall time, for people."""
         leaving = outgoing(event, self._external_labels)
         for name, cfg in self._notifiers.items():
-            if not self._wants(cfg, event, now_wall_s, repeat=repeat):
+            if not self._wants(cfg, event, now_s, repeat=repeat):
                 continue
             self._store.outbox.enqueue(name, leaving, now_wall_s)
-            sent[(name, event.fingerprint)] = now_wall_s
+            sent[(name, event.fingerprint)] = now_s
 
-    def _wants(
-        self, cfg: NotifierConfig, event: AlertEvent, now_wall_s: float, *, repeat: bool
-    ) -> bool:
+    def _wants(self, cfg: NotifierConfig, event: AlertEvent, now_s: float, *, repeat: bool) -> bool:
         if event.status == "resolved":
             return cfg.send_resolved
         if not repeat:
             return True
         # The tracker repeats at the shortest interval; each notifier keeps its own.
-        last = self._last_repeat_wall_s.get((cfg.name, event.fingerprint))
-        return last is None or now_wall_s - last >= cfg.repeat_interval_s
+        last = self._last_repeat_s.get((cfg.name, event.fingerprint))
+        return last is None or now_s - last >= cfg.repeat_interval_s
 
 
 def _repeat_s(notifiers: Sequence[NotifierConfig]) -> float:

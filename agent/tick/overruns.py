@@ -13,7 +13,7 @@ OVERRUN_LOG_EVERY_S = 60.0
 
 class TickOverruns:
     """Ticks that took longer than the interval: counted, and said at most once a minute
-    (the lifecycle filters APScheduler's own warning for each skipped run)."""
+    (the tick loop skips the starts due meanwhile; none piles up)."""
 
     def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.interval_s = interval_s

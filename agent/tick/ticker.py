@@ -69,6 +69,11 @@ class Ticker:
         self._failing: set[str] = set()
         self._refusing: set[tuple[str, str, str]] = set()  # (source, field, reason)
 
+    def use_taker(self, taker: SnapshotTaker) -> None:
+        """Read the server at new addresses from the next tick on; the windows and counts
+        stay (a restarted server's counters reset, which the rates handle)."""
+        self._taker = taker
+
     async def tick(self, nvml: NvmlReading) -> Snapshot:
         snapshot = await self._taker.take(nvml)
         if isinstance(snapshot.vllm, VllmScrape):

@@ -10,6 +10,7 @@ of them needs the loop that fills it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 import time
 from collections.abc import Callable, Sequence
@@ -22,12 +23,14 @@ from kvpilot.agent.tasks import GuardedTasks
 from kvpilot.agent.tick.calibration import model_config_of
 from kvpilot.agent.tick.ticker import Ticker
 from kvpilot.agent.tick.views import ServerView
-from kvpilot.agent.tick.wiring import CollectSettings, build_ticker, scrape_limits
+from kvpilot.agent.tick.wiring import CollectSettings, build_taker, build_ticker, scrape_limits
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import NvmlSnapshot
 from kvpilot.collectors.nvml import NvmlCollector
 from kvpilot.collectors.scrape_client import ScrapeClient
 from kvpilot.collectors.vllm_metrics import VllmScrape
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,9 @@ class WatchedServers:
         self._tickers: dict[str, Ticker] = {}
         self._clients: dict[str, ScrapeClient] = {}
         self._instances: dict[str, Instance] = {}
+        # The (vLLM, kvpool) addresses each ticker reads: the runtime may learn them late
+        # (a pod's IP once scheduled, a kvpool port once the engine serves it).
+        self._addresses: dict[str, tuple[str, str | None]] = {}
         self._latest_nvml: NvmlSnapshot | SourceError | None = None
 
     async def observe(self, instances: Sequence[Instance], tasks: GuardedTasks) -> list[Observed]:
@@ -75,28 +81,38 @@ class WatchedServers:
         for name in set(self._tickers) - names:
             del self._tickers[name]
             self._instances.pop(name, None)
+            self._addresses.pop(name, None)
             client = self._clients.pop(name, None)
             if client is not None:
                 tasks.spawn(client.aclose(), f"close-client-{name}")
 
     def _ticker(self, instance: Instance) -> Ticker:
+        """The server's ticker, reading the addresses the runtime lists this tick."""
+        addresses = (instance.url, instance.kvpool_url)
         ticker = self._tickers.get(instance.name)
         if ticker is None:
-            api_key = self._config.runtime.api_key
-            settings = CollectSettings(
-                vllm_url=instance.url,
-                kvpool_url=instance.kvpool_url,
-                api_key=api_key.get_secret_value() if api_key else None,
-                limits=scrape_limits(self._config),
-                model_config=instance.model_config or model_config_of(instance.argv),
-            )
             # A client per server: one pool's connection scan grows with every server
             # watched, and that cost is paid on every request of every server.
             client = ScrapeClient(ssl_context=self._tls)
             self._clients[instance.name] = client
-            ticker = build_ticker(settings, client)
+            ticker = build_ticker(self._settings(instance), client)
             self._tickers[instance.name] = ticker
+        elif self._addresses.get(instance.name) != addresses:
+            log.info("server %s: its addresses changed; reading the new ones", instance.name)
+            client = self._clients[instance.name]
+            ticker.use_taker(build_taker(self._settings(instance), client))
+        self._addresses[instance.name] = addresses
         return ticker
+
+    def _settings(self, instance: Instance) -> CollectSettings:
+        api_key = self._config.runtime.api_key
+        return CollectSettings(
+            vllm_url=instance.url,
+            kvpool_url=instance.kvpool_url,
+            api_key=api_key.get_secret_value() if api_key else None,
+            limits=scrape_limits(self._config),
+            model_config=instance.model_config or model_config_of(instance.argv),
+        )
 
     async def aclose(self) -> None:
         for client in self._clients.values():

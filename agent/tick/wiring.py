@@ -38,12 +38,8 @@ def scrape_limits(config: AgentConfig) -> ScrapeLimits:
     )
 
 
-def build_ticker(
-    settings: CollectSettings,
-    client: ScrapeClient,
-) -> Ticker:
-    """Sources and windows for one vLLM target; the caller owns (and closes) the client and
-    reads NVML once per tick for every target (`read_nvml`)."""
+def build_taker(settings: CollectSettings, client: ScrapeClient) -> SnapshotTaker:
+    """The sources of one vLLM target, at the addresses `settings` gives."""
     vllm = VllmMetricsSource(
         settings.vllm_url, client=client, limits=settings.limits, api_key=settings.api_key
     )
@@ -52,9 +48,17 @@ def build_ticker(
         if settings.kvpool_url
         else None
     )
-    taker = SnapshotTaker(vllm=vllm, kvpool=kvpool)
+    return SnapshotTaker(vllm=vllm, kvpool=kvpool)
+
+
+def build_ticker(
+    settings: CollectSettings,
+    client: ScrapeClient,
+) -> Ticker:
+    """Sources and windows for one vLLM target; the caller owns (and closes) the client and
+    reads NVML once per tick for every target (`read_nvml`)."""
     return Ticker(
-        taker,
+        build_taker(settings, client),
         rate_span_s=settings.rate_span_s,
         quantile_span_s=settings.quantile_span_s,
         planner=PlannerCheck(settings.model_config) if settings.model_config else None,

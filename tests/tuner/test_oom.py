@@ -136,3 +136,39 @@ def test_the_recorded_cpu_start_up_log_is_too_big() -> None:
     assert isinstance(verdict, OomVerdict) and verdict.direction is OomDirection.TOO_BIG
     assert verdict.available_bytes is not None and verdict.requested_bytes is not None
     assert verdict.requested_bytes > verdict.available_bytes
+
+
+# What clients send reaches the log too: vLLM's request log (`--enable-log-requests`) and the
+# API server's error for a request whose chat template raises its own text.
+QUOTED = [
+    "(APIServer pid=311) INFO 12-01 18:55:30 [logger.py:40] Received request cmpl-7: prompt: "
+    f"{CUDA!r}, params: SamplingParams(n=1, max_tokens=16), prompt_token_ids: None",
+    f"(APIServer pid=311) INFO 12-01 18:55:30 [logger.py:40] Received request cmpl-8: prompt: "
+    f"{CPU_EXPLICIT!r}, params: SamplingParams(n=1, max_tokens=16)",
+    "(APIServer pid=311) ERROR 12-01 18:55:31 [serving_chat.py:230] jinja2.exceptions."
+    "TemplateError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+    "capacity of 79.15 GiB of which 512.00 MiB is free.",
+    "(ApiServer_1 pid=312) ERROR 12-01 18:55:31 [serving_engine.py:540] " + GPU_UTIL,
+    "(EngineCore_DP0 pid=9) WARNING 12-01 18:55:31 [core.py:88] a prompt said: " + NO_MEMORY,
+]
+
+
+@pytest.mark.parametrize("line", QUOTED)
+def test_a_line_that_quotes_an_out_of_memory_message_is_not_evidence(line: str) -> None:
+    """Before: any line holding the text counted, so a request quoting it made the next
+    unrelated exit step the KV budget down, persistently."""
+    verdict = classify_exit(_log(line))
+    assert isinstance(verdict, NotOom), verdict
+    assert verdict.reason == "no out-of-memory line in the log"
+
+
+def test_the_engines_own_error_record_counts_beside_a_quoted_prompt() -> None:
+    quoted = QUOTED[0]
+    own = (
+        "(EngineCore_DP0 pid=9) ERROR 12-01 18:55:32 [core.py:1510] torch.OutOfMemoryError: "
+        "CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of 79.15 "
+        "GiB of which 64.00 MiB is free."
+    )
+    verdict = classify_exit(_log(quoted, own))
+    assert isinstance(verdict, OomVerdict) and verdict.direction is OomDirection.TOO_BIG
+    assert (verdict.requested_bytes, verdict.available_bytes) == (GIB, 64 * MIB)

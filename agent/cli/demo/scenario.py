@@ -8,12 +8,14 @@ budget (or a `--max-num-seqs`) the burst fits in; the same burst again finds it 
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
 
+from kvpilot.rig.amx_hook import with_amx_hook
 from kvpilot.rig.server import ServerSpec, build_argv
-from kvpilot.tuner.loadgen import LengthDist, Workload
+from kvpilot.tuner.load.generator import LengthDist, Workload
 
 STABLE = "demo"
 BLOCK_TOKENS = 32
@@ -124,7 +126,12 @@ def demo_config(
         "name": STABLE,
         "role": "stable",
         "argv": stable_argv(server_port),
-        "env": {"HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
+        "env": {
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            # The rig's AMX hook, as for every server the rig starts (rig/amx_hook.py).
+            "PYTHONPATH": with_amx_hook(os.environ.get("PYTHONPATH")),
+        },
         "kvpool_port": kvpool_port,
     }
     tuning: dict[str, Any] = {
