@@ -1,5 +1,5 @@
 """Capacity at the SLO of a few configurations on the real CPU vLLM, and the memory-priced
-choice among them (`tuner/capacity.py` says how a capacity is found).
+choice among them (`tuner/measure/capacity.py` says how a capacity is found).
 
 Each configuration (a KV budget in 32-token blocks and a max_num_seqs) gets one server, pinned
 to `--server-cpus`, and a ladder of open-loop windows of Poisson arrivals (`--window-s` each,
@@ -21,9 +21,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvpilot.rig.server import ServerSpec, VllmServer, free_port
-from kvpilot.tuner.capacity import Capacity, capacity_at_slo
-from kvpilot.tuner.loadgen import LengthDist, LoadReport, Workload, percentile, run_load
-from kvpilot.tuner.objective import Slo
+from kvpilot.tuner.load.generator import LengthDist, LoadReport, Workload, percentile, run_load
+from kvpilot.tuner.measure.capacity import Capacity, capacity_at_slo
+from kvpilot.tuner.problem.objective import Slo
 
 BLOCK_BYTES = 32 * 1024  # the tiny model's KV bytes per 32-token block
 WORKLOAD = Workload(

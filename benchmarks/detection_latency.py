@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from kvpilot.collectors.promtext import parse_samples  # noqa: E402
 from kvpilot.rig.server import ServerSpec, build_argv, free_port  # noqa: E402
-from kvpilot.tuner.loadgen import LengthDist, Workload, run_load  # noqa: E402
+from kvpilot.tuner.load.generator import LengthDist, Workload, run_load  # noqa: E402
 
 KV_BYTES = 64 * 32 * 1024  # 63 usable blocks of 32 tokens: the load below preempts
 

@@ -44,11 +44,11 @@ from pathlib import Path
 
 from kvpilot.agent.tuning.observer import LoadObserver
 from kvpilot.rig.server import ServerSpec, VllmServer, free_port
-from kvpilot.tuner.evidence import Counts, Samples, wilson_interval
-from kvpilot.tuner.judge import Classification, JudgeConfig, Judgement, judge
-from kvpilot.tuner.judge_windows import MIN_WINDOWS, Window, judge_windows, pooled
-from kvpilot.tuner.loadgen import LengthDist, Workload
-from kvpilot.tuner.objective import Slo
+from kvpilot.tuner.judge.evidence import Counts, Samples, wilson_interval
+from kvpilot.tuner.judge.judgement import Classification, JudgeConfig, Judgement, judge
+from kvpilot.tuner.judge.windows import MIN_WINDOWS, Window, judge_windows, pooled
+from kvpilot.tuner.load.generator import LengthDist, Workload
+from kvpilot.tuner.problem.objective import Slo
 
 DATA = Path(__file__).resolve().parent / "data"
 BLOCK_BYTES = 32 * 1024  # the tiny model's KV bytes per 32-token block

@@ -29,7 +29,7 @@ from kvpilot.collectors.kvpool.blocks import count_blocks
 from kvpilot.collectors.kvpool.plugin import EngineHandle
 from kvpilot.collectors.kvpool.server import PartErrors
 from kvpilot.rig.server import ServerSpec, VllmServer, free_port
-from kvpilot.tuner.loadgen import LengthDist, Workload, percentile, run_load
+from kvpilot.tuner.load.generator import LengthDist, Workload, percentile, run_load
 
 
 def _per_call_s(fn: Callable[[], object], repeat: int) -> float:

@@ -1,7 +1,7 @@
 """The measure's capacity mode: each cell's capacity at each landscape's SLO, on the CPU vLLM.
 
 `tuner_efficiency.py --measure --capacity`. One server start per cell, as the goodput mode
-(`tuner_measure`), then for every landscape the ladder of `kvpilot.tuner.capacity`:
+(`tuner_measure`), then for every landscape the ladder of `kvpilot.tuner.measure.capacity`:
 open-loop Poisson windows of `window_s` at rates 1.5x apart from `start_rps`, refined by two
 geometric bisections; a rate holds when at least 95 % of its requests meet the landscape's
 SLO and none fails. A window's requests carry the landscape's lengths (and prefixes).
@@ -31,9 +31,9 @@ from tuner_landscapes import BYTES_PER_BLOCK, COLUMNS, Landscape, append_row, me
 from tuner_measure import MAX_NUM_BATCHED_TOKENS, WARM, Pinning, cell_spec
 
 from kvpilot.rig.server import ServerStartError, VllmServer
-from kvpilot.tuner.capacity import Capacity, capacity_at_slo
-from kvpilot.tuner.loadgen import LoadReport, run_load, run_planned
-from kvpilot.tuner.objective import Measurement, TrialResult, evaluate
+from kvpilot.tuner.load.generator import LoadReport, run_load, run_planned
+from kvpilot.tuner.measure.capacity import Capacity, capacity_at_slo
+from kvpilot.tuner.problem.objective import Measurement, TrialResult, evaluate
 
 CAPACITY_COLUMNS = (*COLUMNS, "capacity_rps", "capacity_ladder", "capacity_failed_at_rps")
 MIN_WINDOW_REQUESTS = 8  # fewer and 95 % of a window is all of it

@@ -14,7 +14,7 @@ Two modes:
   each rate instead of all at once, one table per landscape and rate (`at_rate`); no
   such table is committed yet (measuring them takes hours on the CPU vLLM).
   `--capacity` measures each cell's capacity at each landscape's SLO instead
-  (`tuner_capacity.py`: the ladder of tuner/capacity.py, `--window-s` windows from
+  (`tuner_capacity.py`: the ladder of tuner/measure/capacity.py, `--window-s` windows from
   `--start-rps`), one table per landscape, `landscape_<name>-capacity.csv` in `--out-dir`
   (default `benchmarks/data/`), with a `capacity_rps` column and the windows' per-request
   records beside it; replay it with `--table`. Four landscapes are measured this way only,
@@ -68,8 +68,8 @@ from tuner_landscapes import (
 )
 from tuner_replay import Cell, load_table, table_space
 
-from kvpilot.tuner.loadgen import LengthDist, Workload
-from kvpilot.tuner.objective import Slo
+from kvpilot.tuner.load.generator import LengthDist, Workload
+from kvpilot.tuner.problem.objective import Slo
 
 __all__ = ["MEASURE_SLO", "MEASURE_WORKLOAD", "Cell", "load_table", "main", "table_space"]
 

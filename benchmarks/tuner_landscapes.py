@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvpilot.tuner.loadgen import LengthDist, PlannedRequest, Workload, plan_requests
-from kvpilot.tuner.objective import Slo, TrialResult
+from kvpilot.tuner.load.generator import LengthDist, PlannedRequest, Workload, plan_requests
+from kvpilot.tuner.problem.objective import Slo, TrialResult
 
 DATA = Path(__file__).resolve().parent / "data"
 BYTES_PER_BLOCK = 32 * 1024  # the tiny model: 2 layers x K,V x 32 tokens x 2 heads x 64 x bf16

@@ -23,8 +23,8 @@ from tuner_landscapes import BYTES_PER_BLOCK, Landscape, append_row, cell_row, m
 from kvpilot.collectors.scrape_client import ScrapeClient
 from kvpilot.collectors.vllm_metrics import VllmMetricsSource, VllmScrape
 from kvpilot.rig.server import ServerSpec, ServerStartError, VllmServer, free_port
-from kvpilot.tuner.loadgen import LengthDist, Workload, run_load, run_planned
-from kvpilot.tuner.objective import Measurement, TrialResult, evaluate
+from kvpilot.tuner.load.generator import LengthDist, Workload, run_load, run_planned
+from kvpilot.tuner.problem.objective import Measurement, TrialResult, evaluate
 
 MAX_NUM_BATCHED_TOKENS = 2048
 WARM = Workload(

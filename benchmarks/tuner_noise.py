@@ -30,7 +30,7 @@ from pathlib import Path
 
 from tuner_replay import CAPACITY, GOODPUT, Cell, ScoreKind, Table, load_table
 
-from kvpilot.tuner.objective import TrialOutcome, TrialResult
+from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult
 
 REQUIRED_COLUMNS = (
     "kv_cache_memory_bytes",

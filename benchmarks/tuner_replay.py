@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpilot.tuner.space import Knob, KnobKind, SearchSpace
+from kvpilot.tuner.problem.space import Knob, KnobKind, SearchSpace
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from tuner_noise import Drawn, Key, NoisyTable, draw, levels
 from tuner_replay import table_space
 
-from kvpilot.tuner.space import Candidate
+from kvpilot.tuner.problem.space import Candidate
 from kvpilot.tuner.suggest import BayesianSuggester, RandomSuggester, SearchExhausted, Suggester
 
 OPTUNA_STRATEGIES = ("optuna-gp", "optuna-tpe")

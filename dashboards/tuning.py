@@ -38,7 +38,7 @@ from kvpilot.dashboards.tuning_metrics import (
     TRIAL_PREEMPTION_RATE,
     TRIALS_TOTAL,
 )
-from kvpilot.tuner.judge import DEFAULT_METRICS
+from kvpilot.tuner.judge.judgement import DEFAULT_METRICS
 
 UID = "kvpilot-tuning"
 TITLE = "kvpilot / Tuning"

@@ -14,8 +14,8 @@ from enum import StrEnum
 
 from kvpilot.collectors.secrets import mask_text
 from kvpilot.dashboards.metric_catalog import MetricSpec, specs
-from kvpilot.tuner.constraints import Value
-from kvpilot.tuner.judge import Judgement
+from kvpilot.tuner.judge.judgement import Judgement
+from kvpilot.tuner.problem.constraints import Value
 from kvpilot.tuner.trials import Trial, TrialState
 
 TRIAL_GOODPUT = "kvpilot_tuning_trial_goodput_tokens_per_second"

@@ -24,11 +24,11 @@ from pathlib import Path
 from types import ModuleType
 
 from kvpilot.dashboards.tuning_metrics import FlagSource, LiveFlags, flags_text
-from kvpilot.tuner.fingerprint import fingerprint
-from kvpilot.tuner.loadgen import plan_requests
-from kvpilot.tuner.objective import TrialOutcome, TrialResult, WindowMetrics
+from kvpilot.tuner.load.generator import plan_requests
+from kvpilot.tuner.measure.traces import workload_hash
+from kvpilot.tuner.problem.fingerprint import fingerprint
+from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult, WindowMetrics
 from kvpilot.tuner.suggest import BayesianSuggester
-from kvpilot.tuner.traces import workload_hash
 from kvpilot.tuner.trials import Trial, TrialState, new_trial, trial_to_dict
 
 ROOT = Path(__file__).resolve().parents[1]

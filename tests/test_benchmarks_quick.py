@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpilot.tuner.objective import TrialOutcome, TrialResult
+from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the tuner benchmark's modules

@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import judge_calibration as calibration  # noqa: E402
 
-from kvpilot.tuner.evidence import Counts  # noqa: E402
+from kvpilot.tuner.judge.evidence import Counts  # noqa: E402
 
 RECORDED = ROOT / "benchmarks" / "data" / "judge_aa.jsonl"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpilot.tuner.objective import TrialOutcome, TrialResult
+from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult
 from kvpilot.tuner.suggest.base import objective_value
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -302,7 +302,7 @@ def test_the_replay_of_a_capacity_table_says_so_and_prices_memory(
 def test_a_capacity_row_as_measured_is_replayed_by_capacity(tmp_path: Path) -> None:
     import tuner_capacity as capacity_mode
 
-    from kvpilot.tuner.capacity import Capacity, RateWindow
+    from kvpilot.tuner.measure.capacity import Capacity, RateWindow
 
     held = Capacity(
         3.0,
@@ -369,8 +369,8 @@ def test_a_landscape_measured_by_capacity_only_is_replayed_by_its_table_not_its_
 def test_a_windows_record_keeps_each_requests_own_p95_gap_the_slo_judges() -> None:
     from capacity import request_records
 
-    from kvpilot.tuner.loadgen import LoadReport, RequestResult
-    from kvpilot.tuner.objective import Slo, attains
+    from kvpilot.tuner.load.generator import LoadReport, RequestResult
+    from kvpilot.tuner.problem.objective import Slo, attains
 
     gaps = (0.004,) * 19 + (0.040,) * 2  # a mean of 7.4 ms, a p95 of 40 ms
     times = [0.1]

@@ -12,11 +12,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvpilot.collectors.vllm_argv import without_flags
-from kvpilot.tuner.ascent import highest_started, stepped
-from kvpilot.tuner.objective import Slo, TrialResult, best_index
-from kvpilot.tuner.ports import Observer, RolloutJournal, TunerRuntime
-from kvpilot.tuner.rollout import Phase, RolloutOutcome, RolloutSettings, Strategy, TrialRollout
-from kvpilot.tuner.space import Candidate, KnobKind, SearchSpace
+from kvpilot.tuner.problem.ascent import highest_started, stepped
+from kvpilot.tuner.problem.objective import Slo, TrialResult, best_index
+from kvpilot.tuner.problem.space import Candidate, KnobKind, SearchSpace
+from kvpilot.tuner.rollout.canary import (
+    Phase,
+    RolloutOutcome,
+    RolloutSettings,
+    Strategy,
+    TrialRollout,
+)
+from kvpilot.tuner.rollout.ports import Observer, RolloutJournal, TunerRuntime
 from kvpilot.tuner.suggest import SearchExhausted, Suggester, warm_start
 from kvpilot.tuner.trials import Trial, TrialStore, history, new_trial, next_number
 

@@ -17,10 +17,10 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from kvpilot.collectors.secrets import mask
-from kvpilot.tuner.constraints import Value
-from kvpilot.tuner.judge import Classification, Judgement, MetricVerdict, Verdict
-from kvpilot.tuner.objective import TrialOutcome, TrialResult, WindowMetrics
-from kvpilot.tuner.startup_errors import StartupFailure, StartupFailureKind
+from kvpilot.tuner.judge.judgement import Classification, Judgement, MetricVerdict, Verdict
+from kvpilot.tuner.problem.constraints import Value
+from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult, WindowMetrics
+from kvpilot.tuner.problem.startup_errors import StartupFailure, StartupFailureKind
 
 
 class TrialState(StrEnum):

@@ -26,7 +26,7 @@ from kvpilot.agent.tuning.workload.choice import WorkloadChoice, choose_workload
 from kvpilot.agent.tuning.workload.source import Learned, from_sidecar, observe
 from kvpilot.collectors.addresses import WILDCARD_HOSTS
 from kvpilot.collectors.vllm_argv import flag_value
-from kvpilot.tuner.learned import WorkloadShape, coarse_key
+from kvpilot.tuner.load.learned import WorkloadShape, coarse_key
 
 SidecarUrl = Annotated[
     str | None,

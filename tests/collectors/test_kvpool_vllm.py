@@ -14,7 +14,7 @@ from kvpilot.collectors.limits import ScrapeLimits
 from kvpilot.collectors.promtext import parse_samples
 from kvpilot.collectors.scrape_client import ScrapeClient
 from kvpilot.rig.server import VllmServer
-from kvpilot.tuner.loadgen import LengthDist, Workload, run_load
+from kvpilot.tuner.load.generator import LengthDist, Workload, run_load
 
 pytestmark = pytest.mark.slow
 

@@ -219,7 +219,7 @@ def test_api_key_is_sent_as_bearer(site: tuple[Site, str]) -> None:
 @pytest.mark.slow
 def test_real_vllm_scrape_and_rates(vllm_server) -> None:  # type: ignore[no-untyped-def]
     """A real CPU vLLM: blocks from its own sizing, version, and counters that move under load."""
-    from kvpilot.tuner.loadgen import LengthDist, Workload, run_load
+    from kvpilot.tuner.load.generator import LengthDist, Workload, run_load
 
     spec = vllm_server.spec
     bytes_per_block = 2 * 2 * 2 * 64 * 2 * spec.block_size  # layers*K,V*kv heads*head dim*bf16

@@ -19,7 +19,7 @@ from kvpilot.dashboards.metric_catalog import CATALOG
 from kvpilot.dashboards.rules import build_rules
 from kvpilot.dashboards.tuning import UID as TUNING_UID
 from kvpilot.dashboards.tuning_metrics import SPECS as TUNING_SPECS
-from kvpilot.tuner.judge import DEFAULT_METRICS
+from kvpilot.tuner.judge.judgement import DEFAULT_METRICS
 
 ROOT = Path(__file__).resolve().parents[2]
 # vLLM 0.32's own families the dashboards and rules read (checked against vLLM's source below).

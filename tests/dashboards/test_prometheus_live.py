@@ -34,7 +34,7 @@ from kvpilot.dashboards.memory import ALLOCATOR_PANELS
 from kvpilot.dashboards.rules import build_rules
 from kvpilot.dashboards.vllm_signals import NEEDS_CPU_OFFLOAD
 from kvpilot.rig.server import ServerSpec, VllmServer, free_port
-from kvpilot.tuner.loadgen import LengthDist, Workload, run_load
+from kvpilot.tuner.load.generator import LengthDist, Workload, run_load
 
 pytestmark = pytest.mark.slow
 

@@ -46,8 +46,8 @@ from kvpilot.dashboards.tuning_metrics import (
     openmetrics_history,
     tuning_families,
 )
-from kvpilot.tuner.evidence import Counts
-from kvpilot.tuner.judge import DEFAULT_METRICS, judge
+from kvpilot.tuner.judge.evidence import Counts
+from kvpilot.tuner.judge.judgement import DEFAULT_METRICS, judge
 from kvpilot.tuner.trials import Trial, TrialState, trial_from_dict, trial_to_dict
 
 ROOT = Path(__file__).resolve().parents[2]

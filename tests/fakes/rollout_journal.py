@@ -1,11 +1,11 @@
-"""An in-memory `RolloutJournal` (see `kvpilot.tuner.ports`): a dict, for tuner tests that
+"""An in-memory `RolloutJournal` (see `kvpilot.tuner.rollout.ports`): a dict, for tuner tests that
 need no database. It passes the same contract as the agent's SQLite journal
-(tests/tuner/test_rollout_journal_contract.py).
+(tests/tuner/rollout/test_journal_contract.py).
 """
 
 from __future__ import annotations
 
-from kvpilot.tuner.rollout import RolloutRecord
+from kvpilot.tuner.rollout.canary import RolloutRecord
 
 
 class InMemoryRolloutJournal:

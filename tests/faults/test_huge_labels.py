@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from kvpilot.agent.tick.calibration import PlannerCheck
-from kvpilot.agent.tuning.live_intervals import read_pod
+from kvpilot.agent.tuning.pod.live_intervals import read_pod
 from kvpilot.collectors.vllm_parse import VllmScrape, parse_vllm_metrics
 from tests.faults.agent_process import kvpilot, ticks, value
 from tests.faults.misbehaving import Misbehaving, answer, free_port

@@ -282,13 +282,14 @@ def test_the_log_file_shows_no_secret_in_any_field(live: LiveRun) -> None:
 def stored(live: LiveRun) -> LiveRun:
     """The run's state directory with a promotion, a rollout and its trial and an audit row
     added through the product's own paths, as the tuner and the remediator write them."""
+    from kvpilot.agent.app.parts import tuned_server
     from kvpilot.agent.config import load_config
     from kvpilot.agent.runtimes.local import LocalRuntime
     from kvpilot.agent.state import StateStore
     from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
-    from kvpilot.agent.tuning.factory import local_adapter
+    from kvpilot.agent.tuning.local.factory import local_adapter
     from kvpilot.agent.tuning.promoted import yaml_hash
-    from kvpilot.tuner.rollout import Phase, RolloutRecord, Strategy
+    from kvpilot.tuner.rollout.canary import Phase, RolloutRecord, Strategy
     from kvpilot.tuner.trials import TrialState, new_trial
 
     config = load_config(live.config_path)
@@ -303,7 +304,13 @@ def stored(live: LiveRun) -> LiveRun:
     with StateStore.open(config.state_dir) as store:
         runtime = LocalRuntime([], config.state_dir / "logs")
         adapter = local_adapter(
-            config, runtime, store.db, config_sha256=sha, restart_stable=restarted
+            tuned_server(config),
+            runtime,
+            store.db,
+            tuning=config.tuning,
+            log_dir=config.state_dir / "logs",
+            config_sha256=sha,
+            restart_stable=restarted,
         )
         asyncio.run(adapter.set_stable(candidate, reason="trial 1", ready_timeout_s=1.0))
         journal, trials = SqliteRolloutJournal(store.db), SqliteTrialStore(store.db)

@@ -16,7 +16,7 @@ from kvpilot.rig.server import (
     build_env,
     live_group_members,
 )
-from kvpilot.tuner.loadgen import LengthDist, Workload, percentile, plan_requests, run_load
+from kvpilot.tuner.load.generator import LengthDist, Workload, percentile, plan_requests, run_load
 
 
 def test_workload_is_drawn_from_its_seed() -> None:

@@ -13,8 +13,8 @@ from rich.console import Console
 
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteTrialStore
-from kvpilot.tuner.evidence import Counts
-from kvpilot.tuner.judge import (
+from kvpilot.tuner.judge.evidence import Counts
+from kvpilot.tuner.judge.judgement import (
     DEFAULT_METRICS,
     LIVE_METRICS,
     Classification,
@@ -22,13 +22,13 @@ from kvpilot.tuner.judge import (
     Verdict,
     judge,
 )
-from kvpilot.tuner.objective import TrialOutcome, TrialResult
-from kvpilot.tuner.render import summary_line, trials_table
-from kvpilot.tuner.report import render_report
-from kvpilot.tuner.rollout import Strategy
+from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult
+from kvpilot.tuner.report.html import render_report
+from kvpilot.tuner.report.table import summary_line, trials_table
+from kvpilot.tuner.rollout.canary import Strategy
 from kvpilot.tuner.session import SessionSummary
 from kvpilot.tuner.trials import TrialState, Warmup, new_trial, trial_from_dict, trial_to_dict
-from tests.tuner.test_rollout import GOOD, Rig, ScriptedObserver
+from tests.tuner.rollout.test_canary import GOOD, Rig, ScriptedObserver
 
 pytestmark = pytest.mark.anyio
 
@@ -207,7 +207,7 @@ def test_old_rows_in_the_state_database_read_as_unknown(tmp_path) -> None:
 
 
 def _summary(trials, baseline: TrialResult | None) -> SessionSummary:
-    from kvpilot.tuner.rollout import Phase, RolloutOutcome, RolloutRecord
+    from kvpilot.tuner.rollout.canary import Phase, RolloutOutcome, RolloutRecord
 
     record = RolloutRecord("t2", Strategy.PARALLEL, Phase.ROLLED_BACK, (), (), 5.0)
     outcomes = tuple(RolloutOutcome(t, record, baseline) for t in trials)
@@ -224,7 +224,7 @@ def test_the_summary_line_is_rounded_and_names_the_baseline() -> None:
 
 
 def test_the_summary_line_names_the_last_promoted_trial_when_it_is_not_the_best() -> None:
-    from kvpilot.tuner.rollout import Phase, RolloutOutcome, RolloutRecord
+    from kvpilot.tuner.rollout.canary import Phase, RolloutOutcome, RolloutRecord
 
     old, best = _trials()
     promoted = RolloutRecord("t1", Strategy.PARALLEL, Phase.PROMOTED, (), (), 5.0)
@@ -248,7 +248,7 @@ def test_the_summary_line_without_a_baseline_says_unknown() -> None:
 def test_replay_samples_carry_goodput_and_kv_usage_from_the_scrapes() -> None:
     from kvpilot.agent.tuning.observer import samples
     from kvpilot.collectors.vllm_parse import EngineSample, VllmScrape
-    from kvpilot.tuner.loadgen import LoadReport
+    from kvpilot.tuner.load.generator import LoadReport
 
     def scrape(at: float, tokens: float, usage: float) -> VllmScrape:
         engine = EngineSample(

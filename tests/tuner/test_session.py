@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from kvpilot.tuner.rollout import Phase, RolloutSettings, Strategy
+from kvpilot.tuner.problem.space import Knob, KnobKind, SearchSpace
+from kvpilot.tuner.rollout.canary import Phase, RolloutSettings, Strategy
 from kvpilot.tuner.session import (
     Progress,
     TuningBlocked,
@@ -15,11 +16,9 @@ from kvpilot.tuner.session import (
     candidate_argv,
     dry_run,
 )
-from kvpilot.tuner.space import Knob, KnobKind, SearchSpace
 from kvpilot.tuner.suggest import GridSuggester
 from kvpilot.tuner.trials import TrialState
-
-from .test_rollout import SLO, STABLE, Rig
+from tests.tuner.rollout.test_canary import SLO, STABLE, Rig
 
 pytestmark = pytest.mark.anyio
 

@@ -15,8 +15,8 @@ import pytest
 
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteTrialStore
-from kvpilot.tuner.judge import judge
-from kvpilot.tuner.objective import TrialOutcome, TrialResult, WindowMetrics
+from kvpilot.tuner.judge.judgement import judge
+from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult, WindowMetrics
 from kvpilot.tuner.trials import (
     Trial,
     TrialState,

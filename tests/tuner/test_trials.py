@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from kvpilot.tuner.judge import judge
-from kvpilot.tuner.objective import TrialOutcome, TrialResult
+from kvpilot.tuner.judge.judgement import judge
+from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult
 from kvpilot.tuner.trials import (
     TrialState,
     TrialTransitionError,

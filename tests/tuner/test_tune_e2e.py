@@ -21,18 +21,18 @@ from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
 from kvpilot.agent.runtimes.processes import find_vllm_mains
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.store import StateStore
-from kvpilot.agent.tuning.local_adapter import LocalTunerAdapter, open_stores
+from kvpilot.agent.tuning.local.adapter import LocalTunerAdapter, open_stores
 from kvpilot.agent.tuning.observer import LoadObserver
 from kvpilot.agent.tuning.promoted import PROMOTED_FACT, yaml_hash
 from kvpilot.collectors.procfs import list_processes
 from kvpilot.rig.server import free_port
-from kvpilot.tuner.judge import Classification
-from kvpilot.tuner.loadgen import LengthDist, Workload
-from kvpilot.tuner.objective import Slo, TrialOutcome, TrialResult
-from kvpilot.tuner.rollout import Phase, RolloutOutcome, RolloutSettings, Strategy
+from kvpilot.tuner.judge.judgement import Classification
+from kvpilot.tuner.load.generator import LengthDist, Workload
+from kvpilot.tuner.problem.objective import Slo, TrialOutcome, TrialResult
+from kvpilot.tuner.problem.space import Candidate, Knob, KnobKind, SearchSpace
+from kvpilot.tuner.problem.startup_errors import StartupFailureKind
+from kvpilot.tuner.rollout.canary import Phase, RolloutOutcome, RolloutSettings, Strategy
 from kvpilot.tuner.session import Progress, SessionSummary, TuningSession
-from kvpilot.tuner.space import Candidate, Knob, KnobKind, SearchSpace
-from kvpilot.tuner.startup_errors import StartupFailureKind
 from kvpilot.tuner.suggest import SearchExhausted
 from kvpilot.tuner.trials import TrialState
 from tests.agent.sidecar_harness import agent_config, kill_servers_of, server_spec, wait_for

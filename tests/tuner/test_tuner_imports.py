@@ -7,17 +7,17 @@ import sys
 
 MODULES = (
     "kvpilot.tuner",
-    "kvpilot.tuner.space",
-    "kvpilot.tuner.constraints",
-    "kvpilot.tuner.objective",
-    "kvpilot.tuner.startup_errors",
+    "kvpilot.tuner.problem.space",
+    "kvpilot.tuner.problem.constraints",
+    "kvpilot.tuner.problem.objective",
+    "kvpilot.tuner.problem.startup_errors",
     "kvpilot.tuner.suggest",
-    "kvpilot.tuner.fingerprint",
+    "kvpilot.tuner.problem.fingerprint",
     "kvpilot.tuner.trials",
-    "kvpilot.tuner.judge",
-    "kvpilot.tuner.traces",
-    "kvpilot.tuner.report",
-    "kvpilot.tuner.render",
+    "kvpilot.tuner.judge.judgement",
+    "kvpilot.tuner.measure.traces",
+    "kvpilot.tuner.report.html",
+    "kvpilot.tuner.report.table",
 )
 
 
@@ -37,8 +37,8 @@ def test_importing_every_tuner_module_loads_no_numpy_scipy_or_skopt() -> None:
 def test_the_probe_sees_skopt_when_a_model_is_built() -> None:
     # The same probe must notice the stack once the Bayesian suggester models something.
     code = (
-        "from kvpilot.tuner.space import Knob, KnobKind, SearchSpace\n"
-        "from kvpilot.tuner.objective import TrialOutcome, TrialResult\n"
+        "from kvpilot.tuner.problem.space import Knob, KnobKind, SearchSpace\n"
+        "from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult\n"
         "from kvpilot.tuner.suggest import BayesianSuggester\n"
         "space = SearchSpace((Knob('max_num_seqs', KnobKind.INTEGER, 1, 64, log_scale=True),))\n"
         "s = BayesianSuggester(space, n_initial_points=2)\n"

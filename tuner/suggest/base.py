@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-from kvpilot.tuner.constraints import Value
-from kvpilot.tuner.objective import TrialResult
-from kvpilot.tuner.space import Candidate, SearchSpace
+from kvpilot.tuner.problem.constraints import Value
+from kvpilot.tuner.problem.objective import TrialResult
+from kvpilot.tuner.problem.space import Candidate, SearchSpace
 
 
 class SearchExhausted(Exception):

@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvpilot.tuner.objective import TrialResult
-from kvpilot.tuner.space import MEMORY_KNOBS, Candidate, SearchSpace
+from kvpilot.tuner.problem.objective import TrialResult
+from kvpilot.tuner.problem.space import MEMORY_KNOBS, Candidate, SearchSpace
 from kvpilot.tuner.suggest.base import SearchExhausted, objective_value
 
 Point = tuple[float, ...]

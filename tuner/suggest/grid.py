@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvpilot.tuner.objective import TrialResult
-from kvpilot.tuner.space import MEMORY_KNOBS, Candidate, SearchSpace
+from kvpilot.tuner.problem.objective import TrialResult
+from kvpilot.tuner.problem.space import MEMORY_KNOBS, Candidate, SearchSpace
 from kvpilot.tuner.suggest.base import SearchExhausted
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from kvpilot.tuner.objective import TrialResult
-from kvpilot.tuner.space import Candidate, SearchSpace
+from kvpilot.tuner.problem.objective import TrialResult
+from kvpilot.tuner.problem.space import Candidate, SearchSpace
 from kvpilot.tuner.suggest.base import SearchExhausted
 
 

@@ -38,7 +38,7 @@ from kvpilot.agent.tuning.schedule import ScheduledTuning
 from kvpilot.collectors.kvpool.client import KvPoolScrape
 from kvpilot.collectors.vllm_metrics import VllmScrape
 from kvpilot.rig.server import free_port
-from kvpilot.tuner.loadgen import run_load
+from kvpilot.tuner.load.generator import run_load
 
 log = logging.getLogger("kvpilot.demo")
 SPIKE = "VllmPreemptionSpike"

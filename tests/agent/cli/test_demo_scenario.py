@@ -3,6 +3,7 @@ that the steady one fits the KV budget, the burst cannot, and tuning can find on
 
 from __future__ import annotations
 
+from kvpilot.agent.app.parts import tuned_server
 from kvpilot.agent.cli.demo.scenario import (
     BLOCK_TOKENS,
     BURST,
@@ -47,7 +48,7 @@ def test_the_steady_load_fits_and_the_burst_does_not() -> None:
 
 
 def test_every_budget_tuning_tries_holds_the_burst_the_stable_cannot() -> None:
-    space = build_study(_config(), _config().tuning).space
+    space = build_study(tuned_server(_config()), _config().tuning).space
     memory = next(k for k in space.knobs if k.name == "kv_cache_memory_bytes")
     seqs = next(k for k in space.knobs if k.name == "max_num_seqs")
     assert memory.low == KV_MIN_BYTES and memory.high == KV_MAX_BYTES

@@ -196,7 +196,7 @@ def test_the_capture_is_one_screen_of_text_and_an_svg(tmp_path: Path) -> None:
 
 def test_a_trial_row_says_why_a_trial_did_not_complete_before_its_judgement() -> None:
     from kvpilot.agent.cli.demo.state import trial_rows
-    from kvpilot.tuner.judge import Classification, Judgement
+    from kvpilot.tuner.judge.judgement import Classification, Judgement
     from kvpilot.tuner.trials import Trial, TrialState
 
     judged = Judgement(Classification.PASS, 1.0, (), "score 100%")

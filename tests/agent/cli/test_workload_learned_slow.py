@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from kvpilot.agent.cli.main import app
 from kvpilot.rig.server import VllmServer, free_port
-from kvpilot.tuner.loadgen import LengthDist, LoadReport, Workload, run_load
+from kvpilot.tuner.load.generator import LengthDist, LoadReport, Workload, run_load
 from tests.agent.sidecar_harness import agent_config, server_spec
 
 pytestmark = pytest.mark.slow

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from kvpilot.agent.app.parts import server_of, tuned_server
 from kvpilot.agent.config import AgentConfig, ProcessRuntimeConfig, load_config
-from kvpilot.agent.model import Instance
+from kvpilot.agent.model import Action, AlertFacts, Instance
 from kvpilot.agent.remediation import TUNING_RECOMMENDED_ALERT, Remediator, Trigger, plan_for
-from kvpilot.agent.remediation.facts import Action, AlertFacts
 from kvpilot.agent.runtimes import (
     LocalInstanceSpec,
     LocalRuntime,
@@ -28,15 +28,15 @@ from kvpilot.agent.runtimes import (
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
-from kvpilot.agent.tuning.best import BestConfig, best_config, config_studies, remember_promotion
+from kvpilot.agent.tuning.best import BestConfig, config_studies, remember_promotion
 from kvpilot.agent.tuning.promoted import PROMOTED_FACT, Why, live_argv
 from kvpilot.agent.tuning.study import Study
 from kvpilot.collectors.procfs import read_proc
 from kvpilot.collectors.vllm_argv import canonical_flags, flag_value, set_flag, without_flags
 from kvpilot.rig.server import free_port
-from kvpilot.tuner.judge import Classification, Judgement
-from kvpilot.tuner.objective import TrialOutcome, TrialResult
-from kvpilot.tuner.rollout import Phase, RolloutRecord, Strategy
+from kvpilot.tuner.judge.judgement import Classification, Judgement
+from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult
+from kvpilot.tuner.rollout.canary import Phase, RolloutRecord, Strategy
 from kvpilot.tuner.trials import Trial, TrialState
 from tests.agent.sidecar_harness import agent_config, server_spec
 from tests.fakes.remediation_journal import MemoryJournal
@@ -66,7 +66,7 @@ def _configured(config: AgentConfig) -> tuple[str, ...]:
 
 
 def _study(config: AgentConfig) -> Study:
-    study = config_studies(config)("vllm", _configured(config))
+    study = config_studies(config.tuning, server_of(config))("vllm", _configured(config))
     assert isinstance(study, Study), study
     return study
 
@@ -105,7 +105,9 @@ def _trial(
 
 
 def _source(db: Database, config: AgentConfig, *instances: Instance) -> BestConfig:
-    return BestConfig(db, lambda: tuple(instances), config_studies(config))
+    return BestConfig(
+        db, lambda: tuple(instances), config_studies(config.tuning, server_of(config))
+    )
 
 
 def _instance(config: AgentConfig, argv: tuple[str, ...] | None = None) -> Instance:
@@ -152,7 +154,7 @@ def test_a_spike_promotes_the_best_configuration_instead_of_restarting(
 
     async def main() -> None:
         h = Harness(FAST, instances=[_instance(config)], better_config=source)
-        (task,) = h.tick(condition(SPIKE, "vllm", action="ladder", capacity_leak="false"))
+        (task,) = h.tick(condition(SPIKE, "vllm", action="ladder", capacity_leak=False))
         await until(lambda: bool(h.runtime.restarts), "the promotion")
         h.tick(condition(SPIKE, "vllm", action="ladder", active=False))
         outcome = await task
@@ -187,12 +189,12 @@ def test_without_a_better_configuration_the_ladder_goes_on_as_before(
 
     async def main() -> None:
         advice = Harness(FAST, instances=[instance], better_config=source)
-        (task,) = advice.tick(condition(SPIKE, "vllm", action="ladder", capacity_leak="false"))
+        (task,) = advice.tick(condition(SPIKE, "vllm", action="ladder", capacity_leak=False))
         outcome = await task
         assert outcome.decision == "recommended" and outcome.steps == ("recommend_tuning",)
         assert advice.runtime.entered == 0
         leak = Harness(FAST, instances=[instance], better_config=source)
-        (task,) = leak.tick(condition(SPIKE, "vllm", action="ladder", capacity_leak="true"))
+        (task,) = leak.tick(condition(SPIKE, "vllm", action="ladder", capacity_leak=True))
         await until(lambda: bool(leak.runtime.restarts), "the restart")
         leak.tick(condition(SPIKE, "vllm", action="ladder", active=False))
         assert (await task).decision == "succeeded"
@@ -218,7 +220,7 @@ def test_a_runtime_that_cannot_change_flags_recommends_the_configuration(
             can_change_flags=False,
             better_config=_source(db, config, _instance(config)),
         )
-        (task,) = h.tick(condition(SPIKE, "vllm", action="ladder", capacity_leak="true"))
+        (task,) = h.tick(condition(SPIKE, "vllm", action="ladder", capacity_leak=True))
         outcome = await task
         assert outcome.decision == "recommended" and outcome.steps == ("recommend_config",)
         assert h.runtime.entered == 0 and not h.journal.records
@@ -255,10 +257,12 @@ def test_the_process_runtime_studies_the_server_as_it_runs(tmp_path: Path) -> No
     process = config.model_copy(
         update={"runtime": ProcessRuntimeConfig(kind="process", name="vllm", port=8000)}
     )
-    studied = config_studies(process)("vllm", _configured(config))
+    studied = config_studies(process.tuning, server_of(process))("vllm", _configured(config))
     assert isinstance(studied, Study)
     assert studied.fingerprint == _study(config).fingerprint
-    assert "not one tuning can read" in str(config_studies(process)("vllm", ("sleep", "1")))
+    assert "not one tuning can read" in str(
+        config_studies(process.tuning, server_of(process))("vllm", ("sleep", "1"))
+    )
 
 
 def test_a_spike_promotes_through_the_real_local_runtime(tmp_path: Path) -> None:
@@ -278,8 +282,10 @@ def test_a_spike_promotes_through_the_real_local_runtime(tmp_path: Path) -> None
         runtime,
         MemoryJournal(),
         FAST,
-        better_config=BestConfig(db, runtime.instances, config_studies(config)),
-        on_promoted=remember_promotion(config, store, "sha-1"),
+        better_config=BestConfig(
+            db, runtime.instances, config_studies(config.tuning, server_of(config))
+        ),
+        on_promoted=remember_promotion(tuned_server(config), store, "sha-1"),
     )
     facts = AlertFacts(Action.LADDER, capacity_leak=False)
 
@@ -329,7 +335,14 @@ def test_the_process_runtime_recommends_the_configuration_of_the_server_it_finds
     )
     journal = MemoryJournal()
     remediator = Remediator(
-        process, journal, FAST, better_config=best_config(process_config, db, process)
+        process,
+        journal,
+        FAST,
+        better_config=BestConfig(
+            db,
+            process.instances,
+            config_studies(process_config.tuning, server_of(process_config)),
+        ),
     )
     facts = AlertFacts(Action.LADDER, capacity_leak=True)  # a restart, were there no tuning
 

@@ -12,7 +12,7 @@ import pytest
 
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
-from kvpilot.tuner.rollout import Phase, RolloutRecord, Strategy, recover
+from kvpilot.tuner.rollout.canary import Phase, RolloutRecord, Strategy, recover
 from kvpilot.tuner.trials import TrialState, new_trial
 from tests.agent.notify.notify_helpers import make_event
 

@@ -2,7 +2,7 @@
 
 The SQLite trial store and rollout journal pass the contracts that every implementation
 passes (and what survives a reopen) in tests/tuner/test_trial_store_contract.py and
-tests/tuner/test_rollout_journal_contract.py.
+tests/tuner/rollout/test_journal_contract.py.
 """
 
 from __future__ import annotations

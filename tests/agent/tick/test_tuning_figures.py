@@ -30,7 +30,7 @@ from kvpilot.agent.tick.watched import WatchedServers
 from kvpilot.collectors.nvml import NvmlCollector
 from kvpilot.dashboards import tuning_metrics
 from kvpilot.rig.server import free_port
-from kvpilot.tuner.objective import TrialOutcome, TrialResult
+from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult
 from kvpilot.tuner.trials import Trial, TrialState, new_trial
 from tests.fakes.trial_store import CountingTrialStore, InMemoryTrialStore
 

@@ -1,0 +1,1 @@
+"""The canary judge: per-metric statistical tests over one analysis or over windows."""

@@ -1,0 +1,1 @@
+"""The traffic a trial sends: synthetic, shaped or replayed workloads and what they measured."""

@@ -1,0 +1,379 @@
+"""A canary rollout per trial: a persisted state machine from plan to promote or roll back.
+
+Phases (`Phase`), each saved to the journal before the step it names begins:
+
+    parallel:   planned -> starting -> warming -> observing -> judging
+                -> rolling_back -> rolled_back
+                -> promoting -> baking -> promoted | reverting -> reverted
+    sequential: planned -> observing_baseline -> starting -> warming -> observing -> judging
+                -> (as parallel; promotion is already live, so it bakes at once)
+
+`parallel` runs the candidate beside the stable instance, both under the same workload.
+`sequential` measures the one instance's recent window, switches it to the candidate and
+measures again at the same load. A candidate that does not start is infeasible with vLLM's
+reason and the stable instance keeps (or gets back) its flags. Only a judge's pass whose
+objective also beats the baseline promotes; the bake window after a promotion reverts to
+the old flags when the promoted ones lose more than `bake_tolerance_ratio` of the goodput
+the canary showed, or break the SLO (`tuner.rollout.decide`). `recover` cleans up after a kvpilot
+that died mid-trial. On live traffic the observer may abort the analysis (`CanaryAborted`:
+the canary broke the SLO, its share already back on the stable instance): the trial is
+infeasible with the reason and the canary is removed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kvpilot.collectors.secrets import mask_argv
+from kvpilot.tuner.judge.windows import Window, judge_windows
+from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult, evaluate
+from kvpilot.tuner.rollout.decide import WindowGoodputs, typical
+from kvpilot.tuner.rollout.decide import bake_degradation as bake_degradation  # re-exported
+from kvpilot.tuner.rollout.decide import promotion_decision as promotion_decision
+from kvpilot.tuner.rollout.ports import (
+    CanaryAborted,
+    CandidateStartFailed,
+    Observation,
+    Observer,
+    RestartRefused,
+    RolloutJournal,
+    TunerRuntime,
+)
+from kvpilot.tuner.rollout.record import STABLE_TOUCHED
+from kvpilot.tuner.rollout.record import Phase as Phase
+from kvpilot.tuner.rollout.record import RolloutRecord as RolloutRecord
+from kvpilot.tuner.rollout.record import Strategy as Strategy
+from kvpilot.tuner.rollout.settings import RolloutSettings as RolloutSettings
+from kvpilot.tuner.trials import Trial, TrialState, TrialStore, Warmup, abort_unfinished
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutOutcome:
+    """The trial as stored, the rollout's last record and the baseline's result."""
+
+    trial: Trial
+    record: RolloutRecord
+    baseline: TrialResult | None = None
+    refused: str | None = None  # the safe-restart path's refusal, when it ended the trial
+
+    @property
+    def promoted(self) -> bool:
+        return self.record.phase is Phase.PROMOTED
+
+
+PhaseListener = Callable[[Trial, Phase], None]
+
+
+class TrialRollout:
+    """Runs one trial's rollout against a runtime; every transition is persisted first."""
+
+    def __init__(
+        self,
+        runtime: TunerRuntime,
+        observer: Observer,
+        store: TrialStore,
+        journal: RolloutJournal,
+        settings: RolloutSettings,
+        *,
+        wall_clock: Callable[[], float],
+        on_phase: PhaseListener | None = None,
+    ) -> None:
+        self._runtime = runtime
+        self._observer = observer
+        self._store = store
+        self._journal = journal
+        self._settings = settings
+        self._wall = wall_clock
+        self._on_phase = on_phase or (lambda _trial, _phase: None)
+
+    async def run(
+        self, trial: Trial, candidate_argv: Sequence[str], strategy: Strategy
+    ) -> RolloutOutcome:
+        """Plan, start, observe, judge, promote or roll back, bake; returns how it ended."""
+        record = RolloutRecord(
+            trial.trial_id,
+            strategy,
+            Phase.PLANNED,
+            tuple(self._runtime.stable_argv()),
+            tuple(candidate_argv),
+            self._wall(),
+        )
+        self._journal.save(record)
+        trial = self._save_trial(trial.to(TrialState.RUNNING, at_wall_s=self._wall()))
+        self._on_phase(trial, Phase.PLANNED)
+        state = _Run(trial, record)
+        try:
+            if strategy is Strategy.PARALLEL:
+                await self._parallel(state)
+            else:
+                await self._sequential(state)
+        except BaseException as exc:
+            await self._fail(state, exc)
+            raise
+        return RolloutOutcome(state.trial, state.record, state.baseline, state.refused)
+
+    # --- the two strategies -------------------------------------------------------------
+
+    async def _parallel(self, s: _Run) -> None:
+        rt, stable_url = self._runtime, self._runtime.stable_url()
+        self._move(s, Phase.STARTING)
+        try:
+            canary_url = await rt.start_canary(
+                s.record.candidate_argv, ready_timeout_s=self._settings.ready_timeout_s
+            )
+        except CandidateStartFailed as exc:
+            await rt.stop_canary()
+            self._infeasible_start(s, exc)
+            return
+        self._move(s, Phase.WARMING)
+        s.warmup = await self._observer.warm([stable_url, canary_url])
+        self._move(s, Phase.OBSERVING)
+        baselines, canaries = [], []
+        try:
+            for _ in range(self._settings.windows):
+                baseline, canary = await self._observer.observe([stable_url, canary_url])
+                baselines.append(baseline)
+                canaries.append(canary)
+        except CanaryAborted as exc:  # live traffic: the observer already took it back
+            await self._abort(s, str(exc))
+            return
+        promote = self._judge(s, baselines, canaries, paired=True)
+        if not promote:
+            self._move(s, Phase.ROLLING_BACK)
+            await rt.stop_canary()
+            self._move(s, Phase.ROLLED_BACK)
+            return
+        self._move(s, Phase.PROMOTING)
+        await rt.stop_canary()
+        try:
+            await rt.set_stable(
+                s.record.candidate_argv,
+                reason=f"promoted by trial {s.trial.number}",
+                ready_timeout_s=self._settings.ready_timeout_s,
+            )
+        except CandidateStartFailed as exc:
+            await self._revert(s, f"the promoted flags did not start: {exc}")
+            return
+        except RestartRefused as exc:  # measured and better, yet not now: the stable stays
+            s.refused = str(exc)
+            self._move(s, Phase.ROLLED_BACK, reason=f"not promoted: {exc}")
+            return
+        await self._bake(s)
+
+    async def _sequential(self, s: _Run) -> None:
+        rt, url = self._runtime, self._runtime.stable_url()
+        self._move(s, Phase.OBSERVING_BASELINE)
+        baselines = [await self._observe_one(url) for _ in range(self._settings.windows)]
+        self._move(s, Phase.STARTING)
+        try:
+            await rt.set_stable(
+                s.record.candidate_argv,
+                reason=f"sequential canary of trial {s.trial.number}",
+                ready_timeout_s=self._settings.ready_timeout_s,
+            )
+        except CandidateStartFailed as exc:
+            await self._restore_stable(s, "the candidate did not start")
+            self._infeasible_start(s, exc)
+            return
+        except RestartRefused as exc:  # the one instance may not switch now: no trial
+            s.refused = str(exc)
+            reason = f"not switched to the candidate: {exc}"
+            s.trial = self._save_trial(
+                s.trial.to(TrialState.ABORTED, at_wall_s=self._wall(), reason=reason)
+            )
+            self._move(s, Phase.ABORTED, reason=reason)
+            return
+        self._move(s, Phase.WARMING)
+        s.warmup = await self._observer.warm([url])
+        self._move(s, Phase.OBSERVING)
+        canaries = [await self._observe_one(url) for _ in range(self._settings.windows)]
+        if not self._judge(s, baselines, canaries, paired=False):
+            self._move(s, Phase.ROLLING_BACK)
+            await self._restore_stable(s, f"trial {s.trial.number} rolled back")
+            self._move(s, Phase.ROLLED_BACK)
+            return
+        self._move(s, Phase.PROMOTING)  # the candidate already serves: nothing to restart
+        await self._bake(s)
+
+    # --- steps shared by both ---------------------------------------------------------
+
+    async def _observe_one(self, url: str) -> Observation:
+        (window,) = await self._observer.observe([url])
+        return window
+
+    def _judge(
+        self,
+        s: _Run,
+        baselines: Sequence[Observation],
+        canaries: Sequence[Observation],
+        *,
+        paired: bool,
+    ) -> bool:
+        """Objective and judge over the windows; the trial is finished with both. Returns
+        whether to promote."""
+        self._move(s, Phase.JUDGING)
+        slo = self._settings.slo
+        base_results = [evaluate(b.measurement, slo) for b in baselines]
+        results = [evaluate(c.measurement, slo) for c in canaries]
+        base_result, result = typical(base_results), typical(results)
+        windows = [Window(c.samples, b.samples) for c, b in zip(canaries, baselines, strict=True)]
+        judgement = judge_windows(windows, self._settings.judge, slo.judge_limits(), paired=paired)
+        canary = canaries[-1]
+        s.baseline = base_result
+        state = TrialState.COMPLETE if result.feasible else TrialState.INFEASIBLE
+        traffic = canary.traffic  # live traffic: the shares, stated with the verdict
+        s.trial = self._save_trial(
+            s.trial.to(
+                state,
+                at_wall_s=self._wall(),
+                reason="; ".join(r for r in (result.reason, traffic) if r) or None,
+                result=result,
+                judgement=judgement,
+                baseline=base_result,
+                warmup=s.warmup,
+            )
+        )
+        s.record = dataclasses.replace(
+            s.record, baseline_goodput_tokens_per_s=base_result.goodput_tokens_per_s
+        )
+        gains = WindowGoodputs(
+            tuple(r.goodput_tokens_per_s for r in results),
+            tuple(r.goodput_tokens_per_s for r in base_results),
+            paired,
+        )
+        promote, why = promotion_decision(result, base_result, judgement, self._settings, gains)
+        s.record = dataclasses.replace(s.record, reason=f"{why}; {traffic}" if traffic else why)
+        return promote
+
+    async def _bake(self, s: _Run) -> None:
+        if not self._settings.bake:
+            self._move(s, Phase.PROMOTED)
+            return
+        self._move(s, Phase.BAKING)
+        (window,) = await self._observer.observe([self._runtime.stable_url()])
+        baked = evaluate(window.measurement, self._settings.slo)
+        s.record = dataclasses.replace(
+            s.record, bake_goodput_tokens_per_s=baked.goodput_tokens_per_s
+        )
+        degraded = bake_degradation(s.trial.result, baked, self._settings.bake_tolerance_ratio)
+        if degraded is not None:
+            await self._revert(s, f"bake: {degraded}")
+            return
+        # The promotion's why stays with the record: the report shows what won and how.
+        why = f" ({s.record.reason})" if s.record.reason else ""
+        self._move(s, Phase.PROMOTED, reason=f"promoted{why}; the bake window held")
+
+    async def _abort(self, s: _Run, why: str) -> None:
+        """The canary broke the SLO mid-analysis: infeasible (the candidate's fault), removed."""
+        reason = f"aborted during the analysis: {why}"
+        result = TrialResult(TrialOutcome.SLO_BROKEN, None, None, reason)
+        s.trial = self._save_trial(
+            s.trial.to(TrialState.INFEASIBLE, at_wall_s=self._wall(), reason=reason, result=result)
+        )
+        self._move(s, Phase.ROLLING_BACK, reason=reason)
+        await self._runtime.stop_canary()
+        self._move(s, Phase.ROLLED_BACK, reason=reason)
+
+    async def _revert(self, s: _Run, reason: str) -> None:
+        self._move(s, Phase.REVERTING, reason=reason)
+        await self._restore_stable(s, reason)
+        self._move(s, Phase.REVERTED, reason=reason)
+
+    async def _restore_stable(self, s: _Run, reason: str) -> None:
+        if tuple(self._runtime.stable_argv()) != s.record.stable_argv:
+            await self._runtime.set_stable(
+                s.record.stable_argv,
+                reason=reason,
+                restore=True,
+                ready_timeout_s=self._settings.ready_timeout_s,
+            )
+
+    def _infeasible_start(self, s: _Run, exc: CandidateStartFailed) -> None:
+        result = TrialResult.failed_to_start(exc.log_text)
+        s.trial = self._save_trial(
+            s.trial.to(
+                TrialState.INFEASIBLE, at_wall_s=self._wall(), reason=result.reason, result=result
+            )
+        )
+        self._move(s, Phase.INFEASIBLE, reason=result.reason)
+
+    async def _fail(self, s: _Run, exc: BaseException) -> None:
+        """An error that is not the candidate's: clean up, then record it."""
+        final = Phase.FAILED if isinstance(exc, Exception) else Phase.ABORTED
+        reason = f"{final.value} in phase {s.record.phase.value}: {type(exc).__name__}: {exc}"
+        if s.record.phase.final:
+            return
+        try:
+            await self._runtime.stop_canary()
+            if s.record.phase in STABLE_TOUCHED[s.record.strategy]:
+                await self._restore_stable(s, reason)
+        finally:
+            if not s.trial.state.terminal:
+                state = TrialState.FAILED if final is Phase.FAILED else TrialState.ABORTED
+                s.trial = self._save_trial(s.trial.to(state, at_wall_s=self._wall(), reason=reason))
+            self._move(s, final, reason=reason)
+
+    def _move(self, s: _Run, phase: Phase, *, reason: str | None = None) -> None:
+        s.record = s.record.at(phase, at_wall_s=self._wall(), reason=reason)
+        self._journal.save(s.record)
+        self._on_phase(s.trial, phase)
+
+    def _save_trial(self, trial: Trial) -> Trial:
+        self._store.save(trial)
+        return trial
+
+
+@dataclass(slots=True)
+class _Run:
+    """The mutable progress of one rollout (the persisted copies are immutable)."""
+
+    trial: Trial
+    record: RolloutRecord
+    baseline: TrialResult | None = None
+    refused: str | None = None
+    warmup: Warmup | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """One rollout a dead kvpilot left open, and what recovery did about it."""
+
+    trial_id: str
+    phase: Phase
+    stable_restored: bool
+
+
+async def recover(
+    journal: RolloutJournal,
+    store: TrialStore,
+    runtime: TunerRuntime,
+    *,
+    at_wall_s: float,
+    ready_timeout_s: float = 240.0,
+) -> list[Recovered]:
+    """At start-up: stop any canary, restore the stable flags if a rollout touched them,
+    and abort the unfinished trials. Idempotent."""
+    recovered = []
+    open_records = journal.open_records()
+    if open_records:
+        await runtime.stop_canary()
+    for record in open_records:
+        # The journal keeps argv masked: the flags are compared as stored.
+        touched = record.phase in STABLE_TOUCHED[record.strategy]
+        restore = touched and mask_argv(runtime.stable_argv()) != mask_argv(record.stable_argv)
+        if restore:
+            await runtime.set_stable(
+                record.stable_argv,
+                reason=f"recovery: trial {record.trial_id} was interrupted in {record.phase}",
+                ready_timeout_s=ready_timeout_s,
+                restore=True,
+            )
+        reason = f"kvpilot stopped mid-trial (phase {record.phase.value}); canary stopped, " + (
+            "stable flags restored" if restore else "stable flags kept"
+        )
+        journal.save(record.at(Phase.ABORTED, at_wall_s=at_wall_s, reason=reason))
+        recovered.append(Recovered(record.trial_id, record.phase, restore))
+    abort_unfinished(store, at_wall_s=at_wall_s, reason="kvpilot stopped mid-trial")
+    return recovered
