@@ -18,6 +18,8 @@ from typing import Literal
 
 from pydantic import SecretStr
 
+from kvpilot.collectors.safe_files import UnsafeFile, read_small_file
+
 log = logging.getLogger(__name__)
 
 TokenCheck = Literal["ok", "disabled", "refused"]
@@ -73,13 +75,12 @@ class ControlToken:
 
     def _read(self, identity: tuple[int, ...]) -> SecretStr | None:
         assert self._file is not None
-        try:
-            with self._file.open("rb") as f:
-                data = f.read(MAX_TOKEN_FILE_BYTES + 1)
+        try:  # a FIFO or a device there must not hang the API nor fill memory
+            data = read_small_file(self._file, MAX_TOKEN_FILE_BYTES)
+        except UnsafeFile as exc:
+            return self._failed(identity, f"{self._file} is {exc.strerror}")
         except OSError as exc:
             return self._failed(identity, f"cannot read {self._file}: {exc.strerror or exc}")
-        if len(data) > MAX_TOKEN_FILE_BYTES:
-            return self._failed(identity, f"{self._file} is over {MAX_TOKEN_FILE_BYTES} bytes")
         text = data.decode("utf-8", errors="replace").strip()
         if not text:
             return self._failed(identity, f"{self._file} is empty")

@@ -11,14 +11,18 @@ the process (SIGKILL included); only a power loss or OS crash may drop the last 
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from kvpilot.agent.state.migrations import migrate
+from kvpilot.collectors.safe_files import check_not_planted, open_no_follow
 
 DB_FILENAME = "kvpilot.db"
+STATE_DIR_MODE = 0o700  # when kvpilot creates it: the database holds the alerts' history
+_SIDE_FILES = ("-wal", "-shm", "-journal")
 DEFAULT_BUSY_TIMEOUT_S = 5.0
 # The write-ahead log: checkpointed every 256 pages (1 MiB at 4 KiB pages, SQLite's default is
 # 1,000) and cut back to this size once it restarts. Without the limit the file keeps the
@@ -40,8 +44,9 @@ class Database:
     @classmethod
     def open(cls, state_dir: Path, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> Database:
         """Opens (creating if needed) `state_dir/kvpilot.db` and migrates it to this schema."""
-        state_dir.mkdir(parents=True, exist_ok=True)
+        state_dir.mkdir(parents=True, exist_ok=True, mode=STATE_DIR_MODE)
         path = state_dir / DB_FILENAME
+        _claim_files(path)
         conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
@@ -111,6 +116,15 @@ class Database:
 
     def close(self) -> None:
         self._conn.close()
+
+
+def _claim_files(path: Path) -> None:
+    """The database file created (or kept) private, before SQLite opens it by name; SQLite
+    follows symbolic links, so one planted at the file or its companions is refused here
+    (`UnsafeFile`) rather than written through. The companions take the file's mode."""
+    os.close(open_no_follow(path, os.O_RDONLY | os.O_CREAT))
+    for side in _SIDE_FILES:
+        check_not_planted(Path(f"{path}{side}"))
 
 
 def rollback(conn: sqlite3.Connection) -> None:

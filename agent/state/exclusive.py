@@ -13,7 +13,7 @@ import sqlite3
 from pathlib import Path
 
 from kvpilot.agent.state.check import check_database
-from kvpilot.agent.state.db import DB_FILENAME, Database
+from kvpilot.agent.state.db import DB_FILENAME, STATE_DIR_MODE, Database
 from kvpilot.agent.state.errors import (
     StateDamaged,
     StateError,
@@ -23,6 +23,7 @@ from kvpilot.agent.state.errors import (
 from kvpilot.agent.state.lock import StateLock
 from kvpilot.agent.state.migrations import SchemaTooNewError
 from kvpilot.agent.state.store import StateStore
+from kvpilot.collectors.safe_files import UnsafeFile, check_not_planted
 
 
 def open_exclusive(state_dir: Path) -> StateStore:
@@ -43,7 +44,7 @@ def _ensure_directory(state_dir: Path) -> None:
             "directory (kvpilot creates it when missing)."
         )
     try:
-        state_dir.mkdir(parents=True, exist_ok=True)
+        state_dir.mkdir(parents=True, exist_ok=True, mode=STATE_DIR_MODE)
     except OSError as exc:
         raise StateUnusable(
             f"state_dir {state_dir}: cannot create it: {exc.strerror or exc}"
@@ -51,6 +52,13 @@ def _ensure_directory(state_dir: Path) -> None:
 
 
 def _open_checked(db_path: Path) -> Database:
+    try:  # before the check reads it: a link planted there is refused, never followed
+        check_not_planted(db_path)
+    except UnsafeFile as exc:
+        raise StateUnusable(
+            f"state_dir {db_path.parent}: the database {db_path.name} is {exc.strerror}; "
+            "remove it (kvpilot creates its own)"
+        ) from None
     verdict = check_database(db_path)
     if verdict.damaged:
         raise StateDamaged(db_path, verdict.problems)

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import TracebackType
 
 from kvpilot.agent.state.errors import StateLocked, StateUnusable
+from kvpilot.collectors.safe_files import UnsafeFile, open_no_follow
 
 LOCK_FILENAME = "kvpilot.lock"
 
@@ -52,9 +53,9 @@ class StateLock:
         """The PID of the agent holding `state_dir`, or None when none does."""
         path = state_dir / LOCK_FILENAME
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
+            fd = open_no_follow(path, os.O_RDONLY, mode=0o644)
+        except (FileNotFoundError, UnsafeFile):
+            return None  # no lock file, or one no agent could have locked
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -81,8 +82,9 @@ class StateLock:
 
 def _open(path: Path) -> int:
     try:
-        # O_CLOEXEC: the servers the agent starts must not inherit (and so hold) the lock.
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # Close-on-exec: the servers the agent starts must not inherit (and so hold) the lock.
+        # Never through a symbolic link: one planted here would have its target truncated.
+        return open_no_follow(path, mode=0o644)  # a PID and a host name: nothing secret
     except OSError as exc:
         raise StateUnusable(
             f"state_dir {path.parent}: cannot create the lock file {path.name}: "

@@ -2,7 +2,8 @@
 
 vLLM unregisters every `vllm:` collector it did not make, so everything here is `kvpool_`.
 `collect()` runs on the HTTP server's thread and never raises: a reading that fails is
-counted in `kvpool_plugin_errors_total{part}` and its families are left out.
+counted in `kvpool_plugin_errors_total{part}` and its families are left out. The server bounds
+what a client can hold (`bounded_http`): it lives in vLLM's engine process.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from kvpilot.collectors.kvpool.allocator import AllocatorStats
 from kvpilot.collectors.kvpool.blocks import BlockPoolSnapshot
+from kvpilot.collectors.kvpool.bounded_http import BoundedHttpServer, ConnectionLimits, listen
 
 log = logging.getLogger("kvpilot.kvpool")
 
@@ -80,6 +82,10 @@ class KvPoolCollector:
         self._allocators = allocators
         self._errors = errors
         self._clock = clock
+
+    @property
+    def errors(self) -> PartErrors:
+        return self._errors
 
     def collect(self) -> Iterator[Metric]:
         families: list[Metric] = []
@@ -243,15 +249,23 @@ class RunningServer:
         self.stop()
 
 
-def serve(collector: KvPoolCollector, host: str, port: int) -> RunningServer:
-    """Serve `collector` alone on host:port from a daemon thread; raises OSError if taken."""
+def serve(
+    collector: KvPoolCollector,
+    host: str,
+    port: int,
+    limits: ConnectionLimits = ConnectionLimits(),  # noqa: B008 (frozen, shared safely)
+) -> RunningServer:
+    """Serve `collector` alone on host:port from daemon threads; raises OSError if taken.
+
+    What a client may hold is bounded by `limits`; an unexpected error in the server's
+    threads is counted as the part "server", like every other failure of the plugin."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    httpd, thread = start_http_server(port, addr=host, registry=registry)
-
-    def stop() -> None:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
-
-    return RunningServer(host=host, port=int(httpd.server_address[1]), stop=stop)
+    server = BoundedHttpServer(
+        listen(host, port),
+        registry,
+        limits=limits,
+        on_error=lambda exc: collector.errors.record("server", exc),
+    )
+    server.start()
+    return RunningServer(host=host, port=server.address[1], stop=server.close)

@@ -21,6 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from kvpilot.agent.app.lifecycle import bind_listener
+from kvpilot.agent.app.listener_limits import ListenerLimits, listener_config
 from kvpilot.agent.notify.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_signature
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -61,6 +62,16 @@ def read_delivery(body: bytes, verified: bool, wall_s: float) -> Delivery:
     return Delivery(wall_s, verified, status if isinstance(status, str) else "?", tuple(names))
 
 
+async def _read_capped(request: Request, max_bytes: int) -> bytes | None:
+    """The body, or None once it is past `max_bytes`: read as it streams, never whole first."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_bytes:
+            return None
+    return bytes(body)
+
+
 class _Server(uvicorn.Server):
     """uvicorn without its own signal handling: the agent owns SIGTERM and SIGINT."""
 
@@ -78,6 +89,7 @@ class WebhookReceiver:
         *,
         on_delivery: Callable[[Delivery], None] | None = None,
         clock: Callable[[], float] = time.time,
+        limits: ListenerLimits = ListenerLimits(),  # noqa: B008 (frozen, shared safely)
     ) -> None:
         self._secret = secret
         self._on_delivery = on_delivery
@@ -88,9 +100,7 @@ class WebhookReceiver:
         self.received_total = 0
         self.verified_total = 0
         app = Starlette(routes=[Route("/alerts", self._receive, methods=["POST"])])
-        self._server = _Server(
-            uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-        )
+        self._server = _Server(listener_config(app, limits))
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -98,8 +108,8 @@ class WebhookReceiver:
         return f"http://127.0.0.1:{self.port}/alerts"
 
     async def _receive(self, request: Request) -> Response:
-        body = await request.body()
-        if len(body) > MAX_BODY_BYTES:
+        body = await _read_capped(request, MAX_BODY_BYTES)
+        if body is None:
             return Response("too large\n", status_code=413)
         verified = verify_signature(
             self._secret,
