@@ -15,6 +15,8 @@ import stat
 from pathlib import Path
 
 PRIVATE_FILE_MODE = 0o600
+# A token is a line: a larger token file is refused, never read whole.
+MAX_TOKEN_FILE_BYTES = 64 * 1024
 
 
 class UnsafeFile(OSError):

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import httpx
 
-from kvpilot.collectors.kvpool.ports import PORT_ENV as KVPOOL_PORT_ENV
+from kvpilot.collectors.kvpool.listen_address import PORT_ENV as KVPOOL_PORT_ENV
 from kvpilot.collectors.procfs import live_group_members
+from kvpilot.collectors.safe_files import open_no_follow
 from kvpilot.rig.amx_hook import with_amx_hook
 
 TINY_MODEL_DIR = Path(__file__).resolve().parent / "models" / "tiny-llama"
@@ -25,6 +26,8 @@ TINY_MODEL_VOCAB_SIZE = 1024
 
 # vLLM loads only the general plugins named here when it is set.
 KVPOOL_PLUGIN_NAME = "kvpilot_kvpool"
+
+_LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 
 
 class ServerStartError(RuntimeError):
@@ -167,7 +170,8 @@ class VllmServer:
             def preexec() -> None:
                 os.sched_setaffinity(0, cpus)
 
-        with self.log_path.open("ab") as log:
+        # Not through a link planted at the log's path (it would append to the link's target).
+        with os.fdopen(open_no_follow(self.log_path, _LOG_FLAGS), "ab") as log:
             self.process = subprocess.Popen(
                 build_argv(self.spec),
                 env=build_env(self.spec),

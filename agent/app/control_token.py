@@ -18,12 +18,11 @@ from typing import Literal
 
 from pydantic import SecretStr
 
-from kvpilot.collectors.safe_files import UnsafeFile, read_small_file
+from kvpilot.collectors.safe_files import MAX_TOKEN_FILE_BYTES, UnsafeFile, read_small_file
 
 log = logging.getLogger(__name__)
 
 TokenCheck = Literal["ok", "disabled", "refused"]
-MAX_TOKEN_FILE_BYTES = 64 * 1024  # a token is a line; a larger file is refused, never read whole
 
 
 class ControlToken:

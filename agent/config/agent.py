@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,11 @@ from kvpilot.agent.config.base import (
 from kvpilot.agent.config.errors import ConfigError
 from kvpilot.agent.config.notifiers import NotifierConfig, SlackNotifierConfig
 from kvpilot.agent.config.remediation import RemediationConfig
-from kvpilot.agent.config.runtime import LocalRuntimeConfig, PodRuntimeConfig, RuntimeConfig
+from kvpilot.agent.config.runtime import RuntimeConfig
 from kvpilot.agent.config.tuning import TuningConfig
-from kvpilot.agent.rules.config import RulesConfig
+from kvpilot.agent.rules.config import RulesConfig, with_runtime_defaults
 from kvpilot.agent.strict_model import StrictModel
+from kvpilot.collectors.safe_files import MAX_TOKEN_FILE_BYTES, read_small_file
 from kvpilot.collectors.secrets import argv_secrets, env_secrets, url_secrets
 
 log = logging.getLogger(__name__)
@@ -96,8 +98,9 @@ class ApiConfig(StrictModel):
         if self.token_file is None:
             return self.token
         try:
-            text = self.token_file.read_text().strip()
-        except OSError as exc:
+            # Bounded and non-blocking: a FIFO or /dev/zero there must not hang start-up.
+            text = read_small_file(self.token_file, MAX_TOKEN_FILE_BYTES).decode().strip()
+        except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError([f"api.token_file: cannot read {self.token_file}: {exc}"]) from exc
         if not text:
             raise ConfigError([f"api.token_file: {self.token_file} is empty"])
@@ -184,6 +187,15 @@ class AgentConfig(StrictModel):
         """Where the control API answers: its own listener, or the main one."""
         return self.api.listen or self.listen
 
+    @model_validator(mode="before")
+    @classmethod
+    def _liveness_actions_by_runtime(cls, data: Any) -> Any:
+        # A stall or starvation is restarted by default only where kvpilot owns the server.
+        if not isinstance(data, Mapping) or not isinstance(data.get("runtime"), Mapping):
+            return data
+        rules = with_runtime_defaults(data.get("rules"), data["runtime"].get("kind"))
+        return data if rules is None else {**data, "rules": rules}
+
     @model_validator(mode="after")
     def _distinct_listeners(self) -> AgentConfig:
         api = self.api.listen
@@ -198,8 +210,7 @@ class AgentConfig(StrictModel):
 
     @model_validator(mode="after")
     def _schedule_needs_the_local_runtime(self) -> AgentConfig:
-        tunable = LocalRuntimeConfig | PodRuntimeConfig
-        if self.tuning.schedule is not None and not isinstance(self.runtime, tunable):
+        if self.tuning.schedule is not None and not self.runtime.tunes_on_schedule:
             raise ValueError(
                 "tuning.schedule needs the local runtime (kvpilot starts the canary itself) "
                 "or the pod runtime (canary Deployments)"
@@ -215,15 +226,13 @@ def config_warnings(config: AgentConfig) -> tuple[str, ...]:
             "remediation.light_step_reset_prefix_cache needs VLLM_SERVER_DEV_MODE=1 on the "
             "server, which exposes unauthenticated admin endpoints: keep its port private"
         )
-    if isinstance(config.runtime, LocalRuntimeConfig):
-        for instance in config.runtime.instances:
-            if "--api-key" in instance.argv or any(
-                a.startswith("--api-key=") for a in instance.argv
-            ):
-                notes.append(
-                    f"runtime.instances[{instance.name}]: --api-key in argv is visible to "
-                    "every user of the machine; set runtime.api_key instead"
-                )
+    for instance in config.runtime.started_instances:
+        if "--api-key" in instance.argv or any(a.startswith("--api-key=") for a in instance.argv):
+            notes.append(
+                f"runtime.instances[{instance.name}]: --api-key in argv is visible to "
+                "every user of the machine; set runtime.api_key instead"
+            )
+
     api = config.api_listen()
     if api.host not in {"127.0.0.1", "::1", "localhost"}:
         where = "api.listen.host" if config.api.listen else "listen.host"

@@ -39,7 +39,7 @@ from kvpilot.agent.runtimes.processes import (
     find_vllm_mains,
     send_signal,
 )
-from kvpilot.collectors.kvpool.ports import PORT_ENV as KVPOOL_PORT_ENV
+from kvpilot.collectors.kvpool.listen_address import PORT_ENV as KVPOOL_PORT_ENV
 from kvpilot.collectors.procfs import (
     ProcRef,
     is_alive,
@@ -47,10 +47,13 @@ from kvpilot.collectors.procfs import (
     read_environ,
     start_wall_s,
 )
+from kvpilot.collectors.safe_files import open_no_follow
 from kvpilot.collectors.secrets import mask_argv
 from kvpilot.collectors.vllm_argv import ServerArgs, parse_server_argv
 
 LOG_TAIL_CHARS = 4000
+
+_LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +268,8 @@ class LocalRuntime:
         )
         slot.mark = uuid.uuid4().hex
         env = self._env(spec, slot.mark)
-        with slot.log_path.open("ab") as log:
+        # Not through a link planted at the log's path (it would append to the link's target).
+        with os.fdopen(open_no_follow(slot.log_path, _LOG_FLAGS), "ab") as log:
             log.write(header.encode())
             log.flush()
             try:

@@ -7,6 +7,7 @@ file where a small file is expected must neither hang nor fill memory.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import threading
@@ -16,6 +17,9 @@ import pytest
 from pydantic import SecretStr
 
 from kvpilot.agent.app.control_token import MAX_TOKEN_FILE_BYTES, ControlToken
+from kvpilot.agent.config.agent import ApiConfig
+from kvpilot.agent.config.errors import ConfigError
+from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
 from kvpilot.agent.state.db import DB_FILENAME
 from kvpilot.agent.state.errors import StateUnusable
 from kvpilot.agent.state.exclusive import open_exclusive
@@ -128,3 +132,41 @@ def test_small_file_reads_are_capped(tmp_path: Path) -> None:
     link.symlink_to(big)
     big.write_bytes(b"token\n")
     assert read_small_file(link, MAX_TOKEN_FILE_BYTES) == b"token\n"  # a mounted Secret
+
+
+def test_a_fifo_as_the_configured_token_file_does_not_hang_start_up(tmp_path: Path) -> None:
+    fifo = tmp_path / "token"
+    os.mkfifo(fifo)
+    config = ApiConfig(token_file=fifo)
+    outcome: list[BaseException | None] = []
+    reader = threading.Thread(target=lambda: outcome.append(_raised(config)), daemon=True)
+    reader.start()
+    reader.join(2.0)
+    try:
+        assert outcome, "reading api.token_file blocked on a FIFO without a writer"
+        assert isinstance(outcome[0], ConfigError)
+        assert "not a regular file" in str(outcome[0])
+    finally:  # release a reader the old code left blocked in open()
+        if not outcome:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def _raised(config: ApiConfig) -> BaseException | None:
+    try:
+        config.control_token()
+    except BaseException as exc:
+        return exc
+    return None
+
+
+def test_a_link_planted_as_a_servers_log_is_not_appended_through(tmp_path: Path) -> None:
+    target = tmp_path / "victim"
+    target.write_bytes(b"untouched")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "vllm.log").symlink_to(target)
+    argv = ("python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m")
+    runtime = LocalRuntime([LocalInstanceSpec("vllm", argv)], logs)
+    with pytest.raises(UnsafeFile, match="symbolic link"):
+        asyncio.run(runtime.start("vllm", ready_timeout_s=1.0))
+    assert target.read_bytes() == b"untouched"
