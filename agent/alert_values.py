@@ -29,7 +29,7 @@ class AlertTransition:
 
 
 @dataclass(frozen=True, slots=True)
-class AlertRow:
+class StoredAlert:
     """One alert's persisted state; every stamp is wall time (seconds since the epoch)."""
 
     fingerprint: str

@@ -36,7 +36,7 @@ from kvpilot.agent.alert_limit import (
     admit,
     limit_condition,
 )
-from kvpilot.agent.alert_values import AlertRow, AlertTransition, AlertView, Silence
+from kvpilot.agent.alert_values import AlertTransition, AlertView, Silence, StoredAlert
 from kvpilot.agent.model import AlertEvent, AlertState, Condition, Labels, labels_of
 
 TARGET_GONE = "target gone: no condition reported for {grace:g} s"
@@ -112,7 +112,7 @@ class AlertTracker:
     @classmethod
     def from_rows(
         cls,
-        rows: Iterable[AlertRow],
+        rows: Iterable[StoredAlert],
         *,
         silences: Iterable[Silence] = (),
         **kwargs: object,
@@ -139,10 +139,10 @@ class AlertTracker:
         tracker._needs_restore = True
         return tracker
 
-    def to_rows(self) -> list[AlertRow]:
+    def to_rows(self) -> list[StoredAlert]:
         """Every pending, firing and resolved alert (inactive ones carry no memory)."""
         return [
-            AlertRow(
+            StoredAlert(
                 fingerprint=a.fingerprint,
                 rule=a.rule,
                 labels=a.labels,

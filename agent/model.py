@@ -10,7 +10,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
-Labels = tuple[tuple[str, str], ...]  # sorted by name
+# The exposition's label pairs; an alert's are kept sorted by name (`labels_of`).
+from kvpilot.collectors.promtext import Labels as Labels
+
 AlertState = Literal["inactive", "pending", "firing", "resolved"]
 Role = Literal["stable", "canary"]
 

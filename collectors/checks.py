@@ -1,6 +1,6 @@
 """Every outside value checked at the edge: what cannot be true becomes unknown with a reason.
 
-A source builds each sample through a ``Checks``: a value that is not finite, outside its
+A source builds each sample through a ``SampleChecks``: a value that is not finite, outside its
 range, negative where it counts things, or contradicted by another figure or by a duplicate
 series becomes None, and the refusal (field, reason, what was read) travels with the sample
 so the agent can count it by reason. A rule never sees such a number.
@@ -41,7 +41,7 @@ class Refused:
     detail: str
 
 
-class Checks:
+class SampleChecks:
     """Collects the refusals while one sample is built; each check returns the value or None."""
 
     __slots__ = ("refused",)

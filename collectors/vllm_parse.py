@@ -14,11 +14,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import TypedDict
 
-from kvpilot.collectors.checks import Checks, Refused, same_reading
+from kvpilot.collectors.checks import Refused, SampleChecks, same_reading
 from kvpilot.collectors.histogram import Histogram
 from kvpilot.collectors.promtext import Labels, MetricsParseError, scan
-
-EngineKey = tuple[str, str]  # (model_name, engine)
+from kvpilot.collectors.window import EngineKey as EngineKey
 
 # Family name -> EngineSample field. Where a field has an older name too, the first
 # listed wins when a server exports both.
@@ -27,7 +26,11 @@ _GAUGES: dict[str, str] = {
     "vllm:gpu_cache_usage_perc": "kv_usage_ratio",  # v0 and early v1
     "vllm:num_requests_running": "requests_running",
     "vllm:num_requests_waiting": "requests_waiting",
+    # One series per reason label; the scan renames them (see _by_reason).
+    "vllm:num_requests_waiting_by_reason:capacity": "requests_waiting_capacity",
+    "vllm:num_requests_waiting_by_reason:deferred": "requests_deferred",
 }
+_WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 _COUNTERS: dict[str, str] = {
     "vllm:num_preemptions_total": "preemptions_total",
     "vllm:prefix_cache_queries_total": "prefix_cache_queries_total",
@@ -50,13 +53,21 @@ _HISTOGRAMS: dict[str, str] = {
     # Per request, observed when it finishes: what a learned workload draws its lengths from.
     "vllm:request_prompt_tokens": "request_prompt_tokens",
     "vllm:request_generation_tokens": "request_generation_tokens",
+    # Preemptions per finished request (thrash): its _sum and _count become counters.
+    "vllm:request_num_preemptions": "request_preemptions",
 }
 # Counters exported once per finished_reason label: the field is their sum.
-_SUMMED: dict[str, str] = {"vllm:request_success_total": "requests_success_total"}
+_SUMMED: dict[str, str] = {
+    "vllm:request_success_total": "requests_success_total",
+    # Counted in the API server per reason, without an engine label: it lands on engine "0".
+    "vllm:admission_rejections_total": "admission_rejections_total",
+}
 _CACHE_CONFIG = "vllm:cache_config_info"
 _FAMILIES = (*_GAUGES, *_COUNTERS, *_HISTOGRAMS, *_SUMMED)
 _PRIORITY = {name: i for i, name in enumerate(_FAMILIES)}
-_COUNTS = frozenset({"requests_running", "requests_waiting"})
+_COUNTS = frozenset(
+    {"requests_running", "requests_waiting", "requests_waiting_capacity", "requests_deferred"}
+)
 # Sample name -> (part, field, family). Parts: "value" for gauges and counters, else the
 # histogram's "bucket", "sum" or "count".
 _DISPATCH: dict[str, tuple[str, str, str]] = {
@@ -97,6 +108,8 @@ class EngineSample:
     cache_config: tuple[tuple[str, str], ...] = ()
     requests_running: int | None = None
     requests_waiting: int | None = None
+    requests_waiting_capacity: int | None = None  # waiting for KV blocks or batch room
+    requests_deferred: int | None = None  # held back by a transient constraint
     preemptions_total: float | None = None
     prefix_cache_queries_total: float | None = None
     prefix_cache_hits_total: float | None = None
@@ -104,6 +117,10 @@ class EngineSample:
     generation_tokens_total: float | None = None
     iterations_total: float | None = None  # engine steps: the progress heartbeat
     requests_success_total: float | None = None  # finished requests, every finished_reason
+    admission_rejections_total: float | None = None  # refused by a queue limit, every reason
+    # From vllm:request_num_preemptions: preemptions of finished requests, and those requests.
+    request_preemptions_sum: float | None = None
+    request_preemptions_count: float | None = None
     ttft: Histogram | None = None
     inter_token_latency: Histogram | None = None
     e2e_latency: Histogram | None = None
@@ -113,6 +130,7 @@ class EngineSample:
     iteration_tokens: Histogram | None = None
     request_prompt_tokens: Histogram | None = None  # prompt length per finished request
     request_generation_tokens: Histogram | None = None  # output length per finished request
+    request_preemptions: Histogram | None = None  # preemptions per finished request
     refused: tuple[Refused, ...] = ()
 
     @property
@@ -136,6 +154,7 @@ def kept_for_counters(sample: EngineSample) -> EngineSample:
         iteration_tokens=None,
         request_prompt_tokens=None,
         request_generation_tokens=None,
+        request_preemptions=None,
     )
 
 
@@ -187,6 +206,8 @@ def parse_vllm_metrics(
     conflicts: set[tuple[EngineKey, str]] = set()  # (engine, family) exported twice, differently
     summed: dict[tuple[EngineKey, str], list[float]] = {}  # one value per finished_reason
     for name, labels, value in scan(text, prefixes=_PREFIXES, sample_limit=sample_limit):
+        if name == _WAITING_BY_REASON:
+            name = _by_reason(name, labels)
         target = _DISPATCH.get(name)
         if target is None:
             if name == _CACHE_CONFIG:
@@ -240,6 +261,14 @@ def parse_vllm_metrics(
     return _assemble(found, taken_at_s, wall_time_s)
 
 
+def _by_reason(name: str, labels: Labels) -> str:
+    """A per-reason family's series under its own name, so each reason has its own field."""
+    for k, v in labels:
+        if k == "reason":
+            return f"{name}:{v}"
+    return name
+
+
 def _identity(labels: Labels) -> tuple[EngineKey, str | None]:
     """The engine key and the ``le`` label of one label set."""
     model, engine, le = "", "0", None
@@ -284,7 +313,7 @@ def _assemble(found: _Found, taken_at_s: float, wall_time_s: float) -> tuple[Eng
     n_engines = len({engine for _, engine in found.values})
     out = []
     for key in sorted(found.values):
-        checks = Checks()
+        checks = SampleChecks()
         fields: dict[str, object] = {}
         for name, value in found.values[key].items():
             family = _FAMILIES[found.ranks[(key, name)]]
@@ -309,6 +338,10 @@ def _assemble(found: _Found, taken_at_s: float, wall_time_s: float) -> tuple[Eng
         iterations = fields.get("iteration_tokens")
         if isinstance(iterations, Histogram):
             fields["iterations_total"] = iterations.count
+        thrash = fields.get("request_preemptions")
+        if isinstance(thrash, Histogram):
+            fields["request_preemptions_sum"] = thrash.sum
+            fields["request_preemptions_count"] = thrash.count
         info = found.cache_infos.get(key[1]) or found.cache_infos.get(None) or ()
         usage = fields.get("kv_usage_ratio")
         fields.update(
@@ -335,7 +368,7 @@ def _summed(
     parts: list[float],
     conflict_key: tuple[EngineKey, str],
     found: _Found,
-    checks: Checks,
+    checks: SampleChecks,
 ) -> float | None:
     """The sum of a counter's series; None when any of them is refused."""
     if conflict_key in found.conflicts:
@@ -354,7 +387,7 @@ class _CacheFields(TypedDict):
 
 
 def _cache_fields(
-    info: Labels, n_engines: int, usage: float | None, checks: Checks
+    info: Labels, n_engines: int, usage: float | None, checks: SampleChecks
 ) -> _CacheFields:
     """Block figures from ``vllm:cache_config_info``'s labels and the (checked) usage ratio."""
     labels = dict(info)
@@ -379,7 +412,7 @@ def _cache_fields(
 MAX_LABEL_INT = 2**53
 
 
-def _int_label(text: str | None, field: str, checks: Checks, least: int) -> int | None:
+def _int_label(text: str | None, field: str, checks: SampleChecks, least: int) -> int | None:
     """An integer label value in `least`..``MAX_LABEL_INT``; None for absent, "None" and
     anything else that is no integer (a number out of range is refused with its reason)."""
     if text is None:
@@ -412,7 +445,7 @@ def _without_known_families(
     n = len({e for _, e in engines})
     out = []
     for model, engine in sorted(engines):
-        checks = Checks()
+        checks = SampleChecks()
         info = cache_infos.get(engine) or cache_infos.get(None) or ()
         fields = _cache_fields(info, n, None, checks)
         out.append(

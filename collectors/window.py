@@ -24,22 +24,22 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from kvpilot.collectors.histogram import Histogram, add, delta, quantile
 
-Key = tuple[str, str]
+EngineKey = tuple[str, str]  # (model_name, engine): one engine across scrapes
 DEFAULT_QUANTILES = (0.5, 0.95, 0.99)
 
 
-class Sample(Protocol):
+class WindowSample(Protocol):
     """What the window needs of a sample: a key and a monotonic stamp."""
 
     @property
-    def key(self) -> Key: ...
+    def key(self) -> EngineKey: ...
 
     @property
     def taken_at_s(self) -> float: ...
 
 
-SampleT = TypeVar("SampleT", bound=Sample)
-SampleT_co = TypeVar("SampleT_co", bound=Sample, covariant=True)
+SampleT = TypeVar("SampleT", bound=WindowSample)
+SampleT_co = TypeVar("SampleT_co", bound=WindowSample, covariant=True)
 
 
 class Scrape(Protocol[SampleT_co]):
@@ -71,13 +71,13 @@ class RollingWindow(Generic[SampleT]):
         self.retention_s = retention_s
         self._thin_after_s = thin_after_s
         self._thin = thin
-        self._series: dict[Key, deque[SampleT]] = {}
-        self._thinned: dict[Key, int] = {}  # how many of a series' oldest samples are thin
+        self._series: dict[EngineKey, deque[SampleT]] = {}
+        self._thinned: dict[EngineKey, int] = {}  # how many of a series' oldest samples are thin
         self._last_at_s: float | None = None
         # Per series and counter or histogram field: where it last went down (a histogram by
         # its count), so that a span's increase reads two samples, not every sample of the
         # span, on every tick.
-        self._resets: dict[tuple[Key, str], _ResetMark] = {}
+        self._resets: dict[tuple[EngineKey, str], _ResetMark] = {}
 
     def add(self, scrape: Scrape[SampleT]) -> None:
         """Append a scrape's samples, trim old ones, and drop engines the scrape no longer has."""
@@ -116,21 +116,21 @@ class RollingWindow(Generic[SampleT]):
             thinned += 1
         return thinned
 
-    def keys(self) -> list[Key]:
+    def keys(self) -> list[EngineKey]:
         """The engines the latest scrape reported."""
         return list(self._series)
 
-    def latest(self, key: Key) -> SampleT | None:
+    def latest(self, key: EngineKey) -> SampleT | None:
         """The newest sample of an engine."""
         series = self._series.get(key)
         return series[-1] if series else None
 
-    def newest_first(self, key: Key) -> Iterator[SampleT]:
+    def newest_first(self, key: EngineKey) -> Iterator[SampleT]:
         """The samples of an engine, newest first, without copying the series (for a walk
         that stops early); the window must not change during the walk."""
         return reversed(self._series.get(key, ()))
 
-    def covered_s(self, key: Key, span_s: float) -> float | None:
+    def covered_s(self, key: EngineKey, span_s: float) -> float | None:
         """Seconds between the oldest and the newest sample within ``span_s`` of the newest;
         None below two samples."""
         series = self._series.get(key)
@@ -140,7 +140,7 @@ class RollingWindow(Generic[SampleT]):
         oldest = series[bisect_left(series, newest - span_s, key=_stamp)].taken_at_s
         return newest - oldest if oldest < newest else None
 
-    def samples(self, key: Key, span_s: float | None = None) -> list[SampleT]:
+    def samples(self, key: EngineKey, span_s: float | None = None) -> list[SampleT]:
         """The samples of an engine, oldest first, within ``span_s`` of the newest if given."""
         series = self._series.get(key)
         if not series:
@@ -156,17 +156,19 @@ class RollingWindow(Generic[SampleT]):
         out.reverse()
         return out
 
-    def increase(self, key: Key, field: str, span_s: float) -> float | None:
+    def increase(self, key: EngineKey, field: str, span_s: float) -> float | None:
         """How much a counter grew over the span, resets counted from 0; None below two values."""
         span = self._counter_span(key, field, span_s)
         return None if span is None else span[1]
 
-    def rate(self, key: Key, field: str, span_s: float) -> float | None:
+    def rate(self, key: EngineKey, field: str, span_s: float) -> float | None:
         """Per-second increase of a counter over the span; None below two values."""
         span = self._counter_span(key, field, span_s)
         return None if span is None else span[1] / span[0]  # stamps strictly increase
 
-    def _counter_span(self, key: Key, field: str, span_s: float) -> tuple[float, float] | None:
+    def _counter_span(
+        self, key: EngineKey, field: str, span_s: float
+    ) -> tuple[float, float] | None:
         newest_s = self.newest_known_at_s(key, field)
         latest = self.latest(key)
         if newest_s is None or latest is None:
@@ -174,7 +176,7 @@ class RollingWindow(Generic[SampleT]):
         return self.increase_between(key, field, latest.taken_at_s - span_s, newest_s)
 
     def increase_between(
-        self, key: Key, field: str, start_s: float, end_s: float
+        self, key: EngineKey, field: str, start_s: float, end_s: float
     ) -> tuple[float, float] | None:
         """(seconds, increase) of a counter from its first value stamped at or after
         `start_s` to its first value stamped at or after `end_s`, resets counted from 0; None
@@ -195,13 +197,13 @@ class RollingWindow(Generic[SampleT]):
         hi = bisect_left(series, last.taken_at_s, key=_stamp)
         return seconds, _increase(_values([series[i] for i in range(lo, hi + 1)], field))
 
-    def newest_known_at_s(self, key: Key, field: str) -> float | None:
+    def newest_known_at_s(self, key: EngineKey, field: str) -> float | None:
         """The stamp of the newest sample whose `field` is known."""
         series = self._series.get(key)
         last = _last_known(series, field) if series else None
         return None if last is None else last.taken_at_s
 
-    def histogram_over(self, key: Key, field: str, span_s: float) -> Histogram | None:
+    def histogram_over(self, key: EngineKey, field: str, span_s: float) -> Histogram | None:
         """The observations a cumulative histogram gained over the span; None below two values."""
         series = self._series.get(key)
         if not series:
@@ -222,7 +224,7 @@ class RollingWindow(Generic[SampleT]):
             total = step if summed is None else summed  # a new bucket layout starts over
         return total
 
-    def _last_reset_at_s(self, key: Key, field: str, series: deque[SampleT]) -> float | None:
+    def _last_reset_at_s(self, key: EngineKey, field: str, series: deque[SampleT]) -> float | None:
         """The stamp of the newest value of `field` below the one before it (a restart), or
         None; reads only the samples added since the last call."""
         mark = self._resets.get((key, field))
@@ -246,7 +248,7 @@ class RollingWindow(Generic[SampleT]):
         return reset_at_s
 
     def quantiles(
-        self, key: Key, field: str, span_s: float, qs: Iterable[float] = DEFAULT_QUANTILES
+        self, key: EngineKey, field: str, span_s: float, qs: Iterable[float] = DEFAULT_QUANTILES
     ) -> dict[float, float | None]:
         """Quantiles of the observations made during the span (as ``histogram_quantile``)."""
         h = self.histogram_over(key, field, span_s)
@@ -271,7 +273,7 @@ class _ResetMark:
     reset_at_s: float | None  # the stamp of the newest count below its predecessor
 
 
-def _stamp(sample: Sample) -> float:
+def _stamp(sample: WindowSample) -> float:
     return sample.taken_at_s
 
 
@@ -301,7 +303,7 @@ def _increase(points: list[tuple[float, float]]) -> float:
     return total
 
 
-def _values(samples: Sequence[Sample], field: str) -> list[tuple[float, Any]]:
+def _values(samples: Sequence[WindowSample], field: str) -> list[tuple[float, Any]]:
     """``(taken_at_s, value)`` of the samples where ``field`` is known."""
     out = []
     for s in samples:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-Kind = Literal["gauge", "counter", "info"]
+FamilyKind = Literal["gauge", "counter", "info"]
 
 # `server` is the vLLM instance's name in kvpilot's configuration, `role` stable or canary.
 SERVER = ("server", "role")
@@ -27,7 +27,7 @@ _NAME = re.compile(r"kvpilot_[a-z0-9_]+")
 
 
 @dataclass(frozen=True, slots=True)
-class MetricSpec:
+class FamilySpec:
     """One family: its name as Prometheus stores the samples, kind, label names and help.
 
     Info families are gauges of 1 whose labels carry the values; a `version` label is the
@@ -35,7 +35,7 @@ class MetricSpec:
     """
 
     name: str
-    kind: Kind
+    kind: FamilyKind
     labels: tuple[str, ...]
     help: str
 
@@ -65,22 +65,22 @@ class MetricSpec:
         return self.name
 
 
-SPECS: tuple[MetricSpec, ...] = (
+SPECS: tuple[FamilySpec, ...] = (
     # The agent itself.
-    MetricSpec("kvpilot_build_info", "info", ("version",), "kvpilot's version."),
-    MetricSpec(
+    FamilySpec("kvpilot_build_info", "info", ("version",), "kvpilot's version."),
+    FamilySpec(
         "kvpilot_collector_up",
         "gauge",
         (*SERVER, "source"),
         "1 when the source's last read succeeded, 0 when it failed (see errors_total).",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_collector_scrape_duration_seconds",
         "gauge",
         (*SERVER, "source"),
         "Time the source's last read took.",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_collector_errors_total",
         "counter",
         (*SERVER, "source", "reason"),
@@ -89,74 +89,74 @@ SPECS: tuple[MetricSpec, ...] = (
         "call errors, and values refused at the edge, each made unknown (non_finite, "
         "out_of_range, negative, not_integer, duplicate_series, contradictory).",
     ),
-    MetricSpec("kvpilot_ticks_total", "counter", (), "Collection ticks the agent has completed."),
+    FamilySpec("kvpilot_ticks_total", "counter", (), "Collection ticks the agent has completed."),
     # The sidecar loop.
-    MetricSpec(
+    FamilySpec(
         "kvpilot_alerts",
         "gauge",
         ("alertname", "state", "severity"),
         "Alerts the agent tracks, by state (pending, firing, resolved).",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_outbox_backlog",
         "gauge",
         (),
         "Notifications waiting in the outbox for delivery (queued or retrying).",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_notifications_total",
         "counter",
         ("notifier", "outcome"),
         "Notification deliveries by notifier and outcome (delivered, retry, deferred, given_up, "
         "dropped: past the outbox's bound).",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_remediations_total",
         "counter",
         ("server", "outcome"),
         "Remediations that ended, by server and outcome (succeeded, failed, skipped, vetoed, "
         "dry_run, ...).",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_remediation_circuit_open",
         "gauge",
         ("server",),
         "1 while the server's restart circuit breaker is open (restarts stopped, paged).",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_remediation_in_progress",
         "gauge",
         (),
         "1 while a remediation (drain, restart, verify) is running.",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_tick_overruns_total",
         "counter",
         (),
         "Ticks that took longer than the interval (the next one waited; none piled up).",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_background_task_failures_total",
         "counter",
         ("task",),
         "Background tasks (delivery, remediation, start-up) that ended with an error; "
         "each is logged with its traceback.",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_state_write_errors_total",
         "counter",
         ("reason",),
         "Writes to the state database that failed (disk_full, read_only, io_error, busy, "
         "corrupt, ...); what a failed tick decided is retried on the next one.",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_config_last_reload_successful",
         "gauge",
         (),
         "1 when the latest configuration reload (SIGHUP or POST /-/reload) was applied, 0 "
         "when it was refused (kvpilot runs on the configuration it had).",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_unattended_canaries",
         "gauge",
         ("deployment",),
@@ -165,50 +165,71 @@ SPECS: tuple[MetricSpec, ...] = (
         "(paged). 0 once cleaned up.",
     ),
     # vLLM /metrics, per engine.
-    MetricSpec("kvpilot_vllm_info", "info", (*SERVER, "version"), "The vLLM server's version."),
-    MetricSpec("kvpilot_kv_usage_ratio", "gauge", ENGINE, "KV-cache usage, 0..1 (vLLM's figure)."),
-    MetricSpec(
+    FamilySpec("kvpilot_vllm_info", "info", (*SERVER, "version"), "The vLLM server's version."),
+    FamilySpec("kvpilot_kv_usage_ratio", "gauge", ENGINE, "KV-cache usage, 0..1 (vLLM's figure)."),
+    FamilySpec(
         "kvpilot_kv_blocks",
         "gauge",
         (*ENGINE, "state"),
         "KV blocks by state: capacity and free (from vLLM: num_gpu_blocks less the null block, "
         "and the usage ratio).",
     ),
-    MetricSpec("kvpilot_kv_block_size_tokens", "gauge", ENGINE, "Tokens per KV block."),
-    MetricSpec("kvpilot_requests_running", "gauge", ENGINE, "Requests in the running batch."),
-    MetricSpec("kvpilot_requests_waiting", "gauge", ENGINE, "Requests waiting to be scheduled."),
-    MetricSpec(
+    FamilySpec("kvpilot_kv_block_size_tokens", "gauge", ENGINE, "Tokens per KV block."),
+    FamilySpec("kvpilot_requests_running", "gauge", ENGINE, "Requests in the running batch."),
+    FamilySpec("kvpilot_requests_waiting", "gauge", ENGINE, "Requests waiting to be scheduled."),
+    FamilySpec(
+        "kvpilot_requests_deferred",
+        "gauge",
+        ENGINE,
+        "Waiting requests held back by a transient constraint (LoRA budget, KV transfer): "
+        'vllm:num_requests_waiting_by_reason{reason="deferred"}.',
+    ),
+    FamilySpec(
+        "kvpilot_admission_rejections_total",
+        "counter",
+        ENGINE,
+        "Requests refused by a queue limit (vllm:admission_rejections, every reason; counted "
+        'in the API server without an engine label, so on engine="0").',
+    ),
+    FamilySpec(
+        "kvpilot_request_preemptions_total",
+        "counter",
+        ENGINE,
+        "Preemptions of finished requests (the sum of vllm:request_num_preemptions): per "
+        "finished request, the thrash each request saw.",
+    ),
+    FamilySpec(
         "kvpilot_preemptions_total",
         "counter",
         (*ENGINE, "counter"),
         'Preemptions: counter="vllm" is vLLM\'s own (it lags until the victim produces '
         'output again), counter="kvpool" is the plugin\'s, counted where the scheduler preempts.',
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_preemption_rate_per_second",
         "gauge",
         (*ENGINE, "counter"),
         "Preemptions per second over the agent's rate window.",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_prefix_cache_hit_ratio",
         "gauge",
         ENGINE,
         "Prefix-cache hits over queries in the agent's rate window.",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_generation_tokens_per_second",
         "gauge",
         ENGINE,
         "Output tokens per second over the agent's rate window.",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_iterations_per_second",
         "gauge",
         ENGINE,
         "Engine steps per second over the rate window: the progress heartbeat.",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_latency_seconds",
         "gauge",
         (*ENGINE, "metric", "percentile"),
@@ -216,13 +237,13 @@ SPECS: tuple[MetricSpec, ...] = (
         "metric is ttft, inter_token, e2e or queue.",
     ),
     # The memory planner against the live server.
-    MetricSpec(
+    FamilySpec(
         "kvpilot_planner_kv_blocks_predicted",
         "gauge",
         ENGINE,
         "KV blocks the memory planner predicts for the server's own cache settings.",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_planner_kv_blocks_difference_ratio",
         "gauge",
         ENGINE,
@@ -230,20 +251,20 @@ SPECS: tuple[MetricSpec, ...] = (
         "below 0: less memory than planned, e.g. activation peak, CUDA graphs, a neighbour).",
     ),
     # kvpool, the in-engine plugin.
-    MetricSpec(
+    FamilySpec(
         "kvpilot_kvpool_blocks",
         "gauge",
         (*ENGINE, "state"),
         "KV blocks counted in the engine's block pool: state is total, free, free_cached, "
         "empty (block 0, the null block, never counted).",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_kvpool_longest_free_run_blocks",
         "gauge",
         ENGINE,
         "The longest run of consecutive free block ids.",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_fragmentation_ratio",
         "gauge",
         (*ENGINE, "source", "device", "rank"),
@@ -251,46 +272,69 @@ SPECS: tuple[MetricSpec, ...] = (
         "(absent while fewer than max(16, 2 % of total) blocks are free); source=allocator: "
         "the CUDA caching allocator's reserved segments, per device and worker rank.",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_internal_fragmentation_slots",
         "gauge",
         ENGINE,
         "Token slots reserved but unused in the last block of each running request.",
     ),
-    MetricSpec(
+    FamilySpec(
+        "kvpilot_token_occupancy_ratio",
+        "gauge",
+        (*ENGINE, "kv_group"),
+        "Tokens held / (KV blocks in use x block size), per KV group, from the plugin at a "
+        "step boundary (free cached blocks are not in use); absent while no block is in use.",
+    ),
+    FamilySpec(
         "kvpilot_last_preemption_timestamp_seconds",
         "gauge",
         ENGINE,
         "Wall time of the latest preemption, taken in the engine.",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_allocator_bytes",
         "gauge",
         (*SERVER, "device", "rank", "state"),
         "CUDA caching allocator in the process owning the device: state is reserved, "
         "allocated, inactive_split, free_in_reserved, largest_free_block.",
     ),
+    FamilySpec(
+        "kvpilot_memory_ledger_bytes",
+        "gauge",
+        (*SERVER, "device", "rank", "part", "source"),
+        "Memory ledger from the kvpool plugin: disjoint parts of the device's used memory "
+        "(CPU: the engine process's PSS), weights, cuda_graphs, cuda_context, kv_cache, "
+        "allocator_slack and unattributed (used minus the others), each with its source.",
+    ),
+    FamilySpec(
+        "kvpilot_memory_figure_bytes",
+        "gauge",
+        (*SERVER, "device", "rank", "figure"),
+        "Memory ledger figures: used, kv_used (blocks held by requests), budget (vLLM's "
+        "requested memory), drift (used minus budget), headroom (capacity minus budget), "
+        "unallocated (free on the device).",
+    ),
     # NVML.
-    MetricSpec(
+    FamilySpec(
         "kvpilot_gpu_memory_bytes",
         "gauge",
         (*GPU, "state"),
         "GPU memory by state: total, used, free, reserved (reserved needs NVML's v2 call).",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_gpu_utilization_ratio",
         "gauge",
         (*GPU, "unit"),
         "GPU utilisation over NVML's last sample period: unit is sm or memory.",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_gpu_process_memory_bytes",
         "gauge",
         (*GPU, "pid", "owner", "server"),
         "Memory of each compute process on the GPU: owner is server (a process of the vLLM "
         "server named by the server label) or neighbour.",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_mig_memory_bytes",
         "gauge",
         ("gpu", "mig", "uuid", "state"),
@@ -298,40 +342,40 @@ SPECS: tuple[MetricSpec, ...] = (
     ),
     # The tuner: trials, the best result, the live flags (rendered by tuning_metrics, which
     # also writes them as OpenMetrics history for a backfill).
-    MetricSpec(
+    FamilySpec(
         "kvpilot_tuning_trial_goodput_tokens_per_second",
         "gauge",
         ("trial", "state", "verdict"),
         "Goodput under the SLO of each finished trial (kept for infeasible trials).",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_tuning_trial_preemption_rate_per_second",
         "gauge",
         ("trial",),
         "Preemptions per second over each finished trial's measurement window.",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_tuning_trial_info",
         "info",
         ("trial", "state", "verdict", "flags", "reason"),
         "Each trial's flags, state, canary verdict and reason.",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_tuning_best_goodput_tokens_per_second",
         "gauge",
         (),
         "The best goodput of a feasible trial so far.",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_tuning_trials_total", "counter", ("state",), "Trials finished, by final state."
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_live_flags_info",
         "info",
         ("server", "flags", "source"),
         "The flags each stable server runs with: configured, or promoted by the tuner.",
     ),
-    MetricSpec(
+    FamilySpec(
         "kvpilot_canary_metric",
         "gauge",
         ("trial", "metric", "side", "stat"),
@@ -340,7 +384,7 @@ SPECS: tuple[MetricSpec, ...] = (
 )
 
 
-def _index(specs: tuple[MetricSpec, ...]) -> Mapping[str, MetricSpec]:
+def _index(specs: tuple[FamilySpec, ...]) -> Mapping[str, FamilySpec]:
     index = {spec.name: spec for spec in specs}
     if len(index) != len(specs):
         repeated = sorted({s.name for s in specs if sum(t.name == s.name for t in specs) > 1})
@@ -348,10 +392,10 @@ def _index(specs: tuple[MetricSpec, ...]) -> Mapping[str, MetricSpec]:
     return MappingProxyType(index)
 
 
-CATALOG: Mapping[str, MetricSpec] = _index(SPECS)
+CATALOG: Mapping[str, FamilySpec] = _index(SPECS)
 
 
-def specs(*names: str) -> tuple[MetricSpec, ...]:
+def specs(*names: str) -> tuple[FamilySpec, ...]:
     """The catalog's specs of `names`, in that order; a name not in the catalog raises."""
     missing = [name for name in names if name not in CATALOG]
     if missing:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders import dashboard as dashboard_builders
-from grafana_foundation_sdk.builders import prometheus, stat, timeseries
+from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
 from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models.dashboard import (
@@ -50,7 +50,7 @@ TOKENS_PER_SECOND = "suffix: tok/s"
 
 
 # A dashboard is a sequence of rows and panels, in layout order.
-Item = dashboard_builders.Row | timeseries.Panel | stat.Panel
+Item = dashboard_builders.Row | timeseries.Panel | stat.Panel | table.Panel
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from grafana_foundation_sdk.builders import dashboard as dashboard_builders
-from grafana_foundation_sdk.builders import prometheus, table, timeseries
+from grafana_foundation_sdk.builders import prometheus, table
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models.dashboard import (
     Dashboard,
@@ -23,6 +23,7 @@ from kvpilot.dashboards.panels import (
     RATIO,
     SECONDS,
     TOKENS_PER_SECOND,
+    Item,
     Query,
     datasource_variable,
     query_variable,
@@ -45,8 +46,6 @@ TITLE = "kvpilot / Tuning"
 SERVER = f'{INSTANCE}, server=~"$server"'
 # Labels Prometheus adds or the table does not need.
 _HIDDEN_COLUMNS = ("Time", "Value", "__name__", "job", "instance")
-
-Item = dashboard_builders.Row | timeseries.Panel | table.Panel
 
 
 def _table_panel(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from kvpilot.collectors.secrets import mask_text
-from kvpilot.dashboards.metric_catalog import MetricSpec, specs
+from kvpilot.dashboards.metric_catalog import FamilySpec, specs
 from kvpilot.tuner.judge.judgement import Judgement
 from kvpilot.tuner.problem.constraints import Value
 from kvpilot.tuner.trials import Trial, TrialState
@@ -47,7 +47,7 @@ class LiveFlags:
 
 
 # The families' specs are the catalog's; this module renders their samples.
-SPECS: tuple[MetricSpec, ...] = specs(
+SPECS: tuple[FamilySpec, ...] = specs(
     TRIAL_GOODPUT,
     TRIAL_PREEMPTION_RATE,
     TRIAL_INFO,
@@ -56,7 +56,7 @@ SPECS: tuple[MetricSpec, ...] = specs(
     LIVE_FLAGS_INFO,
     CANARY_METRIC,
 )
-SPEC_BY_NAME: Mapping[str, MetricSpec] = {spec.name: spec for spec in SPECS}
+SPEC_BY_NAME: Mapping[str, FamilySpec] = {spec.name: spec for spec in SPECS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +72,7 @@ class Sample:
 class Family:
     """A family's spec and its samples."""
 
-    spec: MetricSpec
+    spec: FamilySpec
     samples: tuple[Sample, ...]
 
 

@@ -27,11 +27,12 @@ from pydantic import (
 from starlette.requests import Request
 from starlette.routing import Route
 
+from kvpilot.agent.app.control_ports import ControlPorts
 from kvpilot.agent.app.control_token import ControlToken, control_token
 from kvpilot.agent.app.json_render import JsonResponse, error_response
-from kvpilot.agent.app.ports import ControlPorts
 from kvpilot.agent.app.request_body import BodyLimits, RequestRejected, read_json
-from kvpilot.agent.config import AgentConfig, secret_values
+from kvpilot.agent.config import secret_values
+from kvpilot.agent.config.runtime import RuntimeConfig
 from kvpilot.agent.runtimes import Runtime
 from kvpilot.agent.runtimes.kubernetes.values import RecommendsFlags
 from kvpilot.agent.runtimes.offloop import in_daemon_thread
@@ -106,8 +107,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _configured_argv(config: AgentConfig) -> dict[str, tuple[str, ...]]:
-    return {i.name: tuple(i.argv) for i in config.runtime.started_instances}
+def _configured_argv(runtime: RuntimeConfig) -> dict[str, tuple[str, ...]]:
+    return {i.name: tuple(i.argv) for i in runtime.started_instances}
 
 
 def _runtime_status(
@@ -218,7 +219,9 @@ def api_routes(
         # their own, so that a hung read stalls this answer alone, never the loop.
         try:
             targets, recommendations = await asyncio.wait_for(
-                in_daemon_thread(_runtime_status, ports.runtime, _configured_argv(ports.config)),
+                in_daemon_thread(
+                    _runtime_status, ports.runtime, _configured_argv(ports.config.runtime)
+                ),
                 runtime_timeout_s,
             )
         except TimeoutError:

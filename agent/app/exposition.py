@@ -26,14 +26,14 @@ from kvpilot.collectors.vllm_metrics import VllmScrape
 from kvpilot.dashboards import tuning_metrics
 from kvpilot.dashboards.metric_catalog import CATALOG
 
-Family = GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily
+ClientFamily = GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily
 
 
 class _Families:
     """Families declared in the catalog, created on first use, in catalog order."""
 
     def __init__(self) -> None:
-        self._made: dict[str, Family] = {}
+        self._made: dict[str, ClientFamily] = {}
 
     def add(self, name: str, labels: Iterable[str], value: float | None) -> None:
         if value is None:
@@ -47,7 +47,7 @@ class _Families:
         assert isinstance(family, InfoMetricFamily)
         family.add_metric(list(labels), values)
 
-    def _family(self, name: str) -> Family:
+    def _family(self, name: str) -> ClientFamily:
         if name not in self._made:
             spec = CATALOG[name]
             base = spec.base_name
@@ -62,7 +62,7 @@ class _Families:
             self._made[name] = maker(base, spec.help, labels=labels)
         return self._made[name]
 
-    def __iter__(self) -> Iterator[Family]:
+    def __iter__(self) -> Iterator[ClientFamily]:
         return iter(self._made.values())
 
 
@@ -88,7 +88,7 @@ class AgentCollector(Collector):
         self._servers = servers
         self._extra = extra
 
-    def collect(self) -> Iterator[Family]:
+    def collect(self) -> Iterator[ClientFamily]:
         out = _Families()
         out.info("kvpilot_build_info", (), {"version": kvpilot.__version__})
         servers = list(self._servers())
@@ -154,6 +154,9 @@ def _vllm(out: _Families, server: tuple[str, str], scrape: VllmScrape) -> None:
         out.add("kvpilot_kv_block_size_tokens", key, e.block_size)
         out.add("kvpilot_requests_running", key, e.requests_running)
         out.add("kvpilot_requests_waiting", key, e.requests_waiting)
+        out.add("kvpilot_requests_deferred", key, e.requests_deferred)
+        out.add("kvpilot_admission_rejections_total", key, e.admission_rejections_total)
+        out.add("kvpilot_request_preemptions_total", key, e.request_preemptions_sum)
         out.add("kvpilot_preemptions_total", (*key, "vllm"), e.preemptions_total)
 
 
@@ -171,6 +174,8 @@ def _kvpool(out: _Families, server: tuple[str, str], scrape: KvPoolScrape) -> No
         ratio = e.fragmentation.ratio if e.fragmentation is not None else None
         out.add("kvpilot_fragmentation_ratio", (*key, "kv_blocks", "", ""), ratio)
         out.add("kvpilot_internal_fragmentation_slots", key, e.internal_fragmentation_slots)
+        for group in e.occupancy:
+            out.add("kvpilot_token_occupancy_ratio", (*key, group.kv_group), group.ratio)
         out.add("kvpilot_preemptions_total", (*key, "kvpool"), e.preemptions_total)
         out.add("kvpilot_last_preemption_timestamp_seconds", key, e.last_preemption_wall_s)
     for a in scrape.allocators:
@@ -188,6 +193,20 @@ def _kvpool(out: _Families, server: tuple[str, str], scrape: KvPoolScrape) -> No
             ("largest_free_block", a.largest_free_block_bytes),
         ):
             out.add("kvpilot_allocator_bytes", (*key, state), value)
+    for ledger in scrape.ledgers:
+        key = (*server, ledger.device, ledger.rank)
+        for part, source, size in ledger.parts:
+            out.add("kvpilot_memory_ledger_bytes", (*key, part, source), size)
+        figures: tuple[tuple[str, float | None], ...] = (
+            ("used", ledger.used_bytes),
+            ("kv_used", ledger.kv_used_bytes),
+            ("budget", ledger.budget_bytes),
+            ("drift", ledger.drift_bytes),
+            ("headroom", ledger.headroom_bytes),
+            ("unallocated", ledger.unallocated_bytes),
+        )
+        for figure, amount in figures:
+            out.add("kvpilot_memory_figure_bytes", (*key, figure), amount)
 
 
 def _gpu(out: _Families, gpu: GpuSample, owners: Mapping[int, str]) -> None:

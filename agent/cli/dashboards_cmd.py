@@ -12,7 +12,7 @@ import typer
 from kvpilot.agent.rules.config import RulesConfig
 from kvpilot.dashboards.rule_context import RUNBOOK_URL_BASE, SCRAPE_INTERVAL_S
 
-ConfigFile = Annotated[
+RulesConfigFile = Annotated[
     Path | None,
     typer.Option(
         "--config",
@@ -40,7 +40,15 @@ def rules_config(config_file: Path | None) -> RulesConfig:
 
 def runbooks() -> dict[str, str]:
     """Each alert's runbook text, as the agent's own rules carry it."""
-    from kvpilot.agent.rules import fragmentation, gpu_memory, preemption, saturation, stall
+    from kvpilot.agent.rules import (
+        deferred,
+        fragmentation,
+        gpu_memory,
+        occupancy,
+        preemption,
+        saturation,
+        stall,
+    )
 
     return {
         fragmentation.ALERTNAME: " ".join(fragmentation.RUNBOOKS.values()),
@@ -49,6 +57,8 @@ def runbooks() -> dict[str, str]:
         preemption.ALERTNAME: preemption.RUNBOOK,
         saturation.ALERTNAME: saturation.RUNBOOK,
         stall.ALERTNAME: stall.RUNBOOK,
+        occupancy.ALERTNAME: occupancy.RUNBOOK,
+        deferred.ALERTNAME: deferred.RUNBOOK,
         gpu_memory.GROWTH_ALERTNAME: gpu_memory.GROWTH_RUNBOOK,
     }
 
@@ -66,7 +76,7 @@ def register(app: typer.Typer) -> None:
         check: Annotated[
             bool, typer.Option("--check", help="Write nothing; exit 1 when a file is stale.")
         ] = False,
-        config_file: ConfigFile = None,
+        config_file: RulesConfigFile = None,
     ) -> None:
         """Write the dashboards' JSON, the rules file and the deploy base's generated manifests."""
         from kvpilot.dashboards.build import generated_files, stale, write
@@ -101,7 +111,7 @@ def register(app: typer.Typer) -> None:
             ),
         ],
         timeout: Annotated[float, typer.Option(help="Per-request timeout, seconds.")] = 10.0,
-        config_file: ConfigFile = None,
+        config_file: RulesConfigFile = None,
     ) -> None:
         """Create the kvpilot folder and upload the dashboards that changed."""
         from kvpilot.dashboards.build import build_dashboards
@@ -153,7 +163,7 @@ def register(app: typer.Typer) -> None:
                 "this followed by <alert>.md."
             ),
         ] = RUNBOOK_URL_BASE,
-        config_file: ConfigFile = None,
+        config_file: RulesConfigFile = None,
     ) -> None:
         """Prometheus rules equivalent to kvpilot's own, and rules that watch kvpilot itself."""
         from kvpilot.dashboards.rules import build_rules

@@ -8,7 +8,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from kvpilot.agent.cli.report import render
+from kvpilot.agent.cli.snapshot_view import render
 from kvpilot.agent.tick.ticker import TickState
 
 

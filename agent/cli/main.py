@@ -143,7 +143,7 @@ def collect(
 async def _collect_once(
     settings: CollectSettings, pids: frozenset[int], *, span: float | None, as_json: bool
 ) -> bool:
-    from kvpilot.agent.cli.report import render, to_data
+    from kvpilot.agent.cli.snapshot_view import render, to_data
     from kvpilot.collectors.errors import SourceError
 
     nvml = NvmlCollector(server_pids=lambda: pids)

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from kvpilot.collectors.nvml import gpu_from_nvml
-from kvpilot.tuner.planner import ConfigError, PlanError, PlanInputs, make_plan
+from kvpilot.tuner.planner import ModelShapeError, PlanError, PlanInputs, make_plan
 from kvpilot.tuner.planner.render import plan_to_json, print_plan
 
 _UNITS = {
@@ -109,7 +109,7 @@ def plan_command(
     )
     try:
         plan = make_plan(config, inputs)
-    except (ConfigError, PlanError, ValueError) as exc:
+    except (ModelShapeError, PlanError, ValueError) as exc:
         err.print(f"[red]cannot plan: {exc}[/red]")
         raise typer.Exit(2) from exc
     if as_json:

@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from kvpilot.agent.notify.backoff import Backoff
 from kvpilot.agent.notify.base import DeliveryError, Notifier
 from kvpilot.agent.notify.batches import Lane, LaneKey, batch_size_of, groups
+from kvpilot.agent.notify.delivery_report import DeliveryCount, DeliveryOutcome, DeliveryReport
 from kvpilot.agent.notify.outbox_item import Outbox, OutboxItem
-from kvpilot.agent.notify.report import DeliveryCount, DeliveryOutcome, DeliveryReport
 from kvpilot.agent.notify.shedding import (
     DEFAULT_MAX_PENDING_PER_NOTIFIER,
     drop_reason,

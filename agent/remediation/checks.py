@@ -34,7 +34,7 @@ class Stopped(Exception):
         self.outcome = outcome
 
 
-class Checks:
+class RemediationChecks:
     """Runs the checks against one remediation; see the module docstring."""
 
     def __init__(

@@ -19,7 +19,7 @@ from kvpilot.agent.config import RemediationConfig
 from kvpilot.agent.model import Instance
 from kvpilot.agent.remediation.audit import AuditTrail
 from kvpilot.agent.remediation.breaker_book import BreakerBook
-from kvpilot.agent.remediation.checks import Checks, Stopped
+from kvpilot.agent.remediation.checks import RemediationChecks, Stopped
 from kvpilot.agent.remediation.guards import Cooldown, RestartBudget
 from kvpilot.agent.remediation.journal import RESTART_FAILED, VERIFY_FAILED
 from kvpilot.agent.remediation.prefix_cache import LightStep
@@ -74,7 +74,7 @@ class Executor:
         *,
         config: RemediationConfig,
         runtime: RestartTarget,
-        checks: Checks,
+        checks: RemediationChecks,
         progress: InProgress,
         audit: AuditTrail,
         book: BreakerBook,

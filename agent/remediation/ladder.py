@@ -3,10 +3,13 @@
 * `alert`: notify only; nothing is planned.
 * `restart`: the light step where vLLM offers one and the user enabled it (resetting the
   prefix cache), then a restart with the same flags.
-* `ladder` (the preemption spike's default): a restart with the tuner's validated better
-  flags when it holds some (a promotion; where the runtime cannot change flags, a
-  recommendation naming them instead); a restart with the same flags only for the
-  capacity-leak signature; otherwise a recommendation to run the tuner, and no restart.
+* `ladder` (the preemption spike's and capacity waiting's default): a restart with the
+  tuner's validated better flags when it holds some (a promotion; where the runtime cannot
+  change flags, a recommendation naming them instead); a restart with the same flags only
+  for the capacity-leak signature; otherwise no restart, since the same flags under the same
+  load bring the pressure back: a recommended lower admission cap (`--max-num-active-seqs`,
+  vLLM 0.32's cap on requests scheduled at once, below `--max-num-seqs`) where the flags are
+  known, else a recommendation to run the tuner.
 
 The ladder decides on the alert's typed facts (`AlertFacts`), which the rule puts on its
 condition: the action the rule is configured with (a condition without one is alert-only)
@@ -21,17 +24,23 @@ from typing import Literal
 
 from kvpilot.agent.model import Action, AlertFacts
 from kvpilot.collectors.secrets import mask_argv
-from kvpilot.collectors.vllm_argv import canonical_flags
+from kvpilot.collectors.vllm_argv import canonical_flags, flag_value, set_flag
 
-Step = Literal["reset_prefix_cache", "restart", "promote", "recommend_tuning", "recommend_config"]
+LadderStep = Literal[
+    "reset_prefix_cache", "restart", "promote", "recommend_tuning", "recommend_config"
+]
 # Steps that only advise: nothing is restarted.
-ADVICE_STEPS: frozenset[tuple[Step, ...]] = frozenset(
+ADVICE_STEPS: frozenset[tuple[LadderStep, ...]] = frozenset(
     {("recommend_tuning",), ("recommend_config",)}
 )
 # Rules whose pressure a prefix-cache reset can relieve: it frees cached blocks now, and
 # gives the block pool back its order.
 LIGHT_STEP_RULES = frozenset({"fragmentation_kv_blocks", "kv_saturation", "preemption_spike"})
 BetterConfig = Callable[[str], Sequence[str] | None]
+ADMISSION_CAP_FLAG = "--max-num-active-seqs"
+# A quarter fewer requests at once: enough to cut preemptions, little enough to keep
+# throughput; the judge of a tuning run finds the best value.
+ADMISSION_CAP_STEP_RATIO = 0.75
 
 
 def no_better_config(instance: str) -> Sequence[str] | None:
@@ -45,7 +54,7 @@ class LadderPlan:
 
     rule: str
     action: str
-    steps: tuple[Step, ...]
+    steps: tuple[LadderStep, ...]
     reason: str
     argv: tuple[str, ...] | None = None  # the flags to promote, or to recommend
 
@@ -107,6 +116,17 @@ def plan_for(
             if facts.capacity_leak is False
             else "capacity leak unknown"
         )
+        capped = lower_admission_cap(current_argv)
+        if capped is not None:
+            return LadderPlan(
+                rule,
+                action,
+                ("recommend_config",),
+                f"{why}; a restart with the same flags would bring the pressure back: lower "
+                f"the admission cap ({describe_change(current_argv, capped)}) so fewer "
+                "requests share the KV cache, or run the tuner for a validated larger budget",
+                capped,
+            )
         return LadderPlan(
             rule,
             action,
@@ -124,6 +144,20 @@ def plan_for(
     # The configuration admits no other action; should one come anyway, restarting on it
     # would be the unsafe guess.
     return LadderPlan(rule, action, (), f"{rule}: unknown action {action!r}, treated as alert only")
+
+
+def lower_admission_cap(argv: Sequence[str] | None) -> tuple[str, ...] | None:
+    """`argv` with `--max-num-active-seqs` a quarter below the cap in force now (its own
+    value, else `--max-num-seqs`); None when neither is on the command line (vLLM's default
+    depends on the device) or the cap is already 1."""
+    if argv is None:
+        return None
+    for flag in (ADMISSION_CAP_FLAG, "--max-num-seqs"):
+        text = flag_value(argv, flag)
+        if text is not None and text.isdigit() and int(text) > 1:
+            lower = max(1, int(int(text) * ADMISSION_CAP_STEP_RATIO))
+            return set_flag(argv, ADMISSION_CAP_FLAG, min(lower, int(text) - 1))
+    return None
 
 
 def manual_plan(reason: str) -> LadderPlan:
@@ -147,5 +181,5 @@ def describe_change(current: Sequence[str] | None, new: Sequence[str]) -> str:
     return ", ".join(parts) or "the same flags"
 
 
-def _light(rule: str, enabled: bool) -> tuple[Step, ...]:
+def _light(rule: str, enabled: bool) -> tuple[LadderStep, ...]:
     return ("reset_prefix_cache",) if enabled and rule in LIGHT_STEP_RULES else ()

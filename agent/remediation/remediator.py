@@ -33,7 +33,7 @@ from kvpilot.agent.config import RemediationConfig
 from kvpilot.agent.model import AlertEvent, AlertFacts, Condition
 from kvpilot.agent.remediation.audit import AuditTrail
 from kvpilot.agent.remediation.breaker_book import BreakerBook
-from kvpilot.agent.remediation.checks import Checks, Preflight
+from kvpilot.agent.remediation.checks import Preflight, RemediationChecks
 from kvpilot.agent.remediation.events import Notices, tuning_recommended_event
 from kvpilot.agent.remediation.execute import Executor, Promoted, RestartTarget, find_instance
 from kvpilot.agent.remediation.guards import CircuitBreaker, Cooldown, RestartBudget
@@ -103,7 +103,7 @@ class Remediator:
         )
         self._vetoes = Vetoes(journal, self._audit, wall_clock)
         self._progress = InProgress(journal, self._audit, wall_clock)
-        checks = Checks(
+        checks = RemediationChecks(
             cooldown=self.cooldown,
             budget=self.budget,
             breaker=self.breaker,

@@ -17,12 +17,15 @@ from kvpilot.collectors.fragmentation import NO_FREE_BYTES
 from kvpilot.collectors.kvpool.client import AllocatorSample, KvBlockSample
 
 ALERTNAME = "VllmKvFragmentationHigh"
-Source = Literal["kv_blocks", "allocator"]
+FragmentationSource = Literal["kv_blocks", "allocator"]
 RUNBOOKS = {
-    "kv_blocks": "The KV block pool's free list is scattered: paged attention still admits "
-    "requests, but locality and KV offload copies suffer. Check the load's prompt-length mix "
-    "and prefix caching; a restart resets the figure but the load scatters it again, so it "
-    "is alert-only unless configured.",
+    "kv_blocks": "The KV block pool's free list is scattered: paged attention takes any free "
+    "block, so requests are still admitted and no capacity is lost; locality and KV offload "
+    "copies suffer. A restart cannot fix this value: it resets the figure and the load "
+    "scatters the free list again, so it is alert-only unless configured. Capacity lost to "
+    "partly filled blocks is VllmKvTokenOccupancyLow's. vLLM 0.32's CPU KV offload keeps its "
+    "host buffers in a paged block pool too, so no host arena where contiguity costs memory "
+    "is exposed to rate.",
     "allocator": "The CUDA caching allocator holds free memory in pieces too small to use: "
     "runtime OOMs happen here. A drained restart gives the allocator contiguous memory back; "
     "if it returns quickly, lower max_num_seqs or max_num_batched_tokens, or leave more "
@@ -33,7 +36,7 @@ RUNBOOKS = {
 class FragmentationRule:
     """`1 - largest contiguous free / total free` of one pool above `threshold_ratio`."""
 
-    def __init__(self, source: Source, config: FragmentationSourceConfig) -> None:
+    def __init__(self, source: FragmentationSource, config: FragmentationSourceConfig) -> None:
         self.name = f"fragmentation_{source}"
         self.source = source
         self.config = config
@@ -112,6 +115,11 @@ class FragmentationRule:
             f"{summary}: {detail}. Fires after {self.config.for_s:g} s above the threshold; "
             f"action: {self.config.action}."
         )
+        if self.source == "kv_blocks":
+            description += (
+                " A restart cannot fix the KV-pool value: paged attention takes any free "
+                "block, and the load scatters the free list again."
+            )
         return self._maker.condition(
             ctx,
             target,

@@ -53,7 +53,7 @@ from kvpilot.agent.runtimes.probe import wait_ready
 from kvpilot.agent.runtimes.process_trust import expected_uid, own_listen_host, uid_problem
 from kvpilot.agent.runtimes.processes import find_vllm_mains, send_signal
 from kvpilot.collectors.addresses import WILDCARD_HOSTS
-from kvpilot.collectors.kvpool.ports import PORT_ENV as KVPOOL_PORT_ENV
+from kvpilot.collectors.kvpool.listen_address import PORT_ENV as KVPOOL_PORT_ENV
 from kvpilot.collectors.procfs import (
     PROC,
     ProcInfo,

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, get_args
 
-from kvpilot.agent.alert_values import AlertRow, Silence
+from kvpilot.agent.alert_values import Silence, StoredAlert
 from kvpilot.agent.config import RetentionConfig
 from kvpilot.agent.model import Labels
 from kvpilot.agent.state.db import DEFAULT_BUSY_TIMEOUT_S, Database
@@ -128,10 +128,10 @@ class StateStore:
 
     # Alerts and silences: the tracker's whole state, replaced at once.
 
-    def load_alerts(self) -> list[AlertRow]:
+    def load_alerts(self) -> list[StoredAlert]:
         rows = self._db.read("SELECT * FROM alerts ORDER BY fingerprint")
         return [
-            AlertRow(
+            StoredAlert(
                 fingerprint=r["fingerprint"],
                 rule=r["rule"],
                 labels=_labels(r["labels_json"]),
@@ -147,7 +147,7 @@ class StateStore:
             for r in rows
         ]
 
-    def save_alerts(self, alerts: Iterable[AlertRow]) -> None:
+    def save_alerts(self, alerts: Iterable[StoredAlert]) -> None:
         """Replaces the stored alert states with `alerts` (the tracker's `to_rows()`)."""
         with self._db.transaction() as conn:
             conn.execute("DELETE FROM alerts")

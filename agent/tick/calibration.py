@@ -9,7 +9,7 @@ from pathlib import Path
 from kvpilot.collectors.promtext import Labels
 from kvpilot.collectors.vllm_metrics import VllmScrape
 from kvpilot.tuner.planner import Calibration, predict_from_cache_config
-from kvpilot.tuner.planner.model_shape import ConfigError
+from kvpilot.tuner.planner.model_shape import ModelShapeError
 from kvpilot.tuner.planner.plan import PlanError
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,6 @@ class PlannerCheck:
             calibration = predict_from_cache_config(
                 self.model_config, labels, data_parallel_size=max(1, engines)
             )
-        except (ConfigError, PlanError, OSError, ValueError, ArithmeticError) as exc:
+        except (ModelShapeError, PlanError, OSError, ValueError, ArithmeticError) as exc:
             return EngineCalibration(model_name, engine, None, f"{type(exc).__name__}: {exc}")
         return EngineCalibration(model_name, engine, calibration)

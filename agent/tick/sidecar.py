@@ -29,12 +29,12 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-from kvpilot.agent.alerts import AlertTransition
+from kvpilot.agent.alert_values import AlertTransition
 from kvpilot.agent.config import AgentConfig, NotifierConfig
 from kvpilot.agent.model import Condition, Instance
 from kvpilot.agent.notify import DeliveryWorker, Notifier
 from kvpilot.agent.remediation import Remediator
-from kvpilot.agent.remediation.remediator import RemediationOutcome
+from kvpilot.agent.remediation.trigger import RemediationOutcome
 from kvpilot.agent.rules.config import RulesConfig
 from kvpilot.agent.rules.engine import RuleEngine
 from kvpilot.agent.runtimes import Runtime
@@ -71,7 +71,7 @@ class Round:
 
 
 @dataclass(frozen=True, slots=True)
-class Step:
+class TickStep:
     name: str
     run: Callable[[Round], Awaitable[None]]
 
@@ -116,16 +116,16 @@ class Sidecar:
         self._counters: SidecarCounters | None = None
         self.ticks_total = 0
         self.last_tick_at_s: float | None = None
-        self.steps: tuple[Step, ...] = (
-            Step("observe", self._observe),
-            Step("evaluate", self._evaluate),
-            Step("commit", self._commit),
-            Step("deliver", self._deliver),
-            Step("act", self._act),
-            Step("re-tune", self._retune),
-            Step("workload window", self._workload_window),
-            Step("keeper", self._keep_window),
-            Step("housekeeping", self._housekeeping),
+        self.steps: tuple[TickStep, ...] = (
+            TickStep("observe", self._observe),
+            TickStep("evaluate", self._evaluate),
+            TickStep("commit", self._commit),
+            TickStep("deliver", self._deliver),
+            TickStep("act", self._act),
+            TickStep("re-tune", self._retune),
+            TickStep("workload window", self._workload_window),
+            TickStep("keeper", self._keep_window),
+            TickStep("housekeeping", self._housekeeping),
         )
 
     async def tick(self) -> list[AlertTransition]:
@@ -309,5 +309,7 @@ class Sidecar:
         return self._tuning.current.families
 
     def _flags_source(self, instance: Instance) -> tuning_metrics.FlagSource:
-        source = running_flags_source(self.config, self.store, instance.name, instance.argv or ())
+        source = running_flags_source(
+            self.config.runtime, self.store, instance.name, instance.argv or ()
+        )
         return tuning_metrics.FlagSource(source)

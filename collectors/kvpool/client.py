@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from kvpilot.collectors.checks import Checks, Refused
+from kvpilot.collectors.checks import Refused, SampleChecks
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.fragmentation import Fragmentation, kv_blocks_fragmentation
+from kvpilot.collectors.kvpool.ledger_client import (
+    LEDGER_PREFIX,
+    LedgerSample,
+    ledgers_from_samples,
+)
 from kvpilot.collectors.limits import ScrapeLimits
 from kvpilot.collectors.promtext import (
     Labels,
@@ -27,6 +32,18 @@ from kvpilot.collectors.scrape_client import ScrapeClient
 from kvpilot.collectors.secrets import mask_url
 
 PREFIX = "kvpool_"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupOccupancySample:
+    """One KV group's blocks in use and the tokens in them; the ratio is recomputed here."""
+
+    kv_group: str
+    block_size_tokens: int | None
+    blocks_in_use: int | None
+    tokens: int | None
+    ratio: float | None  # tokens / (blocks in use x block size)
+    reason: str | None  # why the ratio is unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +69,10 @@ class KvBlockSample:
     scheduler_steps_total: int | None
     snapshot_age_s: float | None
     refused: tuple[Refused, ...] = ()  # values the edge checks turned into None, and why
+    occupancy: tuple[GroupOccupancySample, ...] = ()  # token occupancy per KV group
+    # Block sizes the backend accepts: multiples of the step; a fixed size names its reason.
+    block_size_step_tokens: int | None = None
+    block_size_fixed_reason: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -86,19 +107,17 @@ class KvPoolScrape:
     allocators: tuple[AllocatorSample, ...]
     plugin_errors: tuple[tuple[str, int], ...] = ()
     refused: tuple[Refused, ...] = ()  # outside any engine or device (plugin error counts)
-
-
-Key = tuple[tuple[str, str], ...]
+    ledgers: tuple[LedgerSample, ...] = ()  # where the device's memory went (ledger_client)
 
 
 class _Figures:
     """The parsed samples by name and series key, with the series exported twice differently."""
 
     def __init__(self) -> None:
-        self.by_name: dict[str, dict[Key, float]] = {}
-        self.conflicts: set[tuple[str, Key]] = set()
+        self.by_name: dict[str, dict[Labels, float]] = {}
+        self.conflicts: set[tuple[str, Labels]] = set()
 
-    def get(self, checks: Checks, field: str, name: str, key: Key) -> float | None:
+    def get(self, checks: SampleChecks, field: str, name: str, key: Labels) -> float | None:
         """One figure; None (refused) when its series came twice with different values."""
         if (name, key) in self.conflicts:
             checks.refuse(field, "duplicate_series", f"{name} is exported twice, differently")
@@ -113,10 +132,15 @@ def samples_to_scrape(
     engine_keys: dict[tuple[str, str], None] = {}
     device_keys: dict[tuple[str, str], None] = {}
     errors: list[tuple[str, int]] = []
-    scrape_checks = Checks()
+    scrape_checks = SampleChecks()
     figures = _Figures()
     seen: dict[tuple[str, Labels], float] = {}
+    extras: dict[tuple[str, str], dict[tuple[str, str], float]] = {}  # per group, per reason
+    ledger_samples: list[MetricSample] = []
     for sample in samples:
+        if sample.name.startswith(LEDGER_PREFIX):  # labelled by device, but no allocator
+            ledger_samples.append(sample)
+            continue
         series = (sample.name, sample.labels)
         earlier = seen.get(series)
         if earlier is None:
@@ -128,9 +152,18 @@ def samples_to_scrape(
             if count is not None and earlier is None:
                 errors.append((part, count))
             continue
+        if "engine" in labels and sample.name in _GROUP_NAMES | _CHOICE_NAMES:
+            engine_keys[(labels["engine"], labels.get("model_name", ""))] = None
+            per_engine = extras.setdefault((labels["engine"], labels.get("model_name", "")), {})
+            detail = labels.get("kv_group", labels.get("reason", ""))
+            per_engine.setdefault((sample.name, detail), sample.value)
+            continue
         if "engine" in labels:
             engine_keys[(labels["engine"], labels.get("model_name", ""))] = None
-            key: Key = (("engine", labels["engine"]), ("model_name", labels.get("model_name", "")))
+            key: Labels = (
+                ("engine", labels["engine"]),
+                ("model_name", labels.get("model_name", "")),
+            )
         elif "device" in labels:
             device_keys[(labels["device"], labels.get("rank", ""))] = None
             key = (("device", labels["device"]), ("rank", labels.get("rank", "")))
@@ -144,7 +177,11 @@ def samples_to_scrape(
             continue
         figures.by_name.setdefault(sample.name, {})[key] = sample.value
     engines = [
-        _engine(figures, engine, model_name, taken_at_s) for engine, model_name in engine_keys
+        _with_occupancy(
+            _engine(figures, engine, model_name, taken_at_s),
+            extras.get((engine, model_name), {}),
+        )
+        for engine, model_name in engine_keys
     ]
     allocators = [_allocator(figures, device, rank) for device, rank in device_keys]
     return KvPoolScrape(
@@ -154,12 +191,13 @@ def samples_to_scrape(
         allocators=tuple(allocators),
         plugin_errors=tuple(sorted(errors)),
         refused=scrape_checks.done(),
+        ledgers=ledgers_from_samples(ledger_samples),
     )
 
 
 def _engine(figures: _Figures, engine: str, model_name: str, taken_at_s: float) -> KvBlockSample:
     key = (("engine", engine), ("model_name", model_name))
-    checks = Checks()
+    checks = SampleChecks()
 
     def count(field: str, name: str, least: int = 0) -> int | None:
         return checks.count(field, figures.get(checks, field, name, key), least=least)
@@ -206,6 +244,61 @@ def _engine(figures: _Figures, engine: str, model_name: str, taken_at_s: float) 
     )
 
 
+_GROUP_NAMES = frozenset(
+    {
+        "kvpool_token_occupancy_ratio",
+        "kvpool_group_blocks_in_use",
+        "kvpool_group_tokens_in_use",
+        "kvpool_group_block_size_tokens",
+    }
+)
+_CHOICE_NAMES = frozenset({"kvpool_block_size_step_tokens", "kvpool_block_size_fixed"})
+NO_BLOCKS_IN_USE = "no request holds KV blocks"
+
+
+def _with_occupancy(sample: KvBlockSample, found: dict[tuple[str, str], float]) -> KvBlockSample:
+    """The engine's sample with its per-group occupancy and block-size choice, each checked:
+    the ratio is recomputed from the counts, and counts that cannot be true refuse it."""
+    if not found:
+        return sample
+    checks = SampleChecks()
+    groups = sorted({detail for name, detail in found if name in _GROUP_NAMES})
+    occupancy = []
+    for group in groups:
+
+        def count(field: str, name: str, least: int = 0, group: str = group) -> int | None:
+            return checks.count(f"{field}[{group}]", found.get((name, group)), least=least)
+
+        size = count("block_size_tokens", "kvpool_group_block_size_tokens", least=1)
+        blocks = count("blocks_in_use", "kvpool_group_blocks_in_use")
+        tokens = count("tokens", "kvpool_group_tokens_in_use")
+        ratio: float | None = None
+        reason: str | None = None
+        if size is None or blocks is None or tokens is None:
+            reason = "the plugin did not report the group's blocks and tokens"
+        elif tokens > blocks * size:
+            reason = f"{tokens} tokens in {blocks} blocks of {size}: the counts contradict"
+            checks.refuse(f"occupancy[{group}]", "contradictory", reason)
+        elif blocks == 0:
+            reason = NO_BLOCKS_IN_USE
+        else:
+            ratio = tokens / (blocks * size)
+        occupancy.append(GroupOccupancySample(group, size, blocks, tokens, ratio, reason))
+    step = checks.count(
+        "block_size_step_tokens", found.get(("kvpool_block_size_step_tokens", "")), least=1
+    )
+    fixed = next(
+        (detail for name, detail in found if name == "kvpool_block_size_fixed" and detail), None
+    )
+    return replace(
+        sample,
+        occupancy=tuple(occupancy),
+        block_size_step_tokens=step,
+        block_size_fixed_reason=fixed,
+        refused=(*sample.refused, *checks.done()),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _Blocks:
     """One engine's block counts, each already checked on its own."""
@@ -236,7 +329,7 @@ class _Blocks:
             return f"{cached} cached + {empty} empty blocks with {free} free"
         return None
 
-    def checked(self, checks: Checks) -> tuple[_Blocks, Fragmentation | None]:
+    def checked(self, checks: SampleChecks) -> tuple[_Blocks, Fragmentation | None]:
         """The counts and the rate from them; when they contradict, no count is kept and the
         rate is unknown with the reason (the figures read stay in it, for the message)."""
         total, free, longest = self.total, self.free, self.longest
@@ -255,7 +348,7 @@ class _Blocks:
 
 def _allocator(figures: _Figures, device: str, rank: str) -> AllocatorSample:
     key = (("device", device), ("rank", rank))
-    checks = Checks()
+    checks = SampleChecks()
 
     def count(field: str, name: str) -> int | None:
         return checks.count(field, figures.get(checks, field, name, key))

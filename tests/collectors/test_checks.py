@@ -6,14 +6,14 @@ import math
 
 import pytest
 
-from kvpilot.collectors.checks import Checks, Refused, same_reading
+from kvpilot.collectors.checks import Refused, SampleChecks, same_reading
 from kvpilot.collectors.histogram import Histogram
 
 INF, NAN = math.inf, math.nan
 
 
 def run(check: str, value: float | None, **kwargs: int) -> tuple[object, tuple[Refused, ...]]:
-    checks = Checks()
+    checks = SampleChecks()
     got = getattr(checks, check)("f", value, **kwargs)
     return got, checks.done()
 
@@ -81,7 +81,7 @@ def hist(
     ],
 )
 def test_histograms(h: Histogram, reason: str | None) -> None:
-    checks = Checks()
+    checks = SampleChecks()
     got = checks.histogram("ttft", h)
     if reason is None:
         assert got == h and checks.done() == ()

@@ -17,7 +17,7 @@ from kvpilot.dashboards import tuning_metrics
 from kvpilot.dashboards.metric_catalog import (
     CATALOG,
     SPECS,
-    MetricSpec,
+    FamilySpec,
     markdown_table,
     replace_table,
     specs,
@@ -89,7 +89,7 @@ def test_names_follow_prometheus_conventions() -> None:
         assert len(set(spec.labels)) == len(spec.labels), name
 
 
-GOOD = MetricSpec("kvpilot_things_total", "counter", ("server",), "Things counted.")
+GOOD = FamilySpec("kvpilot_things_total", "counter", ("server",), "Things counted.")
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from kvpilot.tuner.planner import ConfigError, PlanError, PlanInputs, make_plan, shape_from_config
+from kvpilot.tuner.planner import (
+    ModelShapeError,
+    PlanError,
+    PlanInputs,
+    make_plan,
+    shape_from_config,
+)
 
 GIB = 1024**3
 CONFIGS = Path(__file__).parent / "configs"
@@ -17,49 +23,51 @@ LLAMA = json.loads((CONFIGS / "meta-llama_Meta-Llama-3-8B.json").read_text())
 def test_encoder_is_not_a_decoder() -> None:
     bert = {"architectures": ["BertForMaskedLM"], "model_type": "bert", "hidden_size": 768}
     with pytest.raises(
-        ConfigError, match=r"not a decoder model: architectures \['BertForMaskedLM'\]"
+        ModelShapeError, match=r"not a decoder model: architectures \['BertForMaskedLM'\]"
     ):
         shape_from_config(bert)
 
 
 def test_encoder_decoder_is_refused() -> None:
     t5 = {"architectures": ["T5ForConditionalGeneration"], "is_encoder_decoder": True}
-    with pytest.raises(ConfigError, match="encoder-decoder"):
+    with pytest.raises(ModelShapeError, match="encoder-decoder"):
         shape_from_config(t5)
 
 
 def test_missing_fields_are_all_named() -> None:
     broken = {k: v for k, v in LLAMA.items() if k not in ("hidden_size", "vocab_size")}
-    with pytest.raises(ConfigError, match="lacks required field\\(s\\): hidden_size, vocab_size"):
+    with pytest.raises(
+        ModelShapeError, match="lacks required field\\(s\\): hidden_size, vocab_size"
+    ):
         shape_from_config(broken)
 
 
 def test_missing_context_length_is_named() -> None:
     broken = {k: v for k, v in LLAMA.items() if k != "max_position_embeddings"}
-    with pytest.raises(ConfigError, match="max_position_embeddings"):
+    with pytest.raises(ModelShapeError, match="max_position_embeddings"):
         shape_from_config(broken)
 
 
 def test_wrong_types_are_named() -> None:
-    with pytest.raises(ConfigError, match="num_hidden_layers must be a positive integer"):
+    with pytest.raises(ModelShapeError, match="num_hidden_layers must be a positive integer"):
         shape_from_config({**LLAMA, "num_hidden_layers": "32"})
-    with pytest.raises(ConfigError, match="not a multiple of num_key_value_heads 5"):
+    with pytest.raises(ModelShapeError, match="not a multiple of num_key_value_heads 5"):
         shape_from_config({**LLAMA, "num_key_value_heads": 5})
 
 
 def test_incomplete_mla_config_is_named() -> None:
-    with pytest.raises(ConfigError, match="qk_rope_head_dim"):
+    with pytest.raises(ModelShapeError, match="qk_rope_head_dim"):
         shape_from_config({**LLAMA, "kv_lora_rank": 512})
 
 
 def test_no_config_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"no config\.json at"):
+    with pytest.raises(ModelShapeError, match=r"no config\.json at"):
         make_plan(tmp_path, PlanInputs(gpu_memory_bytes=80 * GIB))
 
 
 def test_invalid_json(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(ConfigError, match="not valid JSON"):
+    with pytest.raises(ModelShapeError, match="not valid JSON"):
         make_plan(tmp_path, PlanInputs(gpu_memory_bytes=80 * GIB))
 
 

@@ -13,8 +13,8 @@ from kvpilot.tuner.planner.calibration import (
 from kvpilot.tuner.planner.kv_sizing import KvCapacity, KvGeometry, kv_capacity, kv_geometry
 from kvpilot.tuner.planner.model_shape import (
     AttentionKind,
-    ConfigError,
     ModelShape,
+    ModelShapeError,
     load_model_shape,
     shape_from_config,
 )
@@ -31,12 +31,12 @@ from kvpilot.tuner.planner.weights import WeightFormat, WeightMemory
 __all__ = [
     "AttentionKind",
     "Calibration",
-    "ConfigError",
     "FeasibleBounds",
     "KvCapacity",
     "KvGeometry",
     "LiveCacheConfig",
     "ModelShape",
+    "ModelShapeError",
     "Plan",
     "PlanError",
     "PlanInputs",

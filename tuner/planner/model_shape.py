@@ -16,7 +16,7 @@ _BIASED_NORM_TYPES = frozenset({"gpt2", "gpt_neox", "opt", "falcon", "gpt_bigcod
 _DECODER_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 
 
-class ConfigError(ValueError):
+class ModelShapeError(ValueError):
     """The config cannot be planned for: not a decoder, or fields are missing or wrong."""
 
 
@@ -79,9 +79,9 @@ def load_model_shape(path: str | Path) -> ModelShape:
     try:
         raw = json.loads(config_path.read_text())
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{config_path} is not valid JSON: {exc}") from exc
+        raise ModelShapeError(f"{config_path} is not valid JSON: {exc}") from exc
     if not isinstance(raw, dict):
-        raise ConfigError(f"{config_path} holds a JSON {type(raw).__name__}, not an object")
+        raise ModelShapeError(f"{config_path} holds a JSON {type(raw).__name__}, not an object")
     return shape_from_config(raw)
 
 
@@ -91,12 +91,12 @@ def config_file(path: str | Path) -> Path:
     if candidate.is_dir():
         candidate = candidate / "config.json"
     if not candidate.is_file():
-        raise ConfigError(f"no config.json at {candidate}")
+        raise ModelShapeError(f"no config.json at {candidate}")
     return candidate
 
 
 def shape_from_config(raw: Mapping[str, Any]) -> ModelShape:
-    """Turn a parsed config.json into a ModelShape; raises ConfigError with what is wrong."""
+    """Turn a parsed config.json into a ModelShape; raises ModelShapeError with what is wrong."""
     architecture = _decoder_architecture(raw)
     text_config = raw.get("text_config")
     cfg: Mapping[str, Any] = text_config if isinstance(text_config, Mapping) else raw
@@ -129,7 +129,7 @@ def shape_from_config(raw: Mapping[str, Any]) -> ModelShape:
         _positive_int(cfg, "num_key_value_heads") if cfg.get("num_key_value_heads") else heads
     )
     if heads % kv_heads:
-        raise ConfigError(
+        raise ModelShapeError(
             f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
         )
     head_dim = int(cfg.get("head_dim") or hidden // heads)
@@ -165,7 +165,7 @@ def shape_from_config(raw: Mapping[str, Any]) -> ModelShape:
 def _decoder_architecture(raw: Mapping[str, Any]) -> str:
     archs = raw.get("architectures") or []
     if raw.get("is_encoder_decoder"):
-        raise ConfigError(
+        raise ModelShapeError(
             f"not a decoder-only model: {archs or raw.get('model_type')} is an encoder-decoder; "
             "the planner sizes vLLM's KV cache for decoder language models"
         )
@@ -173,8 +173,10 @@ def _decoder_architecture(raw: Mapping[str, Any]) -> str:
         if str(arch).endswith(_DECODER_SUFFIXES):
             return str(arch)
     if not archs:
-        raise ConfigError("config.json has no 'architectures' entry; cannot tell it is a decoder")
-    raise ConfigError(
+        raise ModelShapeError(
+            "config.json has no 'architectures' entry; cannot tell it is a decoder"
+        )
+    raise ModelShapeError(
         f"not a decoder model: architectures {list(archs)} (a decoder ends in "
         f"{', '.join(_DECODER_SUFFIXES)}); the planner sizes KV caches of decoder language models"
     )
@@ -183,15 +185,15 @@ def _decoder_architecture(raw: Mapping[str, Any]) -> str:
 def _require(cfg: Mapping[str, Any], names: tuple[str, ...]) -> None:
     missing = [name for name in names if cfg.get(name) in (None, "")]
     if missing:
-        raise ConfigError(f"config.json lacks required field(s): {', '.join(missing)}")
+        raise ModelShapeError(f"config.json lacks required field(s): {', '.join(missing)}")
 
 
 def _positive_int(cfg: Mapping[str, Any], name: str) -> int:
     value = cfg.get(name)
     if value is None:
-        raise ConfigError(f"config.json lacks required field: {name}")
+        raise ModelShapeError(f"config.json lacks required field: {name}")
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"config.json field {name} must be a positive integer, not {value!r}")
+        raise ModelShapeError(f"config.json field {name} must be a positive integer, not {value!r}")
     return value
 
 
@@ -200,7 +202,7 @@ def _max_positions(cfg: Mapping[str, Any]) -> int:
         value = cfg.get(name)
         if isinstance(value, int) and value > 0:
             return value
-    raise ConfigError("config.json lacks max_position_embeddings (the model's longest context)")
+    raise ModelShapeError("config.json lacks max_position_embeddings (the model's longest context)")
 
 
 def _sliding_window(cfg: Mapping[str, Any], layers: int) -> tuple[int | None, int]:

@@ -63,7 +63,7 @@ def kv_bytes_range(
 ) -> KnobRange:
     """The --kv-cache-memory-bytes values that can start: at least one request of
     max_model_len (the planner's floor), at most what is available and the configured
-    ceiling. Raises the planner's ConfigError or PlanError (ValueErrors) for a bad model."""
+    ceiling. Raises the planner's ModelShapeError or PlanError (ValueErrors) for a bad model."""
     inputs = PlanInputs(
         block_size=block_size,
         max_model_len=max_model_len,

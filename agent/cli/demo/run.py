@@ -25,8 +25,8 @@ from kvpilot.agent.cli.demo.scenario import (
     STABLE,
     STEADY,
     WEBHOOK_SECRET_BYTES,
+    DemoPhase,
     Load,
-    Phase,
     demo_config,
 )
 from kvpilot.agent.cli.demo.state import snapshot_of, trial_rows
@@ -141,7 +141,7 @@ class Scenario:
         assert self.h.sidecar is not None
         return self.h.sidecar
 
-    def _enter(self, phase: Phase) -> None:
+    def _enter(self, phase: DemoPhase) -> None:
         self.h.phase = f"phase {phase.number}/{len(PHASES)}: {phase.name}"
         log.info("%s: %s", self.h.phase, phase.story)
 
@@ -177,19 +177,19 @@ class Scenario:
         log.info("%s", took)
         self.h.outcomes.append(took)
 
-    def _steps(self) -> tuple[Callable[[Phase], Awaitable[None]], ...]:
+    def _steps(self) -> tuple[Callable[[DemoPhase], Awaitable[None]], ...]:
         return (self._steady, self._burst, self._tune, self._burst_again)
 
     def _scraping(self) -> bool:
         return self.h.sidecar is not None and _preemptions(self.sidecar) is not None
 
-    async def _steady(self, phase: Phase) -> None:
+    async def _steady(self, phase: DemoPhase) -> None:
         await asyncio.sleep(15)  # a few windows of figures under the trickle
         self._outcome(
             f"settled, preemptions {_preemptions(self.sidecar)}, spike {_spike_state(self.sidecar)}"
         )
 
-    async def _burst(self, phase: Phase) -> None:
+    async def _burst(self, phase: DemoPhase) -> None:
         before = _preemptions(self.sidecar) or 0.0
         stop = asyncio.Event()
         burst = asyncio.create_task(_loop_load(self.url, BURST, stop, repeat=True))
@@ -229,7 +229,7 @@ class Scenario:
         await _until(f"{SPIKE} resolved", lambda: _spike_state(self.sidecar) != "firing", 60)
         self._outcome(f"{SPIKE} {_spike_state(self.sidecar)}")
 
-    async def _tune(self, phase: Phase) -> None:
+    async def _tune(self, phase: DemoPhase) -> None:
         tuning = self.h.tuning
         if tuning is None:
             self._outcome("no tuning configured")
@@ -287,7 +287,7 @@ class Scenario:
                     )
             await asyncio.sleep(POLL_S)
 
-    async def _burst_again(self, phase: Phase) -> None:
+    async def _burst_again(self, phase: DemoPhase) -> None:
         await _until("the promoted server", self._scraping, 240)
         before, restarts = _preemptions(self.sidecar) or 0.0, self._remediations()
         since = time.time()

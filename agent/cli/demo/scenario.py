@@ -59,7 +59,7 @@ BURST = Load(requests=32, concurrency=16, prompt_tokens=128, output_tokens=256)
 
 
 @dataclass(frozen=True, slots=True)
-class Phase:
+class DemoPhase:
     number: int
     name: str
     story: str  # one line: what the viewer is about to see
@@ -70,15 +70,17 @@ class Phase:
 
 
 PHASES = (
-    Phase(1, "steady load", "a trickle of requests: the figures settle, each with its state", 40),
-    Phase(
+    DemoPhase(
+        1, "steady load", "a trickle of requests: the figures settle, each with its state", 40
+    ),
+    DemoPhase(
         2,
         "burst",
         "16 long requests at once on 64 KV blocks: vLLM preempts, VllmPreemptionSpike goes pending "
         "then firing, the signed webhook arrives, the rule's restart drains, restarts, verifies",
         300,
     ),
-    Phase(
+    DemoPhase(
         3,
         "tuning",
         "the trickle pauses; two trials, a parallel canary on the second core, replaying the "
@@ -87,7 +89,7 @@ PHASES = (
         720,
         steady_load=False,
     ),
-    Phase(
+    DemoPhase(
         4,
         "burst again",
         "the same burst on the promoted flags: no spike, or if one comes the ladder promotes "
@@ -154,6 +156,11 @@ def demo_config(
         "bake": False,
         # The session replays the burst that hurt, not the trickle the window would learn.
         "learn": {"enabled": False},
+        # A story on a CPU, not a calibration: five windows a side, and the error margin and
+        # memory saving its few requests and MiB budgets can show.
+        "windows": 5,
+        "error_margin_ratio": 0.05,
+        "min_memory_saving_bytes": 1 << 20,
     }
     if cpus is not None:  # the stable server on one core, the canary on the other
         instance["cpus"] = [cpus[0]]

@@ -44,7 +44,7 @@ class KnobSetting:
 
 
 @dataclass(frozen=True, slots=True)
-class Step:
+class KnobStep:
     """The knob moved: the new argv and what changed, for the audit and the promotion."""
 
     setting: KnobSetting
@@ -93,7 +93,7 @@ def memory_knob(argv: Sequence[str]) -> KnobSetting | NoStep:
 
 def plan_step(
     argv: Sequence[str], verdict: OomVerdict, config: OomConfig, knob_range: KnobRange
-) -> Step | NoStep:
+) -> KnobStep | NoStep:
     """The step `verdict` calls for on `argv`'s memory knob, checked against `knob_range`."""
     setting = memory_knob(argv)
     if isinstance(setting, NoStep):
@@ -123,7 +123,7 @@ def plan_step(
     new_argv = set_flag(argv, setting.flag, value)
     was = setting.show().split(" ", 1)[1]
     reason = f"{verdict.message}: {setting.show(target)} (was {was}), {how}"
-    return Step(setting, target, new_argv, reason)
+    return KnobStep(setting, target, new_argv, reason)
 
 
 def _down(

@@ -15,10 +15,10 @@ import pytest
 from pydantic import SecretStr
 
 from kvpilot.agent.app.api import api_routes
+from kvpilot.agent.app.control_ports import ControlPorts
 from kvpilot.agent.app.exposition import build_registry
 from kvpilot.agent.app.http import build_app
 from kvpilot.agent.app.parts import build_runtime
-from kvpilot.agent.app.ports import ControlPorts
 from kvpilot.agent.app.request_body import BodyLimits
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.model import Condition, labels_of

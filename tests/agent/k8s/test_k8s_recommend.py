@@ -15,9 +15,9 @@ import httpx
 from kubernetes import client
 
 from kvpilot.agent.app.api import api_routes
+from kvpilot.agent.app.control_ports import ControlPorts
 from kvpilot.agent.app.exposition import build_registry
 from kvpilot.agent.app.http import build_app
-from kvpilot.agent.app.ports import ControlPorts
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.model import Action, AlertFacts
 from kvpilot.agent.remediation import Remediator, Trigger

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvpilot.agent.config.remediation import OomConfig
-from kvpilot.agent.remediation.oom.step import NoStep, Step, memory_knob, parse_bytes, plan_step
+from kvpilot.agent.remediation.oom.step import KnobStep, NoStep, memory_knob, parse_bytes, plan_step
 from kvpilot.collectors.vllm_argv import flag_value
 from kvpilot.rig.server import TINY_MODEL_DIR
 from kvpilot.tuner.oom import GIB, MIB, OomDirection, OomSource, OomVerdict
@@ -46,7 +46,7 @@ def test_the_knob_is_the_explicit_kv_budget_else_the_utilisation() -> None:
 def test_too_big_steps_to_what_was_available_less_the_headroom() -> None:
     said = OomVerdict(OomDirection.TOO_BIG, OomSource.LOG, "over", None, 100 * GIB, 20 * GIB)
     step = plan_step(kv(100 * GIB), said, OomConfig(headroom_ratio=0.1), WIDE)
-    assert isinstance(step, Step)
+    assert isinstance(step, KnobStep)
     assert step.new_value == (int(18 * GIB) // MIB) * MIB  # 20 GiB less 10 %, whole MiB
     assert flag_value(step.argv, "--kv-cache-memory-bytes") == str(int(step.new_value))
     assert "was" in step.reason and "available" in step.reason
@@ -54,15 +54,15 @@ def test_too_big_steps_to_what_was_available_less_the_headroom() -> None:
 
 def test_without_figures_the_configured_ratio_or_bytes() -> None:
     step = plan_step(kv(8 * GIB), BIG, OomConfig(step_ratio=0.25), WIDE)
-    assert isinstance(step, Step) and step.new_value == 6 * GIB
+    assert isinstance(step, KnobStep) and step.new_value == 6 * GIB
     by_bytes = plan_step(kv(8 * GIB), BIG, OomConfig(step_bytes=GIB), WIDE)
-    assert isinstance(by_bytes, Step) and by_bytes.new_value == 7 * GIB
+    assert isinstance(by_bytes, KnobStep) and by_bytes.new_value == 7 * GIB
 
 
 def test_the_ceiling_holds_the_step() -> None:
     ceiling = KnobRange("kv_cache_memory_bytes", MIB, 64 * MIB, "one request", "the ceiling")
     step = plan_step(kv(4096 * GIB), BIG, OomConfig(), ceiling)
-    assert isinstance(step, Step) and step.new_value == 64 * MIB
+    assert isinstance(step, KnobStep) and step.new_value == 64 * MIB
     assert "the ceiling" in step.reason
 
 
@@ -73,13 +73,13 @@ def test_the_utilisation_steps_down_by_the_ratio() -> None:
         OomConfig(step_ratio=0.1),
         utilization_range(),
     )
-    assert isinstance(step, Step) and step.new_value == pytest.approx(0.81)
+    assert isinstance(step, KnobStep) and step.new_value == pytest.approx(0.81)
     assert flag_value(step.argv, "--gpu-memory-utilization") == "0.81"
 
 
 def test_too_small_steps_up_to_the_planners_minimum_and_never_down() -> None:
     step = plan_step(kv(MIB // 2), SMALL, OomConfig(headroom_ratio=0.1), WIDE)
-    assert isinstance(step, Step) and step.new_value >= 1.1 * MIB > MIB // 2
+    assert isinstance(step, KnobStep) and step.new_value >= 1.1 * MIB > MIB // 2
     off = plan_step(kv(MIB // 2), SMALL, OomConfig(step_up=False), WIDE)
     assert isinstance(off, NoStep) and "reported only" in off.reason
     above = plan_step(kv(8 * GIB), SMALL, OomConfig(), WIDE)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpilot.agent.alerts import AlertRow, Silence
+from kvpilot.agent.alert_values import Silence, StoredAlert
 from kvpilot.agent.config import RetentionConfig
 from kvpilot.agent.model import AlertEvent, labels_of
 from kvpilot.agent.state import StateStore
@@ -28,8 +28,8 @@ def store(tmp_path: Path) -> StateStore:
         yield opened
 
 
-def alert_row(n: int, state: str = "firing") -> AlertRow:
-    return AlertRow(
+def alert_row(n: int, state: str = "firing") -> StoredAlert:
+    return StoredAlert(
         fingerprint=f"fp{n}",
         rule="kv_saturation",
         labels=labels_of({"alertname": "kv_saturation", "instance": f"i{n}"}),

@@ -8,7 +8,7 @@ from prometheus_client import generate_latest
 from rich.console import Console
 
 from kvpilot.agent.app.exposition import build_registry, single_server
-from kvpilot.agent.cli.report import render
+from kvpilot.agent.cli.snapshot_view import render
 from kvpilot.agent.readings.snapshot import Snapshot
 from kvpilot.agent.tick.calibration import PlannerCheck, model_config_of
 from kvpilot.agent.tick.ticker import TickState
