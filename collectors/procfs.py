@@ -178,6 +178,13 @@ def read_resident_memory(pids: Iterable[int], proc_root: Path = PROC) -> Residen
     return ResidentMemory(anon, rss, read, tuple(missing))
 
 
+def read_pss_bytes(pid: int | str, proc_root: Path = PROC) -> int | None:
+    """Proportional set size from /proc/PID/smaps_rollup (shared pages split among their
+    users, so processes' figures add up), or None when it cannot be read."""
+    fields = _status_fields(proc_root / str(pid) / "smaps_rollup")
+    return None if fields is None else fields.get("Pss")
+
+
 def _status_fields(path: Path) -> dict[str, int] | None:
     try:
         text = path.read_text()

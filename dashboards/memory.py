@@ -136,6 +136,39 @@ def _allocator_row() -> list[Item]:
     ]
 
 
+def _ledger_row() -> list[Item]:
+    return [
+        dashboard_builders.Row("Memory ledger"),
+        timeseries_panel(
+            "Where the memory went",
+            "The kvpool plugin's ledger, read inside the engine: weights, CUDA graphs, the CUDA "
+            "context, the KV cache, allocator slack, and what no source names (unattributed); "
+            "stacked they make the device's used memory (CPU: the engine process's PSS).",
+            [
+                Query(
+                    f"kvpilot_memory_ledger_bytes{{{INSTANCE}}}",
+                    "{{part}} ({{source}}) device {{device}}",
+                )
+            ],
+            unit=BYTES,
+            min_value=None,  # unattributed is negative while a part is not yet resident
+        ),
+        timeseries_panel(
+            "KV use and drift from vLLM's budget",
+            "KV bytes in blocks held by requests; used memory against the budget vLLM "
+            "computed at start-up (drift), the headroom it leaves, and free device memory.",
+            [
+                Query(
+                    f"kvpilot_memory_figure_bytes{{{INSTANCE}}}",
+                    "{{figure}} device {{device}}",
+                )
+            ],
+            unit=BYTES,
+            min_value=None,  # drift is negative under budget
+        ),
+    ]
+
+
 def _scheduling_row() -> list[Item]:
     return [
         dashboard_builders.Row("Scheduling"),
@@ -248,6 +281,7 @@ def memory_dashboard(*, fragmentation_threshold_ratio: float = 0.30) -> Dashboar
         + _gpu_row()
         + _kv_row(fragmentation_threshold_ratio)
         + _allocator_row()
+        + _ledger_row()
         + _scheduling_row()
         + vllm_signals_row()
         + _latency_row()

@@ -1,4 +1,5 @@
-"""Check kvpilot's GPU paths on a real GPU: the NVML collector and the CUDA allocator reader.
+"""Check kvpilot's GPU paths on a real GPU: the NVML collector, the CUDA allocator reader and
+the memory ledger.
 
 Needs an NVIDIA driver and torch built with CUDA; no vLLM. Runs in well under five minutes:
 
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     started_s = time.monotonic()
     check_nvml(torch, args, report)
     check_allocator(torch, args, report)
+    check_ledger(torch, args, report)
     write_json(args.out / "checks.json", [dataclasses.asdict(c) for c in report.checks])
     print(f"{'FAIL' if report.failed() else 'PASS'} all: {time.monotonic() - started_s:.1f} s")
     return 1 if report.failed() else 0
@@ -334,6 +336,53 @@ def consistent(report: Report, stage: str, stats: Any, raw: dict[str, Any]) -> N
         )
     for name, ok, detail in checks:
         report.check(f"{stage}: {name}", ok(), detail)
+
+
+# The ledger's goal: what no part names stays within this share of the device.
+UNATTRIBUTED_GOAL_RATIO = 0.01
+
+
+def check_ledger(torch: Any, args: argparse.Namespace, report: Report) -> None:
+    """The memory ledger of a stand-in worker (weights measured as vLLM measures them, a KV
+    cache, the CUDA context as vLLM's start-up snapshot takes it): unattributed memory, the
+    used memory minus the parts, stays within 1 % of the device."""
+    from types import SimpleNamespace
+
+    from kvpilot.collectors.kvpool.ledger_reader import read_cuda_ledger
+
+    device = args.device
+    torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    # vLLM's MemorySnapshot: the device's used memory minus what torch reserved.
+    context = (total - free) - torch.cuda.memory_reserved(device)
+    before = torch.cuda.mem_get_info(device)[0]
+    model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)]).to(device)
+    weights = before - torch.cuda.mem_get_info(device)[0]  # as vLLM's model_memory_usage
+    kv = torch.zeros(256 * MIB, dtype=torch.int8, device=device)
+    scratch = [torch.empty(3 * MIB, dtype=torch.int8, device=device) for _ in range(8)]
+    del scratch[::2]  # freed blocks the allocator keeps: slack
+    worker = SimpleNamespace(
+        model_runner=SimpleNamespace(model=model, kv_caches=[kv], model_memory_usage=weights),
+        init_snapshot=SimpleNamespace(non_torch_memory=context),
+        requested_memory=None,
+    )
+    torch.cuda.synchronize(device)
+    ledger = read_cuda_ledger(worker, device=device, rank="0", blocks=None)
+    unattributed = ledger.unattributed_bytes
+    parts = ", ".join(f"{p.name} {p.size_bytes / MIB:.1f} MiB ({p.source})" for p in ledger.parts)
+    print(f"ledger: {parts}; used {(ledger.used_bytes or 0) / MIB:.1f} MiB")
+    write_json(args.out / "ledger.json", dataclasses.asdict(ledger))
+    if unattributed is None:
+        report.check("ledger: unattributed", False, "the ledger has no used memory")
+        return
+    share = abs(unattributed) / total
+    report.check(
+        "ledger: unattributed within 1 % of the device",
+        share <= UNATTRIBUTED_GOAL_RATIO,
+        f"{unattributed / MIB:.1f} MiB = {share:.2%} of {total / MIB:.0f} MiB "
+        "(other processes on the device count here too)",
+    )
+    del model, kv, scratch
 
 
 def record_allocator(torch: Any, device: int, directory: Path) -> None:

@@ -7,12 +7,16 @@
   cover its KV budget (`kv_cache_memory_bytes`) plus a margin of it plus a fixed allowance
   for weights and the runtime.
 
+On a GPU the answer names every other process that holds device memory (pid, command line,
+MiB) and says whether it is a leftover of this server (`holders`).
+
 Missing figures make the answer unknown (`ok=None`) with the reason; the caller's setting
 says whether unknown blocks the restart.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from kvpilot.agent.model import Instance, Labels
+from kvpilot.agent.remediation.holders import DeviceHolder, device_holders, holders_text
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import NvmlSnapshot
 from kvpilot.collectors.procfs import (
@@ -47,6 +52,11 @@ class MemoryCheck:
     reason: str
     available_bytes: int | None = None
     required_bytes: int | None = None
+    holders: tuple[DeviceHolder, ...] = ()  # other processes holding memory on the GPUs
+
+    @property
+    def own_leftovers(self) -> tuple[DeviceHolder, ...]:
+        return tuple(holder for holder in self.holders if holder.own_leftover)
 
 
 # -- reading figures ---------------------------------------------------------------------
@@ -184,6 +194,7 @@ class MemoryPreflight:
         runtime_margin_bytes: int = CPU_RUNTIME_MARGIN_BYTES,
         device: Literal["auto", "gpu", "cpu"] = "auto",
         proc_root: Path = PROC,
+        server_marks: Callable[[str], frozenset[str]] = lambda name: frozenset(),
     ) -> None:
         self._latest_nvml = latest_nvml
         self._cache_config = cache_config
@@ -191,6 +202,7 @@ class MemoryPreflight:
         self.runtime_margin_bytes = runtime_margin_bytes
         self.device = device
         self._proc_root = proc_root
+        self._server_marks = server_marks  # the runtime's marks of the instance's starts
 
     def check(self, instance: Instance) -> MemoryCheck:
         nvml = self._latest_nvml()
@@ -204,7 +216,16 @@ class MemoryPreflight:
             if not isinstance(nvml, NvmlSnapshot):
                 why = nvml.message if isinstance(nvml, SourceError) else "no NVML snapshot"
                 return MemoryCheck("gpu", None, f"NVML unavailable: {why}")
-            return check_gpu(nvml, cache_config, instance, self.margin_ratio)
+            check = check_gpu(nvml, cache_config, instance, self.margin_ratio)
+            holders = device_holders(
+                nvml,
+                instance,
+                marks=self._server_marks(instance.name),
+                proc_root=self._proc_root,
+            )
+            return dataclasses.replace(
+                check, reason=check.reason + holders_text(holders), holders=holders
+            )
         return check_cpu(
             read_mem_available_bytes(self._proc_root),
             read_resident_memory(instance.pids, self._proc_root),

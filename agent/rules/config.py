@@ -6,9 +6,10 @@ the field names. The `action` of a rule is one of the actions that rule supports
 * `alert`: notify only.
 * `restart`: the restart ladder (the light step where vLLM offers one and the user enabled
   it, then drain, restart and verify), under the remediation guards.
-* `ladder` (preemption spike only): alert; promote a validated better configuration if the
-  tuner holds one; restart with the same flags only for the capacity-leak signature (KV
-  usage high while few requests run); otherwise recommend a tuning run.
+* `ladder` (preemption spike and KV saturation, causes a restart does not cure): alert;
+  promote a validated better configuration if the tuner holds one; restart with the same
+  flags only for the capacity-leak signature (KV usage high while few requests run);
+  otherwise recommend a lower admission cap (`--max-num-active-seqs`) or a tuning run.
 
 A rule given in part keeps the rest of its default: the user's fields are validated over the
 default rule's (`fragmentation.allocator` with only a threshold still restarts).
@@ -27,7 +28,17 @@ from kvpilot.agent.strict_model import StrictModel
 Severity = Literal["info", "warning", "critical"]
 # Labels a rule sets itself; a user label may not replace them.
 RESERVED_LABELS = frozenset(
-    {"alertname", "instance", "role", "model_name", "engine", "source", "gpu", "severity"}
+    {
+        "alertname",
+        "instance",
+        "role",
+        "model_name",
+        "engine",
+        "source",
+        "gpu",
+        "severity",
+        "kv_group",
+    }
 )
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 MIB = 1024 * 1024
@@ -191,8 +202,12 @@ class KvSaturationConfig(_RuleBase):
     min_waiting: int = Field(
         1, ge=1, description="The fewest waiting requests that count as saturation."
     )
-    action: Literal["alert", "restart"] = Field(
-        "alert", description="`alert` notifies only; `restart` runs the restart ladder."
+    action: Literal["alert", "ladder", "restart"] = Field(
+        "ladder",
+        description="`ladder`: alert, promote a validated better configuration if the tuner "
+        "holds one, else recommend a lower admission cap (`--max-num-active-seqs`) or a "
+        "tuning run, and never restart with the same flags; `restart`: the restart ladder; "
+        "`alert`: notify only.",
     )
 
 
@@ -210,7 +225,64 @@ class EngineStallConfig(_RuleBase):
     )
     severity: Severity = Field("critical", description="The `severity` label of the alert.")
     action: Literal["alert", "restart"] = Field(
-        "alert", description="`alert` notifies only; `restart` runs the restart ladder."
+        "alert",
+        description="`alert` notifies only; `restart` runs the restart ladder. Unset, the "
+        "runtime decides: `restart` for the local and process runtimes (kvpilot owns the "
+        "server), `alert` for pod (the fleet's first-install mode will govern it) and attach "
+        "(kvpilot cannot restart).",
+    )
+
+
+class RequestsDeferredConfig(_RuleBase):
+    """Partial starvation: requests held back (deferred) for long while others run.
+
+    vLLM's `num_requests_waiting_by_reason{reason="deferred"}` is a gauge, not a per-request
+    age: a deferred count that never drops to 0 for `deferred_limit_s` while requests run
+    (and the engine steps) is read as some request deferred that long.
+    """
+
+    deferred_limit_s: float = Field(
+        60.0,
+        gt=0,
+        description="Alert when at least one request has stayed deferred this long "
+        "(the deferred count never 0 over the span) while others run.",
+    )
+    min_running: int = Field(
+        1, ge=0, description="The fewest running requests that count as others progressing."
+    )
+    for_s: float = Field(
+        0.0, ge=0, description="Extra time the starvation must last, after `deferred_limit_s`."
+    )
+    severity: Severity = Field("critical", description="The `severity` label of the alert.")
+    action: Literal["alert", "restart"] = Field(
+        "alert",
+        description="`restart`: the restart ladder (only a restart recovers a scheduler "
+        "that stopped admitting); `alert`: notify only. Unset, the runtime decides: "
+        "`restart` for the local and process runtimes, `alert` for pod and attach.",
+    )
+
+
+class TokenOccupancyConfig(_RuleBase):
+    """KV blocks mostly in use while the tokens in them fill few of their slots."""
+
+    usage_above_ratio: float = Field(
+        0.8,
+        ge=0,
+        lt=1,
+        description="Block usage (blocks in use / usable blocks) must be above this.",
+    )
+    occupancy_below_ratio: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Alert when token occupancy (tokens / (blocks in use x block size)) "
+        "is below this while block usage is above `usage_above_ratio`.",
+    )
+    for_s: float = Field(300.0, ge=0, description="How long it must last before firing.")
+    action: Literal["alert"] = Field(
+        "alert",
+        description="Only `alert`: the remedy is a smaller --block-size, which the alert "
+        "names; a restart with the same flags changes nothing.",
     )
 
 
@@ -240,6 +312,22 @@ class GpuMemoryGrowthConfig(_RuleBase):
     for_s: float = Field(300.0, ge=0, description="How long the growth must last before firing.")
     action: Literal["alert", "restart"] = Field(
         "alert", description="`alert` notifies only; `restart` runs the restart ladder."
+    )
+
+
+class MemoryHeadroomConfig(_RuleBase):
+    """The memory ledger's early warning: allocator slack plus drift from vLLM's budget
+    eating into the headroom the budget leaves on the device (GPU ledgers only)."""
+
+    headroom_share_ratio: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Warn when allocator slack plus the drift beyond vLLM's budget exceed "
+        "this share of the headroom (device capacity minus the budget).",
+    )
+    action: Literal["alert"] = Field(
+        "alert", description="`alert` notifies only: an early warning before out-of-memory."
     )
 
 
@@ -298,6 +386,15 @@ class RulesConfig(_Section):
         default_factory=EngineStallConfig,
         description="Requests waiting or running while the engine makes no progress.",
     )
+    requests_deferred: RequestsDeferredConfig = Field(
+        default_factory=RequestsDeferredConfig,
+        description="Requests deferred past a limit while others run (partial starvation).",
+    )
+    token_occupancy: TokenOccupancyConfig = Field(
+        default_factory=TokenOccupancyConfig,
+        description="Block usage high while token occupancy is low: a smaller block size "
+        "gives capacity back.",
+    )
     gpu_memory_growth: GpuMemoryGrowthConfig = Field(
         default_factory=GpuMemoryGrowthConfig,
         description="GPU memory of the vLLM process growing beyond weights + KV pool.",
@@ -305,6 +402,11 @@ class RulesConfig(_Section):
     gpu_neighbour_pressure: GpuNeighbourPressureConfig = Field(
         default_factory=GpuNeighbourPressureConfig,
         description="Other processes on the same GPU taking memory the server needs to restart.",
+    )
+    memory_headroom: MemoryHeadroomConfig = Field(
+        default_factory=MemoryHeadroomConfig,
+        description="Allocator slack plus drift from vLLM's memory budget past a share of "
+        "the headroom: an early warning from the memory ledger.",
     )
     external_labels: dict[str, str] = Field(
         default_factory=dict,
@@ -323,3 +425,29 @@ class RulesConfig(_Section):
             if name in RESERVED_LABELS:
                 raise ValueError(f"external label {name!r} is set by the rules themselves")
         return labels
+
+
+# Liveness rules whose remedy is a restart: their default action depends on who owns the server.
+LIVENESS_RULES = ("engine_stall", "requests_deferred")
+RESTARTING_RUNTIMES = frozenset({"local", "process"})
+
+
+def with_runtime_defaults(rules: Any, runtime_kind: object) -> Any:
+    """The raw `rules` mapping with each liveness rule's action defaulted for the runtime:
+    `restart` where kvpilot owns the server's process (local, process), else `alert` (pod:
+    the fleet's first-install mode will decide; attach: nothing to restart). An action the
+    user set is kept."""
+    if runtime_kind not in RESTARTING_RUNTIMES:
+        return rules
+    if rules is None:
+        rules = {}
+    if not isinstance(rules, Mapping):
+        return rules  # not a mapping: validation says why
+    out = dict(rules)
+    for name in LIVENESS_RULES:
+        given = out.get(name)
+        if given is None:
+            out[name] = {"action": "restart"}
+        elif isinstance(given, Mapping) and "action" not in given:
+            out[name] = {**given, "action": "restart"}
+    return out

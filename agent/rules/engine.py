@@ -9,8 +9,11 @@ from kvpilot.agent.readings.derive import EngineFigures
 from kvpilot.agent.readings.snapshot import Snapshot
 from kvpilot.agent.rules.base import Rule, RuleContext
 from kvpilot.agent.rules.config import RulesConfig
+from kvpilot.agent.rules.deferred import RequestsDeferredRule
 from kvpilot.agent.rules.fragmentation import FragmentationRule
 from kvpilot.agent.rules.gpu_memory import GpuMemoryGrowthRule, GpuNeighbourPressureRule
+from kvpilot.agent.rules.memory_headroom import MemoryHeadroomRule
+from kvpilot.agent.rules.occupancy import TokenOccupancyRule
 from kvpilot.agent.rules.preemption import PreemptionSpikeRule
 from kvpilot.agent.rules.saturation import KvSaturationRule
 from kvpilot.agent.rules.server_down import ServerDownRule
@@ -36,7 +39,10 @@ def build_rules(config: RulesConfig) -> list[Rule]:
         (config.preemption_spike.enabled, PreemptionSpikeRule(config.preemption_spike)),
         (config.server_down.enabled, ServerDownRule(config.server_down)),
         (config.kv_saturation.enabled, KvSaturationRule(config.kv_saturation)),
+        (config.memory_headroom.enabled, MemoryHeadroomRule(config.memory_headroom)),
         (config.engine_stall.enabled, EngineStallRule(config.engine_stall)),
+        (config.requests_deferred.enabled, RequestsDeferredRule(config.requests_deferred)),
+        (config.token_occupancy.enabled, TokenOccupancyRule(config.token_occupancy)),
         (config.gpu_memory_growth.enabled, GpuMemoryGrowthRule(config.gpu_memory_growth)),
         (
             config.gpu_neighbour_pressure.enabled,

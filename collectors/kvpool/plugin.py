@@ -31,16 +31,24 @@ from collections.abc import Callable
 from typing import Any
 
 from kvpilot.collectors.kvpool.blocks import BlockPoolSnapshot, snapshot
-from kvpilot.collectors.kvpool.ports import (
+from kvpilot.collectors.kvpool.ledger import MemoryLedger
+from kvpilot.collectors.kvpool.ledger_families import LedgerCollector
+from kvpilot.collectors.kvpool.ledger_reader import (
+    GRAPH_BYTES_ATTR,
+    pool_blocks,
+    read_cpu_ledger,
+    read_cuda_ledger,
+)
+from kvpilot.collectors.kvpool.listen_address import (
     ALLOCATOR_PORT_OFFSET,
     DEFAULT_HOST,
     HOST_ENV,
     PORT_ENV,
 )
+from kvpilot.collectors.kvpool.occupancy_export import OccupancyCollector
 from kvpilot.collectors.kvpool.server import (
     AllocatorReading,
     EngineReading,
-    KvPoolCollector,
     PartErrors,
     RunningServer,
     serve,
@@ -107,6 +115,11 @@ class EngineHandle:
     @property
     def alive(self) -> bool:
         return self._scheduler() is not None
+
+    def pool_blocks(self) -> tuple[int, int] | None:
+        """(blocks including the null block, free blocks): two counters, safe from any thread."""
+        kv_manager = getattr(self._scheduler(), "kv_cache_manager", None)
+        return pool_blocks(getattr(kv_manager, "block_pool", None))
 
     def on_preempt(self) -> None:
         """Engine thread, right after a request was preempted."""
@@ -187,6 +200,10 @@ class EngineHandle:
         )
 
 
+class PluginCollector(OccupancyCollector, LedgerCollector):
+    """Every family the plugin serves: block pool, token occupancy, memory ledger."""
+
+
 class PluginState:
     """Everything the plugin holds in one process; one HTTP server per port."""
 
@@ -198,6 +215,8 @@ class PluginState:
         self.wall_clock: Callable[[], float] = time.time
         self.engines: list[EngineHandle] = []
         self.allocator_devices: list[tuple[str, int]] = []
+        # Workers in this process for the memory ledger: rank, worker, CUDA index (None: CPU).
+        self.ledger_workers: list[tuple[str, weakref.ref[object], int | None]] = []
         self.servers: dict[int, RunningServer] = {}
         self._lock = threading.Lock()
 
@@ -219,14 +238,38 @@ class PluginState:
             readings.append(AllocatorReading(rank=rank, stats=stats))
         return readings
 
+    def ledger_readings(self) -> list[MemoryLedger]:
+        """Ledgers of this process's workers, served on each port of the process: the worker's
+        own port (`ALLOCATOR_PORT_OFFSET`), and the engine's when the worker runs beside the
+        scheduler (one GPU, uni-process executor), where the agent scrapes it. With the
+        multiprocess executor (CPU always) the engine process holds no worker."""
+        pools = [handle.pool_blocks() for handle in self.engines if handle.alive]
+        blocks = next((found for found in pools if found is not None), None)
+        ledgers = []
+        for rank, ref, device in list(self.ledger_workers):
+            worker = ref()
+            if worker is None:
+                continue
+            try:
+                if device is None:
+                    ledgers.append(read_cpu_ledger(worker, rank=rank, blocks=blocks))
+                else:
+                    ledgers.append(
+                        read_cuda_ledger(worker, device=device, rank=rank, blocks=blocks)
+                    )
+            except Exception as exc:
+                self.errors.record("ledger", exc)
+        return ledgers
+
     def ensure_server(self, port: int, *, engine: str | None, allocators: bool) -> None:
         """Start the server for `port` once; a taken port disables it with one log line."""
         with self._lock:
             if port in self.servers:
                 return
-            collector = KvPoolCollector(
+            collector = PluginCollector(
                 engines=functools.partial(self.engine_readings, engine) if engine else list,
                 allocators=self.allocator_readings if allocators else list,
+                ledgers=self.ledger_readings,
                 errors=self.errors,
                 clock=self.clock,
             )
@@ -380,6 +423,10 @@ def _patch_worker(current: PluginState) -> None:
         def init_device(self: object, *args: Any, **kwargs: Any) -> Any:
             result = original(self, *args, **kwargs)
             try:
+                _attach_ledger(getattr(self, "worker", None), _state or current)
+            except Exception as exc:
+                (_state or current).errors.record("ledger_attach", exc)
+            try:
                 _attach_allocator(getattr(self, "worker", None), _state or current)
             except Exception as exc:
                 (_state or current).errors.record("allocator_attach", exc)
@@ -388,6 +435,50 @@ def _patch_worker(current: PluginState) -> None:
         return init_device
 
     _wrap_once(WorkerWrapperBase, "init_device", make_init_device)
+
+
+def _patch_graph_capture(current: PluginState) -> None:
+    """Keep what `capture_model()` returns (the graphs' bytes) on the runner: vLLM logs it
+    once and keeps it nowhere. Patched from a CUDA worker's `init_device`, before capture,
+    so no other process imports the GPU runner."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    runners: list[type] = [GPUModelRunner]
+    try:
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner as RunnerV2
+
+        runners.append(RunnerV2)
+    except Exception as exc:
+        current.errors.record("graph_patch_v2", exc)
+
+    def make_capture(original: Method) -> Method:
+        def capture_model(self: object, *args: Any, **kwargs: Any) -> Any:
+            result = original(self, *args, **kwargs)
+            if isinstance(result, int) and not kwargs.get("profile_only", False):
+                setattr(self, GRAPH_BYTES_ATTR, result)
+            return result
+
+        return capture_model
+
+    for runner in runners:
+        _wrap_once(runner, "capture_model", make_capture)
+
+
+def _attach_ledger(worker: object, current: PluginState) -> None:
+    """Remember a worker whose memory this process can read (CPU, or its CUDA device)."""
+    device = getattr(worker, "device", None)
+    kind = getattr(device, "type", None)
+    index = getattr(device, "index", None)
+    rank = str(getattr(worker, "rank", getattr(worker, "local_rank", 0)))
+    if kind == "cpu":
+        current.ledger_workers.append((rank, weakref.ref(worker), None))
+        local_rank = getattr(worker, "local_rank", 0)
+        local_rank = local_rank if isinstance(local_rank, int) else 0
+        port = current.base_port + ALLOCATOR_PORT_OFFSET + local_rank
+        current.ensure_server(port, engine=None, allocators=False)
+    elif kind == "cuda" and isinstance(index, int):
+        current.ledger_workers.append((rank, weakref.ref(worker), index))
+        _patch_graph_capture(current)
 
 
 def _attach_allocator(worker: object, current: PluginState) -> None:

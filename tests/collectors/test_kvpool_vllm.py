@@ -200,3 +200,44 @@ def test_fragmentation_zero_at_rest_and_positive_under_load(vllm_server: VllmSer
         assert frag is not None and frag.ratio == 0.0
     assert ratios, "no unguarded readings under load"
     assert max(ratios) > 0.0, ratios
+
+
+def test_memory_ledger_adds_up_to_the_engine_pss(vllm_server: VllmServer) -> None:
+    """The CPU ledger's parts (unattributed included) add up to the PSS, read from outside, of
+    the engine's worker process (on CPU vLLM always runs the model in a worker process of its
+    own, which holds the weights and the KV cache), and its KV part is exactly blocks x block
+    bytes."""
+    from kvpilot.collectors.kvpool.listen_address import ALLOCATOR_PORT_OFFSET
+    from kvpilot.collectors.procfs import descendants, list_processes, read_pss_bytes
+    from tests.conftest import KV_BYTES_PER_BLOCK
+
+    assert vllm_server.spec.kvpool_port is not None
+    procs = list_processes()
+    workers = [
+        info
+        for info in descendants(vllm_server.pid, procs)
+        if info.argv[:1] and info.argv[0].startswith("VLLM::Worker")
+    ]
+    assert len(workers) == 1, [info.argv for info in descendants(vllm_server.pid, procs)]
+    worker_port = vllm_server.spec.kvpool_port + ALLOCATOR_PORT_OFFSET  # local rank 0
+    with httpx.Client(timeout=10.0) as client:
+        ours = client.get(f"http://127.0.0.1:{worker_port}/metrics").text
+        pss = read_pss_bytes(workers[0].pid)
+        theirs = client.get(f"{vllm_server.url}/metrics").text
+    parts = {
+        dict(s.labels)["part"]: s.value
+        for s in parse_samples(ours, prefixes=("kvpool_memory_part_bytes",))
+    }
+    used = [s for s in parse_samples(ours, prefixes=("kvpool_memory_used_bytes",))]
+    assert len(used) == 1, ours[-3000:]
+    (config,) = [s for s in parse_samples(theirs, prefixes=("vllm:cache_config_info",))]
+    num_blocks = int(dict(config.labels)["num_gpu_blocks"])  # the null block included
+    assert parts["kv_cache"] == num_blocks * KV_BYTES_PER_BLOCK
+    (block,) = parse_samples(ours, prefixes=("kvpool_memory_kv_block_bytes",))
+    assert block.value == KV_BYTES_PER_BLOCK
+    # Two layers of a 256-hidden llama plus embeddings: well above a megabyte of bf16.
+    assert parts["weights"] > 1024 * 1024
+    assert sum(parts.values()) == used[0].value
+    assert dict(used[0].labels)["source"] == "proc_smaps_rollup_pss"
+    assert pss is not None
+    assert abs(sum(parts.values()) - pss) <= 0.05 * pss, (parts, pss)

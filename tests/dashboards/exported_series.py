@@ -31,7 +31,13 @@ from kvpilot.agent.runtimes.kubernetes.unattended import UnattendedCanaries
 from kvpilot.agent.tick.ticker import TickState
 from kvpilot.collectors.fragmentation import kv_blocks_fragmentation
 from kvpilot.collectors.gpu_samples import GpuProcess, GpuSample, NvmlSnapshot
-from kvpilot.collectors.kvpool.client import AllocatorSample, KvBlockSample, KvPoolScrape
+from kvpilot.collectors.kvpool.client import (
+    AllocatorSample,
+    GroupOccupancySample,
+    KvBlockSample,
+    KvPoolScrape,
+)
+from kvpilot.collectors.kvpool.ledger_client import LedgerSample
 from kvpilot.collectors.vllm_metrics import VllmScrape, parse_vllm_metrics
 from kvpilot.dashboards import tuning_metrics
 from kvpilot.tuner.trials import trial_from_dict
@@ -94,6 +100,8 @@ def _kv_block(model_name: str) -> KvBlockSample:
         last_preemption_wall_s=1_700_000_000.0,
         scheduler_steps_total=900,
         snapshot_age_s=0.01,
+        occupancy=(GroupOccupancySample("0", 32, 823, 823 * 20, 20 / 32, None),),
+        block_size_step_tokens=32,
     )
 
 
@@ -109,6 +117,23 @@ def _allocator() -> AllocatorSample:
         largest_free_block_bytes=512 << 20,
         segments=12,
         fragmentation_ratio=0.5,
+    )
+
+
+def _ledger() -> LedgerSample:
+    return LedgerSample(
+        device="0",
+        rank="0",
+        parts=(
+            ("kv_cache", "kv_cache_tensors", 50 * GIB),
+            ("unattributed", "used minus the attributed parts", GIB),
+            ("weights", "vllm_model_memory_usage", 16 * GIB),
+        ),
+        used_bytes=67 * GIB,
+        budget_bytes=66 * GIB,
+        drift_bytes=GIB,
+        headroom_bytes=14 * GIB,
+        unallocated_bytes=13 * GIB,
     )
 
 
@@ -138,7 +163,13 @@ def _state(*, kvpool: bool) -> TickState:
         taken_at_s=10.0,
         wall_time_s=1e9,
         vllm=VllmScrape(10.0, 1e9, engines, "0.32.0"),
-        kvpool=KvPoolScrape(10.0, 1e9, (_kv_block(engines[0].model_name),), (_allocator(),))
+        kvpool=KvPoolScrape(
+            10.0,
+            1e9,
+            (_kv_block(engines[0].model_name),),
+            (_allocator(),),
+            ledgers=(_ledger(),),
+        )
         if kvpool
         else None,
         nvml=NvmlSnapshot(10.0, 1e9, "550.54", (_gpu(),)),

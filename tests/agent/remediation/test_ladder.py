@@ -126,3 +126,55 @@ def test_no_or_unknown_action_is_alert_only() -> None:
 def test_manual_plan_is_a_plain_restart() -> None:
     plan = manual_plan("operator asked")
     assert plan.steps == ("restart",) and plan.reason == "operator asked"
+
+
+def test_pressure_without_a_leak_recommends_a_lower_admission_cap_not_a_restart() -> None:
+    argv = ("vllm", "serve", "m", "--max-num-seqs", "64")
+    for rule in ("preemption_spike", "kv_saturation"):
+        plan = plan_for(
+            rule,
+            notes("ladder", capacity_leak=False),
+            "vllm-0",
+            light_step_enabled=True,
+            current_argv=argv,
+        )
+        assert plan.steps == ("recommend_config",) and not plan.restarts
+        assert plan.argv == (*argv, "--max-num-active-seqs", "48")
+        assert "--max-num-active-seqs 48" in plan.reason
+
+
+def test_the_admission_cap_steps_down_from_its_own_value() -> None:
+    plan = plan_for(
+        "preemption_spike",
+        notes("ladder"),
+        "vllm-0",
+        light_step_enabled=False,
+        current_argv=("vllm", "serve", "m", "--max-num-seqs=64", "--max-num-active-seqs=2"),
+    )
+    assert plan.argv is not None and plan.argv[-2:] == ("--max-num-active-seqs", "1")
+    assert "(was 2)" in plan.reason
+
+
+def test_unknown_caps_fall_back_to_a_tuning_run() -> None:
+    for argv in (None, ("vllm", "serve", "m"), ("vllm", "serve", "m", "--max-num-seqs", "1")):
+        plan = plan_for(
+            "preemption_spike",
+            notes("ladder"),
+            "vllm-0",
+            light_step_enabled=False,
+            current_argv=argv,
+        )
+        assert plan.steps == ("recommend_tuning",)
+
+
+def test_a_validated_config_still_comes_before_the_cap() -> None:
+    better = ("vllm", "serve", "m", "--kv-cache-memory-bytes", "8G")
+    plan = plan_for(
+        "kv_saturation",
+        notes("ladder", capacity_leak=False),
+        "vllm-0",
+        light_step_enabled=False,
+        better_config=lambda instance: better,
+        current_argv=("vllm", "serve", "m", "--max-num-seqs", "64"),
+    )
+    assert plan.steps == ("promote",) and plan.argv == better

@@ -24,8 +24,11 @@ SETTINGS: dict[str, tuple[float, str]] = {
     "server_down": (14.0, "alert"),
     "kv_saturation": (15.0, "restart"),
     "engine_stall": (16.0, "restart"),
+    "requests_deferred": (19.0, "restart"),
+    "token_occupancy": (20.0, "alert"),
     "gpu_memory_growth": (17.0, "restart"),
     "gpu_neighbour_pressure": (18.0, "alert"),
+    "memory_headroom": (21.0, "alert"),
 }
 
 
