@@ -11,6 +11,10 @@ uses; Prometheus evaluates them on the series the agent and vLLM export:
 * `VllmKvCacheSaturated`: KV usage at or above the threshold while requests wait.
 * `VllmEngineStalled`: vLLM's iteration counter unchanged for `stall_s` while requests are
   present throughout (vLLM's own series: the agent re-exports only rates).
+* `VllmKvTokenOccupancyLow`: the plugin's token occupancy below its bound while block usage is
+  above its own (capacity lost to partly filled blocks).
+* `VllmRequestsDeferred`: vLLM's deferred-request count never 0 over the limit while requests
+  run (partial starvation, which moves the iteration counter).
 * `VllmGpuMemoryGrowth`: the least-squares slope (`deriv`) of the server's GPU memory over the
   window, with the growth over the window (`delta`) at least the minimum.
 
@@ -87,6 +91,20 @@ class _EngineStall(_Rule, Protocol):
     def stall_s(self) -> float: ...
 
 
+class _TokenOccupancy(_Rule, Protocol):
+    @property
+    def usage_above_ratio(self) -> float: ...
+    @property
+    def occupancy_below_ratio(self) -> float: ...
+
+
+class _RequestsDeferred(_Rule, Protocol):
+    @property
+    def deferred_limit_s(self) -> float: ...
+    @property
+    def min_running(self) -> int: ...
+
+
 class _GpuMemoryGrowth(_Rule, Protocol):
     @property
     def window_s(self) -> float: ...
@@ -107,6 +125,10 @@ class RuleSettings(Protocol):
     def kv_saturation(self) -> _KvSaturation: ...
     @property
     def engine_stall(self) -> _EngineStall: ...
+    @property
+    def token_occupancy(self) -> _TokenOccupancy: ...
+    @property
+    def requests_deferred(self) -> _RequestsDeferred: ...
     @property
     def gpu_memory_growth(self) -> _GpuMemoryGrowth: ...
 
@@ -221,7 +243,9 @@ def _engine_alerts(settings: RuleSettings, ctx: AlertContext) -> list[dict[str, 
                 f'kvpilot_fragmentation_ratio{{source="{source}"}} > {number(cfg.threshold_ratio)}',
                 cfg,
                 f"{source} fragmentation {{{{ $value | humanizePercentage }}}} above "
-                f"{cfg.threshold_ratio:g} on {{{{ $labels.instance }}}}",
+                f"{cfg.threshold_ratio:g} on {{{{ $labels.instance }}}}"
+                # Paged attention takes any free block: no restart brings the KV value down.
+                + ("; a restart cannot fix the KV-pool value" if source == "kv_blocks" else ""),
                 # The series carries it too; as a rule label it keeps the two rules apart.
                 labels={"source": source},
                 variant=source,
@@ -271,6 +295,7 @@ def _engine_alerts(settings: RuleSettings, ctx: AlertContext) -> list[dict[str, 
                 "{{ $labels.instance }} engine {{ $labels.engine }}",
             )
         )
+    rules.extend(_capacity_and_starvation_alerts(settings, ctx))
     growth = settings.gpu_memory_growth
     if growth.enabled:
         window = duration(ctx.timing.window_s(growth.window_s))
@@ -285,6 +310,47 @@ def _engine_alerts(settings: RuleSettings, ctx: AlertContext) -> list[dict[str, 
                 growth,
                 "GPU memory of server {{ $labels.server }} on GPU {{ $labels.gpu }} of "
                 "{{ $labels.instance }} grows {{ $value | humanize1024 }}B/s",
+            )
+        )
+    return rules
+
+
+def _capacity_and_starvation_alerts(
+    settings: RuleSettings, ctx: AlertContext
+) -> list[dict[str, Any]]:
+    """Low token occupancy under high block usage; requests deferred while others run."""
+    rules: list[dict[str, Any]] = []
+    occupancy = settings.token_occupancy
+    if occupancy.enabled:
+        usage = (
+            '1 - sum without (state) (kvpilot_kvpool_blocks{state="free"}) '
+            '/ sum without (state) (kvpilot_kvpool_blocks{state="total"})'
+        )
+        rules.append(
+            _alert(
+                ctx,
+                "VllmKvTokenOccupancyLow",
+                f"kvpilot_token_occupancy_ratio < {number(occupancy.occupancy_below_ratio)} "
+                f"and on ({ENGINE_KEY}) ({usage}) > {number(occupancy.usage_above_ratio)}",
+                occupancy,
+                "KV blocks hold tokens in {{ $value | humanizePercentage }} of their slots "
+                "with the pool mostly in use on {{ $labels.instance }} engine "
+                "{{ $labels.engine }}: a smaller --block-size gives capacity back",
+            )
+        )
+    deferred = settings.requests_deferred
+    if deferred.enabled:
+        window = duration(ctx.timing.window_s(deferred.deferred_limit_s))
+        rules.append(
+            _alert(
+                ctx,
+                "VllmRequestsDeferred",
+                f"min_over_time(kvpilot_requests_deferred[{window}]) > 0 "
+                f"and on ({ENGINE_KEY}) "
+                f"min_over_time(kvpilot_requests_running[{window}]) >= {deferred.min_running}",
+                deferred,
+                f"{{{{ $value }}}} requests deferred for {window} while others run on "
+                "{{ $labels.instance }} engine {{ $labels.engine }}",
             )
         )
     return rules

@@ -15,6 +15,12 @@ from kvpilot.collectors.fragmentation import (
     kv_blocks_fragmentation,
     scan_free_flags,
 )
+from kvpilot.collectors.kvpool.occupancy import (
+    BlockSizeChoice,
+    GroupOccupancy,
+    block_size_choice,
+    group_occupancy,
+)
 
 NO_RUNNING_REQUESTS = "no running requests hold blocks"
 NO_REQUEST_BLOCKS = "scheduler exposes no per-request blocks"
@@ -56,6 +62,8 @@ class BlockPoolSnapshot:
     block_size_tokens: int | None
     counts: BlockCounts
     internal: InternalFragmentation
+    occupancy: tuple[GroupOccupancy, ...] = ()  # per KV group
+    block_size_choice: BlockSizeChoice | None = None
 
 
 # Per-block state codes: one list built in one pass, then counted in C.
@@ -131,10 +139,13 @@ def snapshot(scheduler: object, *, taken_at_s: float, wall_time_s: float) -> Blo
     pool = getattr(manager, "block_pool", None)
     if pool is None:
         raise BlockPoolShapeError("scheduler has no kv_cache_manager.block_pool")
+    occupancy = group_occupancy(scheduler)
     return BlockPoolSnapshot(
         taken_at_s=taken_at_s,
         wall_time_s=wall_time_s,
         block_size_tokens=block_size_of(scheduler),
         counts=count_blocks(pool),
         internal=internal_fragmentation(scheduler),
+        occupancy=occupancy,
+        block_size_choice=block_size_choice(scheduler, len(occupancy)),
     )

@@ -187,6 +187,54 @@ def _stall(config: RulesConfig, timing: Timing) -> _Case:
     return case
 
 
+def _occupancy(config: RulesConfig, timing: Timing) -> _Case:
+    case = _Case(timing.scrape_interval_s, "VllmKvTokenOccupancyLow")
+    rule = config.token_occupancy
+    for_s = timing.for_s(rule.for_s)
+    total = case.scrapes(for_s) + 6
+    fired = []
+    for instance, free, occupancy in (
+        ("a", 100, rule.occupancy_below_ratio - 0.2),  # 90 % of blocks in use, mostly empty
+        ("b", 100, rule.occupancy_below_ratio + 0.2),  # in use and well filled
+        ("c", 600, rule.occupancy_below_ratio - 0.2),  # mostly empty, but blocks to spare
+    ):
+        series = _agent(instance)
+        case.feed(pick(series, "kvpilot_kvpool_blocks", state="total"), [1000] * total)
+        case.feed(pick(series, "kvpilot_kvpool_blocks", state="free"), [free] * total)
+        ratio = pick(series, "kvpilot_token_occupancy_ratio")
+        case.feed(ratio, [occupancy] * total)
+        if instance == "a":
+            fired.append(ratio.alert_labels(severity=rule.severity))
+    case.expect(for_s - case.scrape_s)
+    case.expect(for_s + 2 * case.scrape_s, *fired)
+    return case
+
+
+def _deferred(config: RulesConfig, timing: Timing) -> _Case:
+    case = _Case(timing.scrape_interval_s, "VllmRequestsDeferred")
+    rule = config.requests_deferred
+    window_s, for_s = timing.window_s(rule.deferred_limit_s), timing.for_s(rule.for_s)
+    admitted = 10  # scrapes with nothing deferred before the deferral starts
+    total = admitted + case.scrapes(window_s + for_s) + 6
+    later = total - admitted
+    fired = []
+    for instance, deferred, running in (
+        ("a", [2.0] * later, 30),  # deferred throughout while others run
+        ("b", [2.0, 0.0] * (later // 2 + 1), 30),  # deferred ones keep being admitted
+        ("c", [2.0] * later, 0),  # nothing runs: the stall rule's case
+    ):
+        series = _agent(instance)
+        deferred_series = pick(series, "kvpilot_requests_deferred")
+        case.feed(deferred_series, ([0.0] * admitted + deferred)[:total])
+        case.feed(pick(series, "kvpilot_requests_running"), [running] * total)
+        if instance == "a":
+            fired.append(deferred_series.alert_labels(severity=rule.severity))
+    start_s = admitted * case.scrape_s
+    case.expect(start_s + window_s - case.scrape_s)
+    case.expect(start_s + window_s + for_s + 2 * case.scrape_s, *fired)
+    return case
+
+
 def _growth(config: RulesConfig, timing: Timing) -> _Case:
     case = _Case(timing.scrape_interval_s, "VllmGpuMemoryGrowth")
     growth = config.gpu_memory_growth
@@ -373,6 +421,8 @@ def alert_cases(config: RulesConfig, scrape_interval_s: float) -> dict[str, Any]
         _preemption(config, timing),
         _saturation(config, timing),
         _stall(config, timing),
+        _occupancy(config, timing),
+        _deferred(config, timing),
         _growth(config, timing),
         *_absent_and_down(watch, timing),
         _collector_down(watch, timing),

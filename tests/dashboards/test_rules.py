@@ -25,6 +25,8 @@ ENGINE_ALERTS = {
     "VllmPreemptionSpike",
     "VllmKvCacheSaturated",
     "VllmEngineStalled",
+    "VllmKvTokenOccupancyLow",
+    "VllmRequestsDeferred",
     "VllmGpuMemoryGrowth",
 }
 SELF_ALERTS = {
@@ -61,7 +63,7 @@ def test_promtool_check_rules_accepts_the_generated_rules(tmp_path: Path, scrape
     path.write_text(rules.rules_file())
     result = promtool("check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 20 rules found" in result.stdout
+    assert "SUCCESS: 22 rules found" in result.stdout
 
 
 def test_the_default_scrape_interval_is_the_shipped_service_monitors() -> None:

@@ -68,7 +68,10 @@ def test_example_loads_with_its_local_cpu_vllm() -> None:
 def test_defaults() -> None:
     config = AgentConfig.model_validate(minimal())
     assert (config.listen.host, config.listen.port, config.interval_s) == ("127.0.0.1", 8474, 1.0)
-    assert config.rules == RulesConfig()
+    # The local runtime owns its server: the liveness rules restart it by default.
+    assert config.rules == RulesConfig.model_validate(
+        {"engine_stall": {"action": "restart"}, "requests_deferred": {"action": "restart"}}
+    )
     assert config.remediation.light_step_reset_prefix_cache is False
     assert config.api.control_token() is None
 

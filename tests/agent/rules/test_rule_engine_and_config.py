@@ -36,7 +36,10 @@ def test_defaults_build_every_rule_and_disabled_ones_are_left_out() -> None:
         "preemption_spike",
         "server_down",
         "kv_saturation",
+        "memory_headroom",
         "engine_stall",
+        "requests_deferred",
+        "token_occupancy",
         "gpu_memory_growth",
         "gpu_neighbour_pressure",
     ]
@@ -77,6 +80,7 @@ def test_engine_on_defaults_evaluates_a_real_snapshot() -> None:
         "preemption_spike": None,  # one reading only
         "kv_saturation": True,
         "engine_stall": None,  # no progress seen yet
+        "requests_deferred": None,  # the by-reason gauge not given
         "server_down": None,  # no runtime state given
     }
 
