@@ -42,6 +42,10 @@ _GATEWAY = ("kvpilot-tuning-gateway", "deploy/overlays/tuning-gateway")
 ROLE_GRANTS: dict[tuple[str, str], tuple[str, str]] = {
     ("get", "deployments.apps"): _BASE,
     ("list", "pods"): _BASE,
+    # A fleet: the pod's own Deployment through its ReplicaSet, and the PDBs over its pods.
+    ("get", "pods"): _BASE,
+    ("get", "replicasets.apps"): _BASE,
+    ("list", "poddisruptionbudgets.policy"): _BASE,
     ("get", "endpoints"): _BASE,  # a Service share: the canary's endpoints
     ("get", "services"): _BASE,  # a Service share reads its Service; the Gateway way too
     **{(verb, "deployments.apps"): _TUNING for verb in ("create", "patch", "delete")},

@@ -1,0 +1,178 @@
+"""The restart budget of one Deployment across its replicas: at most N restarting at once.
+
+The slots live on one `coordination.k8s.io/v1` Lease, `<deployment>-kvpilot-restarts`, whose
+annotation `kvpilot.dev/restart-holders` maps each holder (a pod) to when it took and last
+renewed its slot. Expiry is measured as client-go measures a Lease's: on each observer's own
+monotonic clock, from when it first saw a holder's current renewal, so a holder that died
+frees its slot after the lease duration without anyone comparing another pod's clock. Every
+write carries the resourceVersion read: two pods racing for the last slot cannot both win.
+Blocking calls: run them in a worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kvpilot.agent.runtimes.kubernetes.api import Conflict, NotFound, call, client_module
+from kvpilot.agent.runtimes.kubernetes.lease import RESOURCE
+
+HOLDERS_KEY = "kvpilot.dev/restart-holders"
+SUFFIX = "-kvpilot-restarts"
+DEFAULT_DURATION_S = 30
+
+
+@dataclass(frozen=True, slots=True)
+class SlotAnswer:
+    """Whether this pod may restart now, who holds the slots, and why, in words."""
+
+    granted: bool
+    holders: tuple[str, ...]
+    reason: str
+
+
+def slots_name(deployment: str) -> str:
+    return f"{deployment}{SUFFIX}"
+
+
+class RestartSlots:
+    """Take, renew and give back one of a Deployment's restart slots."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        *,
+        namespace: str,
+        deployment: str,
+        identity: str,
+        slots: int = 1,
+        duration_s: int = DEFAULT_DURATION_S,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        if slots < 1 or duration_s < 1:
+            raise ValueError("a restart budget needs at least one slot and a 1 s duration")
+        self._api = client_module().CoordinationV1Api(api_client)
+        self.namespace = namespace
+        self.name = slots_name(deployment)
+        self.identity = identity
+        self.slots = slots
+        self.duration_s = duration_s
+        self._clock = clock
+        self._wall_clock = wall_clock
+        # holder -> (its renewal as last seen, when this observer first saw that renewal)
+        self._seen: dict[str, tuple[float, float]] = {}
+
+    def _what(self) -> str:
+        return f"Lease {self.namespace}/{self.name}"
+
+    def _read(self) -> Any | None:
+        try:
+            return call(
+                self._api.read_namespaced_lease,
+                self.name,
+                self.namespace,
+                verb="get",
+                resource=RESOURCE,
+                what=self._what(),
+            )
+        except NotFound:
+            return None
+
+    def _live(self, lease: Any | None) -> dict[str, dict[str, Any]]:
+        """The holders whose claim has not run out on this observer's clock (ours always)."""
+        if lease is None:
+            return {}
+        raw = (lease.metadata.annotations or {}).get(HOLDERS_KEY) or "{}"
+        try:
+            holders = json.loads(raw)
+        except json.JSONDecodeError:
+            holders = {}  # a hand-edited annotation: nobody's claim can be read from it
+        now_s, live = self._clock(), {}
+        for holder, claim in holders.items() if isinstance(holders, dict) else ():
+            renewed = float((claim or {}).get("renewed_wall_s") or 0.0)
+            seen = self._seen.get(holder)
+            if seen is None or seen[0] != renewed:
+                self._seen[holder] = seen = (renewed, now_s)
+            if holder == self.identity or now_s - seen[1] < self.duration_s:
+                live[holder] = claim
+        return live
+
+    def _write(self, lease: Any | None, holders: dict[str, dict[str, Any]]) -> None:
+        client = client_module()
+        annotations = {HOLDERS_KEY: json.dumps(holders, sort_keys=True)}
+        spec = client.V1LeaseSpec(
+            holder_identity=",".join(sorted(holders)) or None,
+            lease_duration_seconds=self.duration_s,
+        )
+        if lease is None:
+            body = client.V1Lease(
+                api_version="coordination.k8s.io/v1",
+                kind="Lease",
+                metadata=client.V1ObjectMeta(
+                    name=self.name, namespace=self.namespace, annotations=annotations
+                ),
+                spec=spec,
+            )
+            call(
+                self._api.create_namespaced_lease,
+                self.namespace,
+                body,
+                verb="create",
+                resource=RESOURCE,
+                what=self._what(),
+            )
+            return
+        lease.metadata.annotations = {**(lease.metadata.annotations or {}), **annotations}
+        lease.spec = spec
+        call(
+            self._api.replace_namespaced_lease,
+            self.name,
+            self.namespace,
+            lease,
+            verb="update",
+            resource=RESOURCE,
+            what=self._what(),
+        )
+
+    def try_take(self, why: str) -> SlotAnswer:
+        """Take a free slot (or keep ours); when none is free, who holds them."""
+        lease = self._read()
+        live = self._live(lease)
+        others = tuple(sorted(h for h in live if h != self.identity))
+        if self.identity not in live and len(live) >= self.slots:
+            return SlotAnswer(
+                False,
+                others,
+                f"{len(live)} of {self.slots} restart slots of this Deployment are held "
+                f"(by {', '.join(others)}): waiting for a turn",
+            )
+        now = self._wall_clock()
+        claim = live.get(self.identity) or {"since_wall_s": now, "why": why[:200]}
+        live[self.identity] = {**claim, "renewed_wall_s": now}
+        try:
+            self._write(lease, live)
+        except Conflict:
+            return SlotAnswer(False, others, "another replica changed the restart slots: again")
+        return SlotAnswer(True, others, f"restart slot taken ({len(live)} of {self.slots} held)")
+
+    def renew(self) -> bool:
+        """Renew our slot; False when it is not ours any more."""
+        return self.try_take("renewal").granted
+
+    def give_back(self) -> None:
+        """Free our slot, so the next replica need not wait for it to expire."""
+        for _ in range(3):
+            lease = self._read()
+            live = self._live(lease)
+            if self.identity not in live:
+                return
+            del live[self.identity]
+            try:
+                self._write(lease, live)
+                return
+            except Conflict:
+                continue
