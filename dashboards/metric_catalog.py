@@ -124,6 +124,13 @@ SPECS: tuple[FamilySpec, ...] = (
         "1 while the server's restart circuit breaker is open (restarts stopped, paged).",
     ),
     FamilySpec(
+        "kvpilot_mode",
+        "gauge",
+        ("mode", "source"),
+        "The live switch: 1 for the mode in force (paused, dry-run, armed), 0 for the others; "
+        "source: the layer that set it (deployment, namespace, api, config).",
+    ),
+    FamilySpec(
         "kvpilot_remediation_in_progress",
         "gauge",
         (),
@@ -332,7 +339,8 @@ SPECS: tuple[FamilySpec, ...] = (
         "gauge",
         (*GPU, "pid", "owner", "server"),
         "Memory of each compute process on the GPU: owner is server (a process of the vLLM "
-        "server named by the server label) or neighbour.",
+        "server named by the server label), neighbour, or unknown (a host PID this container "
+        "cannot map: perhaps the server's own).",
     ),
     FamilySpec(
         "kvpilot_mig_memory_bytes",

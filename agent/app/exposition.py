@@ -14,13 +14,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector, CollectorRegistry
 
 import kvpilot
+from kvpilot.agent.mode import Mode
 from kvpilot.agent.readings.derive import EngineFigures
 from kvpilot.agent.readings.snapshot import SOURCES
 from kvpilot.agent.runtimes.kubernetes.unattended import UNATTENDED
 from kvpilot.agent.tick.ticker import TickState
 from kvpilot.agent.tick.views import ServerView, SidecarCounters
 from kvpilot.collectors.errors import SourceError
-from kvpilot.collectors.gpu_samples import GpuSample, NvmlSnapshot
+from kvpilot.collectors.gpu_samples import GpuProcess, GpuSample, NvmlSnapshot
 from kvpilot.collectors.kvpool.client import KvPoolScrape
 from kvpilot.collectors.vllm_metrics import VllmScrape
 from kvpilot.dashboards import tuning_metrics
@@ -209,6 +210,14 @@ def _kvpool(out: _Families, server: tuple[str, str], scrape: KvPoolScrape) -> No
             out.add("kvpilot_memory_figure_bytes", (*key, figure), amount)
 
 
+def process_owner(process: GpuProcess) -> str:
+    """`server`, `neighbour`, or `unknown` for a host PID this PID namespace cannot see (a
+    container sharing the GPU but not the host's PIDs): it may well be the server's own."""
+    if process.is_server:
+        return "server"
+    return "unknown" if process.container_pid is None else "neighbour"
+
+
 def _gpu(out: _Families, gpu: GpuSample, owners: Mapping[int, str]) -> None:
     key = (str(gpu.index), gpu.uuid or "")
     for state, value in (
@@ -221,7 +230,7 @@ def _gpu(out: _Families, gpu: GpuSample, owners: Mapping[int, str]) -> None:
     out.add("kvpilot_gpu_utilization_ratio", (*key, "sm"), gpu.utilization_gpu_ratio)
     out.add("kvpilot_gpu_utilization_ratio", (*key, "memory"), gpu.utilization_memory_ratio)
     for process in gpu.processes or ():
-        owner = "server" if process.is_server else "neighbour"
+        owner = process_owner(process)
         server = owners.get(process.container_pid or -1, "") if process.is_server else ""
         labels = (*key, str(process.host_pid), owner, server)
         out.add("kvpilot_gpu_process_memory_bytes", labels, process.used_bytes)
@@ -267,6 +276,9 @@ def sidecar_families(
         for server, is_open in c.breakers_open:
             out.add("kvpilot_remediation_circuit_open", (server,), 1.0 if is_open else 0.0)
         out.add("kvpilot_remediation_in_progress", (), 1.0 if c.remediation_in_progress else 0.0)
+        in_force, source = c.mode
+        for mode in Mode:  # a state set: 1 for the mode in force, 0 for the others
+            out.add("kvpilot_mode", (mode.value, source), 1.0 if mode.value == in_force else 0.0)
         out.add("kvpilot_tick_overruns_total", (), c.tick_overruns_total)
         for task, count in c.task_failures_total:
             out.add("kvpilot_background_task_failures_total", (task,), count)

@@ -18,6 +18,7 @@ from rich.console import Console
 from kvpilot.agent.app.logs import configure_logging
 from kvpilot.agent.cli import config_cmd as config_cli
 from kvpilot.agent.cli import dashboards_cmd as dashboards_cli
+from kvpilot.agent.cli import operate_cmd as operate_cli
 from kvpilot.agent.cli import plan_cmd as plan_cli
 from kvpilot.agent.cli import state_cmd as state_cli
 from kvpilot.agent.cli import tune_cmd as tune_cli
@@ -52,6 +53,28 @@ dashboards_cli.register(app)
 tune_cli.register(app)
 state_cli.register(app)
 workload_cli.register(app)
+operate_cli.register(app)
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from importlib.metadata import version
+
+        print(f"kvpilot {version('kvpilot')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version, exit."
+        ),
+    ] = False,
+) -> None:
+    """Memory observability and auto-tuning for vLLM."""
+
 
 VllmUrl = Annotated[
     str, typer.Option("--vllm-url", envvar="KVPILOT_VLLM_URL", help="vLLM server's base URL.")

@@ -70,6 +70,20 @@ def domains(nvml: NvmlSnapshot) -> Iterator[Domain]:
             )
 
 
+UNMAPPED_PIDS_REASON = (
+    "NVML lists GPU processes whose host PIDs this container cannot map to its own "
+    "(the PID namespace is not shared), so the server's own GPU memory is unknown; "
+    "the device's memory is still exported"
+)
+
+
+def _unmapped(snapshot: NvmlSnapshot) -> bool:
+    """Whether some GPU process NVML lists is not visible in this PID namespace."""
+    return any(
+        p.container_pid is None for domain in domains(snapshot) for p in domain.processes or ()
+    )
+
+
 def split_processes(
     processes: tuple[GpuProcess, ...], pids: frozenset[int]
 ) -> tuple[list[GpuProcess], list[GpuProcess]]:
@@ -122,6 +136,10 @@ class _NvmlRule:
             mine, others = split_processes(domain.processes, ctx.instance.pids)
             if mine:
                 out.append(self._domain(ctx, domain, mine, others, nvml.taken_at_s))
+        if not out and _unmapped(nvml):
+            # In a container that sees the GPU but not the host's PID namespace, the server's
+            # processes are among those NVML lists: unknown, never silently healthy.
+            return self._maker.unknown_all(ctx, UNMAPPED_PIDS_REASON)
         self._maker.forget_except(ctx, out)
         return out
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from kvpilot.agent.app.exposition import process_owner
 from kvpilot.agent.rules.config import GpuMemoryGrowthConfig, GpuNeighbourPressureConfig
 from kvpilot.agent.rules.gpu_memory import (
     GpuMemoryGrowthRule,
@@ -7,6 +8,7 @@ from kvpilot.agent.rules.gpu_memory import (
     slope_per_s,
 )
 from kvpilot.collectors.errors import SourceError
+from kvpilot.collectors.gpu_samples import GpuProcess
 from tests.agent.rules.rules_helpers import (
     GIB,
     Driver,
@@ -138,3 +140,19 @@ def test_only_gpus_with_the_instances_processes_count() -> None:
     # server's 65 GiB counted as ours, 79.5 GiB would look free.
     assert c.active is True
     assert "1 other processes" in (dict(c.annotations).get("description") or "")
+
+
+def test_processes_this_container_cannot_map_make_both_rules_unknown_not_silent() -> None:
+    # NVIDIA_VISIBLE_DEVICES=all in a pod: NVML lists host PIDs the container cannot see.
+    unmapped = GpuProcess(host_pid=4242, container_pid=None, used_bytes=60 * GIB, is_server=False)
+    for rule in (growth(), pressure()):
+        c = only(Driver(rule).tick(1.0, gpu_state=nvml(1.0, gpu([unmapped]))))
+        assert c.active is None
+        assert "cannot map" in (c.reason or ""), c.reason
+
+
+def test_unmapped_processes_are_owned_by_unknown_not_a_neighbour() -> None:
+    unmapped = GpuProcess(host_pid=4242, container_pid=None, used_bytes=GIB, is_server=False)
+    assert process_owner(unmapped) == "unknown"
+    assert process_owner(proc(7, GIB, server=False)) == "neighbour"
+    assert process_owner(proc(8, GIB, server=True)) == "server"
