@@ -32,8 +32,11 @@ RUN python3 -c 'import sys, tomllib; v = tomllib.load(open("pyproject.toml", "rb
     && pip install --no-cache-dir --no-deps --target /plugin /wheels/kvpilot-*.whl
 
 FROM ${PYTHON_IMAGE}
+ARG PYTHON_IMAGE
 ARG KVPILOT_VERSION
 ARG KVPILOT_REVISION=unknown
+# RFC 3339, when the image was built (scripts/build-image sets it).
+ARG KVPILOT_CREATED=unknown
 ARG KVPILOT_SOURCE=https://github.com/kvpilot/kvpilot
 # The UID vLLM runs as in the same pod: equal UIDs let the sidecar signal vLLM without
 # CAP_KILL (the deploy base runs both containers as 1000).
@@ -41,8 +44,12 @@ ARG KVPILOT_UID=1000
 LABEL org.opencontainers.image.title="kvpilot" \
       org.opencontainers.image.description="Memory observability and auto-tuning sidecar for vLLM" \
       org.opencontainers.image.source="${KVPILOT_SOURCE}" \
+      org.opencontainers.image.url="${KVPILOT_SOURCE}" \
+      org.opencontainers.image.documentation="${KVPILOT_SOURCE}/blob/v${KVPILOT_VERSION}/docs/deploy.md" \
       org.opencontainers.image.version="${KVPILOT_VERSION}" \
       org.opencontainers.image.revision="${KVPILOT_REVISION}" \
+      org.opencontainers.image.created="${KVPILOT_CREATED}" \
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}" \
       org.opencontainers.image.licenses="Apache-2.0"
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-cache-dir --no-index --find-links=/wheels \

@@ -3,6 +3,7 @@ runbooks are."""
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -34,8 +35,22 @@ class Timing:
         return max(wanted_s, MIN_SCRAPES_PER_FOR * self.scrape_interval_s)
 
 
-# Where `runbook_url` points; `kvpilot rules --runbook-url-base` sets where the docs are served.
-RUNBOOK_URL_BASE = "docs/runbooks/"
+# The repository, and its runbooks' folder in it.
+SOURCE_URL = "https://github.com/kvpilot/kvpilot"
+RUNBOOK_PATH = "docs/runbooks/"
+# This version's tag (a release step: docs/release.md), installed metadata being pyproject's.
+VERSION_TAG = f"v{importlib.metadata.version('kvpilot')}"
+# Where `runbook_url` points by default: the runbooks of this version, absolute, so that a
+# link in Slack or PagerDuty opens; `kvpilot rules --runbook-url-base` names another copy.
+RUNBOOK_URL_BASE = f"{SOURCE_URL}/blob/{VERSION_TAG}/{RUNBOOK_PATH}"
+
+
+# Where an alert is, in its summary: `namespace/pod` where the target has them (Kubernetes,
+# where `instance` is a pod's address), else `instance`.
+WHERE = (
+    "{{ if $labels.pod }}{{ $labels.namespace }}/{{ $labels.pod }}"
+    "{{ else }}{{ $labels.instance }}{{ end }}"
+)
 
 
 def duration(seconds: float) -> str:

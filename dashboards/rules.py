@@ -36,6 +36,7 @@ import yaml
 from kvpilot.dashboards.rule_context import (
     RUNBOOK_URL_BASE,
     SCRAPE_INTERVAL_S,
+    WHERE,
     AlertContext,
     Timing,
     duration,
@@ -144,11 +145,23 @@ class RuleGroups:
         """The plain Prometheus rules file (`rule_files:`)."""
         return dump_yaml({"groups": list(self.groups)})
 
-    def prometheus_rule(self, *, name: str = "kvpilot", namespace: str | None = None) -> str:
-        """The same groups as a prometheus-operator `PrometheusRule` manifest."""
+    def prometheus_rule(
+        self,
+        *,
+        name: str = "kvpilot",
+        namespace: str | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> str:
+        """The same groups as a prometheus-operator `PrometheusRule` manifest; `labels` are
+        added to its own (`release: <name>` is what kube-prometheus-stack's `ruleSelector`
+        selects by default)."""
         metadata: dict[str, Any] = {
             "name": name,
-            "labels": {"app.kubernetes.io/name": "kvpilot", "app.kubernetes.io/part-of": "kvpilot"},
+            "labels": {
+                "app.kubernetes.io/name": "kvpilot",
+                "app.kubernetes.io/part-of": "kvpilot",
+                **dict(labels or {}),
+            },
         }
         if namespace is not None:
             metadata["namespace"] = namespace
@@ -243,7 +256,7 @@ def _engine_alerts(settings: RuleSettings, ctx: AlertContext) -> list[dict[str, 
                 f'kvpilot_fragmentation_ratio{{source="{source}"}} > {number(cfg.threshold_ratio)}',
                 cfg,
                 f"{source} fragmentation {{{{ $value | humanizePercentage }}}} above "
-                f"{cfg.threshold_ratio:g} on {{{{ $labels.instance }}}}"
+                f"{cfg.threshold_ratio:g} on {WHERE}"
                 # Paged attention takes any free block: no restart brings the KV value down.
                 + ("; a restart cannot fix the KV-pool value" if source == "kv_blocks" else ""),
                 # The series carries it too; as a rule label it keeps the two rules apart.
@@ -262,7 +275,7 @@ def _engine_alerts(settings: RuleSettings, ctx: AlertContext) -> list[dict[str, 
                 spike,
                 f"{{{{ $value | humanize }}}} preemptions/s over "
                 f"{duration(ctx.timing.window_s(spike.window_s))} on "
-                "{{ $labels.instance }} engine {{ $labels.engine }}",
+                f"{WHERE} engine {{{{ $labels.engine }}}}",
             )
         )
     sat = settings.kv_saturation
@@ -276,7 +289,7 @@ def _engine_alerts(settings: RuleSettings, ctx: AlertContext) -> list[dict[str, 
                 f"kvpilot_requests_waiting >= {sat.min_waiting}",
                 sat,
                 "KV cache {{ $value | humanizePercentage }} full with requests waiting on "
-                "{{ $labels.instance }} engine {{ $labels.engine }}",
+                f"{WHERE} engine {{{{ $labels.engine }}}}",
             )
         )
     stall = settings.engine_stall
@@ -292,7 +305,7 @@ def _engine_alerts(settings: RuleSettings, ctx: AlertContext) -> list[dict[str, 
                 f"changes(vllm:iteration_tokens_total_count[{window}]) == 0",
                 stall,
                 f"no engine step for {window} with {{{{ $value }}}} requests present on "
-                "{{ $labels.instance }} engine {{ $labels.engine }}",
+                f"{WHERE} engine {{{{ $labels.engine }}}}",
             )
         )
     rules.extend(_capacity_and_starvation_alerts(settings, ctx))
@@ -309,7 +322,7 @@ def _engine_alerts(settings: RuleSettings, ctx: AlertContext) -> list[dict[str, 
                 f"delta({SERVER_GPU_MEMORY}[{window}]) >= {growth.min_growth_bytes}",
                 growth,
                 "GPU memory of server {{ $labels.server }} on GPU {{ $labels.gpu }} of "
-                "{{ $labels.instance }} grows {{ $value | humanize1024 }}B/s",
+                f"{WHERE} grows {{{{ $value | humanize1024 }}}}B/s",
             )
         )
     return rules
@@ -334,7 +347,7 @@ def _capacity_and_starvation_alerts(
                 f"and on ({ENGINE_KEY}) ({usage}) > {number(occupancy.usage_above_ratio)}",
                 occupancy,
                 "KV blocks hold tokens in {{ $value | humanizePercentage }} of their slots "
-                "with the pool mostly in use on {{ $labels.instance }} engine "
+                f"with the pool mostly in use on {WHERE} engine "
                 "{{ $labels.engine }}: a smaller --block-size gives capacity back",
             )
         )
@@ -350,7 +363,7 @@ def _capacity_and_starvation_alerts(
                 f"min_over_time(kvpilot_requests_running[{window}]) >= {deferred.min_running}",
                 deferred,
                 f"{{{{ $value }}}} requests deferred for {window} while others run on "
-                "{{ $labels.instance }} engine {{ $labels.engine }}",
+                f"{WHERE} engine {{{{ $labels.engine }}}}",
             )
         )
     return rules

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvpilot.dashboards.rule_context import AlertContext, duration, number
+from kvpilot.dashboards.rule_context import WHERE, AlertContext, duration, number
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,7 @@ def self_watch_rules(watch: SelfWatch, ctx: AlertContext) -> list[dict[str, Any]
             f'up{{job="{watch.job}"}} == 0',
             watch.down_for_s,
             "warning",
-            "kvpilot on {{ $labels.instance }} is not scraped",
+            f"kvpilot on {WHERE} is not scraped",
             "Prometheus cannot scrape this kvpilot: the vLLM server beside it is not watched.",
         ),
         rule(
@@ -78,7 +78,7 @@ def self_watch_rules(watch: SelfWatch, ctx: AlertContext) -> list[dict[str, Any]
             watch.collector_down_for_s,
             "warning",
             "kvpilot cannot read {{ $labels.source }} of server {{ $labels.server }} "
-            "on {{ $labels.instance }}",
+            f"on {WHERE}",
             "The source's reads fail (see kvpilot_collector_errors_total by reason); rules "
             "that need it see unknown, never healthy.",
         ),
@@ -87,7 +87,7 @@ def self_watch_rules(watch: SelfWatch, ctx: AlertContext) -> list[dict[str, Any]
             f"kvpilot_outbox_backlog > {watch.outbox_backlog_rows}",
             watch.outbox_backlog_for_s,
             "warning",
-            "{{ $value }} notifications wait for delivery on {{ $labels.instance }}",
+            f"{{{{ $value }}}} notifications wait for delivery on {WHERE}",
             "A notification receiver is failing; kvpilot retries with backoff.",
         ),
         rule(
@@ -95,7 +95,7 @@ def self_watch_rules(watch: SelfWatch, ctx: AlertContext) -> list[dict[str, Any]
             "kvpilot_remediation_circuit_open == 1",
             watch.circuit_open_for_s,
             "critical",
-            "kvpilot stopped remediating server {{ $labels.server }} on {{ $labels.instance }}",
+            f"kvpilot stopped remediating server {{{{ $labels.server }}}} on {WHERE}",
             "Restarts did not keep the condition away, so the circuit breaker opened. "
             "A person must look.",
         ),
@@ -104,7 +104,7 @@ def self_watch_rules(watch: SelfWatch, ctx: AlertContext) -> list[dict[str, Any]
             _moved("kvpilot_state_write_errors_total", failures),
             0.0,
             "warning",
-            "kvpilot on {{ $labels.instance }} cannot write its state ({{ $labels.reason }})",
+            f"kvpilot on {WHERE} cannot write its state ({{{{ $labels.reason }}}})",
             "Alert states, the outbox and trials are written to the state database; "
             "what a failed tick decided is retried on the next one.",
         ),
@@ -113,7 +113,7 @@ def self_watch_rules(watch: SelfWatch, ctx: AlertContext) -> list[dict[str, Any]
             _moved('kvpilot_notifications_total{outcome="given_up"}', failures),
             0.0,
             "warning",
-            "kvpilot on {{ $labels.instance }} gave up notifications to {{ $labels.notifier }}",
+            f"kvpilot on {WHERE} gave up notifications to {{{{ $labels.notifier }}}}",
             "Deliveries failed past their retry budget: those notifications were lost.",
         ),
         rule(
@@ -121,7 +121,7 @@ def self_watch_rules(watch: SelfWatch, ctx: AlertContext) -> list[dict[str, Any]
             _moved("kvpilot_background_task_failures_total", failures),
             0.0,
             "warning",
-            "kvpilot's {{ $labels.task }} task failed on {{ $labels.instance }}",
+            f"kvpilot's {{{{ $labels.task }}}} task failed on {WHERE}",
             "A background task ended with an error; its traceback is in kvpilot's log.",
         ),
         rule(
@@ -130,7 +130,7 @@ def self_watch_rules(watch: SelfWatch, ctx: AlertContext) -> list[dict[str, Any]
             f"> {number(watch.overrun_ratio)} * rate(kvpilot_ticks_total[{overruns}])",
             watch.overrun_for_s,
             "warning",
-            "kvpilot's ticks on {{ $labels.instance }} overrun their interval",
+            f"kvpilot's ticks on {WHERE} overrun their interval",
             "Reading the sources takes longer than the tick interval: rules see older data.",
         ),
         rule(
@@ -138,7 +138,7 @@ def self_watch_rules(watch: SelfWatch, ctx: AlertContext) -> list[dict[str, Any]
             "kvpilot_config_last_reload_successful == 0",
             watch.reload_failed_for_s,
             "warning",
-            "kvpilot on {{ $labels.instance }} refused its reloaded configuration",
+            f"kvpilot on {WHERE} refused its reloaded configuration",
             "The file kvpilot reads is invalid: it runs on the configuration it had, and "
             "would not start on the file as it is.",
         ),
@@ -148,7 +148,7 @@ def self_watch_rules(watch: SelfWatch, ctx: AlertContext) -> list[dict[str, Any]
             watch.unattended_canary_for_s,
             "critical",
             "A canary of {{ $labels.deployment }} serves with nobody attending it "
-            "(kvpilot on {{ $labels.instance }})",
+            f"(kvpilot on {WHERE})",
             "kvpilot found a canary no trial owns, or could not take the canary's share of "
             "live traffic back: it keeps serving that share until it is cleaned up.",
         ),

@@ -28,6 +28,17 @@ class RulesFormat(enum.StrEnum):
     PROMETHEUS_RULE = "prometheusrule"
 
 
+def label_pairs(given: list[str]) -> dict[str, str]:
+    """`KEY=VALUE` options as labels; anything else is refused with its reason."""
+    pairs: dict[str, str] = {}
+    for each in given:
+        key, sep, value = each.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"{each!r}: expected KEY=VALUE", param_hint="--label")
+        pairs[key.strip()] = value
+    return pairs
+
+
 def rules_config(config_file: Path | None) -> RulesConfig:
     """The `rules:` section of the agent's configuration (with its overrides), or the defaults."""
     if config_file is None:
@@ -163,14 +174,31 @@ def register(app: typer.Typer) -> None:
                 "this followed by <alert>.md."
             ),
         ] = RUNBOOK_URL_BASE,
+        label: Annotated[
+            list[str] | None,
+            typer.Option(
+                help="KEY=VALUE, repeatable: a label of the PrometheusRule "
+                "(kube-prometheus-stack selects `release=<its release>`)."
+            ),
+        ] = None,
+        job: Annotated[
+            str,
+            typer.Option(
+                help="The scrape job of kvpilot's targets, as your ServiceMonitor or PodMonitor "
+                "names it (the self-watch rules select it)."
+            ),
+        ] = "kvpilot",
         config_file: RulesConfigFile = None,
     ) -> None:
         """Prometheus rules equivalent to kvpilot's own, and rules that watch kvpilot itself."""
         from kvpilot.dashboards.rules import build_rules
+        from kvpilot.dashboards.self_watch import SelfWatch
 
+        labels = label_pairs(label or [])
         groups = build_rules(
             rules_config(config_file),
             runbooks=runbooks(),
+            self_watch=SelfWatch(job=job),
             evaluation_interval_s=evaluation_interval,
             scrape_interval_s=scrape_interval,
             runbook_url_base=runbook_url_base,
@@ -178,7 +206,7 @@ def register(app: typer.Typer) -> None:
         text = (
             groups.rules_file()
             if output_format is RulesFormat.RULES
-            else groups.prometheus_rule(namespace=namespace)
+            else groups.prometheus_rule(namespace=namespace, labels=labels)
         )
         if out is None:
             sys.stdout.write(text)

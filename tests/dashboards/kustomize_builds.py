@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from functools import cache
@@ -84,3 +85,26 @@ def role_file(layer: str) -> dict[str, Any]:
     doc = yaml.safe_load((folder / "role.yaml").read_text())
     assert doc["kind"] == "Role" and doc["metadata"]["name"] == ROLE[layer]
     return dict(doc)
+
+
+POST_RENDERER = DEPLOY / "helm" / "kvpilot-post-renderer"
+
+
+def post_render(chart: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """deploy/helm's post-renderer run as Helm runs it (manifests on stdin), by the suite's
+    Python and with the suite's kubectl."""
+    return subprocess.run(
+        [sys.executable, str(POST_RENDERER), *args],
+        input=chart,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "KVPILOT_KUBECTL": str(kubectl())},
+        check=False,
+    )
+
+
+def post_rendered(chart: str, *args: str) -> tuple[dict[str, Any], ...]:
+    result = post_render(chart, *args)
+    assert result.returncode == 0, f"kvpilot-post-renderer: {result.stderr}"
+    return tuple(d for d in yaml.safe_load_all(result.stdout) if d)

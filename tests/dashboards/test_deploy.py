@@ -84,7 +84,9 @@ def test_sidecar_pod_shares_processes_and_uid() -> None:
     assert all("runAsUser" not in c.get("securityContext", {}) for c in containers.values())
     env = {e["name"]: e.get("value") for e in containers["vllm"]["env"]}
     assert env["KVPILOT_KVPOOL_PORT"] == "9500"
-    assert env["PYTHONPATH"] == "/opt/kvpilot-plugin"
+    # The plugin's folder in front of vLLM's own entries, none of them empty (the cwd).
+    assert env["PYTHONPATH"].split(":")[0] == "/opt/kvpilot-plugin"
+    assert "" not in env["PYTHONPATH"].split(":")
     assert containers["kvpilot"]["args"] == ["run"]  # kvpilot.yaml decides the rest
     mounts = {m["name"]: m["mountPath"] for m in containers["kvpilot"]["volumeMounts"]}
     assert mounts["state"] == "/var/lib/kvpilot"

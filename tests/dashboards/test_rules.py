@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,12 @@ from typer.testing import CliRunner
 from kvpilot.agent.cli.dashboards_cmd import register, runbooks
 from kvpilot.agent.rules import fragmentation
 from kvpilot.agent.rules.config import RulesConfig
-from kvpilot.dashboards.rule_context import RUNBOOK_URL_BASE, SCRAPE_INTERVAL_S, duration
+from kvpilot.dashboards.rule_context import (
+    RUNBOOK_PATH,
+    RUNBOOK_URL_BASE,
+    SCRAPE_INTERVAL_S,
+    duration,
+)
 from kvpilot.dashboards.rules import build_rules
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,6 +131,11 @@ def test_every_alert_has_a_summary_a_description_and_a_runbook_url() -> None:
         annotations = alert["annotations"]
         assert annotations["summary"] and annotations["description"], alert
         assert annotations["runbook_url"] == f"{RUNBOOK_URL_BASE}{alert['alert']}.md"
+        # Absolute, at this version's tag, and the page is in the repository.
+        version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+        prefix = f"https://github.com/kvpilot/kvpilot/blob/v{version}/"
+        assert annotations["runbook_url"].startswith(prefix)
+        assert (ROOT / annotations["runbook_url"].removeprefix(prefix)).is_file()
     spike = next(a for a in alerts if a["alert"] == "VllmPreemptionSpike")
     assert spike["annotations"]["description"] == runbooks()["VllmPreemptionSpike"]
     for alert in (a for a in alerts if a["alert"] == "VllmKvFragmentationHigh"):
@@ -133,7 +144,7 @@ def test_every_alert_has_a_summary_a_description_and_a_runbook_url() -> None:
 
 
 def test_every_alert_has_a_runbook_page_that_answers_the_four_questions() -> None:
-    pages = {path.stem: path for path in (ROOT / RUNBOOK_URL_BASE).glob("*.md")}
+    pages = {path.stem: path for path in (ROOT / RUNBOOK_PATH).glob("*.md")}
     assert set(pages) == ENGINE_ALERTS | SELF_ALERTS
     listed = (ROOT / "docs" / "alerts.md").read_text()
     for name in pages:

@@ -140,10 +140,12 @@ def test_kvpilot_has_no_probe_and_vllm_keeps_its(rendered: Rendered) -> None:
         assert vllm["livenessProbe"] == user["livenessProbe"]
 
 
-def test_the_service_account_token_reaches_kvpilot_alone(rendered: Rendered) -> None:
-    """No container but kvpilot's mounts a projected token, at the usual path or any other."""
+def test_kvpilot_mounts_the_pods_token_and_leaves_vllms_as_it_was(rendered: Rendered) -> None:
+    """The pod's own token settings stay (the Component sets no `automountServiceAccountToken`,
+    so a vLLM that authenticates as its pod still can); no container but kvpilot's mounts the
+    Component's projected token, at the usual path or any other."""
     pod = sidecar_pod(rendered.docs)
-    assert pod.get("automountServiceAccountToken") is False
+    assert "automountServiceAccountToken" not in pod
     token_volumes = {
         v["name"]
         for v in pod.get("volumes") or ()

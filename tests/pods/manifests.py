@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from kvpilot.rig.server import TINY_MODEL_DIR, ServerSpec, build_argv, free_port
-from tests.dashboards.kustomize_builds import build, kubectl
+from tests.dashboards.kustomize_builds import build, kubectl, post_rendered
 
 Doc = dict[str, Any]
 
@@ -280,6 +280,13 @@ def rendered_folder(folder: Path) -> list[Doc]:
     assert result.returncode == 0, f"kubectl kustomize {folder}: {result.stderr}"
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     return [d for d in docs if d["kind"] in PLAYED_KINDS]
+
+
+def post_rendered_chart(chart: Path, *args: str) -> list[Doc]:
+    """A chart's rendered output (`chart`) through deploy/helm's post-renderer, as Helm runs
+    it; the kinds a pod here plays."""
+    docs = post_rendered(chart.read_text(), *args)
+    return [copy.deepcopy(d) for d in docs if d["kind"] in PLAYED_KINDS]
 
 
 def write(docs: list[Doc], path: Path) -> Path:

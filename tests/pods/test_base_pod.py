@@ -13,6 +13,7 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,15 @@ def test_the_image_carries_its_version_revision_and_source(images: Images) -> No
     assert labels["org.opencontainers.image.version"] == version
     assert len(labels["org.opencontainers.image.revision"]) == 40  # the commit it was built at
     assert labels["org.opencontainers.image.source"].startswith("https://")
+    # What a registry shows: home, the docs of this version's tag, when and from what.
+    assert labels["org.opencontainers.image.url"] == labels["org.opencontainers.image.source"]
+    assert labels["org.opencontainers.image.documentation"] == (
+        f"{labels['org.opencontainers.image.source']}/blob/v{version}/docs/deploy.md"
+    )
+    created = datetime.fromisoformat(labels["org.opencontainers.image.created"])
+    assert created.tzinfo is not None and created <= datetime.now(UTC)
+    assert labels["org.opencontainers.image.base.name"] == images.base  # PYTHON_IMAGE here
+    assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
 
 
 def test_the_plugin_comes_from_the_init_container(base_pod: BasePod) -> None:

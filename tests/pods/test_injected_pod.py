@@ -1,6 +1,8 @@
 """deploy/components/sidecar put into a Deployment shaped like vLLM production-stack's
-(tests/pods/production_stack/), rendered by kustomize as a user would, played as a real pod
-with a real CPU vLLM that runs as root, as the chart runs it.
+(tests/pods/production_stack/) by deploy/helm's post-renderer, as `helm install
+--post-renderer` runs it (tests/dashboards/test_helm_post_renderer.py checks it statically,
+and that kustomize gives the same documents), played as a real pod with a real CPU vLLM that
+runs as root, as the chart runs it.
 
 kvpilot runs at vLLM's UID, 0, with every capability dropped (the choice docs/deploy.md
 explains): it finds vLLM through the shared PID namespace, scrapes it and the plugin the
@@ -18,13 +20,17 @@ import httpx
 import pytest
 
 from tests.agent.sidecar_harness import wait_for
+from tests.dashboards.test_helm_post_renderer import (
+    CHART_OUTPUT,
+    CHART_PYTHONPATH,
+    KVPILOT_UID,
+)
 from tests.pods import manifests
 from tests.pods.images import Images
 from tests.pods.podman import PlayedPod, played
 
 pytestmark = pytest.mark.slow
 
-FIXTURE = Path(__file__).resolve().parent / "production_stack"
 TOKEN = "pod-control-token"
 
 
@@ -51,7 +57,7 @@ def injected(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     ports = manifests.PodPorts()
     name = manifests.unique_name("vllm-tiny")
     here = manifests.pod_here(
-        manifests.rendered_folder(FIXTURE),
+        manifests.post_rendered_chart(CHART_OUTPUT, KVPILOT_UID),
         name,
         kvpilot_image=images.kvpilot,
         base_image=images.base,
@@ -61,21 +67,6 @@ def injected(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     )
     with played(here, tmp, name, uid=0) as pod:  # the chart's vLLM runs as root
         yield InjectedPod(pod, ports)
-
-
-def test_the_component_injects_the_sidecar_into_the_charts_deployment() -> None:
-    (deployment,) = [d for d in manifests.rendered_folder(FIXTURE) if d["kind"] == "Deployment"]
-    spec = manifests.pod_spec(deployment)
-    assert deployment["metadata"]["name"] == "vllm-tiny-deployment-vllm"  # the chart's, kept
-    assert spec["shareProcessNamespace"] is True
-    assert [c["name"] for c in spec["initContainers"]] == ["kvpool-plugin"]
-    vllm = manifests.container(deployment, "vllm")
-    assert vllm["command"][:2] == ["vllm", "serve"]  # the chart's command, untouched
-    env = {e["name"]: e.get("value") for e in vllm["env"]}
-    assert env["PYTHONPATH"] == "/opt/kvpilot-plugin" and env["HF_HOME"] == "/tmp"
-    kvpilot = manifests.container(deployment, "kvpilot")
-    assert kvpilot["securityContext"]["runAsUser"] == 0
-    assert kvpilot["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
 def test_kvpilot_at_vllms_uid_finds_scrapes_and_restarts_it(injected: InjectedPod) -> None:
@@ -95,6 +86,15 @@ def test_kvpilot_at_vllms_uid_finds_scrapes_and_restarts_it(injected: InjectedPo
     wait_for("kvpilot scraping the root vLLM and its plugin", scraping, 420)
     first_pid = injected.main_pid()
     assert first_pid is not None
+    # The running vLLM's PYTHONPATH: the plugin's folder in front of the chart's own.
+    environ = injected.pod.exec("kvpilot", "cat", f"/proc/{first_pid}/environ")
+    assert environ.returncode == 0, environ.stderr
+    (python_path,) = [
+        v.removeprefix("PYTHONPATH=")
+        for v in environ.stdout.split("\0")
+        if v.startswith("PYTHONPATH=")
+    ]
+    assert python_path.split(":")[:2] == ["/opt/kvpilot-plugin", CHART_PYTHONPATH]
     answer = httpx.post(
         f"http://127.0.0.1:{injected.ports.api}/api/v1/remediations",
         json={"instance": "vllm", "requested_by": "test", "reason": "a restart by hand"},
