@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/soak.py --quick          # 45 s, every mode seen at least once
     .venv/bin/python benchmarks/soak.py --minutes 10 --rotate-s 15
     .venv/bin/python benchmarks/soak.py --hostile --minutes 5 --warmup-s 30
+    .venv/bin/python benchmarks/soak.py --hostile --clock-step --minutes 5 --warmup-s 30
 
 The servers are stand-ins on loopback, all served by one helper process (this file with
 `serve`; its CPU is not counted). Each server steps through the modes below every
@@ -22,7 +23,25 @@ each state:
 `num_gpu_blocks` and a 32 KiB label value that changes on every scrape; a receiver whose
 answers are by turns slow (5 s), huge (a 64 MiB body) or a 503; and the control API's token
 file rotated every 10 s, with the new token checked to work and the old one refused. It
-prints memory and tick latency for the first and the last minute of the span.
+prints memory and tick latency for the first and the last minute of the span. It also adds
+what a scraped server can send beside the modes: `gzip` (the recording compressed although
+identity was asked), `gzip-bomb` (64 MiB of newlines in 64 KiB of gzip), `not-gzip` (says
+gzip, is the plain recording), and on every server a `/version` nested 60,000 levels deep
+(read again after each failed scrape); and three more webhook receivers, two answering at
+once and one after 2 s, each with a repeat every 30 s. The agent runs with its loop watched
+(`KVPILOT_WATCH_LOOP=1`: asyncio's debug mode, callbacks over 100 ms logged, each tick
+start logged with its monotonic time).
+
+`--clock-step` steps the agent's wall clock, and only the agent's, an hour back a third into
+the span and forward again at two thirds, with libfaketime preloaded into the agent (Debian's
+`faketime`) and its monotonic clock left alone; the machine's clock is never touched. The
+offset is a file that libfaketime reads at every call. Both flags print a table by phase
+(before the step, an hour back, forward again): the largest gap between tick starts on the
+monotonic clock (goal at most 2 s), `/healthz` polled every 0.5 s (goal: 200 within 1 s
+throughout), the agent's wall clock as its Date header shows it, and the callbacks that held
+the loop over 100 ms (goal none); and per receiver what it got: every alert's events in order
+(an incident's firing events, repeats included, before its resolved; no incident back after
+the next began) and none missing that another receiver had a minute before the end.
 
 The agent watches them through the `attach` runtime (its servers are known by URL), with a
 webhook notifier pointed at a receiver in the same helper that fails every third request.
@@ -43,17 +62,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import gzip
+import itertools
+import json
 import math
 import os
 import random
+import re
 import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 import httpx
@@ -62,8 +91,25 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "vllm"
 MODES = ("ok", "restart", "garbage", "drip", "huge", "refused", "nan")
-HOSTILE_MODES = (*MODES, "labels")
+HOSTILE_MODES = (*MODES, "labels", "gzip", "gzip-bomb", "not-gzip")
 SLOW_ANSWER_S = 5.0
+# Receivers beside the failing "hook": two that answer at once and one that answers slowly.
+HOSTILE_RECEIVERS = ("hook", "fast-a", "fast-b", "slow")
+SLOW_RECEIVER_S = 2.0
+REPEAT_S = 30.0  # each receiver's repeat interval: firing alerts repeat within the span
+DEEP_JSON = b'{"version": ' + b"[" * 60_000  # under the agent's 64 KiB cap for /version
+STEP_S = 3600  # the agent's wall clock goes this far back, then forward again
+FAKETIME_LIBRARIES = (
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/faketime/libfaketime.so.1",
+    "/usr/local/lib/faketime/libfaketime.so.1",
+)
+WATCH_LOOP_ENV = "KVPILOT_WATCH_LOOP"  # the agent's `loop_watch`
+HEALTH_EVERY_S = 0.5
+TICK_GAP_GOAL_S = 2.0
+HEALTH_GOAL_S = 1.0
+CATCH_UP_S = 60.0  # a receiver has this long to get what another receiver got
 HUGE_BYTES = 64 << 20
 MIB = 1 << 20
 WINDOWS_S = 600.0  # the agent's rolling windows keep this much: memory grows until they fill
@@ -72,6 +118,7 @@ WINDOWS_S = 600.0  # the agent's rolling windows keep this much: memory grows un
 # -- the stand-ins (run in a child process) ---------------------------------------------
 
 
+@functools.cache  # one set for every stand-in: the bomb takes a moment to pack
 def _payloads() -> dict[str, bytes]:
     ok = (FIXTURES / "v0_32_under_load.prom").read_bytes()
     nan = b"\n".join(
@@ -85,7 +132,16 @@ def _payloads() -> dict[str, bytes]:
         "restart": (FIXTURES / "v0_32_idle.prom").read_bytes(),
         "garbage": random.Random(7).randbytes(40_000),
         "nan": nan + b"\n",
+        "gzip": gzip.compress(ok),
+        "gzip-bomb": _gzip_bomb(HUGE_BYTES),
     }
+
+
+def _gzip_bomb(inflated_bytes: int) -> bytes:
+    """`inflated_bytes` of blank lines, gzipped: about a thousandth of the size."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    line = b"\n" * MIB
+    return b"".join(packer.compress(line) for _ in range(inflated_bytes // MIB)) + packer.flush()
 
 
 _scrapes = [0]
@@ -101,6 +157,11 @@ def _hostile_labels(ok: bytes) -> bytes:
 
 
 async def _answer(writer: asyncio.StreamWriter, mode: str, payloads: dict[str, bytes]) -> None:
+    if mode in ("gzip", "gzip-bomb", "not-gzip"):  # compressed unasked, or says so falsely
+        body = payloads["ok" if mode == "not-gzip" else mode]
+        head = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
+        writer.write(head % len(body) + body)
+        return
     if mode == "labels":
         body = _hostile_labels(payloads["ok"])
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
@@ -129,6 +190,7 @@ async def _serve_port(
     port: int, offset: int, rotate_s: float, started: float, modes: tuple[str, ...]
 ) -> None:
     payloads = _payloads()
+    hostile = "labels" in modes
 
     def mode_now() -> str:
         return modes[(int((time.monotonic() - started) / rotate_s) + offset) % len(modes)]
@@ -138,6 +200,9 @@ async def _serve_port(
             request = await reader.readuntil(b"\r\n\r\n")
             if request.startswith(b"GET /metrics"):
                 await _answer(writer, mode_now(), payloads)
+            elif hostile and request.startswith(b"GET /version"):
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                writer.write(head + b"Content-Length: %d\r\n\r\n" % len(DEEP_JSON) + DEEP_JSON)
             else:
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
             await writer.drain()
@@ -163,8 +228,13 @@ async def _serve_port(
         await asyncio.sleep(until_next_mode())
 
 
-async def _serve_receiver(port: int, hostile: bool) -> None:
+async def _serve_receiver(port: int, hostile: bool, record: Path) -> None:
+    """Every receiver on one port, told apart by path; each request's event is recorded (a
+    JSON line in `record`) as it arrives, before the answer. `/hook` fails every third
+    request (hostile: by turns slow with a huge body, and a 503); `/slow` answers after
+    `SLOW_RECEIVER_S`; any other path at once."""
     count = 0
+    out = record.open("a", encoding="utf-8")
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal count
@@ -178,7 +248,16 @@ async def _serve_receiver(port: int, hostile: bool) -> None:
                 ),
                 0,
             )
-            await reader.readexactly(length)
+            body = await reader.readexactly(length)
+            path = head.split(b" ", 2)[1].decode("ascii", "replace")
+            out.write(json.dumps(_received(path.strip("/"), body, time.monotonic())) + "\n")
+            out.flush()
+            if path == "/slow":
+                await asyncio.sleep(SLOW_RECEIVER_S)
+            if path != "/hook":
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                await writer.drain()
+                return
             count += 1
             if hostile and count % 3 == 1:  # slow, then a body no agent should read
                 await asyncio.sleep(SLOW_ANSWER_S)
@@ -191,7 +270,7 @@ async def _serve_receiver(port: int, hostile: bool) -> None:
             status = b"503 Service Unavailable" if count % 3 == 0 else b"200 OK"
             writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: 0\r\n\r\n")
             await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError):
             pass
         finally:
             writer.close()
@@ -201,11 +280,29 @@ async def _serve_receiver(port: int, hostile: bool) -> None:
         await server.serve_forever()
 
 
-async def _serve(ports: list[int], receiver_port: int, rotate_s: float, hostile: bool) -> None:
+def _received(receiver: str, body: bytes, at_s: float) -> dict[str, object]:
+    """What a receiver records of one webhook request (Alertmanager's payload, version 4)."""
+    try:
+        alert = json.loads(body)["alerts"][0]
+        return {
+            "receiver": receiver,
+            "at_s": at_s,
+            "fingerprint": str(alert["fingerprint"]),
+            "incident": str(alert["annotations"].get("kvpilot_incident_id", "")),
+            "status": str(alert["status"]),
+            "alertname": str(alert["labels"].get("alertname", "")),
+        }
+    except (ValueError, LookupError, TypeError, AttributeError):
+        return {"receiver": receiver, "at_s": at_s, "unreadable": body[:200].hex()}
+
+
+async def _serve(
+    ports: list[int], receiver_port: int, rotate_s: float, hostile: bool, record: Path
+) -> None:
     started = time.monotonic()
     modes = HOSTILE_MODES if hostile else MODES
     await asyncio.gather(
-        _serve_receiver(receiver_port, hostile),
+        _serve_receiver(receiver_port, hostile, record),
         *(_serve_port(port, i, rotate_s, started, modes) for i, port in enumerate(ports)),
     )
 
@@ -329,7 +426,14 @@ def run(
     warmup_s: float,
     hostile: bool,
     trace: bool = False,
+    clock_step: bool = False,
 ) -> int:
+    library = libfaketime()
+    if clock_step and library is None:
+        raise SystemExit(
+            "--clock-step needs libfaketime (Debian: apt-get install faketime); looked in "
+            + ", ".join(FAKETIME_LIBRARIES)
+        )
     *ports, receiver, listen = _free_ports(servers + 2)
     with tempfile.TemporaryDirectory(prefix="kvpilot-soak-") as scratch:
         folder = Path(scratch)
@@ -351,10 +455,23 @@ def run(
                 {"name": "hook", "kind": "webhook", "url": f"http://127.0.0.1:{receiver}/hook"}
             ],
         }
+        receivers = HOSTILE_RECEIVERS if hostile else ("hook",)
+        if hostile:
+            config["notifiers"] = [
+                {
+                    "name": name,
+                    "kind": "webhook",
+                    "url": f"http://127.0.0.1:{receiver}/{name}",
+                    "repeat_interval_s": REPEAT_S,
+                }
+                for name in receivers
+            ]
         token = TokenRotation(folder / "secret", listen) if hostile else None
         if token is not None:
             config["api"] = {"token_file": str(token.path)}
         (folder / "kvpilot.yaml").write_text(yaml.safe_dump(config))
+        received = folder / "received.jsonl"
+        received.touch()
         argv = [
             sys.executable,
             __file__,
@@ -362,12 +479,21 @@ def run(
             "hostile" if hostile else "plain",
             str(receiver),
             str(rotate_s),
+            str(received),
             *map(str, ports),
         ]
         stand_ins = subprocess.Popen(argv, start_new_session=True)
         log_path = folder / "agent.log"
         snapshots = Snapshots(folder) if trace else None
         launch = [__file__, "traced-agent", str(folder)] if trace else ["-m", "kvpilot.agent"]
+        clock = ClockStep(folder, library) if clock_step and library is not None else None
+        env = dict(os.environ)
+        witnesses = None
+        if hostile or clock is not None:
+            env[WATCH_LOOP_ENV] = "1"
+            env |= clock.env() if clock is not None else {}
+            health = f"http://127.0.0.1:{listen}/healthz"
+            witnesses = Witnesses(health, log_path, received, receivers, clock)
         with log_path.open("ab") as log:
             agent = subprocess.Popen(
                 [sys.executable, *launch, "run", "--config", str(folder / "kvpilot.yaml")],
@@ -375,10 +501,21 @@ def run(
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 cwd=folder,
+                env=env,
             )
         url = f"http://127.0.0.1:{listen}/metrics"
         try:
-            return _measure(agent, url, folder, minutes * 60, warmup_s, log_path, token, snapshots)
+            return _measure(
+                agent,
+                url,
+                folder,
+                minutes * 60,
+                warmup_s,
+                log_path,
+                token,
+                snapshots,
+                witnesses,
+            )
         finally:
             _stop(agent)
             _stop(stand_ins)
@@ -393,6 +530,7 @@ def _measure(
     log_path: Path,
     token: TokenRotation | None = None,
     snapshots: Snapshots | None = None,
+    witnesses: Witnesses | None = None,
 ) -> int:
     deadline = time.monotonic() + warmup_s
     while time.monotonic() < deadline:
@@ -409,6 +547,8 @@ def _measure(
     rss0, db0 = _rss_bytes(agent.pid), _dir_bytes(folder / "state")
     peak = rss0
     started = time.monotonic()
+    if witnesses is not None:
+        witnesses.start(started, span_s)
     phases = Phases(url, started, span_s, windows_full_s=WINDOWS_S + 20.0 - warmup_s)
     while time.monotonic() - started < span_s:
         time.sleep(5.0)
@@ -455,6 +595,8 @@ def _measure(
             f"old refused), failed checks: {token.failed}"
         )
         goals["every token rotation took effect"] = token.failed == 0 and token.checked > 0
+    if witnesses is not None:
+        goals |= witnesses.finish(time.monotonic())
     for goal, met in goals.items():
         print(f"goal {goal}: {'met' if met else 'NOT met'}")
     return 0
@@ -562,14 +704,390 @@ class TokenRotation:
             self.failed += 1
 
 
+# -- the clock step, /healthz and what the agent and the receivers recorded ---------------
+
+
+def libfaketime() -> Path | None:
+    """libfaketime's preload library where Debian's `faketime` package puts it, if installed."""
+    return next((Path(p) for p in FAKETIME_LIBRARIES if Path(p).exists()), None)
+
+
+class ClockStep:
+    """The agent's wall clock, through libfaketime preloaded into the agent alone: an hour
+    back a third into the span, forward again at two thirds. The monotonic clock is left
+    alone (FAKETIME_DONT_FAKE_MONOTONIC); the offset file is read at every call
+    (FAKETIME_NO_CACHE), so a step takes effect at once."""
+
+    def __init__(self, folder: Path, library: Path) -> None:
+        self.path = folder / "faketime.rc"
+        self.library = library
+        self.steps: list[tuple[float, int]] = []  # (monotonic s, offset s) as written
+        self._write(0)
+
+    def env(self) -> dict[str, str]:
+        return {
+            "LD_PRELOAD": str(self.library),
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "FAKETIME_TIMESTAMP_FILE": str(self.path),
+            "FAKETIME_NO_CACHE": "1",
+        }
+
+    def start(self, started_s: float, span_s: float) -> None:
+        plan = [(started_s + span_s / 3, -STEP_S), (started_s + 2 * span_s / 3, 0)]
+        threading.Thread(target=self._run, args=(plan,), name="clock-step", daemon=True).start()
+
+    def _run(self, plan: list[tuple[float, int]]) -> None:
+        for at_s, offset_s in plan:
+            time.sleep(max(0.0, at_s - time.monotonic()))
+            self._write(offset_s)
+            self.steps.append((time.monotonic(), offset_s))
+
+    def _write(self, offset_s: int) -> None:
+        """Written whole, then renamed: libfaketime never reads half a file."""
+        draft = self.path.with_suffix(".draft")
+        draft.write_text(f"{offset_s:+d}\n")
+        draft.replace(self.path)
+
+
+@dataclass(frozen=True, slots=True)
+class HealthSample:
+    at_s: float  # monotonic, when the request began
+    latency_s: float
+    status: int  # 0: no answer (refused, timed out)
+    clock_offset_s: float | None  # the agent's Date header less this machine's wall clock
+
+
+class HealthProbe:
+    """`/healthz` every `HEALTH_EVERY_S` on a fixed grid, from a thread of its own."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.samples: list[HealthSample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="healthz", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=5.0) as client:
+            due_s = time.monotonic()
+            while not self._stop.is_set():
+                self.samples.append(self._one(client))
+                due_s += HEALTH_EVERY_S
+                self._stop.wait(max(0.0, due_s - time.monotonic()))
+
+    def _one(self, client: httpx.Client) -> HealthSample:
+        began = time.monotonic()
+        try:
+            answer = client.get(self.url)
+        except httpx.HTTPError:
+            return HealthSample(began, time.monotonic() - began, 0, None)
+        latency_s = time.monotonic() - began
+        offset = None
+        if "date" in answer.headers:
+            offset = parsedate_to_datetime(answer.headers["date"]).timestamp() - time.time()
+        return HealthSample(began, latency_s, answer.status_code, offset)
+
+
+@dataclass(frozen=True, slots=True)
+class SlowCallback:
+    took_s: float
+    what: str
+    cpu_s: float | None = None  # the loop thread's CPU time in it (the agent's own measure)
+    at_s: float | None = None  # monotonic, when it began
+
+
+def _log_entries(text: str) -> Iterable[dict[str, object]]:
+    """The agent's JSON log lines (anything else on its stderr is skipped)."""
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict):
+                yield entry
+
+
+def tick_starts(log_text: str) -> list[float]:
+    """The monotonic time of each tick start the agent logged (`loop_watch`'s debug line)."""
+    return [
+        float(str(e["monotonic_s"]))
+        for e in _log_entries(log_text)
+        if e.get("message") == "tick started" and "monotonic_s" in e
+    ]
+
+
+_SLOW = re.compile(r"^Executing (?P<what>.*) took (?P<took>[0-9.]+) seconds$", re.DOTALL)
+
+
+def slow_callbacks(log_text: str) -> list[SlowCallback]:
+    """asyncio debug mode's warnings: a callback that held the loop past its threshold."""
+    found = []
+    for entry in _log_entries(log_text):
+        match = _SLOW.match(str(entry.get("message", "")))
+        if entry.get("logger") == "asyncio" and match:
+            found.append(SlowCallback(float(match["took"]), match["what"]))
+    return found
+
+
+def cpu_slow_callbacks(log_text: str) -> list[SlowCallback]:
+    """The agent's own measure (`loop_watch`): callbacks over 100 ms of the loop thread's CPU,
+    which a machine too busy to run the agent cannot fake."""
+    return [
+        SlowCallback(
+            float(str(e["wall_s"])),
+            str(e.get("callback", "")),
+            float(str(e["cpu_s"])),
+            float(str(e["monotonic_s"])),
+        )
+        for e in _log_entries(log_text)
+        if str(e.get("message", "")).startswith("a callback held the loop") and "cpu_s" in e
+    ]
+
+
+def slow_collections(log_text: str) -> list[tuple[float, float]]:
+    """(seconds, seconds of CPU) of each garbage collection over 50 ms the agent said."""
+    return [
+        (float(str(e["took_s"])), float(str(e.get("cpu_s", "nan"))))
+        for e in _log_entries(log_text)
+        if str(e.get("message", "")).startswith("a garbage collection") and "took_s" in e
+    ]
+
+
+def largest_gap(starts: Sequence[float], begin_s: float, end_s: float) -> float:
+    """The longest time in [begin_s, end_s] with no tick start: between two starts, or from
+    the last start to `end_s` (ticks that stopped count until the window ends)."""
+    inside = sorted(t for t in starts if begin_s <= t <= end_s)
+    before = [t for t in starts if t < begin_s]
+    points = [max(before)] if before else [begin_s]
+    points += [*inside, end_s]
+    return max(b - a for a, b in itertools.pairwise(points))
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    receiver: str
+    fingerprint: str
+    incident: str
+    status: str
+    at_s: float
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.fingerprint, self.incident, self.status)
+
+
+def read_received(path: Path) -> tuple[list[Received], int]:
+    """The receivers' record in arrival order, and how many requests were unreadable."""
+    got, unreadable = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        entry = json.loads(line)
+        if "unreadable" in entry:
+            unreadable += 1
+            continue
+        got.append(
+            Received(
+                entry["receiver"],
+                entry["fingerprint"],
+                entry["incident"],
+                entry["status"],
+                float(entry["at_s"]),
+            )
+        )
+    return got, unreadable
+
+
+def order_faults(received: Sequence[Received]) -> list[str]:
+    """What arrived out of order, per receiver and alert (fingerprint): a resolved with no
+    firing of its incident before it, a firing after its incident's resolved, a new incident
+    before the last one's resolved, an incident back after the next began. Re-sends of the
+    same event (at-least-once) are in order."""
+    faults: list[str] = []
+    current: dict[tuple[str, str], tuple[str, bool]] = {}  # -> (incident, resolved yet)
+    left: dict[tuple[str, str], set[str]] = {}
+    for event in received:
+        alert = (event.receiver, event.fingerprint)
+        where = f"{event.receiver}, alert {event.fingerprint}, incident {event.incident}"
+        incident, resolved = current.get(alert, ("", True))
+        if event.incident in left.get(alert, set()):
+            faults.append(f"{where}: {event.status} after a later incident began")
+            continue
+        if event.incident != incident:
+            if incident:
+                left.setdefault(alert, set()).add(incident)
+                if not resolved:
+                    faults.append(f"{where}: began before incident {incident} resolved")
+            if event.status == "resolved":
+                faults.append(f"{where}: resolved before any firing")
+            current[alert] = (event.incident, event.status == "resolved")
+            continue
+        if event.status == "firing" and resolved:
+            faults.append(f"{where}: firing after its resolved")
+        current[alert] = (incident, resolved or event.status == "resolved")
+    return faults
+
+
+def missing(
+    received: Sequence[Received], receivers: Sequence[str], before_s: float
+) -> dict[str, int]:
+    """Per receiver, the events (alert, incident, status) that some receiver had got by
+    `before_s` and this one never got."""
+    owed = {e.key for e in received if e.at_s <= before_s}
+    got: dict[str, set[tuple[str, str, str]]] = {r: set() for r in receivers}
+    for event in received:
+        got.setdefault(event.receiver, set()).add(event.key)
+    return {r: len(owed - got[r]) for r in receivers}
+
+
+class Witnesses:
+    """What the hostile and clock-step runs add to the soak's measures: the clock step,
+    /healthz, the tick starts and slow callbacks from the agent's log, and what every
+    receiver got. `finish` prints the table and returns its goals."""
+
+    PHASES = ("before the step", f"{STEP_S} s back", "forward again")
+
+    def __init__(
+        self,
+        health_url: str,
+        log_path: Path,
+        received_path: Path,
+        receivers: Sequence[str],
+        clock: ClockStep | None,
+    ) -> None:
+        self.health = HealthProbe(health_url)
+        self.log_path, self.received_path = log_path, received_path
+        self.receivers, self.clock = tuple(receivers), clock
+        self.started_s = self.span_s = 0.0
+
+    def start(self, started_s: float, span_s: float) -> None:
+        self.started_s, self.span_s = started_s, span_s
+        self.health.start()
+        if self.clock is not None:
+            self.clock.start(started_s, span_s)
+
+    def _phases(self, end_s: float) -> list[tuple[str, float, float]]:
+        if self.clock is None:
+            return [("span", self.started_s, end_s)]
+        edges = [self.started_s, *(at for at, _ in self.clock.steps), end_s]
+        return list(zip(self.PHASES, edges, edges[1:], strict=False))
+
+    def finish(self, end_s: float) -> dict[str, bool]:
+        self.health.stop()
+        log_text = self.log_path.read_text(errors="replace")
+        starts = tick_starts(log_text)
+        slow = slow_callbacks(log_text)
+        on_cpu = cpu_slow_callbacks(log_text)
+        goals: dict[str, bool] = {}
+        if self.clock is not None:
+            steps = ", ".join(
+                f"{off:+d} s at {at - self.started_s:.0f} s" for at, off in self.clock.steps
+            )
+            print(f"agent wall-clock steps (into the span): {steps or 'none made'}")
+            goals["the agent's wall clock stepped back and forward"] = len(self.clock.steps) == 2
+        print(
+            f"{'phase':<16} {'span s':>6} {'ticks':>5} {'max gap s':>9} {'healthz worst ms':>16} "
+            f"{'non-200':>7} {'agent clock offset s':>20} {'callbacks >100ms CPU':>20}"
+        )
+        worst_gap = worst_health = 0.0
+        bad_health = 0
+        for name, begin_s, finish_s in self._phases(end_s):
+            gap = largest_gap(starts, begin_s, finish_s)
+            ticks = sum(1 for t in starts if begin_s <= t < finish_s)
+            seen = [h for h in self.health.samples if begin_s <= h.at_s < finish_s]
+            worst = max((h.latency_s for h in seen), default=math.nan)
+            non_200 = sum(1 for h in seen if h.status != 200)
+            offsets = [h.clock_offset_s for h in seen if h.clock_offset_s is not None]
+            # The Date header has whole seconds and is refreshed once a second: the median.
+            shown = f"{statistics.median(offsets):+.0f}" if offsets else "?"
+            held = sum(1 for c in on_cpu if c.at_s is not None and begin_s <= c.at_s < finish_s)
+            print(
+                f"{name:<16} {finish_s - begin_s:>6.0f} {ticks:>5} {gap:>9.3f} "
+                f"{worst * 1e3:>16.0f} {non_200:>7} {shown:>20} {held:>20}"
+            )
+            worst_gap, bad_health = max(worst_gap, gap), bad_health + non_200
+            worst_health = max(worst_health, worst if seen else math.inf)
+        print(f"/healthz polled {len(self.health.samples)} times every {HEALTH_EVERY_S} s")
+        long_gaps = [
+            f"{b - a:.3f} s at {b - self.started_s:.0f} s"
+            for a, b in itertools.pairwise(starts)
+            if b >= self.started_s and b - a > 1.5
+        ]
+        print(f"gaps between tick starts over 1.5 s: {', '.join(long_gaps) or 'none'}")
+        print(
+            f"callbacks over 100 ms of wall time (asyncio debug mode, whole run): {len(slow)}"
+            + (f", longest {max(c.took_s for c in slow):.3f} s" if slow else "")
+        )
+        for callback in sorted(slow, key=lambda c: -c.took_s)[:3]:
+            print(f"  {callback.took_s:.3f} s  {callback.what[:150]}")
+        print(f"callbacks over 100 ms of the loop thread's CPU (whole run): {len(on_cpu)}")
+        for callback in sorted(on_cpu, key=lambda c: -(c.cpu_s or 0.0))[:5]:
+            print(
+                f"  {callback.cpu_s or 0.0:.3f} s CPU ({callback.took_s:.3f} s wall)  "
+                f"{callback.what[:150]}"
+            )
+        collections = slow_collections(log_text)
+        if collections:
+            print(
+                f"garbage collections over 50 ms of wall time: {len(collections)}, longest "
+                f"{max(took for took, _ in collections):.3f} s, most CPU "
+                f"{max(cpu for _, cpu in collections):.3f} s"
+            )
+        print(f"load average at the end: {Path('/proc/loadavg').read_text().split()[:3]}")
+        goals[f"no gap between tick starts over {TICK_GAP_GOAL_S:.0f} s"] = (
+            bool(starts) and worst_gap <= TICK_GAP_GOAL_S
+        )
+        goals[f"/healthz 200 within {HEALTH_GOAL_S:.0f} s throughout"] = (
+            bad_health == 0 and worst_health <= HEALTH_GOAL_S
+        )
+        # Judged on CPU time: the wall-clock count above includes the kernel's preemptions on
+        # a busy machine, which no code of the agent's can avoid.
+        goals["no callback holding the loop over 100 ms (of CPU)"] = not on_cpu
+        goals |= self._deliveries(end_s)
+        return goals
+
+    def _deliveries(self, end_s: float) -> dict[str, bool]:
+        received, unreadable = read_received(self.received_path)
+        faults = order_faults(received)
+        lacking = missing(received, self.receivers, end_s - CATCH_UP_S)
+        for receiver in self.receivers:
+            mine = [e for e in received if e.receiver == receiver]
+            print(
+                f"receiver {receiver}: {len(mine)} requests, {len({e.key for e in mine})} "
+                f"distinct events, {len({e.fingerprint for e in mine})} alerts, "
+                f"{len({e.incident for e in mine})} incidents, "
+                f"{sum(1 for f in faults if f.startswith(receiver + ','))} out of order, "
+                f"{lacking[receiver]} missing (had elsewhere {CATCH_UP_S:.0f} s before the end)"
+            )
+        for fault in faults[:10]:
+            print(f"  out of order: {fault}")
+        if unreadable:
+            print(f"  unreadable requests: {unreadable}")
+        return {
+            "every receiver's events in order per alert": not faults and bool(received),
+            "every receiver got every event": not any(lacking.values()),
+        }
+
+
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "traced-agent":
         _traced_agent(Path(sys.argv[2]), sys.argv[3:])
         return
     if len(sys.argv) > 1 and sys.argv[1] == "serve":
-        mix, receiver, rotate_s, *ports = sys.argv[2:]
+        mix, receiver, rotate_s, record, *ports = sys.argv[2:]
         asyncio.run(
-            _serve([int(p) for p in ports], int(receiver), float(rotate_s), mix == "hostile")
+            _serve(
+                [int(p) for p in ports],
+                int(receiver),
+                float(rotate_s),
+                mix == "hostile",
+                Path(record),
+            )
         )
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -581,6 +1099,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="45 s, rotating every 3 s")
     parser.add_argument(
         "--hostile", action="store_true", help="add huge labels, bad receivers, token rotation"
+    )
+    parser.add_argument(
+        "--clock-step",
+        action="store_true",
+        help="step the agent's wall clock (libfaketime) an hour back, then forward",
     )
     parser.add_argument(
         "--tracemalloc",
@@ -600,6 +1123,7 @@ def main() -> None:
             args.warmup_s,
             args.hostile,
             args.tracemalloc,
+            args.clock_step,
         )
     )
 

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import io
+import itertools
+import logging
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from kvpilot.agent.app import loop_watch, tick_loop
+from kvpilot.agent.app.logs import JsonFormatter
+from kvpilot.agent.app.tick_loop import TickLoop
 from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the tuner benchmark's modules
 
+import soak  # noqa: E402
 import tuner_goals as goals  # noqa: E402
 import tuner_landscapes as landscapes  # noqa: E402
 import tuner_replay as replay  # noqa: E402
@@ -189,3 +199,134 @@ def test_reversed_kv_mirrors_the_budgets_and_keeps_every_cell() -> None:
     a, b, c = (replay.Cell(float(g), True, "") for g in (1, 2, 3))
     table = {(1024, 8): a, (2048, 8): b, (4096, 8): c, (4096, 16): a}
     assert replay.reversed_kv(table) == {(4096, 8): a, (2048, 8): b, (1024, 8): c, (1024, 16): a}
+
+
+def _got(
+    receiver: str, fingerprint: str, incident: str, status: str, at_s: float = 0.0
+) -> soak.Received:
+    return soak.Received(receiver, fingerprint, incident, status, at_s)
+
+
+def test_the_soak_finds_every_kind_of_event_out_of_order_per_receiver_and_alert() -> None:
+    in_order = [
+        _got("a", "f1", "i1", "firing"),
+        _got("a", "f2", "j1", "firing"),  # another alert between: its own lane
+        _got("a", "f1", "i1", "firing"),  # a repeat
+        _got("a", "f1", "i1", "resolved"),
+        _got("a", "f1", "i1", "resolved"),  # re-sent (at least once)
+        _got("a", "f1", "i2", "firing"),  # the alert fires again: a new incident
+        _got("b", "f1", "i1", "firing"),  # another receiver keeps its own order
+    ]
+    assert soak.order_faults(in_order) == []
+    faults = soak.order_faults(
+        [
+            _got("a", "f1", "i1", "resolved"),  # resolved with no firing before it
+            _got("b", "f1", "i1", "firing"),
+            _got("b", "f1", "i1", "resolved"),
+            _got("b", "f1", "i1", "firing"),  # a firing after its resolved
+            _got("c", "f1", "i1", "firing"),
+            _got("c", "f1", "i2", "firing"),  # began before i1 resolved
+            _got("c", "f1", "i1", "resolved"),  # i1 back after i2 began
+        ]
+    )
+    assert faults == [
+        "a, alert f1, incident i1: resolved before any firing",
+        "b, alert f1, incident i1: firing after its resolved",
+        "c, alert f1, incident i2: began before incident i1 resolved",
+        "c, alert f1, incident i1: resolved after a later incident began",
+    ]
+
+
+def test_a_receiver_misses_only_what_another_had_before_the_catch_up_time() -> None:
+    got = [
+        _got("fast", "f1", "i1", "firing", 10.0),
+        _got("fast", "f1", "i1", "resolved", 20.0),
+        _got("fast", "f2", "j1", "firing", 95.0),  # too recent to be owed yet
+        _got("slow", "f1", "i1", "firing", 12.0),
+    ]
+    assert soak.missing(got, ("fast", "slow", "silent"), before_s=90.0) == {
+        "fast": 0,
+        "slow": 1,  # f1's resolved
+        "silent": 2,
+    }
+
+
+def test_the_largest_gap_counts_ticks_that_stopped_until_the_window_ends() -> None:
+    starts = [9.5, 10.5, 11.5, 12.5]
+    assert soak.largest_gap(starts, 10.0, 12.6) == pytest.approx(1.0)  # 9.5 -> 10.5
+    assert soak.largest_gap(starts, 10.0, 20.0) == pytest.approx(7.5)  # 12.5 -> the end
+    assert soak.largest_gap([], 10.0, 20.0) == pytest.approx(10.0)
+
+
+def test_the_soak_reads_tick_starts_and_slow_callbacks_from_the_agents_own_log(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lines as the agent writes them (its JSON formatter), from a real tick loop on a
+    loop the agent's watch turned on: one tick waits 150 ms off the CPU (as a process the
+    kernel set aside does), another spends 150 ms of CPU; asyncio's wall-clock measure sees
+    both, the CPU measure only the second."""
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(JsonFormatter())
+    watched = [
+        logging.getLogger(name) for name in (tick_loop.__name__, "asyncio", loop_watch.__name__)
+    ]
+    for logger in watched:
+        logger.addHandler(handler)
+    monkeypatch.setenv(loop_watch.WATCH_LOOP_ENV, "1")
+    # The watch times every callback of the process: undone when the test ends.
+    monkeypatch.setattr(asyncio.events.Handle, "_run", asyncio.events.Handle._run)
+    ticks = 0
+    five = asyncio.Event()
+
+    async def tick() -> None:
+        nonlocal ticks
+        ticks += 1
+        if ticks == 3:
+            time.sleep(0.15)  # noqa: ASYNC251 - the loop waits, off the CPU
+        if ticks == 4:
+            spent = time.thread_time() + 0.15
+            while time.thread_time() < spent:  # a parse that holds the loop on the CPU
+                pass
+        if ticks == 5:
+            five.set()
+
+    async def main() -> None:
+        assert loop_watch.watch_loop_if_asked(asyncio.get_running_loop())
+        stop = asyncio.Event()
+        loop = TickLoop(tick, interval_s=0.05)
+        running = asyncio.create_task(loop.run(stop))
+        try:
+            await asyncio.wait_for(five.wait(), timeout=10.0)
+        finally:
+            stop.set()
+        await running
+
+    try:
+        asyncio.run(main())
+    finally:
+        for logger in watched:
+            logger.removeHandler(handler)
+        logging.getLogger(tick_loop.__name__).setLevel(logging.NOTSET)
+        gc.callbacks.remove(loop_watch._time_collections)
+    text = out.getvalue()
+    starts = soak.tick_starts(text)
+    assert len(starts) >= 5 and starts == sorted(starts)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert max(gaps) >= 0.15  # the held loop shows as a gap between starts
+    slow = soak.slow_callbacks(text)
+    assert len(slow) == 2 and all(c.took_s >= 0.15 and "tick" in c.what for c in slow)
+    on_cpu = soak.cpu_slow_callbacks(text)
+    assert len(on_cpu) == 1 and (on_cpu[0].cpu_s or 0.0) >= 0.15 and "tick" in on_cpu[0].what
+    # Stamped as the 4th tick's callback began, just before it logged its start.
+    assert on_cpu[0].at_s is not None and starts[2] < on_cpu[0].at_s <= starts[3]
+
+
+def test_the_loop_watch_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(loop_watch.WATCH_LOOP_ENV, raising=False)
+
+    async def main() -> bool:
+        return loop_watch.watch_loop_if_asked(asyncio.get_running_loop())
+
+    assert asyncio.run(main()) is False
+    assert logging.getLogger(tick_loop.__name__).getEffectiveLevel() > logging.DEBUG

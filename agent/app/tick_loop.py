@@ -61,6 +61,8 @@ class TickLoop:
 
     async def _one_tick(self) -> None:
         started_s = time.monotonic()
+        # Read by soaks (`loop_watch`): the gaps between starts on the monotonic clock.
+        log.debug("tick started", extra={"monotonic_s": started_s})
         try:
             await self._tick()
         except Exception:
