@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -185,8 +186,29 @@ def timeseries_panel(
         panel = panel.with_target(
             prometheus.Dataquery()
             .expr(query.expr)
-            .legend_format(query.legend)
+            .legend_format(pod_legend(query))
             .ref_id(chr(ord("A") + index))
             .datasource(DATASOURCE)
         )
     return panel
+
+
+_BY = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
+_AGGREGATED = re.compile(r"\b(?:sum|avg|max|min|count|topk|bottomk|quantile)\s*\(")
+
+
+def pod_legend(query: Query) -> str:
+    """The legend led by `{{pod}}` where the series keep their pod label, so that replicas
+    of one model draw distinct lines; a series without one (a single Prometheus, no
+    Kubernetes) renders the rest of the legend alone. An aggregation that keeps no pod
+    (`sum by (model_name)`) keeps its legend."""
+    if "{{pod}}" in query.legend:
+        return query.legend
+    for match in _BY.finditer(query.expr):
+        kept = {label.strip() for label in match.group(1).split(",")}
+        by = not match.group(0).startswith("without")
+        if (by and "pod" not in kept) or (not by and "pod" in kept):
+            return query.legend
+    if _AGGREGATED.search(query.expr) and not _BY.search(query.expr):
+        return query.legend  # aggregated over every label, the pod included
+    return f"{{{{pod}}}} {query.legend}"

@@ -8,13 +8,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpilot.collectors.dcgm import DcgmSnapshot
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import NvmlSnapshot
 from kvpilot.collectors.kvpool.client import KvPoolScrape, KvPoolSource
 from kvpilot.collectors.nvml import NvmlCollector
 from kvpilot.collectors.vllm_metrics import VllmMetricsSource, VllmScrape
 
-SOURCES = ("vllm", "kvpool", "nvml")
+SOURCES = ("vllm", "kvpool", "nvml", "dcgm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,8 @@ class Snapshot:
     kvpool: KvPoolScrape | SourceError | None
     nvml: NvmlSnapshot | SourceError
     durations_s: tuple[tuple[str, float], ...]
+    # dcgm-exporter's device memory of this pod's GPUs, through Prometheus; None: not set up.
+    dcgm: DcgmSnapshot | SourceError | None = None
 
     def duration_s(self, source: str) -> float | None:
         return dict(self.durations_s).get(source)
@@ -40,6 +43,9 @@ class NvmlReading:
     value: NvmlSnapshot | SourceError
     duration_s: float
     call_errors: Mapping[str, int] = field(default_factory=dict)
+    # Read once per tick beside NVML, for the rules where NVML sees nothing; None: not set up.
+    dcgm: DcgmSnapshot | SourceError | None = None
+    dcgm_duration_s: float = 0.0
 
 
 async def read_nvml(
@@ -86,7 +92,13 @@ class SnapshotTaker:
             vllm=results["vllm"][0],
             kvpool=results["kvpool"][0] if "kvpool" in results else None,
             nvml=nvml.value,
-            durations_s=(durations[0], ("nvml", nvml.duration_s), *durations[1:]),
+            durations_s=(
+                durations[0],
+                ("nvml", nvml.duration_s),
+                *durations[1:],
+                *((("dcgm", nvml.dcgm_duration_s),) if nvml.dcgm is not None else ()),
+            ),
+            dcgm=nvml.dcgm,
         )
 
     async def _timed(self, read: Awaitable[Any]) -> tuple[Any, float]:

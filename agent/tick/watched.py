@@ -10,7 +10,9 @@ of them needs the loop that fills it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 import ssl
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +26,7 @@ from kvpilot.agent.tick.calibration import model_config_of
 from kvpilot.agent.tick.ticker import Ticker
 from kvpilot.agent.tick.views import ServerView
 from kvpilot.agent.tick.wiring import CollectSettings, build_taker, build_ticker, scrape_limits
+from kvpilot.collectors.dcgm import DcgmSnapshot, DcgmSource
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import NvmlSnapshot
 from kvpilot.collectors.nvml import NvmlCollector
@@ -63,12 +66,44 @@ class WatchedServers:
         # (a pod's IP once scheduled, a kvpool port once the engine serves it).
         self._addresses: dict[str, tuple[str, str | None]] = {}
         self._latest_nvml: NvmlSnapshot | SourceError | None = None
+        self._dcgm_client: ScrapeClient | None = None
+        self._dcgm = self._dcgm_source()
+
+    def _dcgm_source(self) -> DcgmSource | None:
+        """dcgm-exporter's memory of this pod's GPUs, through Prometheus, when configured."""
+        section = self._config.gpu
+        if section.dcgm_prometheus_url is None:
+            return None
+        pod, namespace = section.pod_identity(os.environ)
+        self._dcgm_client = ScrapeClient(ssl_context=self._tls)
+        return DcgmSource(
+            section.dcgm_prometheus_url,
+            pod=pod,
+            namespace=namespace,
+            client=self._dcgm_client,
+            limits=scrape_limits(self._config),
+            clock=self.clock,
+        )
+
+    async def _read_gpus(self) -> NvmlReading:
+        """NVML, and dcgm-exporter beside it when configured: once per tick for every server."""
+        if self._dcgm is None:
+            return await read_nvml(self._nvml, self.clock)
+        nvml, (dcgm, duration_s) = await asyncio.gather(
+            read_nvml(self._nvml, self.clock), self._timed_dcgm(self._dcgm)
+        )
+        return dataclasses.replace(nvml, dcgm=dcgm, dcgm_duration_s=duration_s)
+
+    async def _timed_dcgm(self, source: DcgmSource) -> tuple[DcgmSnapshot | SourceError, float]:
+        start = self.clock()
+        value = await source.read()
+        return value, self.clock() - start
 
     async def observe(self, instances: Sequence[Instance], tasks: GuardedTasks) -> list[Observed]:
         """One NVML reading, then every listed server's sources concurrently. A server no
         longer listed (a canary removed) is forgotten, its client closed in `tasks`."""
         self._forget_except({i.name for i in instances}, tasks)
-        nvml = await read_nvml(self._nvml, self.clock)
+        nvml = await self._read_gpus()
         self._latest_nvml = nvml.value
         return list(await asyncio.gather(*(self._read(i, nvml) for i in instances)))
 
@@ -118,6 +153,8 @@ class WatchedServers:
         for client in self._clients.values():
             await client.aclose()
         self._clients.clear()
+        if self._dcgm_client is not None:
+            await self._dcgm_client.aclose()
 
     # -- what the rest of the agent reads between ticks --------------------------------
 

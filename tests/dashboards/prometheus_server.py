@@ -7,7 +7,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,10 @@ PROMTOOL = "/usr/bin/promtool"
 class ScrapeTarget:
     job: str
     address: str  # host:port
+    # The target's own labels (as service discovery gives them) and whether the scraped
+    # series' labels win over them (a ServiceMonitor's honorLabels).
+    labels: Mapping[str, str] = field(default_factory=dict)
+    honor_labels: bool = False
 
 
 class PrometheusServer:
@@ -36,9 +40,7 @@ class PrometheusServer:
         self.log_path = folder / "prometheus.log"
         config: dict[str, Any] = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [
-                {"job_name": t.job, "static_configs": [{"targets": [t.address]}]} for t in targets
-            ],
+            "scrape_configs": [_scrape_config(t) for t in targets],
         }
         if rules_file is not None:
             config["rule_files"] = [str(rules_file)]
@@ -95,6 +97,16 @@ class PrometheusServer:
         answer = self.api("query", {"query": expr})
         assert answer["status"] == "success", (expr, answer)
         return answer["data"]["result"]
+
+
+def _scrape_config(target: ScrapeTarget) -> dict[str, Any]:
+    static: dict[str, Any] = {"targets": [target.address]}
+    if target.labels:
+        static["labels"] = dict(target.labels)
+    config: dict[str, Any] = {"job_name": target.job, "static_configs": [static]}
+    if target.honor_labels:
+        config["honor_labels"] = True
+    return config
 
 
 def wait_for(

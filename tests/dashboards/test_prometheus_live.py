@@ -17,9 +17,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -28,6 +30,10 @@ from dashboard_queries import annotation_queries, fill, panel_queries, variable_
 from prometheus_server import PROMTOOL, PrometheusServer, ScrapeTarget, wait_for
 
 from kvpilot.agent.rules.config import RulesConfig
+from kvpilot.collectors.dcgm import DcgmSnapshot, DcgmSource, pod_query
+from kvpilot.collectors.errors import SourceError
+from kvpilot.collectors.limits import ScrapeLimits
+from kvpilot.collectors.scrape_client import ScrapeClient
 from kvpilot.dashboards.annotations import KSM_RESTARTS
 from kvpilot.dashboards.build import build_dashboards
 from kvpilot.dashboards.memory import ALLOCATOR_PANELS
@@ -50,6 +56,13 @@ PREEMPTING = ServerSpec(
 )
 FAKE_SITE = Path(__file__).resolve().parents[1] / "fakes" / "nvml_site"
 GIB = 1 << 30
+DCGM_PAYLOAD = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm_exporter" / "metrics.prom"
+# The exporter's own pod, as Kubernetes service discovery labels its target.
+DCGM_EXPORTER_POD = {
+    "namespace": "gpu-operator",
+    "pod": "nvidia-dcgm-exporter-7xk2q",
+    "container": "nvidia-dcgm-exporter",
+}
 SCRAPE_INTERVAL_S = 1.0  # PrometheusServer's
 
 
@@ -134,6 +147,7 @@ def live(server_pool, tmp_path_factory) -> Iterator[Live]:
     folder = tmp_path_factory.mktemp("prometheus-live")
     agent, agent_url = _start_agent(server, folder)
     prometheus: PrometheusServer | None = None
+    dcgm = _serve(DCGM_PAYLOAD)
     try:
         wait_for(
             lambda: (
@@ -157,6 +171,10 @@ def live(server_pool, tmp_path_factory) -> Iterator[Live]:
                 ScrapeTarget("kvpilot", agent_url.removeprefix("http://")),
                 ScrapeTarget("vllm", f"127.0.0.1:{server.spec.port}"),
                 ScrapeTarget("kvpool", kvpool),
+                # dcgm-exporter as a ServiceMonitor scrapes it (its own pod's labels on the
+                # target: the GPUs' pod labels arrive as exported_*), and with honorLabels.
+                ScrapeTarget("dcgm-exporter", _address(dcgm), labels=DCGM_EXPORTER_POD),
+                ScrapeTarget("dcgm-exporter-honor", _address(dcgm), honor_labels=True),
             ],
             rules_file,
         )
@@ -164,7 +182,7 @@ def live(server_pool, tmp_path_factory) -> Iterator[Live]:
         start_s = time.time()
         # A quiet stretch first: the baseline, and fragmentation while many blocks are free.
         wait_for(
-            lambda: len(prometheus.instant("count_over_time(up[1m]) >= 10 and up == 1")) == 3,
+            lambda: len(prometheus.instant("count_over_time(up[1m]) >= 10 and up == 1")) == 5,
             90,
             lambda: f"targets not scraped ten times: {prometheus.instant('up')}",
         )
@@ -195,7 +213,34 @@ def live(server_pool, tmp_path_factory) -> Iterator[Live]:
     finally:
         if prometheus is not None:
             prometheus.stop()
+        dcgm.shutdown()
+        dcgm.server_close()
         _stop(agent)
+
+
+def _serve(payload: Path) -> ThreadingHTTPServer:
+    """A real HTTP server answering every GET with `payload` as a text exposition."""
+    body = payload.read_bytes()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _address(server: ThreadingHTTPServer) -> str:
+    host, port = server.server_address[:2]
+    return f"{host!s}:{port}"
 
 
 def _preemptions(prometheus: PrometheusServer) -> float:
@@ -329,3 +374,42 @@ def test_promtool_check_metrics(live: Live, which: str) -> None:
         [PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+
+
+def test_dcgm_memory_of_the_pod_is_read_through_prometheus_in_both_label_spellings(
+    live: Live,
+) -> None:
+    pod, namespace = "vllm-7c9d8b6f5-x2k4p", "llm"
+    # Both spellings reach Prometheus, and the collector's query matches each.
+    jobs = {s["metric"]["job"] for s in live.prometheus.instant(pod_query(pod, namespace))}
+    assert jobs == {"dcgm-exporter", "dcgm-exporter-honor"}
+    renamed = live.prometheus.instant(f'DCGM_FI_DEV_FB_USED{{exported_pod="{pod}"}}')
+    assert [s["metric"]["pod"] for s in renamed] == [DCGM_EXPORTER_POD["pod"]]
+
+    async def read() -> DcgmSnapshot | SourceError:
+        async with ScrapeClient() as client:
+            source = DcgmSource(
+                live.prometheus.url,
+                pod=pod,
+                namespace=namespace,
+                client=client,
+                limits=ScrapeLimits(timeout_s=10),
+            )
+            return await source.read()
+
+    snapshot = asyncio.run(read())
+    assert isinstance(snapshot, DcgmSnapshot), snapshot
+    (gpu,) = snapshot.gpus  # GPU 0 only, counted once though scraped twice
+    mib = 1 << 20
+    assert (gpu.gpu, gpu.uuid) == ("0", "GPU-3f1c2a7e-8d4b-4c1e-9a55-1b2c3d4e5f60")
+    assert (gpu.used_bytes, gpu.free_bytes, gpu.reserved_bytes) == (
+        73210 * mib,
+        7804 * mib,
+        545 * mib,
+    )
+    assert gpu.total_bytes == 81559 * mib
+    assert (gpu.hostname, gpu.container, gpu.model_name) == (
+        "gpu-node-07",
+        "vllm",
+        "NVIDIA H100 80GB HBM3",
+    )

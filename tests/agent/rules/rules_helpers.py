@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from kvpilot.agent.model import Condition, Instance
 from kvpilot.agent.readings.snapshot import Snapshot
 from kvpilot.agent.rules.base import Rule, RuleContext
+from kvpilot.collectors.dcgm import DcgmSnapshot
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.fragmentation import kv_blocks_fragmentation
 from kvpilot.collectors.gpu_samples import GpuProcess, GpuSample, NvmlSnapshot
@@ -144,6 +145,7 @@ class Driver:
         gpu_state: NvmlSnapshot | SourceError = NO_GPU,
         instance_state: str | None = None,
         instance_state_reason: str | None = None,
+        dcgm: DcgmSnapshot | SourceError | None = None,
     ) -> list[Condition]:
         if isinstance(engines, SourceError):
             vllm: VllmScrape | SourceError = engines
@@ -174,6 +176,7 @@ class Driver:
             kvpool=kvpool,
             nvml=gpu_state,
             durations_s=(),
+            dcgm=dcgm,
         )
         ctx = RuleContext(
             snapshot=snapshot,

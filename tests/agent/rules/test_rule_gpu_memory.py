@@ -88,9 +88,11 @@ def test_unknown_per_process_memory_is_unknown() -> None:
     assert "per-process" in (c.reason or "")
 
 
-def test_no_nvml_means_no_conditions_but_an_nvml_error_is_unknown() -> None:
+def test_no_nvml_and_no_dcgm_is_unknown_with_the_reason_and_so_is_an_nvml_error() -> None:
     driver = Driver(growth())
-    assert driver.tick(1.0) == []
+    c = only(driver.tick(1.0))
+    assert c.active is None
+    assert "NVML is not visible" in (c.reason or "") and "dcgm_prometheus_url" in (c.reason or "")
     only(driver.tick(2.0, gpu_state=nvml(2.0, gpu([proc(100, GIB, server=True)]))))
     c = only(driver.tick(3.0, gpu_state=SourceError("nvml", "error", "driver hiccup")))
     assert c.active is None
