@@ -348,6 +348,15 @@ SPECS: tuple[FamilySpec, ...] = (
         ("gpu", "mig", "uuid", "state"),
         "MIG instance memory by state: total, used, free.",
     ),
+    # dcgm-exporter, through Prometheus, where NVML is not visible.
+    FamilySpec(
+        "kvpilot_gpu_device_memory_bytes",
+        "gauge",
+        (*GPU, "mig", "source", "state"),
+        "Device memory of the GPUs dcgm-exporter maps to this pod (source dcgm_exporter, "
+        "read through Prometheus) by state: total, used, free, reserved. The whole device's "
+        "memory, not the vLLM process's: on a shared GPU it includes the neighbours'.",
+    ),
     # The tuner: trials, the best result, the live flags (rendered by tuning_metrics, which
     # also writes them as OpenMetrics history for a backfill).
     FamilySpec(

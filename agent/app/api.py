@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -33,6 +33,7 @@ from kvpilot.agent.app.json_render import JsonResponse, error_response
 from kvpilot.agent.app.request_body import BodyLimits, RequestRejected, read_json
 from kvpilot.agent.config import secret_values
 from kvpilot.agent.config.runtime import RuntimeConfig
+from kvpilot.agent.mode import LiveMode, Mode, ModeSource
 from kvpilot.agent.runtimes import Runtime
 from kvpilot.agent.runtimes.kubernetes.values import RecommendsFlags
 from kvpilot.agent.runtimes.offloop import in_daemon_thread
@@ -46,6 +47,8 @@ Handler = Callable[[Request], Awaitable[JsonResponse]]
 
 MAX_MATCHERS = 32
 MAX_PROBLEMS = 10
+MAX_LISTED_REMEDIATIONS = 500
+DEFAULT_LISTED_REMEDIATIONS = 20
 DEFAULT_LIMITS = BodyLimits()
 RUNTIME_READ_TIMEOUT_S = 5.0  # the status API's wait on the runtime's reads
 # Prometheus's label-name syntax, as alert labels use it.
@@ -81,12 +84,23 @@ class VetoRequest(BaseModel):
     incident_id: IncidentId | None = None
     reason: str = Field(min_length=1, max_length=500)
     requested_by: str = Field("api", max_length=100)
+    duration_s: float | None = Field(
+        None, gt=0, le=30 * 86400, description="How long the veto lasts; none: until lifted."
+    )
 
     @model_validator(mode="after")
     def _one_target(self) -> VetoRequest:
         if (self.instance is None) == (self.incident_id is None):
             raise ValueError("give exactly one of instance or incident_id")
         return self
+
+
+class ModeRequest(BaseModel):
+    """The control API's layer of the switch; null clears it (the layers below apply)."""
+
+    model_config = _STRICT
+    mode: Literal["paused", "dry-run", "armed"] | None
+    requested_by: str = Field("api", max_length=100)
 
 
 _LABEL_FIELDS = frozenset({"labels", "annotations", "matchers"})
@@ -156,6 +170,15 @@ def _recommendations(runtime: object) -> list[dict[str, Any]]:
         }
         for r in reversed(runtime.recommendations())
     ]
+
+
+def _mode_json(live: LiveMode) -> dict[str, Any]:
+    """The mode in force, where it comes from, and every layer set (highest first)."""
+    now = live.current()
+    layers = [
+        {"source": s.source.value, "mode": s.mode.value, "detail": s.detail} for s in live.layers()
+    ]
+    return {"mode": now.mode.value, "source": now.source.value, "layers": layers}
 
 
 def _problems(exc: ValidationError) -> list[str]:
@@ -259,6 +282,19 @@ def api_routes(
         )
         return JsonResponse({"silence": _plain(made)}, 201)
 
+    async def remediations(request: Request) -> JsonResponse:
+        """Remediations under way and the latest `?limit=` (default 20) recorded, newest first."""
+        text = request.query_params.get("limit", str(DEFAULT_LISTED_REMEDIATIONS))
+        # The length first: int() refuses (raises on) thousands of digits.
+        if not (text.isdecimal() and len(text) <= 3 and 1 <= int(text) <= MAX_LISTED_REMEDIATIONS):
+            return error_response(422, f"limit: a whole number from 1 to {MAX_LISTED_REMEDIATIONS}")
+        return JsonResponse(
+            {
+                "active": shown(ports.remediation.status().active),
+                "recent": shown(ports.status.last_actions(int(text))),
+            }
+        )
+
     async def trigger(request: Request) -> JsonResponse:
         body = TriggerRequest.model_validate(await read_json(request, limits))
         if body.instance not in known_instances():
@@ -276,13 +312,51 @@ def api_routes(
         body = VetoRequest.model_validate(await read_json(request, limits))
         if body.instance is not None and body.instance not in known_instances():
             return unknown(body.instance)
-        ports.remediation.veto(
+        made = ports.remediation.veto(
             requested_by=body.requested_by,
             reason=body.reason,
             instance=body.instance,
             incident_id=body.incident_id,
+            duration_s=body.duration_s,
         )
-        return JsonResponse({"vetoed": body.instance or body.incident_id}, 201)
+        return JsonResponse({"vetoed": body.instance or body.incident_id, "veto": shown(made)}, 201)
+
+    async def vetoes(_: Request) -> JsonResponse:
+        return JsonResponse({"vetoes": shown(ports.remediation.status().vetoes)})
+
+    async def lift_veto(request: Request) -> JsonResponse:
+        kind, target = request.path_params["kind"], request.path_params["target"]
+        if kind not in ("instance", "incident") or len(target) > 128:
+            return error_response(
+                404, "no such veto: DELETE /api/v1/vetoes/{instance|incident}/NAME"
+            )
+        lifted = ports.remediation.lift_veto(
+            requested_by="api",
+            reason="lifted through the API",
+            instance=target if kind == "instance" else None,
+            incident_id=target if kind == "incident" else None,
+        )
+        if not lifted:
+            return error_response(404, f"no veto of {kind} {target!r} in force")
+        return JsonResponse({"lifted": target, "kind": kind})
+
+    async def silences(_: Request) -> JsonResponse:
+        return JsonResponse({"silences": shown(ports.alerts.silences())})
+
+    async def expire_silence(request: Request) -> JsonResponse:
+        silence_id = request.path_params["silence_id"]
+        if len(silence_id) > 64 or not ports.alerts.expire_silence(silence_id, requested_by="api"):
+            return error_response(404, f"no silence {silence_id[:64]!r} in force")
+        return JsonResponse({"expired": silence_id})
+
+    async def mode(_: Request) -> JsonResponse:
+        return JsonResponse(_mode_json(ports.remediation.mode))
+
+    async def set_mode(request: Request) -> JsonResponse:
+        body = ModeRequest.model_validate(await read_json(request, limits))
+        chosen = None if body.mode is None else Mode(body.mode)
+        ports.remediation.mode.set(ModeSource.API, chosen, f"by {body.requested_by}")
+        return JsonResponse(_mode_json(ports.remediation.mode))
 
     async def reset_breaker(request: Request) -> JsonResponse:
         instance = request.path_params["instance"]
@@ -301,6 +375,13 @@ def api_routes(
         Route("/api/v1/workload", workload),
         Route("/api/v1/silences", protected(silence), methods=["POST"]),
         Route("/api/v1/remediations", protected(trigger), methods=["POST"]),
+        Route("/api/v1/remediations", remediations, methods=["GET"]),
+        Route("/api/v1/silences", silences, methods=["GET"]),
+        Route("/api/v1/silences/{silence_id}", protected(expire_silence), methods=["DELETE"]),
         Route("/api/v1/vetoes", protected(veto), methods=["POST"]),
+        Route("/api/v1/vetoes", vetoes, methods=["GET"]),
+        Route("/api/v1/vetoes/{kind}/{target}", protected(lift_veto), methods=["DELETE"]),
+        Route("/api/v1/mode", mode, methods=["GET"]),
+        Route("/api/v1/mode", protected(set_mode), methods=["POST"]),
         Route("/api/v1/breakers/{instance}/reset", protected(reset_breaker), methods=["POST"]),
     ]

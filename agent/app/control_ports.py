@@ -9,8 +9,10 @@ from typing import Protocol
 
 from kvpilot.agent.alert_values import AlertView, Silence
 from kvpilot.agent.config import AgentConfig
+from kvpilot.agent.mode import LiveMode
 from kvpilot.agent.remediation.status import RemediationStatus
 from kvpilot.agent.remediation.trigger import RemediationOutcome
+from kvpilot.agent.remediation.vetoes import Veto
 from kvpilot.agent.runtimes import Runtime
 from kvpilot.agent.state.store import RemediationRecord
 from kvpilot.agent.tick.sidecar import Sidecar
@@ -30,9 +32,16 @@ class Alerts(Protocol):
         requested_by: str | None,
     ) -> Silence: ...
 
+    def silences(self) -> list[Silence]: ...
+
+    def expire_silence(self, silence_id: str, *, requested_by: str | None) -> bool: ...
+
 
 class Remediation(Protocol):
-    """An operator's restart, veto and breaker reset, and remediation's status."""
+    """An operator's restart, veto and breaker reset, the switch, and remediation's status."""
+
+    @property
+    def mode(self) -> LiveMode: ...
 
     def status(self) -> RemediationStatus: ...
 
@@ -47,7 +56,17 @@ class Remediation(Protocol):
         reason: str,
         instance: str | None = None,
         incident_id: str | None = None,
-    ) -> None: ...
+        duration_s: float | None = None,
+    ) -> Veto: ...
+
+    def lift_veto(
+        self,
+        *,
+        requested_by: str,
+        reason: str,
+        instance: str | None = None,
+        incident_id: str | None = None,
+    ) -> bool: ...
 
     def reset_breaker(self, instance: str, *, requested_by: str, reason: str) -> bool: ...
 

@@ -2,7 +2,8 @@
 
 The file is read and validated first: an invalid one is refused with its problems, and the
 running configuration stays. The notifiers change in place (the outbox keeps what is queued;
-queued and new notifications go to the new ones), and so do the rules (from the next tick).
+queued and new notifications go to the new ones), and so do the rules (from the next tick)
+and `remediation.dry_run` (the live switch's configuration layer, `kvpilot.agent.mode`).
 Every other section applies when kvpilot restarts, and the reload says which of them
 changed. Each reload is audited.
 """
@@ -23,6 +24,7 @@ from starlette.routing import Route
 
 from kvpilot.agent.app.control_token import ControlToken, control_token
 from kvpilot.agent.config import AgentConfig, ConfigError, NotifierConfig
+from kvpilot.agent.mode import LiveMode, ModeSource, configured_mode
 from kvpilot.agent.notify import Notifier
 from kvpilot.agent.rules.config import RulesConfig
 from kvpilot.agent.state import StateStore
@@ -30,6 +32,7 @@ from kvpilot.agent.state import StateStore
 log = logging.getLogger(__name__)
 
 LIVE_SECTIONS = frozenset({"notifiers", "rules"})  # applied by a reload; others at the next start
+DRY_RUN = "remediation.dry_run"  # the one setting of its section a reload applies
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +69,11 @@ class Reloader:
         build_notifiers: Callable[[tuple[NotifierConfig, ...]], Mapping[str, Notifier]],
         *,
         audit: StateStore,
+        mode: LiveMode | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._load = load
+        self._mode = mode
         self._running = running
         self._loop = loop
         self._store = audit
@@ -98,7 +103,16 @@ class Reloader:
             self._loop.use_notifiers(new.notifiers, self._build_notifiers(new.notifiers))
         if "rules" in applied:
             self._loop.use_rules(new.rules)
-        self._running = old.model_copy(update={name: getattr(new, name) for name in applied})
+        running = old.model_copy(update={name: getattr(new, name) for name in applied})
+        dry_run = new.remediation.dry_run
+        if self._mode is not None and dry_run != old.remediation.dry_run:
+            self._mode.set(ModeSource.CONFIG, configured_mode(dry_run), DRY_RUN)
+            remediation = running.remediation.model_copy(update={"dry_run": dry_run})
+            running = running.model_copy(update={"remediation": remediation})
+            if remediation == new.remediation:  # nothing else in the section changed
+                later = tuple(name for name in later if name != "remediation")
+            applied = (*applied, DRY_RUN)
+        self._running = running
         names = ", ".join(n.name for n in self._running.notifiers) or "none"
         if not changed:
             reason = "the configuration is unchanged"

@@ -24,8 +24,12 @@ class KubernetesConfig(StrictModel):
         description="The Deployment's namespace. Unset: the pod's own (the POD_NAMESPACE or "
         "KVPILOT_POD_NAMESPACE variable, else the service account's namespace file).",
     )
-    deployment: str = Field(
-        "vllm", pattern=DNS_SUBDOMAIN, description="The stable Deployment (the pod's own)."
+    deployment: str | None = Field(
+        None,
+        pattern=DNS_SUBDOMAIN,
+        description="The stable Deployment (the pod's own). Unset: found from the pod's "
+        "ownerReferences (pod, ReplicaSet, Deployment), so one ConfigMap serves every "
+        "Deployment of a namespace.",
     )
     container: str = Field("vllm", pattern=DNS_LABEL, description="Its vLLM container.")
     sidecar_container: str | None = Field(
@@ -54,7 +58,14 @@ class KubernetesConfig(StrictModel):
         description="Where a promotion that replaces the promoting pod is handed to the next: "
         "state_dir (one replica, its state on a PersistentVolumeClaim) or configmap (several "
         "replicas: the Lease holder writes `<deployment>-kvpilot-handover`; its Role needs "
-        "configmaps get, create, update, delete).",
+        "configmaps create, update, delete, and the base Role's get).",
+    )
+    restarting_at_once: int = Field(
+        1,
+        ge=1,
+        le=100,
+        description="The Deployment's restart budget: how many of its replicas may restart "
+        "at once (a Lease, `<deployment>-kvpilot-restarts`, holds the turns); the rest wait.",
     )
     lease_duration_s: int = Field(
         60, ge=5, le=3600, description="The tuning Lease's duration; renewed every third."

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from kvpilot.agent.config import RemediationConfig
+from kvpilot.agent.mode import Mode, ModeSetting
 from kvpilot.agent.model import Instance
 from kvpilot.agent.remediation.audit import AuditTrail
 from kvpilot.agent.remediation.breaker_book import BreakerBook
@@ -85,9 +86,11 @@ class Executor:
         light_step: LightStep | None,
         drain_timeout_s: float,
         clock: Callable[[], float],
+        mode: Callable[[], ModeSetting],
         on_promoted: Promoted | None = None,
     ) -> None:
         self._config = config
+        self._mode = mode
         self._runtime = runtime
         self._checks = checks
         self._progress = progress
@@ -123,14 +126,21 @@ class Executor:
         if superseded is not None:
             return self._progress.end(run, Decision.SKIPPED, superseded)
         self._checks.veto(run)
+        setting = self._mode()
+        if setting.mode is Mode.PAUSED:  # read again here: the switch may move while queued
+            reason = f"skipped: kvpilot is paused ({setting.describe()})"
+            return self._progress.end(run, Decision.SKIPPED, reason)
         now_s = self._clock()
         if plan.restarts:
             self._checks.guards(run, now_s)
             # A promotion is checked with the flags it will run (an OOM step's smaller KV).
             flags = instance if plan.argv is None else replace(instance, argv=plan.argv)
             self._checks.preflight(run, flags)
-        if self._config.dry_run:
-            reason = f"dry-run: would {' then '.join(plan.steps)} ({plan.reason})"
+        if setting.mode is Mode.DRY_RUN:
+            reason = (
+                f"dry-run: would {' then '.join(plan.steps)} ({plan.reason}); "
+                f"mode {setting.describe()}"
+            )
             return self._progress.end(run, Decision.DRY_RUN, reason)
         if "reset_prefix_cache" in plan.steps:
             cleared = await self._light(run, instance, now_s)

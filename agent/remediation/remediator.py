@@ -30,6 +30,7 @@ from typing import assert_never
 from kvpilot.agent.alert_values import AlertTransition
 from kvpilot.agent.alerts import new_incident_id
 from kvpilot.agent.config import RemediationConfig
+from kvpilot.agent.mode import LiveMode, ModeSetting, configured_mode
 from kvpilot.agent.model import AlertEvent, AlertFacts, Condition
 from kvpilot.agent.remediation.audit import AuditTrail
 from kvpilot.agent.remediation.breaker_book import BreakerBook
@@ -46,7 +47,7 @@ from kvpilot.agent.remediation.reconcile import Reconciled, fail_unfinished, res
 from kvpilot.agent.remediation.status import RemediationStatus, remediation_status
 from kvpilot.agent.remediation.triage import Advice, AlertOnly, Declined, Proceed, triage
 from kvpilot.agent.remediation.trigger import RemediationOutcome, Trigger
-from kvpilot.agent.remediation.vetoes import Vetoes
+from kvpilot.agent.remediation.vetoes import Veto, Vetoes
 from kvpilot.agent.remediation.watch import DEFAULT_WINDOWS, ConditionWatch, WatchWindows
 from kvpilot.agent.state.decision import Decision
 
@@ -101,7 +102,9 @@ class Remediator:
             wall_clock=wall_clock,
             new_id=new_id,
         )
-        self._vetoes = Vetoes(journal, self._audit, wall_clock)
+        self._vetoes = Vetoes(journal, self._audit, wall_clock, clock)
+        # The live switch; the configuration file's layer is `remediation.dry_run`.
+        self.mode = LiveMode(configured_mode(config.dry_run), on_change=self._mode_changed)
         self._progress = InProgress(journal, self._audit, wall_clock)
         checks = RemediationChecks(
             cooldown=self.cooldown,
@@ -126,6 +129,7 @@ class Remediator:
             windows=windows,
             light_step=light_step,
             clock=clock,
+            mode=self.mode.current,
             # 0 in the section: the runtime's own SIGTERM drain window before it kills.
             drain_timeout_s=config.drain_timeout_s or runtime_drain_timeout_s,
             on_promoted=on_promoted,
@@ -150,7 +154,7 @@ class Remediator:
     def status(self) -> RemediationStatus:
         names = {i.name for i in self._runtime.instances()} | self._notices.paged_instances()
         return remediation_status(
-            dry_run=self.config.dry_run,
+            mode=self.mode.current(),
             active=self._progress.active(),
             breaker=self.breaker,
             instances=names,
@@ -234,10 +238,16 @@ class Remediator:
         reason: str,
         instance: str | None = None,
         incident_id: str | None = None,
-    ) -> None:
-        """Skip pending and future remediations of an incident or an instance."""
-        self._vetoes.add(
-            requested_by=requested_by, reason=reason, instance=instance, incident_id=incident_id
+        duration_s: float | None = None,
+    ) -> Veto:
+        """Skip pending and future remediations of an incident or an instance, until lifted
+        or for `duration_s`."""
+        return self._vetoes.add(
+            requested_by=requested_by,
+            reason=reason,
+            instance=instance,
+            incident_id=incident_id,
+            duration_s=duration_s,
         )
 
     def lift_veto(
@@ -336,6 +346,10 @@ class Remediator:
 
     def _incident_restarted(self, incident_id: str) -> bool:
         return any(restart_began(r) for r in self._journal.remediations(incident_id=incident_id))
+
+    def _mode_changed(self, before: ModeSetting, after: ModeSetting) -> None:
+        reason = f"now {after.describe()}; was {before.describe()}"
+        self._audit.record("agent", "mode", "*", "switched", reason)
 
     def _role_of(self, name: str) -> str:
         found = find_instance(self._runtime, name)

@@ -88,6 +88,30 @@ class AlertCommit:
             )
         return made
 
+    def silences(self) -> list[Silence]:
+        """The silences in force, the soonest to end first."""
+        now = self._wall_clock()
+        held = [s for s in self.tracker.silences() if s.until_wall_s > now]
+        return sorted(held, key=lambda s: (s.until_wall_s, s.silence_id))
+
+    def expire_silence(self, silence_id: str, *, requested_by: str | None) -> bool:
+        """End a silence now, saved and audited; False when none in force has that id."""
+        if silence_id not in {s.silence_id for s in self.silences()}:
+            return False
+        self.tracker.expire_silence(silence_id)
+        with self._store.transaction():
+            self._store.save_silences(self.tracker.silences())
+            self._store.record_audit(
+                wall_s=self._wall_clock(),
+                actor="api",
+                action="silence",
+                target=silence_id,
+                decision="expired",
+                reason="expired through the API",
+                details={"silence_id": silence_id, "requested_by": requested_by},
+            )
+        return True
+
     def use_notifiers(self, configs: Sequence[NotifierConfig]) -> None:
         self._notifiers = {n.name: n for n in configs}
         self.tracker.repeat_interval_s = _repeat_s(configs)

@@ -301,6 +301,7 @@ class Sidecar:
             tick_overruns_total=self.overruns.total,
             task_failures_total=tuple(sorted(self.tasks.failures.items())),
             state_write_errors_total=self.write_failures.totals(),
+            mode=(status.mode, status.mode_source),
         )
 
     def tuning_families(self) -> tuple[tuning_metrics.Family, ...]:

@@ -35,3 +35,4 @@ class SidecarCounters:
     tick_overruns_total: int = 0
     task_failures_total: tuple[tuple[str, int], ...] = ()  # (task, failures)
     state_write_errors_total: tuple[tuple[str, int], ...] = ()  # (reason, failed writes)
+    mode: tuple[str, str] = ("armed", "config")  # the switch in force and its layer

@@ -43,6 +43,7 @@ LAYER_OF_RESOURCE = {
     ("gateway.networking.k8s.io", "httproutes", None): "tuning-gateway",
     ("coordination.k8s.io", "leases", None): "tuning",  # one tuner per Deployment
     ("", "events", None): "tuning",  # recommend-only's patch, as an Event
+    ("", "configmaps", "get"): "base",  # the live switch's ConfigMap kvpilot-mode
     ("", "configmaps", None): "tuning",  # a promotion handed over (several replicas)
 }
 

@@ -53,7 +53,8 @@ ROLE_GRANTS: dict[tuple[str, str], tuple[str, str]] = {
     ("create", "events"): _TUNING,
     ("patch", "pods"): _TUNING,  # a Service share: a canary pod's label taken off
     # kubernetes.handover: configmap (several replicas): the promotion handed over
-    **{(verb, "configmaps"): _TUNING for verb in ("get", "create", "update", "delete")},
+    ("get", "configmaps"): _BASE,  # the live switch's kvpilot-mode; the handover's too
+    **{(verb, "configmaps"): _TUNING for verb in ("create", "update", "delete")},
     **{(verb, "services"): _GATEWAY for verb in ("create", "delete")},
     **{(verb, "httproutes.gateway.networking.k8s.io"): _GATEWAY for verb in ("get", "patch")},
 }

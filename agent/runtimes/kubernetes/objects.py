@@ -8,6 +8,7 @@ template, and a copy of the wire form keeps every field the client's models migh
 from __future__ import annotations
 
 import copy
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,6 +20,8 @@ from kvpilot.collectors.vllm_argv import launch_split
 
 ROLE_LABEL = "kvpilot.dev/role"  # as in deploy/base/deployment.yaml
 CANARY_OF_ANNOTATION = "kvpilot.dev/canary-of"
+CANARY_OF_LABEL = "kvpilot.dev/canary-of"  # on the canary's pods: which stable they test
+LABEL_VALUE_MAX = 63
 CANARY_SUFFIX = "-kvpilot-canary"
 RESTARTED_AT_ANNOTATION = "kubectl.kubernetes.io/restartedAt"
 # Annotations that would tie the canary to the stable's history or to a GitOps application
@@ -108,6 +111,16 @@ def gitops_owner(deployment: Mapping[str, Any]) -> str | None:
     return None
 
 
+def canary_pod_selector(stable: str) -> dict[str, str]:
+    """The labels of a canary's pods and its ReplicaSet's selector: the role and the stable
+    Deployment's name (a label value: cut to 63 characters, a digest keeping it unique)."""
+    value = stable
+    if len(value) > LABEL_VALUE_MAX:
+        digest = hashlib.sha256(stable.encode()).hexdigest()[:10]
+        value = f"{stable[: LABEL_VALUE_MAX - 11].rstrip('.-_')}-{digest}"
+    return {ROLE_LABEL: "canary", CANARY_OF_LABEL: value}
+
+
 def _canary_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
     out = {k: v for k, v in (labels or {}).items() if k not in _GITOPS_LABELS}
     if "managed-by" in str(out.get("app.kubernetes.io/managed-by", "")).lower():
@@ -126,11 +139,12 @@ def build_canary(
 ) -> Obj:
     """The canary Deployment: the stable pod template with the candidate's command.
 
-    One replica, role label `canary` on the Deployment, its selector and its pods (so the
-    stable Deployment's selector and Service do not pick its pods when they select on the
-    role), owned by the stable Deployment so that deleting the stable collects it. The
-    owner reference leaves `blockOwnerDeletion` unset: setting it needs `update` on
-    `deployments/finalizers`, which the Role does not grant.
+    One replica, role label `canary` on the Deployment; its pods carry kvpilot's labels only
+    (`canary_pod_selector`, also its selector), none of the stable's, so that nothing that
+    selects the stable's pods (its Deployment, a Service, a router) picks them; owned by
+    the stable Deployment so that deleting the stable collects it. The owner reference
+    leaves `blockOwnerDeletion` unset: setting it needs `update` on `deployments/finalizers`,
+    which the Role does not grant.
 
     `serve_labels` is for the service-share way of splitting traffic: the selector of the
     Service whose traffic the canary shares. Its pods then carry those labels, so the
@@ -162,18 +176,19 @@ def build_canary(
         # canary pod from being scheduled anywhere but beside the stable pod.
         _drop_unmounted_volumes(pod_spec)
     template_meta = template.setdefault("metadata", {})
-    template_meta["labels"] = {
-        **_canary_labels(template_meta.get("labels")),
-        **(serve_labels or {}),
-    }
+    # The canary's pods carry kvpilot's labels only: a router that picks pods by the stable's
+    # labels (production-stack's --k8s-label-selector, an InferencePool's spec.selector, a
+    # Service) would otherwise send a replayed candidate real traffic. Live traffic asks
+    # for the labels it needs (`serve_labels`).
+    pod_selector = canary_pod_selector(meta["name"])
+    template_meta["labels"] = {**pod_selector, **(serve_labels or {})}
     annotations = dict(template_meta.get("annotations") or {})
     annotations.pop(RESTARTED_AT_ANNOTATION, None)
     if annotations:
         template_meta["annotations"] = annotations
     else:
         template_meta.pop("annotations", None)
-    selector = copy.deepcopy(spec["selector"])
-    selector["matchLabels"] = {**(selector.get("matchLabels") or {}), ROLE_LABEL: "canary"}
+    selector = {"matchLabels": pod_selector}
     out_annotations = {
         k: v for k, v in (meta.get("annotations") or {}).items() if k not in _DROPPED_ANNOTATIONS
     }

@@ -194,7 +194,7 @@ async def test_a_known_instance_is_vetoed_and_its_breaker_reset(api: Api) -> Non
 
 
 async def test_starlettes_own_refusals_are_json_too(api: Api) -> None:
-    response = await api.client.get("/api/v1/silences")
+    response = await api.client.get("/api/v1/breakers/vllm-0/reset")
     assert response.status_code == 405 and response.json() == {"error": "Method Not Allowed"}
     assert "POST" in response.headers["allow"]
     response = await api.client.get("/api/v1/nothing-here")

@@ -308,7 +308,9 @@ def test_an_out_of_range_share_is_refused_before_any_write(fake) -> None:
 @pytest.mark.parametrize(
     ("selector", "why"),
     [
-        ({"app.kubernetes.io/name": "vllm"}, "replacing the pod"),
+        # The canary's pods carry none of the stable's labels: only a Service selecting on
+        # kvpilot's own canary label could not be left without replacing the pod.
+        ({"kvpilot.dev/canary-of": "vllm"}, "replacing the pod"),
         ({"app.kubernetes.io/name": "vllm", "kvpilot.dev/role": "stable"}, "selects on"),
     ],
 )

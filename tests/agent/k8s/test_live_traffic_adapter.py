@@ -9,18 +9,19 @@ from dataclasses import dataclass
 
 import pytest
 
-from kvpilot.agent.config.tuning import TuningConfig
+from kvpilot.agent.config.tuning import CanaryConfig, TuningConfig
 from kvpilot.agent.runtimes.base import RuntimeFailure
-from kvpilot.agent.runtimes.local import LocalInstanceSpec
-from kvpilot.agent.tuning import kubernetes_adapter
-from kvpilot.agent.tuning.kubernetes_adapter import KubernetesTunerAdapter
-from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
+from kvpilot.agent.runtimes.device_memory import server_device_memory_bytes
 from kvpilot.agent.tuning.observer import LoadObserver
+from kvpilot.agent.tuning.pod import adapter as kubernetes_adapter
+from kvpilot.agent.tuning.pod.adapter import KubernetesTunerAdapter
+from kvpilot.agent.tuning.pod.live_observer import LiveTrafficObserver
+from kvpilot.agent.tuning.server import TunedServer
 from kvpilot.agent.tuning.study import Study, StudyError, make_observer
-from kvpilot.tuner.judge import LIVE_METRICS
-from kvpilot.tuner.loadgen import LengthDist, Workload
-from kvpilot.tuner.objective import Slo
-from kvpilot.tuner.space import Knob, KnobKind, SearchSpace
+from kvpilot.tuner.judge.judgement import LIVE_METRICS
+from kvpilot.tuner.load.generator import LengthDist, Workload
+from kvpilot.tuner.problem.objective import Slo
+from kvpilot.tuner.problem.space import Knob, KnobKind, SearchSpace
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment, make_runtime
 
 CANARY = "vllm-kvpilot-canary"
@@ -99,18 +100,23 @@ def study(canary: dict[str, object]) -> Study:
     argv = ("python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m")
     workload = Workload(4, LengthDist.fixed(8), LengthDist.fixed(4), concurrency=2)
     space = SearchSpace(knobs=(Knob("max_num_seqs", KnobKind.INTEGER, 1, 8),))
-    stable = LocalInstanceSpec("vllm", argv, "stable")
+    stable = TunedServer("vllm", argv, ready_timeout_s=60.0, drain_timeout_s=30.0)
     return Study(tuning, stable, argv, space, workload, Slo(), "fp", 60.0)
 
 
 def test_the_observer_follows_the_canary_traffic_setting(fake) -> None:
-    replay, judged = make_observer(study({}))
+    measured = server_device_memory_bytes
+    replay, judged = make_observer(study({}), device_memory=measured)
     assert isinstance(replay, LoadObserver) and judged.metrics != LIVE_METRICS
 
     live_study = study({"traffic": "gateway", "gateway": {}})
     with pytest.raises(StudyError, match="canary traffic gateway splits live traffic"):
-        make_observer(live_study)
-    live, judged = make_observer(live_study, traffic=SplitDouble(fake))
+        make_observer(live_study, device_memory=measured)
+
+    def through_the_split(canary: CanaryConfig, slo: Slo) -> LiveTrafficObserver:
+        return LiveTrafficObserver(canary, SplitDouble(fake), slo)
+
+    live, judged = make_observer(live_study, device_memory=measured, live=through_the_split)
     assert isinstance(live, LiveTrafficObserver) and judged.metrics == LIVE_METRICS
 
 
@@ -118,11 +124,11 @@ def test_the_split_is_built_from_the_canary_settings_and_the_stable_deployment(f
     from kvpilot.agent.config.tuning import CanaryConfig
     from kvpilot.agent.runtimes.kubernetes.traffic import GatewayWeights, ServiceShare
     from kvpilot.agent.runtimes.kubernetes.values import KubernetesTarget
-    from kvpilot.agent.tuning.kubernetes_adapter import traffic_split
+    from kvpilot.agent.tuning.pod.adapter import traffic_split
 
     fake.add_deployment(base_deployment(8000))
     target = KubernetesTarget(namespace=NAMESPACE, deployment="vllm")
-    wanted = {"app.kubernetes.io/name": "vllm", "kvpilot.dev/role": "canary"}
+    wanted = {"kvpilot.dev/canary-of": "vllm", "kvpilot.dev/role": "canary"}
 
     assert traffic_split(CanaryConfig(), fake.api_client(), target) is None
     service = traffic_split(CanaryConfig(traffic="service"), fake.api_client(), target)
