@@ -52,6 +52,7 @@ from kvpilot.collectors.secrets import mask_argv
 from kvpilot.collectors.vllm_argv import ServerArgs, parse_server_argv
 
 LOG_TAIL_CHARS = 4000
+EARLIER_MARKS_KEPT = 32  # starts remembered per instance, for naming leftovers
 
 _LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 
@@ -87,6 +88,9 @@ class _Slot:
     # The mark in the environment of the server last started (or adopted), and of everything
     # it started; None for a server an older kvpilot started without one.
     mark: str | None = None
+    # The marks of earlier starts, newest last: a process that still carries one is a
+    # leftover of this server (an engine that outlived its API server), not a stranger.
+    earlier_marks: tuple[str, ...] = ()
 
 
 class LocalRuntime:
@@ -123,6 +127,15 @@ class LocalRuntime:
             return self._slots[name]
         except KeyError:
             raise UnknownInstance(f"no local instance named {name!r}") from None
+
+    def server_marks(self, name: str) -> frozenset[str]:
+        """The marks of this instance's starts, the current one and the earlier ones (none
+        for a name this runtime does not hold)."""
+        slot = self._slots.get(name)
+        if slot is None:
+            return frozenset()
+        current = () if slot.mark is None else (slot.mark,)
+        return frozenset((*slot.earlier_marks, *current))
 
     def log_path(self, name: str) -> Path:
         return self._slot(name).log_path
@@ -266,6 +279,8 @@ class LocalRuntime:
             f"\n{START_MARKER}{slot.starts_total} of {spec.name} at {stamp}: "
             f"{shlex.join(mask_argv(spec.argv))} =====\n"
         )
+        if slot.mark is not None:
+            slot.earlier_marks = (*slot.earlier_marks, slot.mark)[-EARLIER_MARKS_KEPT:]
         slot.mark = uuid.uuid4().hex
         env = self._env(spec, slot.mark)
         # Not through a link planted at the log's path (it would append to the link's target).

@@ -17,7 +17,7 @@ from kvpilot.agent.readings.snapshot import SOURCES, NvmlReading, Snapshot, Snap
 from kvpilot.agent.tick.calibration import EngineCalibration, PlannerCheck
 from kvpilot.collectors.checks import Refused
 from kvpilot.collectors.errors import SourceError
-from kvpilot.collectors.kvpool.client import KvBlockSample, KvPoolScrape
+from kvpilot.collectors.kvpool.client import WORKER_SOURCE, KvBlockSample, KvPoolScrape
 from kvpilot.collectors.vllm_metrics import EngineSample, VllmScrape
 from kvpilot.collectors.vllm_parse import kept_for_counters
 from kvpilot.collectors.window import RollingWindow
@@ -110,6 +110,19 @@ class Ticker:
             elif value is not None and source in self._failing:
                 log.info("source %s recovered", source)
                 self._failing.discard(source)
+        # The workers' plugin ports, read after the engine's (a CPU engine's ledger is there).
+        kvpool = snapshot.kvpool
+        if isinstance(kvpool, KvPoolScrape):
+            for error in kvpool.worker_errors:
+                errors[(error.source, error.kind)] += 1
+                if error.source not in self._failing:
+                    log.warning(
+                        "source %s failing: %s: %s", error.source, error.kind, error.message
+                    )
+                    self._failing.add(error.source)
+            if not kvpool.worker_errors and WORKER_SOURCE in self._failing:
+                log.info("source %s recovered", WORKER_SOURCE)
+                self._failing.discard(WORKER_SOURCE)
         # NVML's per-call errors (one device, one reading), as the collector that read them
         # tallied them.
         for reason, count in nvml.call_errors.items():

@@ -8,8 +8,10 @@ blocks than the pool holds) become None with the reason, so no rule acts on them
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from kvpilot.collectors.checks import Refused, SampleChecks
@@ -20,6 +22,8 @@ from kvpilot.collectors.kvpool.ledger_client import (
     LedgerSample,
     ledgers_from_samples,
 )
+from kvpilot.collectors.kvpool.listen_address import WORKER_PORT_FAMILY
+from kvpilot.collectors.kvpool.worker_urls import worker_urls
 from kvpilot.collectors.limits import ScrapeLimits
 from kvpilot.collectors.promtext import (
     Labels,
@@ -32,6 +36,7 @@ from kvpilot.collectors.scrape_client import ScrapeClient
 from kvpilot.collectors.secrets import mask_url
 
 PREFIX = "kvpool_"
+WORKER_SOURCE = "kvpool_worker"  # errors of the workers' ports, read through the engine's
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +113,8 @@ class KvPoolScrape:
     plugin_errors: tuple[tuple[str, int], ...] = ()
     refused: tuple[Refused, ...] = ()  # outside any engine or device (plugin error counts)
     ledgers: tuple[LedgerSample, ...] = ()  # where the device's memory went (ledger_client)
+    # Workers' ports (published by the engine) that gave nothing this time, and why.
+    worker_errors: tuple[SourceError, ...] = ()
 
 
 class _Figures:
@@ -140,6 +147,8 @@ def samples_to_scrape(
     for sample in samples:
         if sample.name.startswith(LEDGER_PREFIX):  # labelled by device, but no allocator
             ledger_samples.append(sample)
+            continue
+        if sample.name == WORKER_PORT_FAMILY:  # where to read more (worker_urls), no figure
             continue
         series = (sample.name, sample.labels)
         earlier = seen.get(series)
@@ -389,6 +398,38 @@ def _allocator(figures: _Figures, device: str, rank: str) -> AllocatorSample:
     )
 
 
+def with_workers(
+    engine: KvPoolScrape, workers: Sequence[KvPoolScrape | SourceError]
+) -> KvPoolScrape:
+    """The engine port's scrape with what its workers' ports served: their devices' ledgers
+    and allocators (a device served on two ports counts once: the first), the plugin's
+    error counts summed over the processes, and each worker port that failed."""
+    ledgers = {(item.device, item.rank): item for item in engine.ledgers}
+    allocators = {(item.device, item.rank): item for item in engine.allocators}
+    errors = dict(engine.plugin_errors)
+    refused = list(engine.refused)
+    failed = list(engine.worker_errors)
+    for worker in workers:
+        if isinstance(worker, SourceError):
+            failed.append(worker)
+            continue
+        for ledger in worker.ledgers:
+            ledgers.setdefault((ledger.device, ledger.rank), ledger)
+        for allocator in worker.allocators:
+            allocators.setdefault((allocator.device, allocator.rank), allocator)
+        for part, count in worker.plugin_errors:
+            errors[part] = errors.get(part, 0) + count
+        refused.extend(worker.refused)
+    return replace(
+        engine,
+        ledgers=tuple(ledgers.values()),
+        allocators=tuple(allocators.values()),
+        plugin_errors=tuple(sorted(errors.items())),
+        refused=tuple(refused),
+        worker_errors=tuple(failed),
+    )
+
+
 class KvPoolSource:
     """Scrapes one plugin port (`url`, e.g. http://127.0.0.1:8474/metrics) within its limits."""
 
@@ -411,24 +452,61 @@ class KvPoolSource:
         self._limits = limits or ScrapeLimits()
 
     async def scrape(self) -> KvPoolScrape | SourceError:
-        """One GET within the deadline and the size cap; any failure is a SourceError value."""
+        """The engine's port, then the workers' ports it publishes, all within one deadline,
+        the size cap and the sample limit each; any failure is a SourceError value."""
         taken_at_s, wall_time_s = self._clock(), self._wall_clock()
-        got = await self._client.get(self.url, source=self.name, limits=self._limits)
+        got = await self._read(self.url, self._limits, taken_at_s, wall_time_s)
+        if isinstance(got, SourceError):
+            return got
+        engine, samples = got
+        urls, refused = worker_urls(samples, self.url)
+        if not urls:
+            return replace(engine, refused=(*engine.refused, *refused))
+        left_s = self._limits.timeout_s - (self._clock() - taken_at_s)
+        if left_s <= 0:
+            late = SourceError(
+                WORKER_SOURCE,
+                "timeout",
+                f"{self._shown_url}: no time left within {self._limits.timeout_s:g} s for the "
+                f"{len(urls)} worker ports",
+            )
+            workers: list[KvPoolScrape | SourceError] = [late]
+        else:
+            limits = dataclasses.replace(self._limits, timeout_s=left_s)
+            read = await asyncio.gather(
+                *(self._read(url, limits, taken_at_s, wall_time_s, worker=True) for url in urls)
+            )
+            workers = [item if isinstance(item, SourceError) else item[0] for item in read]
+        merged = with_workers(engine, workers)
+        return replace(merged, refused=(*merged.refused, *refused))
+
+    async def _read(
+        self,
+        url: str,
+        limits: ScrapeLimits,
+        taken_at_s: float,
+        wall_time_s: float,
+        *,
+        worker: bool = False,
+    ) -> tuple[KvPoolScrape, list[MetricSample]] | SourceError:
+        """One GET within `limits`, parsed and checked."""
+        name = WORKER_SOURCE if worker else self.name
+        shown = mask_url(url)
+        got = await self._client.get(url, source=name, limits=limits)
         if isinstance(got, SourceError):
             return got
         if got.status_code != 200:
-            return SourceError(self.name, "http_status", f"{self._shown_url}: {got.status_code}")
+            return SourceError(name, "http_status", f"{shown}: {got.status_code}")
         try:
-            samples = parse_samples(
-                got.text, prefixes=(PREFIX,), sample_limit=self._limits.sample_limit
-            )
+            samples = parse_samples(got.text, prefixes=(PREFIX,), sample_limit=limits.sample_limit)
         except SampleLimitError as exc:
-            return SourceError(self.name, "too_many_samples", f"{self._shown_url}: {exc}")
+            return SourceError(name, "too_many_samples", f"{shown}: {exc}")
         except MetricsParseError as exc:
-            return SourceError(self.name, "parse_error", f"{self._shown_url}: {exc}")
+            return SourceError(name, "parse_error", f"{shown}: {exc}")
         if not samples:
-            return SourceError(self.name, "not_metrics", f"{self._shown_url}: no kvpool_ samples")
+            return SourceError(name, "not_metrics", f"{shown}: no kvpool_ samples")
         try:
-            return samples_to_scrape(samples, taken_at_s=taken_at_s, wall_time_s=wall_time_s)
+            scrape = samples_to_scrape(samples, taken_at_s=taken_at_s, wall_time_s=wall_time_s)
         except Exception as exc:  # a reading bug must not take the tick down; reported
-            return SourceError(self.name, "error", f"{self._shown_url}: {exc!r}")
+            return SourceError(name, "error", f"{shown}: {exc!r}")
+        return scrape, samples

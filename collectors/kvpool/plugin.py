@@ -11,9 +11,10 @@ inherited, with spawn `register()` runs again):
   pending scrape takes its block-pool snapshot here, so it matches `kv_cache_usage_perc`.
 * `Scheduler.schedule`: a step begins; until its `update_from_output` the engine is busy,
   however long the step, and nothing but the engine thread reads the pool.
-* `WorkerWrapperBase.init_device`: in a process that owns a CUDA device, serve the caching
-  allocator's figures on `KVPILOT_KVPOOL_PORT + 100 + local_rank` (the node-local device
-  slot, DP-local rank * TP * PP + TP rank, so DP engines and workers never collide).
+* `WorkerWrapperBase.init_device`: in a worker (CPU, or one that owns a CUDA device), serve
+  its memory ledger and caching allocator on `KVPILOT_KVPOOL_PORT + 100 + slot` (the
+  node-local slot, DP-local rank * local world size + rank on the node, so DP engines and
+  workers never collide); the engine core publishes its workers' ports (`worker_ports`).
 
 Nothing here raises into vLLM: a failing part logs one line, counts
 `kvpool_plugin_errors_total{part}` and stops doing that part.
@@ -39,12 +40,7 @@ from kvpilot.collectors.kvpool.ledger_reader import (
     read_cpu_ledger,
     read_cuda_ledger,
 )
-from kvpilot.collectors.kvpool.listen_address import (
-    ALLOCATOR_PORT_OFFSET,
-    DEFAULT_HOST,
-    HOST_ENV,
-    PORT_ENV,
-)
+from kvpilot.collectors.kvpool.listen_address import DEFAULT_HOST, HOST_ENV, PORT_ENV
 from kvpilot.collectors.kvpool.occupancy_export import OccupancyCollector
 from kvpilot.collectors.kvpool.server import (
     AllocatorReading,
@@ -52,6 +48,11 @@ from kvpilot.collectors.kvpool.server import (
     PartErrors,
     RunningServer,
     serve,
+)
+from kvpilot.collectors.kvpool.worker_ports import (
+    WorkerPortCollector,
+    engine_worker_ports,
+    worker_port,
 )
 
 log = logging.getLogger("kvpilot.kvpool")
@@ -88,8 +89,10 @@ class EngineHandle:
         wait_s: float = 0.5,
         idle_after_s: float = 0.2,
         min_interval_s: float = 1.0,
+        worker_ports: tuple[tuple[int, int], ...] = (),
     ) -> None:
         self._scheduler = weakref.ref(scheduler)
+        self.worker_ports = worker_ports  # published, so the agent reads the workers' ledgers
         self.engine = engine
         self.model_name = model_name
         self._errors = errors
@@ -197,11 +200,13 @@ class EngineHandle:
             scheduler_steps_total=self.steps_total,
             engine_snapshots_total=self.snapshots_total,
             engine_snapshot_seconds_total=self.snapshot_seconds_total,
+            worker_ports=self.worker_ports,
         )
 
 
-class PluginCollector(OccupancyCollector, LedgerCollector):
-    """Every family the plugin serves: block pool, token occupancy, memory ledger."""
+class PluginCollector(OccupancyCollector, WorkerPortCollector, LedgerCollector):
+    """Every family the plugin serves: block pool, token occupancy, workers' ports, memory
+    ledger."""
 
 
 class PluginState:
@@ -410,6 +415,7 @@ def _attach(scheduler: object, current: PluginState) -> None:
         errors=current.errors,
         clock=current.clock,
         wall_clock=current.wall_clock,
+        worker_ports=engine_worker_ports(current.base_port, parallel),
     )
     setattr(scheduler, HANDLE_ATTR, handle)
     current.engines.append(handle)
@@ -472,10 +478,7 @@ def _attach_ledger(worker: object, current: PluginState) -> None:
     rank = str(getattr(worker, "rank", getattr(worker, "local_rank", 0)))
     if kind == "cpu":
         current.ledger_workers.append((rank, weakref.ref(worker), None))
-        local_rank = getattr(worker, "local_rank", 0)
-        local_rank = local_rank if isinstance(local_rank, int) else 0
-        port = current.base_port + ALLOCATOR_PORT_OFFSET + local_rank
-        current.ensure_server(port, engine=None, allocators=False)
+        current.ensure_server(_worker_port(worker, current), engine=None, allocators=False)
     elif kind == "cuda" and isinstance(index, int):
         current.ledger_workers.append((rank, weakref.ref(worker), index))
         _patch_graph_capture(current)
@@ -487,9 +490,14 @@ def _attach_allocator(worker: object, current: PluginState) -> None:
     if getattr(device, "type", None) != "cuda":
         return
     index = getattr(device, "index", None)
-    local_rank = getattr(worker, "local_rank", 0)
-    if not isinstance(index, int) or not isinstance(local_rank, int):
+    if not isinstance(index, int):
         return
-    current.allocator_devices.append((str(getattr(worker, "rank", local_rank)), index))
-    port = current.base_port + ALLOCATOR_PORT_OFFSET + local_rank
-    current.ensure_server(port, engine=None, allocators=True)
+    current.allocator_devices.append((str(getattr(worker, "rank", 0)), index))
+    current.ensure_server(_worker_port(worker, current), engine=None, allocators=True)
+
+
+def _worker_port(worker: object, current: PluginState) -> int:
+    """The worker's own port: the one its engine core computes and publishes for it."""
+    rank = getattr(worker, "rank", 0)
+    rank = rank if isinstance(rank, int) and rank >= 0 else 0
+    return worker_port(current.base_port, getattr(worker, "parallel_config", None), rank)

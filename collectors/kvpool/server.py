@@ -57,6 +57,8 @@ class EngineReading:
     scheduler_steps_total: int
     engine_snapshots_total: int = 0  # block-pool passes on the engine thread
     engine_snapshot_seconds_total: float = 0.0  # the engine thread's time in them
+    # (rank on the node, port) of the engine's workers, where their ledgers are served.
+    worker_ports: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -241,3 +241,14 @@ def test_memory_ledger_adds_up_to_the_engine_pss(vllm_server: VllmServer) -> Non
     assert dict(used[0].labels)["source"] == "proc_smaps_rollup_pss"
     assert pss is not None
     assert abs(sum(parts.values()) - pss) <= 0.05 * pss, (parts, pss)
+    # The agent reads the same ledger through the engine's port, which publishes the worker's.
+
+    async def through_the_engine_port() -> KvPoolScrape:
+        async with httpx.AsyncClient() as unused:
+            return await kvpool_scrape(unused, vllm_server)
+
+    got = asyncio.run(through_the_engine_port())
+    assert got.worker_errors == ()
+    (ledger,) = got.ledgers
+    assert (ledger.device, ledger.rank) == ("cpu", "0")
+    assert ledger.part("kv_cache") == parts["kv_cache"]
