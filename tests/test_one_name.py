@@ -107,7 +107,6 @@ SHARED_MODULE_NAMES = {
 # Shared names of which one module means another thing, each still to be renamed.
 NOT_YET_RENAMED = {
     "server": "collectors/kvpool/server.py is the plugin's HTTP exposition, not a vLLM server",
-    "memory": "agent/runtimes/kubernetes/fleet/memory.py is a Deployment's kept state, not GPU's",
 }
 # Names that meant two or three things (a delivery report, the CLI's snapshot view and the
 # tuning report; the loop's control interfaces, the tuner's ports and the plugin's listen

@@ -57,8 +57,8 @@ class KubernetesConfig(StrictModel):
         "state_dir",
         description="Where a promotion that replaces the promoting pod is handed to the next: "
         "state_dir (one replica, its state on a PersistentVolumeClaim) or configmap (several "
-        "replicas: the Lease holder writes `<deployment>-kvpilot-handover`; its Role needs "
-        "configmaps create, update, delete, and the base Role's get).",
+        "replicas: the Lease holder writes `<deployment>-kvpilot-handover`; the tuning Role "
+        "grants its delete, the base Role its get, create and update).",
     )
     restarting_at_once: int = Field(
         1,

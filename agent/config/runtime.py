@@ -24,11 +24,13 @@ from kvpilot.agent.config.base import (
 from kvpilot.agent.config.kubernetes import KubernetesConfig
 from kvpilot.agent.strict_model import StrictModel
 from kvpilot.collectors.addresses import LOCALHOST_NAMES, WILDCARD_HOSTS
+from kvpilot.collectors.secrets import mask_url
 from kvpilot.collectors.vllm_argv import (
     CLI_MODULE,
     NotAVllmServer,
     ServerArgs,
     is_vllm_server,
+    launch_form,
     parse_server_argv,
 )
 
@@ -120,12 +122,49 @@ class _RuntimeBase(StrictModel):
         description="How long a (re)started server may take to become healthy (at most a day).",
     )
 
+    @property
+    def started_instances(self) -> tuple[InstanceConfig, ...]:
+        """The servers kvpilot starts itself, with their configured flags: none but the
+        local runtime's (the others' servers are started by something else)."""
+        return ()
+
+    @property
+    def tunes_on_schedule(self) -> bool:
+        """Whether `tuning.schedule` can run here: kvpilot starts the canary itself (the local
+        runtime) or as a Deployment (the pod runtime)."""
+        return False
+
+    @property
+    def needed_extra(self) -> str | None:
+        """The extra of pyproject.toml this runtime's client comes from, or None."""
+        return None
+
+    def summary_lines(self) -> list[str]:
+        """How `kvpilot config check` describes this runtime, secrets masked."""
+        raise NotImplementedError
+
 
 class LocalRuntimeConfig(_RuntimeBase):
     """kvpilot starts, supervises and restarts the vLLM servers itself."""
 
     kind: Literal["local"] = Field(description="The embedded runtime.")
     instances: tuple[InstanceConfig, ...] = Field(min_length=1, description="The servers to start.")
+
+    @property
+    def started_instances(self) -> tuple[InstanceConfig, ...]:
+        return self.instances
+
+    @property
+    def tunes_on_schedule(self) -> bool:
+        return True
+
+    def summary_lines(self) -> list[str]:
+        lines = [f"runtime: local, {len(self.instances)} instance(s)"]
+        for inst in self.instances:
+            kvpool = f", kvpool :{inst.kvpool_port}" if inst.kvpool_port else ""
+            form = launch_form(inst.argv)
+            lines.append(f"  {inst.name} ({inst.role}) {mask_url(inst.url)}, {form} form{kvpool}")
+        return lines
 
     @model_validator(mode="after")
     def _distinct(self) -> LocalRuntimeConfig:
@@ -216,6 +255,9 @@ class ProcessRuntimeConfig(_ProcessFields):
 
     kind: Literal["process"] = Field(description="Find the server by its command line.")
 
+    def summary_lines(self) -> list[str]:
+        return [f"runtime: process, {self.name} at {mask_url(self.url)}"]
+
 
 class PodRuntimeConfig(_ProcessFields):
     """The sidecar in vLLM's pod: vLLM is restarted by signal (as the process runtime does),
@@ -232,6 +274,23 @@ class PodRuntimeConfig(_ProcessFields):
     kubernetes: KubernetesConfig = Field(
         default_factory=KubernetesConfig, description="The Deployment and how to change it."
     )
+
+    @property
+    def tunes_on_schedule(self) -> bool:
+        return True
+
+    @property
+    def needed_extra(self) -> str | None:
+        return "kubernetes"
+
+    def summary_lines(self) -> list[str]:
+        k8s = self.kubernetes
+        deployment = k8s.deployment or "(the pod's own, from its ownerReferences)"
+        where = f"{k8s.namespace or '(the pod namespace)'}/{deployment}"
+        return [
+            f"runtime: pod, {self.name} at {mask_url(self.url)}, Deployment {where}, "
+            f"promote {k8s.promote}, restart by {k8s.restart}"
+        ]
 
 
 _EVERY_ADDRESS = "*"
@@ -308,6 +367,12 @@ class AttachRuntimeConfig(_RuntimeBase):
         require_unique("server name", [s.name for s in self.servers])
         require_unique("server url", [s.url for s in self.servers])
         return self
+
+    def summary_lines(self) -> list[str]:
+        return [
+            f"runtime: attach (watch only), {len(self.servers)} server(s)",
+            *(f"  {s.name} ({s.role}) {mask_url(s.url)}" for s in self.servers),
+        ]
 
 
 RuntimeConfig = Annotated[

@@ -21,6 +21,7 @@ named here, no watches, no admission (CEL rules, defaults), no auth beyond `forb
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import threading
@@ -32,8 +33,11 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+import jsonschema
 import kubernetes_validate
 from kubernetes import client
+from kubernetes_validate.utils import schema_contents
+from referencing import Registry, Resource
 
 from tests.fakes.k8s_network import (
     NETWORK_API_VERSIONS,
@@ -272,11 +276,11 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
 
     @staticmethod
     def validate(obj: dict[str, Any]) -> str | None:
-        try:
-            kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            path = ".".join(str(p) for p in exc.path)
-            return f"{obj.get('kind')} is invalid: {path}: {exc.message}"
+        validator = _validator(str(obj.get("apiVersion")), str(obj.get("kind")))
+        error = next(iter(validator.iter_errors(obj)), None)  # the one the library raises
+        if error is not None:
+            path = ".".join(str(p) for p in error.path)
+            return f"{obj.get('kind')} is invalid: {path}: {error.message}"
         return None
 
     def _create_deployment(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -675,6 +679,23 @@ class FakeKubernetesApi(NetworkObjects, ServedInThread):
                 """Quiet: the test reads `fake.requests` instead."""
 
         return Handler
+
+
+@functools.cache
+def _validator(api_version: str, kind: str) -> jsonschema.protocols.Validator:
+    """kubernetes-validate's strict schema for one kind, built once: the library reads its
+    JSON schema files again on every call, which a fleet's hundreds of writes cannot afford."""
+    group = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    folder = f"kubernetes-json-schema/v{SCHEMA_VERSION}-local-strict"
+    try:
+        schema = schema_contents(f"{folder}/{kind.lower()}-{group}.json", SCHEMA_VERSION)
+    except FileNotFoundError:
+        raise kubernetes_validate.SchemaNotFoundError(
+            version=SCHEMA_VERSION, kind=kind, api_version=api_version
+        ) from None
+    definitions = Resource.from_contents(schema_contents(f"{folder}/_definitions.json", ""))
+    registry = definitions @ (Resource.from_contents(schema) @ Registry())
+    return jsonschema.validators.Draft202012Validator(schema, registry=registry)
 
 
 _SET = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")

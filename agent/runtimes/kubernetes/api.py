@@ -48,13 +48,14 @@ ROLE_GRANTS: dict[tuple[str, str], tuple[str, str]] = {
     ("list", "poddisruptionbudgets.policy"): _BASE,
     ("get", "endpoints"): _BASE,  # a Service share: the canary's endpoints
     ("get", "services"): _BASE,  # a Service share reads its Service; the Gateway way too
+    # A fleet's restart budget is remediation's: its Lease, its Events and its kept guards'
+    # ConfigMap are the base's (the tuner's Lease, Events and handover share them).
+    **{(verb, "leases.coordination.k8s.io"): _BASE for verb in ("get", "create", "update")},
+    ("create", "events"): _BASE,
+    **{(verb, "configmaps"): _BASE for verb in ("get", "create", "update")},
     **{(verb, "deployments.apps"): _TUNING for verb in ("create", "patch", "delete")},
-    **{(verb, "leases.coordination.k8s.io"): _TUNING for verb in ("get", "create", "update")},
-    ("create", "events"): _TUNING,
     ("patch", "pods"): _TUNING,  # a Service share: a canary pod's label taken off
-    # kubernetes.handover: configmap (several replicas): the promotion handed over
-    ("get", "configmaps"): _BASE,  # the live switch's kvpilot-mode; the handover's too
-    **{(verb, "configmaps"): _TUNING for verb in ("create", "update", "delete")},
+    ("delete", "configmaps"): _TUNING,  # kubernetes.handover: configmap, the handover done
     **{(verb, "services"): _GATEWAY for verb in ("create", "delete")},
     **{(verb, "httproutes.gateway.networking.k8s.io"): _GATEWAY for verb in ("get", "patch")},
 }

@@ -26,6 +26,7 @@ from contextvars import ContextVar
 from kvpilot.agent.model import Instance
 from kvpilot.agent.runtimes.base import RuntimeFailure, StopResult
 from kvpilot.agent.runtimes.kubernetes.api import deadline
+from kvpilot.agent.runtimes.kubernetes.fleet.gate import FleetGate
 from kvpilot.agent.runtimes.kubernetes.handover_configmap import HandoverConfigMap
 from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime
 from kvpilot.agent.runtimes.kubernetes.values import Promotion
@@ -68,6 +69,8 @@ class PodRuntime(KubernetesRuntime):
     _failing: str | None = None
     # Set where kubernetes.handover is `configmap` (several replicas).
     handover_map: HandoverConfigMap | None = None
+    # The Deployment's restart budget: every restart of the stable waits for its turn.
+    restart_gate: FleetGate | None = None
 
     api_read_interval_s = 0.0  # build_pod_runtime sets API_READ_INTERVAL_S
     api_reads_total = 0
@@ -165,9 +168,23 @@ class PodRuntime(KubernetesRuntime):
     ) -> Instance:
         self._view = None
         try:
-            return await super().restart(
-                name, drain_timeout_s=drain_timeout_s, ready_timeout_s=ready_timeout_s, argv=argv
-            )
+            if self.restart_gate is None or name != self.target.stable_name:
+                return await super().restart(
+                    name,
+                    drain_timeout_s=drain_timeout_s,
+                    ready_timeout_s=ready_timeout_s,
+                    argv=argv,
+                )
+            # A signal goes around the PDB, so the gate asks it; a promotion rolls out.
+            by_signal = argv is None and self.target.restart == "signal"
+            why = f"restart of {name}" if argv is None else f"restart of {name} with new flags"
+            async with self.restart_gate.turn(why, by_signal=by_signal):
+                return await super().restart(
+                    name,
+                    drain_timeout_s=drain_timeout_s,
+                    ready_timeout_s=ready_timeout_s,
+                    argv=argv,
+                )
         finally:
             self._view = None
 

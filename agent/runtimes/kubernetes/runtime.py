@@ -453,6 +453,19 @@ class KubernetesRuntime:
         local = next(iter(self._process.instances())).name
         return await self._process.stop(local, drain_timeout_s=drain_timeout_s)
 
+    async def _refuse_fleet_rollout(self) -> None:
+        """A rollout restarts every replica at once, around the Deployment's restart budget
+        and its PodDisruptionBudget: with several replicas it is refused, saying why."""
+        current = await self._io(self._get, self.target.deployment)
+        replicas = int(((current or {}).get("spec") or {}).get("replicas") or 1)
+        if replicas > 1:
+            raise RuntimeUnsupported(
+                f"restart: rollout would restart all {replicas} replicas of Deployment "
+                f"{self.target.namespace}/{self.target.deployment} at once; configure "
+                "restart: signal, which restarts this pod's vLLM under the Deployment's "
+                "restart budget"
+            )
+
     async def restart(
         self,
         name: str,
@@ -478,6 +491,7 @@ class KubernetesRuntime:
             assert promotion.instance is not None
             return promotion.instance
         if self.target.restart == "rollout":
+            await self._refuse_fleet_rollout()
             patch = objects.restart_patch(self._wall_clock())
             started = self._clock()
             await self._io(self._patch, self.target.deployment, patch)

@@ -11,13 +11,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from kvpilot.agent.app.parts import build_pod_runtime
+from kvpilot.agent.app.parts import build_pod_runtime, pod_tuner
 from kvpilot.agent.config import PodRuntimeConfig, validate_config
 from kvpilot.agent.runtimes.kubernetes.restarts import CanaryRestarts, restart_count
 from kvpilot.agent.state import StateStore
-from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
-from kvpilot.agent.tuning.pod_tuner import PodTuner
-from kvpilot.tuner.ports import CanaryAborted
+from kvpilot.agent.tuning.pod.live_observer import LiveTrafficObserver
+from kvpilot.tuner.rollout.ports import CanaryAborted
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment, make_runtime
 from tests.agent.k8s.test_live_traffic_adapter import CANARY
 from tests.agent.k8s.test_pod_schedule import TINY
@@ -140,7 +139,7 @@ def test_the_pod_tuners_live_sessions_read_the_canarys_restarts(fake, tmp_path) 
                 "kind": "pod",
                 "port": 8000,
                 "model_config": str(TINY),
-                "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host},
+                "kubernetes": {"namespace": NAMESPACE, "deployment": "vllm", "api_url": fake.host},
             },
             "tuning": {
                 "trials": 1,
@@ -160,7 +159,7 @@ def test_the_pod_tuners_live_sessions_read_the_canarys_restarts(fake, tmp_path) 
     assert isinstance(config.runtime, PodRuntimeConfig)
     runtime = build_pod_runtime(config, config.runtime, {"POD_NAME": "pod-a"})
     store = StateStore.open(config.state_dir)
-    tuner = PodTuner(config, runtime, store.db)
+    tuner = pod_tuner(config.runtime, config.tuning, runtime, store.db)
 
     observer = tuner.session(asyncio.run(tuner.study()))._observer
 

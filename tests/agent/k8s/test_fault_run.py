@@ -26,13 +26,13 @@ from kvpilot.agent.runtimes.kubernetes.faults import FAULTS
 from kvpilot.agent.runtimes.kubernetes.lease import LeaseLost, lease_name
 from kvpilot.agent.runtimes.kubernetes.traffic import GatewayWeights
 from kvpilot.agent.runtimes.kubernetes.unattended import UnattendedCanaries
-from kvpilot.agent.tuning import kubernetes_adapter
-from kvpilot.agent.tuning.kubernetes_adapter import KubernetesTunerAdapter
+from kvpilot.agent.tuning.pod import adapter as kubernetes_adapter
+from kvpilot.agent.tuning.pod.adapter import KubernetesTunerAdapter
 from kvpilot.collectors.vllm_argv import flag_value
-from kvpilot.tuner.ports import Observation
-from kvpilot.tuner.rollout import RolloutSettings, Strategy
+from kvpilot.tuner.problem.space import Knob, KnobKind, SearchSpace
+from kvpilot.tuner.rollout.canary import RolloutSettings, Strategy
+from kvpilot.tuner.rollout.ports import Observation
 from kvpilot.tuner.session import TuningSession
-from kvpilot.tuner.space import Knob, KnobKind, SearchSpace
 from kvpilot.tuner.suggest import GridSuggester
 from kvpilot.tuner.trials import TrialState
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment, make_runtime
@@ -40,7 +40,7 @@ from tests.agent.k8s.test_k8s_tuning import CANARY, DeploymentObserver, stable_a
 from tests.agent.k8s.test_pod_sidecar import wait_for
 from tests.fakes.rollout_journal import InMemoryRolloutJournal
 from tests.fakes.trial_store import InMemoryTrialStore
-from tests.tuner.test_rollout import SLO, window
+from tests.tuner.rollout.test_canary import RIG, SLO, window
 
 SPACE = SearchSpace(
     knobs=(Knob("max_num_seqs", KnobKind.INTEGER, 8, 64, levels=(8.0, 16.0, 32.0, 64.0)),)
@@ -114,7 +114,12 @@ def pod_runtime(fake, port: int, tmp_path, pod: str = "pod-a"):
             "runtime": {
                 "kind": "pod",
                 "port": port,
-                "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host, "promote": "apply"},
+                "kubernetes": {
+                    "namespace": NAMESPACE,
+                    "deployment": "vllm",
+                    "api_url": fake.host,
+                    "promote": "apply",
+                },
             },
         },
         warn=False,
@@ -171,7 +176,7 @@ def test_a_tuning_session_through_a_scripted_run_of_faults(
         runtime=adapter,
         observer=observer,
         fingerprint="k8s",
-        settings=RolloutSettings(slo=SLO, ready_timeout_s=10, bake=False),
+        settings=RolloutSettings(slo=SLO, ready_timeout_s=10, bake=False, **RIG),  # type: ignore[arg-type]
         strategy=Strategy.PARALLEL,
         wall_clock=lambda: float(next(clock)),
         new_id=lambda: next(ids),

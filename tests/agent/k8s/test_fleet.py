@@ -2,7 +2,7 @@
 
 Each loop is the real AlertTracker feeding the real Remediator, as the sidecar's tick does,
 with its runtime behind the Deployment's `FleetGate` (the real Lease slots, PDB check, Events
-and memory ConfigMap against the one fake API server, tests/fakes/k8s_fleet.py). Each pod's
+and kept-guards ConfigMap against the one fake API server, tests/fakes/k8s_fleet.py). Each pod's
 vLLM is a stand-in (tests/fakes/standin_vllm.py) scraped over HTTP each tick; a restart there
 is a stand-in's restart: a short drain, after which its surge is gone.
 """
@@ -14,6 +14,7 @@ import dataclasses
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
 
@@ -27,7 +28,7 @@ from kvpilot.agent.remediation import Remediator, WatchWindows
 from kvpilot.agent.runtimes.kubernetes.fleet import decision_events as ev
 from kvpilot.agent.runtimes.kubernetes.fleet.decision_events import DecisionEvents
 from kvpilot.agent.runtimes.kubernetes.fleet.gate import FleetGate, FleetRestarts, GateTimings
-from kvpilot.agent.runtimes.kubernetes.fleet.memory import FleetMemory
+from kvpilot.agent.runtimes.kubernetes.fleet.kept_guards import KeptGuards
 from kvpilot.agent.runtimes.kubernetes.fleet.owner import owning_deployment
 from kvpilot.agent.runtimes.kubernetes.fleet.pdb import disruption_verdict
 from kvpilot.agent.runtimes.kubernetes.fleet.slots import RestartSlots
@@ -40,7 +41,7 @@ from tests.fakes.standin_vllm import StandInVllm
 MODELS, REPLICAS = 5, 10
 TICK_S = 0.5
 SURGE = "kvpilot_test_surge 1\n"
-TIMINGS = GateTimings(poll_s=0.2, max_wait_s=120, renew_every_s=1.0)
+TIMINGS = GateTimings(poll_s=1.0, max_wait_s=120, renew_every_s=1.0)
 
 
 def deployment(name: str, port: int) -> dict[str, Any]:
@@ -106,10 +107,9 @@ class Sidecar:
     """One pod's sidecar loop: scrape, rules, alerts, remediation, on the monotonic clock."""
 
     def __init__(
-        self, fake: FakeFleetApi, pod: dict[str, Any], server: StandInVllm, seen: Restarting
+        self, api: client.ApiClient, pod: dict[str, Any], server: StandInVllm, seen: Restarting
     ) -> None:
         self.pod = pod["metadata"]["name"]
-        api = fake.api_client()
         self.deployment = owning_deployment(api, NAMESPACE, self.pod)  # from ownerReferences
         labels = pod["metadata"]["labels"]
         self.server = server
@@ -126,7 +126,7 @@ class Sidecar:
             events=DecisionEvents(
                 api, namespace=NAMESPACE, deployment=self.deployment, pod=self.pod
             ),
-            memory=FleetMemory(api, namespace=NAMESPACE, deployment=self.deployment),
+            kept=KeptGuards(api, namespace=NAMESPACE, deployment=self.deployment),
             disruption=lambda: disruption_verdict(api, NAMESPACE, labels),
             breaker_fact=self.breaker_fact,
             on_wait=self.paged.append,
@@ -163,7 +163,6 @@ async def run_loops(sidecars: list[Sidecar], until: Any, timeout_s: float) -> No
 
 
 @pytest.mark.slow
-@pytest.mark.skip(reason="unfinished: does not finish within 300 s on 2 cores yet")
 def test_a_surge_on_every_replica_restarts_one_per_deployment_at_a_time() -> None:
     seen = Restarting()
     with ExitStack() as stack:
@@ -180,16 +179,27 @@ def test_a_surge_on_every_replica_restarts_one_per_deployment_at_a_time() -> Non
             )
         pods = [p for (ns, _), e in fake.deployments.items() for p in e.pods]
         assert len(pods) == MODELS * REPLICAS
+        # One API client for the 50 in-process sidecars (each pod has its own in a cluster):
+        # fifty clients would keep fifty connection pools and their threads in one process.
+        api = fake.api_client()
         sidecars = []
         for pod in pods:
             server = stack.enter_context(StandInVllm())
             server.metrics = lambda: SURGE  # the surge trips the rule on every replica
             servers.append(server)
-            sidecar = Sidecar(fake, pod, server, seen)
+            sidecar = Sidecar(api, pod, server, seen)
             sidecars.append(sidecar)
 
+        def idle() -> bool:
+            return not any(s.remediator.in_progress() for s in sidecars)
+
         async def scenario() -> tuple[int, float]:
-            await run_loops(sidecars, lambda: len(seen.done) == len(sidecars), 90)
+            # The fifty sidecars' blocking API calls share one process here: a pool sized for
+            # them, so a holder's give-back does not queue behind forty waiters' polls.
+            workers = stack.enter_context(ThreadPoolExecutor(max_workers=16))
+            asyncio.get_running_loop().set_default_executor(workers)
+            # Ticks go on until every remediation has ended: its verification is a tick's.
+            await run_loops(sidecars, lambda: len(seen.done) == len(sidecars) and idle(), 90)
             for s in sidecars:
                 await s.remediator.wait_idle()
             # Steady state: every loop ticking, nothing to do; count the API requests.
@@ -231,10 +241,10 @@ def test_a_replaced_pod_keeps_its_deployments_budget_and_breaker() -> None:
     with FakeFleetApi() as fake:
         fake.add_deployment(deployment("model-0", 8000))
         api = fake.api_client()
-        memory = FleetMemory(api, namespace=NAMESPACE, deployment="model-0")
+        kept = KeptGuards(api, namespace=NAMESPACE, deployment="model-0")
         first, *others = [p["metadata"]["name"] for p in fake.pods_of(NAMESPACE, "model-0")]
         opened = {"failures": 3, "opened_at_wall_s": time.time() - 10, "trial_in_flight": False}
-        memory.note(first, restart_wall_s=time.time() - 20, breaker=opened, decision=None)
+        kept.note(first, restart_wall_s=time.time() - 20, breaker=opened, decision=None)
         # A node drain evicts the pod through the Eviction API; its ReplicaSet replaces it.
         client.CoreV1Api(api).create_namespaced_pod_eviction(
             first, NAMESPACE, client.V1Eviction(metadata=client.V1ObjectMeta(name=first))
@@ -243,7 +253,7 @@ def test_a_replaced_pod_keeps_its_deployments_budget_and_breaker() -> None:
         alive = [p["metadata"]["name"] for p in fake.pods_of(NAMESPACE, "model-0")]
         assert first not in alive and successor in alive
         assert owning_deployment(api, NAMESPACE, successor) == "model-0"
-        record = memory.adopt(successor, alive)
+        record = kept.adopt(successor, alive)
         # Read back into a new replica's guards: its budget counts the restart, its breaker
         # is still open.
         remediator = Remediator(
@@ -257,8 +267,8 @@ def test_a_replaced_pod_keeps_its_deployments_budget_and_breaker() -> None:
         assert remediator.budget.used("vllm", now) == 1
         assert remediator.breaker.state("vllm", now) == "open"
         # One successor per departed pod: another new pod finds nothing left to adopt.
-        assert memory.adopt("model-0-other", alive).restarts_wall_s == ()
-        assert memory.record(successor).breaker == opened
+        assert kept.adopt("model-0-other", alive).restarts_wall_s == ()
+        assert kept.record(successor).breaker == opened
         del others
 
 

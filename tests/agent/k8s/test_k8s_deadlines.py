@@ -94,7 +94,7 @@ def test_the_tick_goes_on_and_the_agent_stops_while_the_api_server_hangs(
             "runtime": {
                 "kind": "pod",
                 "port": 8000,
-                "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host},
+                "kubernetes": {"namespace": NAMESPACE, "deployment": "vllm", "api_url": fake.host},
             },
         },
         {},

@@ -39,12 +39,12 @@ def test_a_refused_read_names_the_base_role(fake, standin, tmp_path) -> None:
     assert "the Role 'kvpilot' grants it: apply deploy/base" in str(caught.value)
 
 
-def test_a_refused_lease_names_the_tuning_overlay(fake) -> None:
-    fake.forbid("create", "leases")
+def test_a_refused_lease_names_the_base_role(fake) -> None:
+    fake.forbid("create", "leases")  # a fleet's restart slots need leases too: the base's
     lease = DeploymentLease(
         fake.api_client(), namespace=NAMESPACE, deployment="vllm", identity="pod-a"
     )
-    with pytest.raises(Forbidden, match="'kvpilot-tuning' grants it"):
+    with pytest.raises(Forbidden, match="'kvpilot' grants it"):
         lease.acquire()
 
 
@@ -61,12 +61,24 @@ def test_a_verb_no_role_grants_says_so() -> None:
     )
 
 
-def test_the_table_names_the_three_roles_and_nothing_writes_in_the_base() -> None:
+def test_the_table_names_the_three_roles_and_the_base_writes_only_a_fleets_turns() -> None:
     roles = {role: where for role, where in ROLE_GRANTS.values()}
     assert roles == {
         "kvpilot": "deploy/base",
         "kvpilot-tuning": "deploy/overlays/tuning",
         "kvpilot-tuning-gateway": "deploy/overlays/tuning-gateway",
     }
-    base_verbs = {verb for (verb, _), (role, _) in ROLE_GRANTS.items() if role == "kvpilot"}
-    assert base_verbs == {"get", "list"}
+    base_writes = {
+        (verb, resource)
+        for (verb, resource), (role, _) in ROLE_GRANTS.items()
+        if role == "kvpilot" and verb not in ("get", "list")
+    }
+    # The restart slots' Lease, the decisions' Events, the kept guards' ConfigMap; no
+    # Deployment, no pod.
+    assert base_writes == {
+        ("create", "leases.coordination.k8s.io"),
+        ("update", "leases.coordination.k8s.io"),
+        ("create", "events"),
+        ("create", "configmaps"),
+        ("update", "configmaps"),
+    }

@@ -97,7 +97,7 @@ def test_a_refused_event_still_writes_the_file_and_says_what_is_missing(
 
     assert rec.path.exists() and not fake.events and not fake.writes("PATCH")
     assert rec.event.startswith("no Event: forbidden")
-    assert "may not 'create' events" in rec.event and "'kvpilot-tuning' grants it" in rec.event
+    assert "may not 'create' events" in rec.event and "'kvpilot' grants it" in rec.event
 
 
 def test_a_ladder_promotion_on_a_gitops_deployment_is_a_recommendation_not_a_failure(

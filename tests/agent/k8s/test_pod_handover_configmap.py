@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from kvpilot.agent.app import parts
 from kvpilot.agent.app.parts import build_pod_runtime
 from kvpilot.agent.config import PodRuntimeConfig, validate_config
 from kvpilot.agent.runtimes.kubernetes.handover_configmap import handover_name
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.handover import HandoverJournal
-from kvpilot.agent.tuning.pod_tuner import PodTuner
-from kvpilot.tuner.rollout import Phase
+from kvpilot.agent.tuning.pod.tuner import PodTuner
+from kvpilot.tuner.rollout.canary import Phase
 from tests.agent.k8s.conftest import NAMESPACE
 from tests.agent.k8s.test_k8s_tuning import stable_args
 from tests.agent.k8s.test_pod_handover import handed_over_record
@@ -45,6 +46,7 @@ def pod_tuner(fake, state: Path, port: int, pod: str) -> tuple[PodTuner, Databas
                 "model_config": str(TINY),
                 "kubernetes": {
                     "namespace": NAMESPACE,
+                    "deployment": "vllm",
                     "api_url": fake.host,
                     "promote": "apply",
                     "handover": "configmap",
@@ -57,7 +59,7 @@ def pod_tuner(fake, state: Path, port: int, pod: str) -> tuple[PodTuner, Databas
     assert isinstance(config.runtime, PodRuntimeConfig)
     runtime = build_pod_runtime(config, config.runtime, {"POD_NAME": pod})
     db = Database.open(state)
-    return PodTuner(config, runtime, db), db
+    return parts.pod_tuner(config.runtime, config.tuning, runtime, db), db
 
 
 def hand_over_from_pod_a(fake, standin, tmp_path) -> list[str]:
@@ -107,6 +109,6 @@ def test_a_refused_handover_is_logged_not_raised(fake, standin, tmp_path, caplog
 
     assert MAP not in fake.config_maps
     assert any(
-        "could not be handed over" in r.message and "'kvpilot-tuning' grants it" in r.message
+        "could not be handed over" in r.message and "'kvpilot' grants it" in r.message
         for r in caplog.records
     )

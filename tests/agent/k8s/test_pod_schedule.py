@@ -7,14 +7,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from kvpilot.agent.app.parts import build_pod_runtime
+from kvpilot.agent.app.parts import build_pod_runtime, pod_tuner, scheduled_tuning_of
 from kvpilot.agent.config import PodRuntimeConfig, validate_config
+from kvpilot.agent.runtimes.device_memory import server_device_memory_bytes
 from kvpilot.agent.runtimes.kubernetes.lease import DeploymentLease, lease_name
 from kvpilot.agent.runtimes.kubernetes.traffic import GatewayWeights
 from kvpilot.agent.state import StateStore
-from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
-from kvpilot.agent.tuning.pod_tuner import PodTuner
-from kvpilot.agent.tuning.schedule import pod_scheduled_tuning
+from kvpilot.agent.tick.after import CompletedRuns
+from kvpilot.agent.tuning.pod.live_observer import LiveTrafficObserver
 from kvpilot.agent.tuning.study import make_observer
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment
 from tests.agent.remediation.remediation_helpers import Harness, remediation_config
@@ -30,7 +30,7 @@ def scheduled(fake, tmp_path: Path, port: int):
                 "kind": "pod",
                 "port": port,
                 "model_config": str(TINY),
-                "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host},
+                "kubernetes": {"namespace": NAMESPACE, "deployment": "vllm", "api_url": fake.host},
             },
             "tuning": {
                 "schedule": "0 3 * * *",
@@ -44,7 +44,17 @@ def scheduled(fake, tmp_path: Path, port: int):
     runtime = build_pod_runtime(config, config.runtime, {"POD_NAME": "pod-a"})
     store = StateStore.open(config.state_dir)
     remediator = Harness(remediation_config(dry_run=True)).remediator
-    return pod_scheduled_tuning(config, runtime, remediator, store), store
+    tuning = scheduled_tuning_of(
+        config,
+        None,
+        (runtime, remediator, store),
+        api_key=None,
+        vllm_version=lambda: None,
+        workload=lambda: None,
+        completed_runs=CompletedRuns(),
+    )
+    assert tuning is not None
+    return tuning, store
 
 
 def test_a_firing_plans_from_the_deployments_flags_under_its_lease(fake, tmp_path) -> None:
@@ -96,7 +106,7 @@ def test_a_pod_tuner_on_live_traffic_splits_it_through_the_configured_route(fake
                 "kind": "pod",
                 "port": 8000,
                 "model_config": str(TINY),
-                "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host},
+                "kubernetes": {"namespace": NAMESPACE, "deployment": "vllm", "api_url": fake.host},
             },
             "tuning": {
                 "trials": 1,
@@ -117,20 +127,24 @@ def test_a_pod_tuner_on_live_traffic_splits_it_through_the_configured_route(fake
     assert isinstance(config.runtime, PodRuntimeConfig)
     runtime = build_pod_runtime(config, config.runtime, {"POD_NAME": "pod-a"})
     store = StateStore.open(config.state_dir)
-    tuner = PodTuner(config, runtime, store.db)
+    tuner = pod_tuner(config.runtime, config.tuning, runtime, store.db)
 
     asyncio.run(tuner.study())
 
     assert isinstance(tuner.traffic, GatewayWeights)
     assert tuner.adapter._traffic is tuner.traffic  # the canary's share comes back first
-    observer, _ = make_observer(asyncio.run(tuner.study()), traffic=tuner.traffic)
+    observer, _ = make_observer(
+        asyncio.run(tuner.study()),
+        device_memory=server_device_memory_bytes,
+        live=tuner.live_observer(),
+    )
     assert isinstance(observer, LiveTrafficObserver)
     store.close()
 
 
 def test_a_pod_replay_sends_the_learned_workload_live_traffic_does_not(fake, tmp_path) -> None:
     from kvpilot.agent.config.tuning import TuningConfig
-    from kvpilot.agent.tuning.workload.choice import choose_workload
+    from kvpilot.agent.tuning.workload.choice import WorkloadChoice, choose_workload
     from kvpilot.agent.tuning.workload.window import WorkloadWindow
     from tests.agent.tuning.workload_scrapes import served
 
@@ -142,16 +156,18 @@ def test_a_pod_replay_sends_the_learned_workload_live_traffic_does_not(fake, tmp
     learned = choose_workload(TuningConfig(), window.shape())
     assert learned.source == "learned"
     replay = _config(fake, tmp_path, "replay")
-    tuner = PodTuner(replay, build_pod_runtime(replay, replay.runtime, {"POD_NAME": "a"}), store.db)
+    offered: list[WorkloadChoice | None] = [None]  # what the window offers: nothing yet
+    runtime = build_pod_runtime(replay, replay.runtime, {"POD_NAME": "a"})
+    tuner = pod_tuner(replay.runtime, replay.tuning, runtime, store.db, workload=lambda: offered[0])
     configured = asyncio.run(tuner.study())
-    tuner.workload = lambda: learned
+    offered[0] = learned
     study = asyncio.run(tuner.study())
     assert study.choice == learned and study.workload == learned.workload
     assert study.fingerprint != configured.fingerprint  # the coarse shape is in it
 
     live = _config(fake, tmp_path, "gateway")
-    tuner = PodTuner(live, build_pod_runtime(live, live.runtime, {"POD_NAME": "a"}), store.db)
-    tuner.workload = lambda: learned
+    runtime = build_pod_runtime(live, live.runtime, {"POD_NAME": "a"})
+    tuner = pod_tuner(live.runtime, live.tuning, runtime, store.db, workload=lambda: learned)
     assert asyncio.run(tuner.study()).choice != learned  # live traffic is its own workload
     store.close()
 
@@ -173,7 +189,7 @@ def _config(fake, tmp_path: Path, traffic: str):  # type: ignore[no-untyped-def]
                 "kind": "pod",
                 "port": 8000,
                 "model_config": str(TINY),
-                "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host},
+                "kubernetes": {"namespace": NAMESPACE, "deployment": "vllm", "api_url": fake.host},
             },
             "tuning": {"trials": 1, "memory_knob": "kv_cache_memory_bytes", "canary": canary},
         },

@@ -16,7 +16,7 @@ from kvpilot.agent.config import validate_config
 from kvpilot.agent.state.trials import SqliteRolloutJournal
 from kvpilot.agent.tick.sidecar import Sidecar
 from kvpilot.rig.server import free_port
-from kvpilot.tuner.rollout import Phase
+from kvpilot.tuner.rollout.canary import Phase
 from tests.agent.k8s.conftest import NAMESPACE
 from tests.agent.k8s.test_k8s_tuning import stable_args
 from tests.agent.k8s.test_pod_handover import handed_over_record
@@ -45,7 +45,7 @@ def test_the_sidecar_resumes_a_handed_over_promotion_at_start_up(fake, standin, 
                 "kind": "pod",
                 "port": standin.port,
                 "model_config": str(TINY),
-                "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host},
+                "kubernetes": {"namespace": NAMESPACE, "deployment": "vllm", "api_url": fake.host},
             },
             "tuning": {"schedule": "0 3 * * *", "bake": False},
         },

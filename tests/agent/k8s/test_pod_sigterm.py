@@ -50,7 +50,7 @@ def test_sigterm_stops_the_agent_promptly_while_the_api_server_hangs(fake, tmp_p
             "runtime": {
                 "kind": "pod",
                 "port": 8000,
-                "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host},
+                "kubernetes": {"namespace": NAMESPACE, "deployment": "vllm", "api_url": fake.host},
             },
             "notifiers": [],
         },

@@ -26,7 +26,11 @@ def pod_yaml(fake, tmp_path: Path) -> Path:
                     "kind": "pod",
                     "port": 8000,
                     "model_config": str(TINY),
-                    "kubernetes": {"namespace": NAMESPACE, "api_url": fake.host},
+                    "kubernetes": {
+                        "namespace": NAMESPACE,
+                        "deployment": "vllm",
+                        "api_url": fake.host,
+                    },
                 },
                 "tuning": {"trials": 2, "memory_knob": "kv_cache_memory_bytes"},
             }

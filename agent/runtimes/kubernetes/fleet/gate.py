@@ -4,8 +4,8 @@
 `FleetRestarts`, tuning's when it restarts a replica): it checks the PodDisruptionBudget for
 a restart by signal, waits for one of the Deployment's restart slots (saying so once, as an
 Event and through `on_wait`, which pages), holds it renewed while the restart runs, gives it
-back, and writes an Event and the Deployment's memory for every decision. Waiting and
-renewal run on the injected monotonic clock; refusals are `RestartRefused`.
+back, and writes an Event and the Deployment's kept guards for every decision. Waiting and
+renewal run on the injected monotonic clock; refusals are `GateRefused`.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from kvpilot.agent.model import Instance
 from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.kubernetes.fleet import decision_events as ev
 from kvpilot.agent.runtimes.kubernetes.fleet.decision_events import DecisionEvents
-from kvpilot.agent.runtimes.kubernetes.fleet.memory import FleetMemory
-from kvpilot.agent.runtimes.kubernetes.fleet.pdb import DisruptionVerdict
+from kvpilot.agent.runtimes.kubernetes.fleet.kept_guards import KeptGuards
+from kvpilot.agent.runtimes.kubernetes.fleet.pdb import DisruptionVerdict, pod_disruption_verdict
 from kvpilot.agent.runtimes.kubernetes.fleet.slots import RestartSlots
 
 log = logging.getLogger(__name__)
 
 
-class RestartRefused(RuntimeFailure):
+class GateRefused(RuntimeFailure):
     """The Deployment's budget or its PodDisruptionBudget did not let this restart go."""
 
 
@@ -48,7 +48,7 @@ class FleetGate:
         *,
         slots: RestartSlots,
         events: DecisionEvents,
-        memory: FleetMemory,
+        kept: KeptGuards,
         disruption: Callable[[], DisruptionVerdict] | None = None,
         breaker_fact: Callable[[], dict[str, Any]] | None = None,
         on_wait: Callable[[str], None] | None = None,
@@ -58,13 +58,18 @@ class FleetGate:
     ) -> None:
         self.slots = slots
         self.events = events
-        self.memory = memory
+        self.kept = kept
         self._disruption = disruption
         self._breaker_fact = breaker_fact
         self._on_wait = on_wait
         self._timings = timings
         self._clock = clock
         self._wall_clock = wall_clock
+
+    def watch_breaker(self, fact: Callable[[], dict[str, Any]]) -> None:
+        """Keep `fact()` (the breaker's, as the remediator tells it) with every decision; the
+        remediator is built after the runtime whose restarts this gate guards."""
+        self._breaker_fact = fact
 
     async def _decide(self, reason: str, message: str) -> None:
         log.info("fleet: %s: %s", reason, message)
@@ -75,40 +80,46 @@ class FleetGate:
         decision = {"wall_s": self._wall_clock(), "pod": self.slots.identity, "reason": reason}
         try:
             await asyncio.to_thread(
-                self.memory.note,
+                self.kept.note,
                 self.slots.identity,
                 restart_wall_s=self._wall_clock() if restarted else None,
                 breaker=breaker,
                 decision={**decision, "message": message},
             )
         except RuntimeFailure as exc:  # the Events still tell it; the next write catches up
-            log.warning("fleet: the Deployment's memory is not written: %s", exc)
+            log.warning("fleet: the Deployment's kept guards are not written: %s", exc)
 
     async def _wait_for_turn(self, why: str, *, by_signal: bool) -> None:
         started_s, said = self._clock(), False
         while True:
-            verdict = None
-            if by_signal and self._disruption is not None:
-                verdict = await asyncio.to_thread(self._disruption)
-            if verdict is None or verdict.allowed:
-                answer = await asyncio.to_thread(self.slots.try_take, why)
-                if answer.granted:
-                    return
-                blocked = answer.reason
-            else:
-                blocked = verdict.reason
+            blocked = await self._try_once(why, by_signal=by_signal)
+            if blocked is None:
+                return
             waited_s = self._clock() - started_s
             if waited_s >= self._timings.max_wait_s:
                 message = f"refused after waiting {waited_s:.0f} s: {blocked}"
                 await self._decide(ev.RESTART_REFUSED, message)
                 await self._remember(ev.RESTART_REFUSED, message, restarted=False)
-                raise RestartRefused(message)
+                raise GateRefused(message)
             if not said:  # says so once, pages once; then goes quietly when its turn comes
                 said = True
                 await self._decide(ev.RESTART_WAITING, f"{why} waits: {blocked}")
                 if self._on_wait is not None:
                     self._on_wait(f"{why} waits its turn: {blocked}")
             await asyncio.sleep(self._timings.poll_s)
+
+    async def _try_once(self, why: str, *, by_signal: bool) -> str | None:
+        """Take a slot if the budget and the PDB allow it now; else why not. While the slots
+        are held a poll is one read of the Lease: the PDB is listed only when one is free."""
+        looked = await asyncio.to_thread(self.slots.look)
+        if not looked.granted:
+            return looked.reason
+        if by_signal and self._disruption is not None:
+            verdict = await asyncio.to_thread(self._disruption)
+            if not verdict.allowed:
+                return verdict.reason
+        taken = await asyncio.to_thread(self.slots.try_take, why)
+        return None if taken.granted else taken.reason
 
     @contextlib.asynccontextmanager
     async def turn(self, why: str, *, by_signal: bool = True) -> AsyncIterator[None]:
@@ -117,10 +128,10 @@ class FleetGate:
         try:
             await self._wait_for_turn(why, by_signal=by_signal)
         except RuntimeFailure as exc:
-            if not isinstance(exc, RestartRefused):
+            if not isinstance(exc, GateRefused):
                 message = f"refused: the restart budget cannot be read or taken: {exc}"
                 await self._decide(ev.RESTART_REFUSED, message)
-                raise RestartRefused(message) from exc
+                raise GateRefused(message) from exc
             raise
         renewer = asyncio.create_task(self._renew(), name=f"renew {self.slots.name}")
         try:
@@ -151,6 +162,21 @@ class FleetGate:
             self.slots.give_back()
         except RuntimeFailure as exc:
             log.warning("fleet: the restart slot lapses by its duration: %s", exc)
+
+
+def pod_gate(
+    api_client: Any, *, namespace: str, deployment: str, pod: str, slots: int = 1
+) -> FleetGate:
+    """The gate of `pod`, a replica of `deployment`: its Lease slots, its PDBs, its Events and
+    its kept guards, all through one API client."""
+    return FleetGate(
+        slots=RestartSlots(
+            api_client, namespace=namespace, deployment=deployment, identity=pod, slots=slots
+        ),
+        events=DecisionEvents(api_client, namespace=namespace, deployment=deployment, pod=pod),
+        kept=KeptGuards(api_client, namespace=namespace, deployment=deployment),
+        disruption=lambda: pod_disruption_verdict(api_client, namespace, pod),
+    )
 
 
 class FleetRestarts:

@@ -51,3 +51,27 @@ def owning_deployment(api_client: Any, namespace: str, pod: str) -> str:
             "set kubernetes.deployment"
         )
     return deployment
+
+
+def replica_names(api_client: Any, namespace: str, deployment: str) -> list[str]:
+    """The pods its Deployment's selector picks now (matchLabels: what a Deployment's
+    selector holds in practice), the replicas alive to keep their own guards."""
+    k8s = client_module()
+    found = call(
+        k8s.AppsV1Api(api_client).read_namespaced_deployment,
+        deployment,
+        namespace,
+        verb="get",
+        resource="deployments.apps",
+        what=f"Deployment {namespace}/{deployment}",
+    )
+    wanted = (found.spec.selector.match_labels or {}) if found.spec.selector else {}
+    listed = call(
+        k8s.CoreV1Api(api_client).list_namespaced_pod,
+        namespace,
+        label_selector=",".join(f"{k}={v}" for k, v in sorted(wanted.items())),
+        verb="list",
+        resource="pods",
+        what=f"the pods of Deployment {namespace}/{deployment}",
+    )
+    return [str(pod.metadata.name) for pod in listed.items]

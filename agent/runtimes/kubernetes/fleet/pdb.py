@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvpilot.agent.runtimes.kubernetes.api import call, client_module
+from kvpilot.agent.runtimes.kubernetes.api import NotFound, call, client_module
 
 RESOURCE = "poddisruptionbudgets.policy"
 
@@ -48,13 +48,16 @@ def disruption_verdict(
     api_client: Any, namespace: str, pod_labels: Mapping[str, str]
 ) -> DisruptionVerdict:
     """Whether every PDB that selects the pod allows one more disruption now."""
-    listed = call(
-        client_module().PolicyV1Api(api_client).list_namespaced_pod_disruption_budget,
-        namespace,
-        verb="list",
-        resource=RESOURCE,
-        what=f"PodDisruptionBudgets in {namespace}",
-    )
+    try:
+        listed = call(
+            client_module().PolicyV1Api(api_client).list_namespaced_pod_disruption_budget,
+            namespace,
+            verb="list",
+            resource=RESOURCE,
+            what=f"PodDisruptionBudgets in {namespace}",
+        )
+    except NotFound:  # an API server without policy/v1: nothing there can forbid it
+        return DisruptionVerdict(True, "this API server serves no PodDisruptionBudgets")
     chosen = [
         p
         for p in (api_client.sanitize_for_serialization(item) for item in listed.items)
@@ -71,3 +74,17 @@ def disruption_verdict(
             )
     names = ", ".join(p["metadata"]["name"] for p in chosen)
     return DisruptionVerdict(True, f"PodDisruptionBudget {names} allows a disruption")
+
+
+def pod_disruption_verdict(api_client: Any, namespace: str, pod: str) -> DisruptionVerdict:
+    """`disruption_verdict` for the pod by name: its labels read now (a rollout may have
+    changed them since start-up)."""
+    found = call(
+        client_module().CoreV1Api(api_client).read_namespaced_pod,
+        pod,
+        namespace,
+        verb="get",
+        resource="pods",
+        what=f"Pod {namespace}/{pod}",
+    )
+    return disruption_verdict(api_client, namespace, found.metadata.labels or {})

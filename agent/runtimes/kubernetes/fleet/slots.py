@@ -138,18 +138,30 @@ class RestartSlots:
             what=self._what(),
         )
 
+    def look(self) -> SlotAnswer:
+        """Whether a slot is free now (or ours), without taking it: one read, what a waiting
+        replica asks at each poll before it asks anything dearer."""
+        live = self._live(self._read())
+        others = tuple(sorted(h for h in live if h != self.identity))
+        if self.identity not in live and len(live) >= self.slots:
+            return SlotAnswer(False, others, self._held(live, others))
+        return SlotAnswer(
+            True, others, f"a restart slot is free ({len(live)} of {self.slots} held)"
+        )
+
+    def _held(self, live: dict[str, dict[str, Any]], others: tuple[str, ...]) -> str:
+        return (
+            f"{len(live)} of {self.slots} restart slots of this Deployment are held "
+            f"(by {', '.join(others)}): waiting for a turn"
+        )
+
     def try_take(self, why: str) -> SlotAnswer:
         """Take a free slot (or keep ours); when none is free, who holds them."""
         lease = self._read()
         live = self._live(lease)
         others = tuple(sorted(h for h in live if h != self.identity))
         if self.identity not in live and len(live) >= self.slots:
-            return SlotAnswer(
-                False,
-                others,
-                f"{len(live)} of {self.slots} restart slots of this Deployment are held "
-                f"(by {', '.join(others)}): waiting for a turn",
-            )
+            return SlotAnswer(False, others, self._held(live, others))
         now = self._wall_clock()
         claim = live.get(self.identity) or {"since_wall_s": now, "why": why[:200]}
         live[self.identity] = {**claim, "renewed_wall_s": now}

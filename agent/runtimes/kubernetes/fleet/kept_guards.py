@@ -1,5 +1,5 @@
 """What must outlive a pod, kept per Deployment: each pod's restarts and breaker, and the
-last decisions, in the ConfigMap `<deployment>-kvpilot-memory`.
+last decisions, in the ConfigMap `<deployment>-kvpilot-guards`.
 
 A pod's SQLite lives on an emptyDir and goes with the pod; a replica that replaces it (an
 eviction, a node drain, a rolling update) adopts the record of one pod that is gone, so the
@@ -19,8 +19,8 @@ from typing import Any
 from kvpilot.agent.runtimes.kubernetes.api import Conflict, NotFound, call, client_module
 
 RESOURCE = "configmaps"
-SUFFIX = "-kvpilot-memory"
-KEY = "memory.json"
+SUFFIX = "-kvpilot-guards"
+KEY = "guards.json"
 MAX_PODS, MAX_RESTARTS, MAX_DECISIONS, MAX_TEXT = 64, 20, 20, 200
 TRIES = 5
 
@@ -33,18 +33,18 @@ class PodRecord:
     breaker: dict[str, Any] = field(default_factory=dict)
 
 
-def memory_name(deployment: str) -> str:
+def kept_guards_name(deployment: str) -> str:
     return f"{deployment}{SUFFIX}"
 
 
-class FleetMemory:
-    """Read, adopt and write the Deployment's memory ConfigMap."""
+class KeptGuards:
+    """Read, adopt and write the ConfigMap of the guards a Deployment keeps."""
 
     def __init__(self, api_client: Any, *, namespace: str, deployment: str) -> None:
         self._core = client_module().CoreV1Api(api_client)
         self.namespace = namespace
         self.deployment = deployment
-        self.name = memory_name(deployment)
+        self.name = kept_guards_name(deployment)
 
     def _what(self) -> str:
         return f"ConfigMap {self.namespace}/{self.name}"
@@ -138,7 +138,8 @@ class FleetMemory:
             pods[pod] = {**pods.pop(latest), "adopted_from": latest}
             return _record(pods[pod]), True
 
-        return self._change(edit)
+        adopted: PodRecord = self._change(edit)
+        return adopted
 
     def note(
         self,
@@ -148,7 +149,7 @@ class FleetMemory:
         breaker: dict[str, Any] | None,
         decision: dict[str, Any] | None,
     ) -> None:
-        """Add a restart, the breaker's facts and a decision to the Deployment's memory."""
+        """Add a restart, the breaker's facts and a decision to the guards the Deployment keeps."""
 
         def edit(doc: dict[str, Any]) -> tuple[None, bool]:
             mine = doc["pods"].setdefault(pod, {})
