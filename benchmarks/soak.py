@@ -815,7 +815,7 @@ def _log_entries(text: str) -> Iterable[dict[str, object]]:
 
 
 def tick_starts(log_text: str) -> list[float]:
-    """The monotonic time of each tick start the agent logged (`loop_watch`'s debug line)."""
+    """The monotonic time of each tick start the agent logged (`loop_watch`'s line)."""
     return [
         float(str(e["monotonic_s"]))
         for e in _log_entries(log_text)

@@ -24,7 +24,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from starlette.applications import Starlette
 
 from kvpilot.agent.app.listener_limits import listener_config
-from kvpilot.agent.app.loop_watch import watch_loop_if_asked
+from kvpilot.agent.app.loop_watch import log_tick_start, watch_loop_if_asked
 from kvpilot.agent.app.tick_loop import TickLoop
 from kvpilot.agent.config.agent import DEFAULT_PORT
 from kvpilot.agent.tick.overruns import TickOverruns
@@ -123,13 +123,15 @@ async def serve_and_tick(
     stop = stop or asyncio.Event()
     own_signals(stop)
     loop = asyncio.get_running_loop()
-    watch_loop_if_asked(loop)  # off unless the environment asks (soaks)
+    watching = watch_loop_if_asked(loop)  # off unless the environment asks (soaks)
     reloads = _Reloads(reload)
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGHUP, reloads.on_sighup)
     listeners = [(app, sock), *([control] if control else [])]
     servers = [_Server(listener_config(each)) for each, _ in listeners]
-    ticks = TickLoop(tick, settings.interval_s, overruns)
+    ticks = TickLoop(
+        tick, settings.interval_s, overruns, on_start=log_tick_start if watching else None
+    )
     scheduler = AsyncIOScheduler(event_loop=loop)
     if add_jobs is not None:
         add_jobs(scheduler)

@@ -2,7 +2,7 @@
 
 `KVPILOT_WATCH_LOOP=1` turns on asyncio's debug mode with its slow-callback warning at
 100 ms (asyncio logs "Executing <callback> took N seconds": one scrape, decode or parse that
-held every other server's tick), and a debug line at each tick start carrying the monotonic
+held every other server's tick), and a line at each tick start carrying the monotonic
 time, so that the gaps between ticks can be read from the log across a wall-clock step.
 asyncio's measure is wall time: on a shared machine a callback that the kernel set aside
 looks slow without holding the loop, so each callback's CPU time in the loop's thread is
@@ -18,8 +18,6 @@ import logging
 import os
 import time
 
-from kvpilot.agent.app import tick_loop
-
 WATCH_LOOP_ENV = "KVPILOT_WATCH_LOOP"
 SLOW_CALLBACK_S = 0.1
 SLOW_COLLECTION_S = 0.05
@@ -33,7 +31,6 @@ def watch_loop_if_asked(loop: asyncio.AbstractEventLoop) -> bool:
         return False
     loop.set_debug(True)
     loop.slow_callback_duration = SLOW_CALLBACK_S
-    logging.getLogger(tick_loop.__name__).setLevel(logging.DEBUG)
     _time_callbacks()
     gc.callbacks.append(_time_collections)
     log.warning(
@@ -43,6 +40,12 @@ def watch_loop_if_asked(loop: asyncio.AbstractEventLoop) -> bool:
         SLOW_CALLBACK_S * 1e3,
     )
     return True
+
+
+def log_tick_start(monotonic_s: float) -> None:
+    """A line at each tick start carrying the monotonic time (given to the tick loop while
+    the watch is on): the gaps between ticks read from the log across a wall-clock step."""
+    log.warning("tick started", extra={"monotonic_s": monotonic_s})
 
 
 def _time_callbacks() -> None:

@@ -30,12 +30,14 @@ class TickLoop:
         tick: Callable[[], Awaitable[None]],
         interval_s: float,
         overruns: TickOverruns | None = None,
+        on_start: Callable[[float], None] | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
         self._tick = tick
         self._interval_s = interval_s
         self._overruns = overruns
+        self._on_start = on_start
         self._running: asyncio.Task[None] | None = None
 
     @property
@@ -61,8 +63,8 @@ class TickLoop:
 
     async def _one_tick(self) -> None:
         started_s = time.monotonic()
-        # Read by soaks (`loop_watch`): the gaps between starts on the monotonic clock.
-        log.debug("tick started", extra={"monotonic_s": started_s})
+        if self._on_start is not None:  # the loop watch: gaps between starts, for soaks
+            self._on_start(started_s)
         try:
             await self._tick()
         except Exception:

@@ -54,7 +54,7 @@ TokenFile = Annotated[
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="JSON instead of tables.")]
 Timeout = Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to wait.")]
-Instance = Annotated[
+InstanceOption = Annotated[
     str | None, typer.Option("--instance", help="The server's name (the `instance` label).")
 ]
 Incident = Annotated[str | None, typer.Option("--incident", help="An incident's id.")]
@@ -342,7 +342,7 @@ def _register_veto(app: typer.Typer) -> None:
     @veto_app.command("add")
     def add(
         reason: Annotated[str, typer.Option("--reason", help="Why (kept in the audit).")],
-        instance: Instance = None,
+        instance: InstanceOption = None,
         incident: Incident = None,
         duration: Annotated[
             str | None,
@@ -369,7 +369,7 @@ def _register_veto(app: typer.Typer) -> None:
 
     @veto_app.command("lift")
     def lift(
-        instance: Instance = None,
+        instance: InstanceOption = None,
         incident: Incident = None,
         url: Url = DEFAULT_AGENT_URL,
         token_file: TokenFile = None,

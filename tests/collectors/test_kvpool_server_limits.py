@@ -105,23 +105,32 @@ def test_idle_connections_are_capped_and_a_scrape_still_gets_in(server: RunningS
             sock.close()
 
 
-def test_an_endless_header_is_cut_off(server: RunningServer) -> None:
+def test_an_endless_header_is_cut_off() -> None:
+    """A head past the cap is closed on its size, not on its deadline: the deadline here is
+    far away. (How many bytes the client gets to send first is the kernel's socket buffers'
+    business, which autotuning grows on a busy machine: the test sends a fixed 64 KiB.)"""
+    collector = KvPoolCollector(
+        engines=list, allocators=list, errors=PartErrors(), clock=time.monotonic
+    )
+    server = serve(collector, "127.0.0.1", 0, ConnectionLimits(head_deadline_s=60.0))
     sock = connect(server, b"GET /metrics HTTP/1.1\r\n")
     line = b"X-Endless: " + b"a" * 1000 + b"\r\n"
-    sent = 0
     try:
-        while sent < 1024 * 1024:
-            try:
+        with contextlib.suppress(OSError):  # reset or broken pipe: closed already
+            for _ in range(64):
                 sock.sendall(line)
-            except OSError:  # reset or broken pipe: the server closed it
-                break
-            sent += len(line)
-        else:
-            pytest.fail("a megabyte of header was taken without the connection being closed")
+        sock.settimeout(10.0)
+        try:
+            closed = sock.recv(1) == b""
+        except ConnectionResetError:
+            closed = True
+        except TimeoutError:
+            closed = False
+        assert closed, "a head past the cap was kept open"
+        assert scrape(server).status_code == 200
     finally:
         sock.close()
-    assert sent <= LIMITS.max_head_bytes + 64 * 1024  # cut off near the cap (socket buffers)
-    assert scrape(server).status_code == 200
+        server.close()
 
 
 def test_a_client_that_never_reads_its_answer_holds_no_worker(server: RunningServer) -> None:

@@ -28,9 +28,11 @@ block_pool = pytest.importorskip("vllm.v1.core.block_pool")
 def parallel(*, tp: int, dp_local: int = 0, nodes: int = 1) -> SimpleNamespace:
     """The fields of vLLM's ParallelConfig that place a worker."""
     return SimpleNamespace(
-        world_size=tp, nnodes_within_dp=nodes, data_parallel_rank=dp_local,
+        world_size=tp,
+        nnodes_within_dp=nodes,
+        data_parallel_rank=dp_local,
         data_parallel_rank_local=dp_local,
-    )  # fmt: skip
+    )
 
 
 def test_each_worker_serves_on_the_port_its_engine_publishes() -> None:

@@ -140,7 +140,7 @@ def _ledger() -> LedgerSample:
 def _gpu() -> GpuSample:
     processes = (
         GpuProcess(SERVER_PID, SERVER_PID, 24 * GIB, is_server=True),
-        GpuProcess(NEIGHBOUR_PID, None, 6 * GIB, is_server=False),
+        GpuProcess(NEIGHBOUR_PID, NEIGHBOUR_PID, 6 * GIB, is_server=False),
     )
     return GpuSample(
         index=0,

@@ -130,9 +130,16 @@ def test_an_unknown_breaker_is_the_agents_own_404(agent: ServedAgent, token_file
 
 def test_a_queued_remediation_is_listed(agent: ServedAgent, token_file: Path) -> None:
     queued = kvpilot(
-        "remediations", "queue", "vllm", "--reason", "by hand",
-        "--url", agent.url, "--token-file", str(token_file),
-    )  # fmt: skip
+        "remediations",
+        "queue",
+        "vllm",
+        "--reason",
+        "by hand",
+        "--url",
+        agent.url,
+        "--token-file",
+        str(token_file),
+    )
     assert queued.exit_code == 0, queued.output
     listed = _json(kvpilot("remediations", "list", "--url", agent.url, "--json"))
     assert set(listed) == {"active", "recent"}

@@ -344,7 +344,7 @@ def test_config_check_ok_summarises_with_secrets_masked(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert result.output.startswith("OK: ")
     assert "runtime: local, 1 instance(s)" in result.output
-    assert "webhook -> https://recv.example/hook?***" in result.output
+    assert "webhook -> https://***@recv.example/hook?key=***" in result.output
     assert "slack -> https://hooks.slack.com/***" in result.output
     assert "preemption_spike (ladder)" in result.output
     assert not [name for name, value in SECRETS.items() if value in result.output]
