@@ -20,6 +20,7 @@ from kvpilot.agent.readings.snapshot import SOURCES
 from kvpilot.agent.runtimes.kubernetes.unattended import UNATTENDED
 from kvpilot.agent.tick.ticker import TickState
 from kvpilot.agent.tick.views import ServerView, SidecarCounters
+from kvpilot.collectors.dcgm import DcgmSnapshot
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import GpuProcess, GpuSample, NvmlSnapshot
 from kvpilot.collectors.kvpool.client import KvPoolScrape
@@ -104,6 +105,8 @@ class AgentCollector(Collector):
 
 def _gpus(out: _Families, servers: Sequence[ServerView]) -> None:
     snapshot = servers[0].state.latest if servers else None
+    if snapshot is not None and isinstance(snapshot.dcgm, DcgmSnapshot):
+        _dcgm(out, snapshot.dcgm)
     if snapshot is None or not isinstance(snapshot.nvml, NvmlSnapshot):
         return
     owners = {pid: view.server for view in servers for pid in view.pids}
@@ -208,6 +211,18 @@ def _kvpool(out: _Families, server: tuple[str, str], scrape: KvPoolScrape) -> No
         )
         for figure, amount in figures:
             out.add("kvpilot_memory_figure_bytes", (*key, figure), amount)
+
+
+def _dcgm(out: _Families, dcgm: DcgmSnapshot) -> None:
+    for gpu in dcgm.gpus:
+        key = (gpu.gpu, gpu.uuid, gpu.mig_instance, "dcgm_exporter")
+        for state, value in (
+            ("total", gpu.total_bytes),
+            ("used", gpu.used_bytes),
+            ("free", gpu.free_bytes),
+            ("reserved", gpu.reserved_bytes),
+        ):
+            out.add("kvpilot_gpu_device_memory_bytes", (*key, state), value)
 
 
 def process_owner(process: GpuProcess) -> str:

@@ -4,7 +4,11 @@ A memory domain is a GPU, or each MIG instance of a GPU that has them. The serve
 processes in a domain are those NVML marks as the server's (and, when the instance lists its
 PIDs, among them); every other process is a neighbour. Weights and the KV pool are allocated
 at start-up and stay, so growth of the server's total after that is growth beyond them.
-Without NVML on this machine (`unavailable`) the rules have nothing to evaluate.
+Where NVML sees nothing of the server (not visible in the pod, or its PIDs unmappable), the
+rules read dcgm-exporter's memory of the pod's GPUs through Prometheus when it is set up: the
+device's memory, not the server's process's, so the growth rule watches the device and the
+pressure rule, which must tell the server from its neighbours, says unknown. With neither,
+both say unknown with the reason, never nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from kvpilot.agent.model import Action, Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext, fmt_bytes, source_error_text
 from kvpilot.agent.rules.config import GpuMemoryGrowthConfig, GpuNeighbourPressureConfig
+from kvpilot.collectors.dcgm import DcgmGpu, DcgmSnapshot
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import GpuProcess, NvmlSnapshot
 from kvpilot.collectors.vllm_metrics import VllmScrape
@@ -77,6 +82,12 @@ UNMAPPED_PIDS_REASON = (
 )
 
 
+NO_DCGM = (
+    "and no dcgm-exporter is read for the device's memory (set gpu.dcgm_prometheus_url to a "
+    "Prometheus that scrapes it)"
+)
+
+
 def _unmapped(snapshot: NvmlSnapshot) -> bool:
     """Whether some GPU process NVML lists is not visible in this PID namespace."""
     return any(
@@ -125,23 +136,44 @@ class _NvmlRule:
         nvml = ctx.snapshot.nvml
         if isinstance(nvml, SourceError):
             if nvml.kind == "unavailable":
-                return []
+                return self._from_dcgm(ctx, f"NVML is not visible here ({nvml.message})")
             return self._maker.unknown_all(ctx, source_error_text(nvml))
         out = []
         for domain in domains(nvml):
             if domain.processes is None:
                 if self._maker.was_seen(ctx, {"gpu": domain.gpu}):
-                    out.append(self._unknown(ctx, domain, "NVML could not list the processes"))
+                    out.append(self._unknown(ctx, domain.gpu, "NVML could not list the processes"))
                 continue
             mine, others = split_processes(domain.processes, ctx.instance.pids)
             if mine:
                 out.append(self._domain(ctx, domain, mine, others, nvml.taken_at_s))
         if not out and _unmapped(nvml):
             # In a container that sees the GPU but not the host's PID namespace, the server's
-            # processes are among those NVML lists: unknown, never silently healthy.
-            return self._maker.unknown_all(ctx, UNMAPPED_PIDS_REASON)
+            # processes are among those NVML lists: dcgm's device memory, else unknown.
+            return self._from_dcgm(ctx, UNMAPPED_PIDS_REASON)
         self._maker.forget_except(ctx, out)
         return out
+
+    def _from_dcgm(self, ctx: RuleContext, why_not_nvml: str) -> list[Condition]:
+        """The pod's GPUs as dcgm-exporter reports them; unknown with the reason if it cannot."""
+        dcgm = ctx.snapshot.dcgm
+        if dcgm is None:
+            return self._maker.unknown_all(ctx, f"{why_not_nvml}, {NO_DCGM}")
+        if isinstance(dcgm, SourceError):
+            reason = f"{why_not_nvml}; dcgm-exporter through Prometheus: {source_error_text(dcgm)}"
+            return self._maker.unknown_all(ctx, reason)
+        if not dcgm.gpus:
+            reason = (
+                f"{why_not_nvml}; dcgm-exporter reports no GPU allocated to pod "
+                f"{dcgm.namespace}/{dcgm.pod} (is its Kubernetes pod mapping on?)"
+            )
+            return self._maker.unknown_all(ctx, reason)
+        out = [self._device(ctx, gpu, dcgm) for gpu in dcgm.gpus]
+        self._maker.forget_except(ctx, out)
+        return out
+
+    def _device(self, ctx: RuleContext, gpu: DcgmGpu, dcgm: DcgmSnapshot) -> Condition:
+        raise NotImplementedError
 
     def _domain(
         self,
@@ -153,11 +185,11 @@ class _NvmlRule:
     ) -> Condition:
         raise NotImplementedError
 
-    def _unknown(self, ctx: RuleContext, domain: Domain, reason: str) -> Condition:
-        summary = f"{self._maker.alertname} unknown on GPU {domain.gpu} of {ctx.instance.name}: "
+    def _unknown(self, ctx: RuleContext, gpu: str, reason: str) -> Condition:
+        summary = f"{self._maker.alertname} unknown on GPU {gpu} of {ctx.instance.name}: "
         return self._maker.condition(
             ctx,
-            {"gpu": domain.gpu},
+            {"gpu": gpu},
             active=None,
             value=None,
             summary=summary + reason,
@@ -195,15 +227,50 @@ class GpuMemoryGrowthRule(_NvmlRule):
         others: list[GpuProcess],
         taken_at_s: float,
     ) -> Condition:
-        cfg = self.config
         used = used_sum(mine)
         if used is None:
-            return self._unknown(ctx, domain, "NVML does not report per-process memory here")
+            return self._unknown(ctx, domain.gpu, "NVML does not report per-process memory here")
         pids = frozenset(p.host_pid for p in mine)
-        key = (ctx.instance.name, domain.gpu)
+        return self._slope(
+            ctx,
+            domain.gpu,
+            pids,
+            used,
+            taken_at_s,
+            what="server GPU memory",
+            now=f"now {fmt_bytes(used)} in {len(mine)} server processes",
+        )
+
+    def _device(self, ctx: RuleContext, gpu: DcgmGpu, dcgm: DcgmSnapshot) -> Condition:
+        if gpu.used_bytes is None:
+            return self._unknown(ctx, gpu.key, "dcgm-exporter gives no DCGM_FI_DEV_FB_USED here")
+        return self._slope(
+            ctx,
+            gpu.key,
+            frozenset({-1}),  # not the server's PIDs: a history of its own
+            gpu.used_bytes,
+            dcgm.taken_at_s,
+            what="GPU device memory (dcgm-exporter, the whole device, not the process)",
+            now=f"now {fmt_bytes(gpu.used_bytes)} used on pod {dcgm.namespace}/{dcgm.pod}'s GPU",
+        )
+
+    def _slope(
+        self,
+        ctx: RuleContext,
+        gpu: str,
+        identity: frozenset[int],
+        used: int,
+        taken_at_s: float,
+        *,
+        what: str,
+        now: str,
+    ) -> Condition:
+        """The slope of `used` over the window; a new `identity` (a new server) starts afresh."""
+        cfg = self.config
+        key = (ctx.instance.name, gpu)
         known = self._history.get(key)
-        if known is None or known[0] != pids:
-            known = self._history[key] = (pids, deque())  # a new server starts a new history
+        if known is None or known[0] != identity:
+            known = self._history[key] = (identity, deque())  # a new server starts a new history
         history = known[1]
         if not history or history[-1][0] < taken_at_s:
             history.append((taken_at_s, used))
@@ -213,7 +280,7 @@ class GpuMemoryGrowthRule(_NvmlRule):
         needed_s = cfg.window_s * cfg.min_coverage_ratio
         if covered_s < needed_s or len(history) < 2:
             reason = f"collecting history: {covered_s:g} s of the {needed_s:g} s needed"
-            return self._unknown(ctx, domain, reason)
+            return self._unknown(ctx, gpu, reason)
         points = [(t, float(v)) for t, v in history]
         slope = slope_per_s(points)
         growth = history[-1][1] - history[0][1]
@@ -221,18 +288,15 @@ class GpuMemoryGrowthRule(_NvmlRule):
         verdict = "growing" if active else "steady"
         limit = fmt_bytes(cfg.slope_threshold_bytes_per_s * 60)
         summary = (
-            f"server GPU memory {verdict} on GPU {domain.gpu} of {ctx.instance.name}: "
+            f"{what} {verdict} on GPU {gpu} of {ctx.instance.name}: "
             f"{fmt_bytes(slope * 60)}/min (threshold {limit}/min), "
             f"{fmt_bytes(growth)} over {covered_s:g} s "
             f"(threshold {fmt_bytes(cfg.min_growth_bytes)})"
         )
-        description = (
-            f"{summary}; now {fmt_bytes(used)} in {len(mine)} server processes. Fires after "
-            f"{cfg.for_s:g} s; action: {cfg.action}."
-        )
+        description = f"{summary}; {now}. Fires after {cfg.for_s:g} s; action: {cfg.action}."
         return self._maker.condition(
             ctx,
-            {"gpu": domain.gpu},
+            {"gpu": gpu},
             active=active,
             value=slope,
             summary=summary,
@@ -270,7 +334,7 @@ class GpuNeighbourPressureRule(_NvmlRule):
         cfg = self.config
         mine_bytes, others_bytes = used_sum(mine), used_sum(others)
         if domain.total_bytes is None:
-            return self._unknown(ctx, domain, "NVML did not report the GPU's total memory")
+            return self._unknown(ctx, domain.gpu, "NVML did not report the GPU's total memory")
         # What would be free once the server is gone: today's free plus what it holds; else
         # the total less the neighbours and the driver's reserve.
         if domain.free_bytes is not None and mine_bytes is not None:
@@ -278,7 +342,7 @@ class GpuNeighbourPressureRule(_NvmlRule):
         elif others_bytes is not None:
             left_bytes = domain.total_bytes - (domain.reserved_bytes or 0) - others_bytes
         else:
-            return self._unknown(ctx, domain, "NVML does not report per-process memory here")
+            return self._unknown(ctx, domain.gpu, "NVML does not report per-process memory here")
         utilization = _gpu_memory_utilization(ctx)
         if utilization is not None:
             need_bytes = math.ceil(domain.total_bytes * utilization)
@@ -287,7 +351,7 @@ class GpuNeighbourPressureRule(_NvmlRule):
             need_bytes, need_text = mine_bytes, "what the server holds now"
         else:
             reason = "neither gpu_memory_utilization nor the server's own usage is known"
-            return self._unknown(ctx, domain, reason)
+            return self._unknown(ctx, domain.gpu, reason)
         limit_bytes = need_bytes * (1 + cfg.margin_ratio)
         active = left_bytes < limit_bytes
         verdict = "short" if active else "enough"
@@ -309,6 +373,14 @@ class GpuNeighbourPressureRule(_NvmlRule):
             summary=summary,
             description=description,
         )
+
+    def _device(self, ctx: RuleContext, gpu: DcgmGpu, dcgm: DcgmSnapshot) -> Condition:
+        # Device memory cannot tell the server's share from a neighbour's on a shared GPU.
+        reason = (
+            "dcgm-exporter gives the device's memory, not each process's, so the server's "
+            "share cannot be told from its neighbours'"
+        )
+        return self._unknown(ctx, gpu.key, reason)
 
 
 def _gpu_memory_utilization(ctx: RuleContext) -> float | None:
