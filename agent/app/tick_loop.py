@@ -22,8 +22,9 @@ log = logging.getLogger(__name__)
 class TickLoop:
     """Starts `tick` every `interval_s` in a task of its own, one at a time.
 
-    A tick that overruns its interval is never run twice at once: the starts due meanwhile
-    are skipped (counted by `TickOverruns`), and the next one keeps the original cadence."""
+    A tick that overruns its interval is never run twice at once: the next tick starts as
+    soon as it ends, the other starts due meanwhile are skipped (the overrun is counted by
+    `TickOverruns`), and the cadence goes on from that start."""
 
     def __init__(
         self,
@@ -52,8 +53,17 @@ class TickLoop:
         loop = asyncio.get_running_loop()
         due_s = loop.time()
         while not stop.is_set():
-            if self.running is None:
-                self._running = loop.create_task(self._one_tick(), name="tick")
+            running = self.running
+            if running is not None:
+                # The tick overran its interval: the start it held back goes as soon as it
+                # ends (one kept, as Go's ticker keeps one tick for a slow reader), the others
+                # are skipped. Waiting for the next slot instead would leave a gap of two
+                # intervals after every overrun.
+                await _first_of(running, stop)
+                if stop.is_set():
+                    return
+                due_s = loop.time()
+            self._running = loop.create_task(self._one_tick(), name="tick")
             due_s = _next_due(due_s, self._interval_s, loop.time())
             try:
                 async with asyncio.timeout_at(due_s):
@@ -73,6 +83,16 @@ class TickLoop:
         finally:
             if self._overruns is not None:
                 self._overruns.record(time.monotonic() - started_s)
+
+
+async def _first_of(running: asyncio.Task[None], stop: asyncio.Event) -> None:
+    """Wait until the tick under way ends or `stop` is set; the tick itself is never
+    cancelled here (shutdown gives it its grace)."""
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
 
 
 def _next_due(due_s: float, interval_s: float, now_s: float) -> float:

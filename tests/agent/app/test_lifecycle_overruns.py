@@ -11,6 +11,7 @@ import pytest
 from starlette.applications import Starlette
 
 from kvpilot.agent.app.lifecycle import LoopSettings, serve_and_tick
+from kvpilot.agent.app.tick_loop import TickLoop
 from kvpilot.agent.tick.overruns import TickOverruns
 
 
@@ -47,3 +48,30 @@ def test_a_slow_tick_is_not_skipped_loudly_nor_run_twice(
     ]
     if overruns is not None:
         assert overruns.total >= 2
+
+
+def test_the_start_an_overrun_held_back_goes_as_soon_as_the_tick_ends() -> None:
+    """One slow tick (1.5 intervals) must not leave a gap of two intervals: the start it held
+    back follows it at once, and the cadence goes on from there."""
+    starts: list[float] = []
+    slow = 0.15
+    five = asyncio.Event()
+
+    async def tick() -> None:
+        starts.append(asyncio.get_running_loop().time())
+        if len(starts) == 2:
+            await asyncio.sleep(slow)
+        if len(starts) == 5:
+            five.set()
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        ticks = TickLoop(tick, interval_s=0.1)
+        running = asyncio.create_task(ticks.run(stop))
+        await five.wait()
+        stop.set()
+        await running
+
+    asyncio.run(asyncio.wait_for(main(), timeout=10.0))
+    after_slow = starts[2] - starts[1]
+    assert slow <= after_slow < slow + 0.04, after_slow  # not the next slot at 0.2 s
