@@ -36,9 +36,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,7 @@ from kvpilot.agent.tuning.observer import LoadObserver
 from kvpilot.rig.server import ServerSpec, VllmServer, free_port
 from kvpilot.tuner.judge.evidence import Counts, Samples, wilson_interval
 from kvpilot.tuner.judge.judgement import Classification, JudgeConfig, Judgement, judge
+from kvpilot.tuner.judge.sequential import Decision, Look, LookPlan, judge_look
 from kvpilot.tuner.judge.windows import MIN_WINDOWS, Window, judge_windows, pooled
 from kvpilot.tuner.load.generator import LengthDist, Workload
 from kvpilot.tuner.problem.objective import Slo
@@ -226,13 +228,14 @@ def analyse(pairs: Sequence[Pair], window_s: float, shift: float = SHIFT) -> boo
     if against:
         named = ", ".join(f"{k} {v}" for k, v in against.items())
         print(f"  metrics counted against the canary: {named}")
-    print("analyses of k consecutive windows (overlapping runs), judged two ways:")
+    print("analyses of k consecutive windows (disjoint runs), judged two ways:")
     print("  pooled: every request of the k windows as one sample (`judge`)")
     print("  windows: one summary per window, paired by window (`judge_windows`)")
     # (way, regression) -> k -> (share counted against, share passed)
     caught_at: dict[tuple[str, str], dict[int, tuple[float, float]]] = {}
     for k in analysis_lengths(n):
-        runs = [pairs[i : i + k] for i in range(n - k + 1)]
+        # Disjoint runs: overlapping ones share windows, and are not independent analyses.
+        runs = [pairs[i : i + k] for i in range(0, n - k + 1, k)]
         for way in ("pooled", "windows"):
             if way == "windows" and k < MIN_WINDOWS:
                 continue
@@ -255,6 +258,93 @@ def analyse(pairs: Sequence[Pair], window_s: float, shift: float = SHIFT) -> boo
     return met
 
 
+# The sequential judge: block-bootstrap runs of `LOOKS[-1]` windows, resampled in blocks of
+# consecutive windows (neighbouring windows share the machine's drift), and the disjoint runs
+# the recording holds.
+BLOCK = 8
+BOOTSTRAP_RUNS = 200
+
+
+def _bootstrap_run(pairs: Sequence[Pair], length: int, rng: random.Random) -> list[Pair]:
+    """`length` windows: blocks of `BLOCK` consecutive windows drawn with replacement."""
+    out: list[Pair] = []
+    while len(out) < length:
+        start = rng.randrange(0, len(pairs) - BLOCK + 1)
+        out.extend(pairs[start : start + BLOCK])
+    return out[:length]
+
+
+def _with_failures(samples: Mapping[str, Samples], share: float, rng: random.Random) -> dict:
+    out = dict(samples)
+    errors = out.get("errors_ratio", ())
+    if not isinstance(errors, Counts):
+        out["errors_ratio"] = tuple(1.0 if rng.random() < share else e for e in errors)
+    return out
+
+
+def _slow_tail(samples: Mapping[str, Samples], share: float, rng: random.Random) -> dict:
+    out = dict(samples)
+    ttft = out.get("ttft_s", ())
+    if not isinstance(ttft, Counts):
+        out["ttft_s"] = tuple(t * 10 if rng.random() < share else t for t in ttft)
+    return out
+
+
+Injection = Callable[[Mapping[str, Samples], random.Random], Mapping[str, Samples]]
+INJECTIONS: dict[str, Injection | None] = {
+    "A/A (equal)": None,
+    "every TTFT x1.1": lambda s, _r: _regressed(s, "ttft_s", 0.1),
+    "goodput -20 %": lambda s, _r: _regressed(s, "goodput_tokens_per_s", 0.2),
+    "10 % of requests at 10x TTFT": lambda s, r: _slow_tail(s, 0.1, r),
+    "1 % errors against 0 %": lambda s, r: _with_failures(s, 0.01, r),
+}
+
+
+def _sequential(run: Sequence[Pair], inject: Injection | None, rng: random.Random) -> Look:
+    windows = [Window(inject(p.canary, rng) if inject else p.canary, p.baseline) for p in run]
+    plan = LookPlan()
+    for at in plan.looks:
+        look = judge_look(windows[:at], plan, JudgeConfig(), SLO.judge_limits())
+        if look.decision is not Decision.CONTINUE:
+            return look
+    raise AssertionError("the last look decides")
+
+
+def _rate(k: int, n: int) -> str:
+    low, high = wilson_interval(k, n, 1.96) if n else (0.0, 1.0)
+    return f"{k}/{n} = {k / max(n, 1):.1%} (95 % interval {low:.1%}-{high:.1%})"
+
+
+def analyse_sequential(pairs: Sequence[Pair], runs: int = BOOTSTRAP_RUNS, seed: int = 0) -> None:
+    """The sequential judge (looks at 8/16/32/64 windows, Pocock's alpha spending) on
+    block-bootstrap runs and on the recording's disjoint runs, per injected change."""
+    length = LookPlan().looks[-1]
+    disjoint = [pairs[i : i + length] for i in range(0, len(pairs) - length + 1, length)]
+    print(
+        f"sequential judge, looks {LookPlan().looks}: {runs} block-bootstrap runs of {length} "
+        f"windows (blocks of {BLOCK}) and {len(disjoint)} disjoint runs of the recording"
+    )
+    print(
+        "  (the bootstrap interval is its Monte Carlo error; the recording's own uncertainty "
+        "is the disjoint runs' interval)"
+    )
+    for name, inject in INJECTIONS.items():
+        rng = random.Random(seed)
+        boot = [_sequential(_bootstrap_run(pairs, length, rng), inject, rng) for _ in range(runs)]
+        own = [_sequential(run, inject, rng) for run in disjoint]
+        for label, looks in (("bootstrap", boot), ("disjoint", own)):
+            worse = sum(lk.judgement.classification in WORSE for lk in looks)
+            passed = sum(lk.decision is Decision.PASS for lk in looks)
+            by_32 = sum(lk.decision is Decision.PASS and lk.windows <= 32 for lk in looks)
+            stops = sorted(lk.windows for lk in looks if lk.decision is Decision.FAIL)
+            median = stops[(len(stops) - 1) // 2] if stops else None
+            print(
+                f"  {name}, {label}: fail or marginal {_rate(worse, len(looks))}; "
+                f"passed {_rate(passed, len(looks))}; passed by 32 windows {by_32}; "
+                f"median FAIL stop {median} windows"
+            )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--pairs", type=int, default=60, help="A/A windows to measure")
@@ -264,6 +354,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--shift", type=float, default=SHIFT, help="the injected regression (0.1: 10 %% worse)"
     )
+    parser.add_argument(
+        "--sequential",
+        action="store_true",
+        help="analyse the sequential judge only (block bootstrap and disjoint runs)",
+    )
+    parser.add_argument("--runs", type=int, default=BOOTSTRAP_RUNS, help="bootstrap runs")
     args = parser.parse_args(argv)
     if not 0 < args.shift < 1:
         parser.error(f"--shift {args.shift:g}: a regression is a share between 0 and 1")
@@ -278,6 +374,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{path}: no recorded pairs")
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     window_s = sum(x.get("seconds", 0.0) for x in lines) / max(len(lines), 1)
+    if args.sequential:
+        analyse_sequential(load_pairs(path), args.runs)
+        return 0
     return 0 if analyse(load_pairs(path), window_s, args.shift) else 1
 
 

@@ -65,10 +65,21 @@ def candidate_argv(
 
 
 def best_goodput(store: TrialStore, fingerprint: str, slo: Slo) -> float | None:
-    """The best feasible goodput of the study so far."""
-    results: list[TrialResult] = [r for _, r in history(store, fingerprint)]
+    """The best feasible goodput of the study so far, among the trials the judge passed: a
+    trial it failed or could not decide is no best, however high its goodput read."""
+    results: list[TrialResult] = [
+        t.result
+        for t in store.trials(fingerprint)
+        if t.result is not None and t.judgement is not None and t.judgement.promote
+    ]
     index = best_index(results, slo)
     return None if index is None else results[index].goodput_tokens_per_s
+
+
+def deployed_result(store: TrialStore, fingerprint: str) -> TrialResult | None:
+    """The configuration the operator deployed, as the study's first measured trial saw its
+    stable side (before any promotion); None before the first trial."""
+    return next((t.baseline for t in store.trials(fingerprint) if t.baseline is not None), None)
 
 
 class TuningSession:
@@ -133,6 +144,9 @@ class TuningSession:
             if outcome.refused is not None:  # the next trial would meet the same guard
                 stopped = f"stopped: the safe-restart path refused a restart: {outcome.refused}"
                 break
+            if outcome.held:  # its canary waits for a person: no other trial beside it
+                stopped = f"stopped: trial {outcome.trial.number} is held for review"
+                break
         return SessionSummary(
             tuple(outcomes),
             told,
@@ -158,6 +172,7 @@ class TuningSession:
             self._settings,
             wall_clock=self._wall,
             on_phase=self._report,
+            deployed=deployed_result(self._store, self._fingerprint),
         )
         outcome = await rollout.run(trial, argv, self._strategy)
         self._report(outcome.trial, outcome.record.phase)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from kvpilot.agent.config import load_config
 from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
@@ -26,7 +27,12 @@ from kvpilot.agent.tuning.observer import LoadObserver
 from kvpilot.agent.tuning.promoted import PROMOTED_FACT, yaml_hash
 from kvpilot.collectors.procfs import list_processes
 from kvpilot.rig.server import free_port
-from kvpilot.tuner.judge.judgement import Classification
+from kvpilot.tuner.judge.judgement import (
+    DEFAULT_METRICS,
+    Classification,
+    JudgeConfig,
+    with_margins,
+)
 from kvpilot.tuner.load.generator import LengthDist, Workload
 from kvpilot.tuner.problem.objective import Slo, TrialOutcome, TrialResult
 from kvpilot.tuner.problem.space import Candidate, Knob, KnobKind, SearchSpace
@@ -63,6 +69,19 @@ TOO_SMALL_KV_BYTES = 16 * BLOCK_BYTES  # half of one request of max_model_len (3
 READY_TIMEOUT_S = 300.0
 SCRAPE_INTERVAL_S = 0.25  # a window of a few seconds gives the judge a dozen scrapes or more
 SLO = Slo(ttft_p95_s=TTFT_P95_S, inter_token_p95_s=INTER_TOKEN_P95_S)
+# The mechanics end to end, not the statistics (tests/tuner/judge holds those): one window a
+# side and a bake of one, with margins a window of 64 requests can show.
+RIG = RolloutSettings(
+    slo=SLO,
+    ready_timeout_s=READY_TIMEOUT_S,
+    windows=1,
+    bake_windows=1,
+    judge=JudgeConfig(
+        metrics=with_margins(DEFAULT_METRICS, errors_ratio=0.05, preemptions_per_request=0.1)
+    ),
+)
+# The CLI's runs: five windows a side, the error margin and memory saving a CPU rig can show.
+RIG_TUNING = {"windows": 5, "error_margin_ratio": 0.05, "min_memory_saving_bytes": 1 << 20}
 
 
 class ListSuggester:
@@ -114,6 +133,9 @@ def study(tmp_path: Path) -> Iterator[tuple[Path, str, int]]:
     path = agent_config(
         tmp_path, spec=spec, rules={}, notifiers=[], remediation={}, listen_port=free_port()
     )
+    data = yaml.safe_load(path.read_text())
+    data["tuning"] = {**data.get("tuning", {}), **RIG_TUNING}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     try:
         yield path, marker, spec.port
     finally:
@@ -331,7 +353,7 @@ def _session(
         runtime=adapter,
         observer=LoadObserver(WORKLOAD, model=marker, scrape_interval_s=SCRAPE_INTERVAL_S),
         fingerprint="e2e",
-        settings=RolloutSettings(slo=SLO, ready_timeout_s=READY_TIMEOUT_S),
+        settings=RIG,
         strategy=strategy,
         wall_clock=time.time,
         on_progress=on_progress,

@@ -166,3 +166,40 @@ def _z(alpha: float) -> float:
     from scipy.stats import norm
 
     return float(norm.ppf(1 - alpha))
+
+
+def dispersion(events: Sequence[float], exposures: Sequence[float], *, binomial: bool) -> float:
+    """How much more the windows' counts vary than independent requests would (Pearson's
+    chi-square over its degrees of freedom, at least 1): errors and preemptions cluster in
+    windows (one stall preempts many), so pooled counts are deflated by it before testing,
+    the quasi-likelihood way. One window, or no events, gives 1."""
+    pairs = [(x, n) for x, n in zip(events, exposures, strict=True) if n > 0]
+    total_x, total_n = sum(x for x, _ in pairs), sum(n for _, n in pairs)
+    if len(pairs) < 2 or total_x <= 0 or total_n <= 0:
+        return 1.0
+    rate = total_x / total_n
+    if binomial and rate >= 1:
+        return 1.0
+    spread = rate * (1 - rate) if binomial else rate
+    chi2 = sum((x - n * rate) ** 2 / (n * spread) for x, n in pairs)
+    return max(1.0, chi2 / (len(pairs) - 1))
+
+
+def deflated(counts: Counts, phi: float) -> Counts:
+    """The counts an over-dispersed sample is worth: events and exposure divided by `phi`."""
+    return Counts(counts.events / phi, counts.exposure / phi)
+
+
+def spent_alpha(fraction: float, alpha: float, spending: str) -> float:
+    """Lan-DeMets alpha spending: the share of the one-sided `alpha` spent by the information
+    `fraction` (0-1): "obrien-fleming" spends little early, "pocock" evenly."""
+    from scipy.stats import norm
+
+    t = min(1.0, max(0.0, fraction))
+    if t == 0:
+        return 0.0
+    if spending == "obrien-fleming":
+        return float(2 * (1 - norm.cdf(norm.ppf(1 - alpha / 2) / math.sqrt(t))))
+    if spending == "pocock":
+        return alpha * math.log(1 + (math.e - 1) * t)
+    raise ValueError(f"unknown alpha spending {spending!r}: obrien-fleming or pocock")

@@ -1,6 +1,6 @@
 """The canary judge: a canary passes only on evidence that it is not worse.
 
-Each metric is judged by its kind (`Kind`): latencies and goodput as samples (one per
+Each metric is judged by its kind (`MetricKind`): latencies and goodput as samples (one per
 request, or per interval where the window gives no requests) with Mann-Whitney U tests of
 a location shift; errors as a proportion of requests (Fisher's exact test, Newcombe's bound);
 preemptions as a rate of events over requests or seconds (the conditional binomial test of
@@ -19,9 +19,15 @@ two Poisson counts, a MOVER bound from Garwood's). Two questions per metric:
 
 What is neither shown not worse nor shown worse is INCONCLUSIVE: too little evidence, which
 never promotes. Missing data on a `required` metric (errors, goodput, preemptions) makes the
-whole judgement INCONCLUSIVE; a latency without data is left out and said. A critical metric
+whole judgement INCONCLUSIVE, and so does a NaN or an infinity in any counted metric's data
+(no data, never a pass); a latency without data is left out and said. A critical metric
 that counts against fails the whole; otherwise the score (the weighted share of judged
 metrics that do not count against the canary) tells MARGINAL from FAIL. Only PASS promotes.
+
+Over windows (`judge.windows`) latencies and goodput are judged per window (latencies by the
+window's p95) on log ratios, so margins are multiplicative; errors (margin: half a point)
+and preemptions per finished request are pooled counts deflated by their over-dispersion
+across windows.
 
 The judge counts only what users feel: latencies, preemptions, errors and goodput. KV usage
 is the memory knob's own consequence (a smaller budget fills more of itself at equal
@@ -36,9 +42,9 @@ from enum import StrEnum
 
 from kvpilot.tuner.judge import evidence
 from kvpilot.tuner.judge.evidence import Samples
-from kvpilot.tuner.judge.metric import MetricTest
+from kvpilot.tuner.judge.metric import NON_FINITE, MetricTest
 from kvpilot.tuner.judge.vocabulary import Direction as Direction
-from kvpilot.tuner.judge.vocabulary import Kind as Kind
+from kvpilot.tuner.judge.vocabulary import MetricKind as MetricKind
 from kvpilot.tuner.judge.vocabulary import MetricSpec as MetricSpec
 from kvpilot.tuner.judge.vocabulary import MetricVerdict as MetricVerdict
 from kvpilot.tuner.judge.vocabulary import Verdict as Verdict
@@ -52,6 +58,8 @@ class Classification(StrEnum):
 
 
 # What users feel, judged alike on replay and on live traffic: latencies, errors, goodput.
+# Over windows each latency is the window's p95 (its tail: a preemption stall slows a few
+# requests a lot, which a median never sees), compared as a ratio (x1.1 is the margin).
 _LATENCIES: tuple[MetricSpec, ...] = (
     MetricSpec(
         "ttft_s",
@@ -59,6 +67,7 @@ _LATENCIES: tuple[MetricSpec, ...] = (
         tolerance_ratio=0.1,
         tolerance_abs=0.005,
         slo_tolerance_ratio=0.1,
+        window_quantile=0.95,
     ),
     MetricSpec(
         "inter_token_s",
@@ -66,19 +75,22 @@ _LATENCIES: tuple[MetricSpec, ...] = (
         tolerance_ratio=0.1,
         tolerance_abs=0.001,
         slo_tolerance_ratio=0.1,
+        window_quantile=0.95,
     ),
     MetricSpec("e2e_s", Direction.INCREASE, tolerance_ratio=0.1, tolerance_abs=0.01),
 )
 _GOODPUT = MetricSpec(
     "goodput_tokens_per_s", Direction.DECREASE, tolerance_ratio=0.1, required=True
 )
-# Five percentage points: zero failures in about 55 requests a side shows it at alpha 0.05.
+# Half a percentage point: with zero failures on both sides, about 550 requests a side show
+# it at alpha 0.05 (Wilson's bound of 0 in n is 2.7/n); 1 % against 0 % never passes.
+ERROR_MARGIN = 0.005
 _ERRORS = MetricSpec(
     "errors_ratio",
     Direction.INCREASE,
-    tolerance_abs=0.05,
+    tolerance_abs=ERROR_MARGIN,
     critical=True,
-    kind=Kind.PROPORTION,
+    kind=MetricKind.PROPORTION,
     required=True,
 )
 # Information only: a smaller KV budget fills more of itself; that is the saving, not a harm.
@@ -86,21 +98,22 @@ KV_USAGE_INFO = MetricSpec(
     "kv_usage_ratio", Direction.INCREASE, tolerance_ratio=0.25, tolerance_abs=0.05, counted=False
 )
 
-# Replay: both sides get the whole workload, so per-second rates compare. A rate needs no
-# least exposure: its exact bound widens as the seconds shrink, so a short window with few
-# events stays inconclusive by itself, while a fast canary (one that drains the workload in
-# three seconds) is still judged.
+# Preemptions per finished request (a per-second rate rewards a canary that finishes
+# slower): a fifth of the baseline's, at least one per hundred requests; with none on both
+# sides about 300 requests a side show it.
+PREEMPTIONS_PER_REQUEST = MetricSpec(
+    "preemptions_per_request",
+    Direction.INCREASE,
+    tolerance_ratio=0.2,
+    tolerance_abs=0.01,
+    kind=MetricKind.RATE,
+    required=True,
+)
+
+# Replay: both sides get the whole workload.
 DEFAULT_METRICS: tuple[MetricSpec, ...] = (
     *_LATENCIES,
-    MetricSpec(
-        "preemptions_per_s",
-        Direction.INCREASE,
-        tolerance_ratio=0.2,
-        tolerance_abs=0.2,
-        kind=Kind.RATE,
-        required=True,
-        min_samples=0,
-    ),
+    PREEMPTIONS_PER_REQUEST,
     _GOODPUT,
     _ERRORS,
     KV_USAGE_INFO,
@@ -122,13 +135,28 @@ LIVE_METRICS: tuple[MetricSpec, ...] = (
         Direction.INCREASE,
         tolerance_ratio=0.2,
         tolerance_abs=0.1,
-        kind=Kind.RATE,
+        kind=MetricKind.RATE,
         required=True,
     ),
     replace(_GOODPUT, required=False, counted=False),
     _ERRORS,
     KV_USAGE_INFO,
 )
+
+
+def with_margins(metrics: Sequence[MetricSpec], **margins: float) -> tuple[MetricSpec, ...]:
+    """`metrics` with the named ones' absolute margins (`tolerance_abs`) changed: a rig of
+    few requests (a CPU test, the demo) cannot show half a point of errors and says how much
+    it can. An unknown name is an error, not a silent no-op."""
+    names = {m.name for m in metrics}
+    unknown = sorted(set(margins) - names)
+    if unknown:
+        raise ValueError(
+            f"no such metric: {', '.join(unknown)} (known: {', '.join(sorted(names))})"
+        )
+    return tuple(
+        replace(m, tolerance_abs=margins[m.name]) if m.name in margins else m for m in metrics
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +256,12 @@ def _classify(config: JudgeConfig, verdicts: tuple[MetricVerdict, ...]) -> Judge
         classification = Classification.MARGINAL if marginal else Classification.FAIL
         reason = f"score {score:.0%}; against: {', '.join(against)}{shown}"
         return Judgement(classification, score, verdicts, reason)
-    missing = [v.name for v in verdicts if v.verdict is Verdict.NODATA and specs[v.name].required]
+    missing = [
+        v.name
+        for v in verdicts
+        if v.verdict is Verdict.NODATA
+        and (specs[v.name].required or v.reason.startswith(NON_FINITE))
+    ]
     unsure = [v.name for v in judged if v.verdict is Verdict.INCONCLUSIVE]
     if total == 0 or missing or unsure:
         why = [f"no data on {', '.join(missing)}"] if missing else []

@@ -5,13 +5,18 @@ whose p-value the judge corrects with Holm's procedure over the counted metrics)
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvpilot.tuner.judge import evidence
 from kvpilot.tuner.judge.evidence import Counts, Samples
-from kvpilot.tuner.judge.vocabulary import Direction, Kind, MetricSpec, MetricVerdict, Verdict
+from kvpilot.tuner.judge.vocabulary import Direction, MetricKind, MetricSpec, MetricVerdict, Verdict
+
+# The start of the reason of a metric whose data held a NaN or an infinity: no data, and the
+# judge never passes a canary with it (`judgement._classify`).
+NON_FINITE = "non-finite samples"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +45,68 @@ class MetricTest:
         alpha: float,
         slo_limit: float | None,
     ) -> MetricTest:
-        if spec.kind is Kind.SHIFT:
+        if spec.kind is MetricKind.SHIFT:
             c, b = _values(spec, canary), _values(spec, baseline)
+            bad = non_finite(c) + non_finite(b)
+            if bad:
+                return cls.unusable(spec, alpha, f"{NON_FINITE} ({bad}): no data")
             return cls._samples(spec, c, b, alpha, slo_limit)
+        bad = sum(non_finite(s) for s in (canary, baseline) if not isinstance(s, Counts))
+        if bad:
+            return cls.unusable(spec, alpha, f"{NON_FINITE} ({bad}): no data")
         return cls._counts(spec, _counts(canary), _counts(baseline), alpha, slo_limit)
+
+    @classmethod
+    def unusable(cls, spec: MetricSpec, alpha: float, why: str) -> MetricTest:
+        """A metric whose data cannot be judged, with the reason."""
+        return cls(spec, alpha, None, None, 0, 0, missing=why)
+
+    @classmethod
+    def log_ratio(
+        cls,
+        spec: MetricSpec,
+        canary: Sequence[float],
+        baseline: Sequence[float],
+        alpha: float,
+        *,
+        paired: bool,
+    ) -> MetricTest:
+        """Per-window summaries (positive) compared on the log scale, so the margin is a
+        ratio: the canary is not worse when its level is within `tolerance_ratio` of the
+        baseline's (x1.1 for a latency, x0.9 for goodput). Paired windows by Wilcoxon's
+        signed-rank test of the log ratios, others by Mann-Whitney U of the logs. The shift
+        reported is the relative change (0.25: 25 % higher), the margin the ratio."""
+        n_c, n_b = len(canary), len(baseline)
+        base = cls(spec, alpha, _median(baseline), _median(canary), n_b, n_c)
+        if min(n_c, n_b) < spec.min_samples or (paired and n_c != n_b):
+            return _replace(base, missing=_too_few(spec, n_c, n_b))
+        if spec.direction is Direction.EITHER:  # both ways: the additive test on the summaries
+            if paired:
+                return cls.paired(spec, canary, baseline, alpha, None)
+            return cls._samples(spec, canary, baseline, alpha, None)
+        lc = [math.log(max(x, _FLOOR)) for x in canary]
+        lb = [math.log(max(x, _FLOOR)) for x in baseline]
+        sign = -1.0 if spec.direction is Direction.DECREASE else 1.0
+        ratio = spec.tolerance_ratio
+        bound = math.log(1 + ratio) if sign > 0 else -math.log(1 - ratio)
+        if paired:
+            diffs = [c - b for c, b in zip(lc, lb, strict=True)]
+            bad = [sign * d for d in diffs]
+            harm = evidence.signed_rank_p(bad, "greater")
+            noninferior = evidence.signed_rank_p([d - bound for d in bad], "less")
+            centre = statistics.median(diffs)
+        else:
+            bad_c, bad_b = [sign * x for x in lc], [sign * x for x in lb]
+            harm = evidence.shift_harm_p(bad_c, bad_b)
+            noninferior = evidence.shift_noninferior_p(bad_c, bad_b, bound)
+            centre = _hodges_lehmann(lc, lb)
+        return _replace(
+            base,
+            shift=math.exp(centre) - 1,
+            margin=ratio,
+            harm_p=harm,
+            noninferior_p=noninferior,
+        )
 
     @classmethod
     def _samples(
@@ -136,7 +199,7 @@ class MetricTest:
         if n_c < spec.min_samples or n_b < spec.min_samples:
             return _replace(base, missing=_too_few(spec, n_c, n_b))
         margin = _margin(spec, r_b, slo_limit)
-        if spec.kind is Kind.PROPORTION:
+        if spec.kind is MetricKind.PROPORTION:
             harm = evidence.proportion_harm_p(canary, baseline)
             upper = evidence.proportion_difference_upper(canary, baseline, alpha)
         else:
@@ -200,6 +263,16 @@ class MetricTest:
             noninferior_p=self.noninferior_p,
             upper_bound=self.upper_bound,
         )
+
+
+# Summaries are floored here before their logs: a window without goodput is a very large
+# loss, not a window without data.
+_FLOOR = 1e-9
+
+
+def non_finite(values: Sequence[float]) -> int:
+    """How many of `values` are NaN or infinite."""
+    return sum(1 for v in values if not math.isfinite(v))
 
 
 def _margin(spec: MetricSpec, level: float, slo_limit: float | None) -> float:

@@ -15,7 +15,7 @@ class Direction(StrEnum):
     EITHER = "either"
 
 
-class Kind(StrEnum):
+class MetricKind(StrEnum):
     """How a metric's data are tested."""
 
     SHIFT = "shift"  # samples: Mann-Whitney U on a location shift
@@ -44,8 +44,13 @@ class MetricSpec:
     min_samples: int = 5  # samples, or the exposure of counts
     slo_tolerance_ratio: float = 0.0  # of the SLO's limit for this metric, when one is given
     counted: bool = True  # False: compared and shown as information, never in the score
-    kind: Kind = Kind.SHIFT
+    kind: MetricKind = MetricKind.SHIFT
     required: bool = False  # True: without data the canary cannot pass
+    # Over windows, samples are summarised per window by this quantile (0.95: the window's
+    # tail, where preemption stalls show) and compared as log ratios, the margin
+    # multiplicative (`tolerance_ratio`; `tolerance_abs` and the SLO's share are for the
+    # request-level judge of fewer windows).
+    window_quantile: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)

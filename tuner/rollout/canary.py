@@ -3,21 +3,24 @@
 Phases (`Phase`), each saved to the journal before the step it names begins:
 
     parallel:   planned -> starting -> warming -> observing -> judging
-                -> rolling_back -> rolled_back
+                -> rolling_back -> rolled_back | held (the canary left for review)
                 -> promoting -> baking -> promoted | reverting -> reverted
     sequential: planned -> observing_baseline -> starting -> warming -> observing -> judging
                 -> (as parallel; promotion is already live, so it bakes at once)
 
 `parallel` runs the candidate beside the stable instance, both under the same workload.
 `sequential` measures the one instance's recent window, switches it to the candidate and
-measures again at the same load. A candidate that does not start is infeasible with vLLM's
-reason and the stable instance keeps (or gets back) its flags. Only a judge's pass whose
-objective also beats the baseline promotes; the bake window after a promotion reverts to
-the old flags when the promoted ones lose more than `bake_tolerance_ratio` of the goodput
-the canary showed, or break the SLO (`tuner.rollout.decide`). `recover` cleans up after a kvpilot
-that died mid-trial. On live traffic the observer may abort the analysis (`CanaryAborted`:
-the canary broke the SLO, its share already back on the stable instance): the trial is
-infeasible with the reason and the canary is removed.
+measures again at the same load. Windows are observed up to each of the judge's sequential
+looks (`judge.sequential`) and the rollout stops at the first that decides. A candidate that
+does not start is infeasible with vLLM's reason and the stable instance keeps (or gets back)
+its flags. Only a judge's pass whose objective also beats the baseline promotes; a canary
+still inconclusive at the last look is rolled back, or held for review (`hold_inconclusive`,
+parallel). The bake after a promotion observes `bake_windows` windows and reverts to the old
+flags when the judge shows them worse than the old ones' windows, or infeasible
+(`tuner.rollout.decide`). `recover` cleans up after a kvpilot that died mid-trial. On live
+traffic the observer may abort the analysis (`CanaryAborted`: the canary broke the SLO, its
+share already back on the stable instance): the trial is infeasible with the reason and the
+canary is removed.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvpilot.collectors.secrets import mask_argv
+from kvpilot.tuner.judge.judgement import Classification, Judgement
+from kvpilot.tuner.judge.sequential import Decision, Look, judge_look
 from kvpilot.tuner.judge.windows import Window, judge_windows
 from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult, evaluate
-from kvpilot.tuner.rollout.decide import WindowGoodputs, typical
+from kvpilot.tuner.rollout.decide import WindowGoodputs, pooled
 from kvpilot.tuner.rollout.decide import bake_degradation as bake_degradation  # re-exported
 from kvpilot.tuner.rollout.decide import promotion_decision as promotion_decision
 from kvpilot.tuner.rollout.ports import (
@@ -62,6 +67,10 @@ class RolloutOutcome:
     def promoted(self) -> bool:
         return self.record.phase is Phase.PROMOTED
 
+    @property
+    def held(self) -> bool:
+        return self.record.phase is Phase.HELD
+
 
 PhaseListener = Callable[[Trial, Phase], None]
 
@@ -79,7 +88,11 @@ class TrialRollout:
         *,
         wall_clock: Callable[[], float],
         on_phase: PhaseListener | None = None,
+        deployed: TrialResult | None = None,
     ) -> None:
+        """`deployed`: the configuration the operator deployed, as measured (the loss cap is
+        held against it; None: this trial's baseline is it)."""
+        self._deployed = deployed
         self._runtime = runtime
         self._observer = observer
         self._store = store
@@ -130,16 +143,25 @@ class TrialRollout:
         self._move(s, Phase.WARMING)
         s.warmup = await self._observer.warm([stable_url, canary_url])
         self._move(s, Phase.OBSERVING)
-        baselines, canaries = [], []
+        baselines: list[Observation] = []
+        canaries: list[Observation] = []
         try:
-            for _ in range(self._settings.windows):
-                baseline, canary = await self._observer.observe([stable_url, canary_url])
-                baselines.append(baseline)
-                canaries.append(canary)
+            for at in self._settings.look_plan.looks:
+                while len(canaries) < at:
+                    baseline, canary = await self._observer.observe([stable_url, canary_url])
+                    baselines.append(baseline)
+                    canaries.append(canary)
+                look = self._look(baselines, canaries, paired=True)
+                if look.decision is not Decision.CONTINUE:
+                    break
         except CanaryAborted as exc:  # live traffic: the observer already took it back
             await self._abort(s, str(exc))
             return
-        promote = self._judge(s, baselines, canaries, paired=True)
+        promote = self._judge(s, baselines, canaries, look.judgement, paired=True)
+        if not promote and self._hold(look):
+            reason = f"held for review, the canary left running: {s.record.reason}"
+            self._move(s, Phase.HELD, reason=reason)
+            return
         if not promote:
             self._move(s, Phase.ROLLING_BACK)
             await rt.stop_canary()
@@ -188,8 +210,15 @@ class TrialRollout:
         self._move(s, Phase.WARMING)
         s.warmup = await self._observer.warm([url])
         self._move(s, Phase.OBSERVING)
-        canaries = [await self._observe_one(url) for _ in range(self._settings.windows)]
-        if not self._judge(s, baselines, canaries, paired=False):
+        canaries: list[Observation] = []
+        for at in self._settings.look_plan.looks:
+            while len(canaries) < at:
+                canaries.append(await self._observe_one(url))
+            look = self._look(baselines, canaries, paired=False)
+            if look.decision is not Decision.CONTINUE:
+                break
+        # A hold needs a canary beside the stable: here the candidate is the only instance.
+        if not self._judge(s, baselines, canaries, look.judgement, paired=False):
             self._move(s, Phase.ROLLING_BACK)
             await self._restore_stable(s, f"trial {s.trial.number} rolled back")
             self._move(s, Phase.ROLLED_BACK)
@@ -198,6 +227,19 @@ class TrialRollout:
         await self._bake(s)
 
     # --- steps shared by both ---------------------------------------------------------
+
+    def _look(
+        self, baselines: Sequence[Observation], canaries: Sequence[Observation], *, paired: bool
+    ) -> Look:
+        """The judge at the look the canary's windows reach (against as many baseline ones)."""
+        windows = [Window(c.samples, b.samples) for c, b in zip(canaries, baselines, strict=False)]
+        limits = self._settings.slo.judge_limits()
+        return judge_look(
+            windows, self._settings.look_plan, self._settings.judge, limits, paired=paired
+        )
+
+    def _hold(self, look: Look) -> bool:
+        return self._settings.hold_inconclusive and look.decision is Decision.INCONCLUSIVE
 
     async def _observe_one(self, url: str) -> Observation:
         (window,) = await self._observer.observe([url])
@@ -208,18 +250,19 @@ class TrialRollout:
         s: _Run,
         baselines: Sequence[Observation],
         canaries: Sequence[Observation],
+        judgement: Judgement,
         *,
         paired: bool,
     ) -> bool:
-        """Objective and judge over the windows; the trial is finished with both. Returns
-        whether to promote."""
+        """Objective over the windows and the judge's last look; the trial is finished with
+        both. Returns whether to promote."""
         self._move(s, Phase.JUDGING)
-        slo = self._settings.slo
+        slo, alpha = self._settings.slo, self._settings.judge.alpha
+        baselines = baselines[: len(canaries)]
+        s.baselines = tuple(baselines)
         base_results = [evaluate(b.measurement, slo) for b in baselines]
         results = [evaluate(c.measurement, slo) for c in canaries]
-        base_result, result = typical(base_results), typical(results)
-        windows = [Window(c.samples, b.samples) for c, b in zip(canaries, baselines, strict=True)]
-        judgement = judge_windows(windows, self._settings.judge, slo.judge_limits(), paired=paired)
+        base_result, result = pooled(base_results, slo, alpha), pooled(results, slo, alpha)
         canary = canaries[-1]
         s.baseline = base_result
         state = TrialState.COMPLETE if result.feasible else TrialState.INFEASIBLE
@@ -243,7 +286,10 @@ class TrialRollout:
             tuple(r.goodput_tokens_per_s for r in base_results),
             paired,
         )
-        promote, why = promotion_decision(result, base_result, judgement, self._settings, gains)
+        deployed = self._deployed or base_result
+        promote, why = promotion_decision(
+            result, base_result, judgement, self._settings, gains, deployed
+        )
         s.record = dataclasses.replace(s.record, reason=f"{why}; {traffic}" if traffic else why)
         return promote
 
@@ -252,18 +298,41 @@ class TrialRollout:
             self._move(s, Phase.PROMOTED)
             return
         self._move(s, Phase.BAKING)
-        (window,) = await self._observer.observe([self._runtime.stable_url()])
-        baked = evaluate(window.measurement, self._settings.slo)
+        url = self._runtime.stable_url()
+        bakes = [await self._observe_one(url) for _ in range(self._settings.bake_windows)]
+        slo = self._settings.slo
+        baked = pooled(
+            [evaluate(w.measurement, slo) for w in bakes], slo, self._settings.judge.alpha
+        )
         s.record = dataclasses.replace(
             s.record, bake_goodput_tokens_per_s=baked.goodput_tokens_per_s
         )
-        degraded = bake_degradation(s.trial.result, baked, self._settings.bake_tolerance_ratio)
+        degraded = self._bake_degradation(s, bakes, baked)
         if degraded is not None:
             await self._revert(s, f"bake: {degraded}")
             return
         # The promotion's why stays with the record: the report shows what won and how.
         why = f" ({s.record.reason})" if s.record.reason else ""
         self._move(s, Phase.PROMOTED, reason=f"promoted{why}; the bake window held")
+
+    def _bake_degradation(
+        self, s: _Run, bakes: Sequence[Observation], baked: TrialResult
+    ) -> str | None:
+        """Why the bake's windows show the promoted flags worse than the old stable's windows
+        (the same tests as the canary's, one side after the other), or None."""
+        if not baked.feasible:
+            return f"the promoted flags are infeasible under load: {baked.reason}"
+        old = s.baselines[-len(bakes) :]
+        if not old:
+            return None
+        windows = [Window(b.samples, o.samples) for b, o in zip(bakes, old, strict=False)]
+        settings = self._settings
+        judgement = judge_windows(
+            windows, settings.judge, settings.slo.judge_limits(), paired=False
+        )
+        if judgement.classification in (Classification.FAIL, Classification.MARGINAL):
+            return f"the promoted flags are worse than the old ones: {judgement.reason}"
+        return None
 
     async def _abort(self, s: _Run, why: str) -> None:
         """The canary broke the SLO mid-analysis: infeasible (the candidate's fault), removed."""
@@ -334,6 +403,7 @@ class _Run:
     baseline: TrialResult | None = None
     refused: str | None = None
     warmup: Warmup | None = None
+    baselines: tuple[Observation, ...] = ()  # the old stable's windows, for the bake
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ class Phase(StrEnum):
     REVERTING = "reverting"
     ROLLING_BACK = "rolling_back"
     PROMOTED = "promoted"
+    HELD = "held"  # inconclusive: the canary left running for a person's review
     ROLLED_BACK = "rolled_back"
     REVERTED = "reverted"
     INFEASIBLE = "infeasible"
@@ -40,6 +41,7 @@ class Phase(StrEnum):
 _FINAL = frozenset(
     {
         Phase.PROMOTED,
+        Phase.HELD,
         Phase.ROLLED_BACK,
         Phase.REVERTED,
         Phase.INFEASIBLE,

@@ -33,14 +33,14 @@ import pytest
 from kvpilot.agent.config.tuning import CanaryConfig
 from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime
 from kvpilot.agent.runtimes.kubernetes.values import KubernetesTarget
-from kvpilot.agent.tuning.kubernetes_adapter import KubernetesTunerAdapter, traffic_split
-from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
+from kvpilot.agent.tuning.pod.adapter import KubernetesTunerAdapter, traffic_split
+from kvpilot.agent.tuning.pod.live_observer import LiveTrafficObserver
 from kvpilot.collectors.vllm_argv import flag_value, without_flags
 from kvpilot.rig.server import TINY_MODEL_DIR, free_port
-from kvpilot.tuner.judge import LIVE_METRICS, JudgeConfig
-from kvpilot.tuner.loadgen import LengthDist, Workload, run_load
-from kvpilot.tuner.objective import Slo
-from kvpilot.tuner.rollout import Phase, RolloutSettings, Strategy, TrialRollout
+from kvpilot.tuner.judge.judgement import LIVE_METRICS, JudgeConfig, with_margins
+from kvpilot.tuner.load.generator import LengthDist, Workload, run_load
+from kvpilot.tuner.problem.objective import Slo
+from kvpilot.tuner.rollout.canary import Phase, RolloutSettings, Strategy, TrialRollout
 from kvpilot.tuner.trials import TrialState, new_trial
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment
 from tests.fakes.kubelet import FakeKubelet, KubeletApi
@@ -184,9 +184,12 @@ def test_a_good_canary_is_promoted_and_a_bad_one_aborted_on_live_traffic(
         journal, store = InMemoryRolloutJournal(), InMemoryTrialStore()
         settings = RolloutSettings(
             slo=SLO,
-            judge=JudgeConfig(metrics=LIVE_METRICS),
+            # One analysis of a few dozen requests: an error margin it can show.
+            judge=JudgeConfig(metrics=with_margins(LIVE_METRICS, errors_ratio=0.05)),
             ready_timeout_s=240,
             bake_tolerance_ratio=0.5,
+            windows=1,
+            bake_windows=1,
         )
         clock = time.time
 

@@ -11,17 +11,17 @@ from dataclasses import dataclass, field
 import pytest
 
 from kvpilot.agent.config.tuning import CanaryConfig
-from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
-from kvpilot.tuner.evidence import Counts
-from kvpilot.tuner.judge import LIVE_METRICS, JudgeConfig
-from kvpilot.tuner.objective import Slo, TrialOutcome, evaluate
-from kvpilot.tuner.ports import CanaryAborted
-from kvpilot.tuner.rollout import Phase, RolloutSettings, Strategy, TrialRollout
+from kvpilot.agent.tuning.pod.live_observer import LiveTrafficObserver
+from kvpilot.tuner.judge.evidence import Counts
+from kvpilot.tuner.judge.judgement import LIVE_METRICS, JudgeConfig, with_margins
+from kvpilot.tuner.problem.objective import Slo, TrialOutcome, evaluate
+from kvpilot.tuner.rollout.canary import Phase, RolloutSettings, Strategy, TrialRollout
+from kvpilot.tuner.rollout.ports import CanaryAborted
 from kvpilot.tuner.trials import TrialState, new_trial
 from tests.fakes.rollout_journal import InMemoryRolloutJournal
 from tests.fakes.standin_vllm import StandInVllm
 from tests.fakes.trial_store import InMemoryTrialStore
-from tests.tuner.test_rollout import GOOD, InMemoryTunerRuntime
+from tests.tuner.rollout.test_canary import GOOD, InMemoryTunerRuntime
 
 TTFT_LE = (
     0.001,
@@ -47,6 +47,9 @@ TTFT_LE = (
 ITL_LE = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 E2E_LE = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0)
 SLO = Slo(ttft_p95_s=1.0, inter_token_p95_s=0.2, max_preemptions_per_request=1.0)
+# One analysis of a few dozen requests: an error margin it can show (the default half point
+# needs about 550 requests a side).
+LIVE_RIG = JudgeConfig(metrics=with_margins(LIVE_METRICS, errors_ratio=0.05))
 INTERVAL_S = 10.0
 CONFIG = CanaryConfig(
     traffic="gateway",
@@ -302,7 +305,7 @@ def test_a_rollout_on_live_traffic_ends_an_aborted_canary_infeasible_and_removes
             await super().stop_canary()
 
     runtime = Runtime(journal)
-    settings = RolloutSettings(slo=SLO, judge=JudgeConfig(metrics=LIVE_METRICS))
+    settings = RolloutSettings(slo=SLO, judge=LIVE_RIG, windows=1, bake_windows=1)
     rollout = TrialRollout(
         runtime, observer(split, clock), store, journal, settings, wall_clock=clock
     )
@@ -374,7 +377,7 @@ def _judged_rollout(stable, canary, canary_per_interval: int):
             await super().start_canary(argv, ready_timeout_s=ready_timeout_s)
             return url(canary)
 
-    settings = RolloutSettings(slo=SLO, judge=JudgeConfig(metrics=LIVE_METRICS), bake=False)
+    settings = RolloutSettings(slo=SLO, judge=LIVE_RIG, windows=1, bake=False)
     rollout = TrialRollout(
         Runtime(journal), observer(split, clock), store, journal, settings, wall_clock=clock
     )
@@ -394,7 +397,8 @@ def test_a_judged_rollout_states_the_shares_with_its_verdict(pods) -> None:
     # that it fails no more often: no evidence, no promotion; the shares are said with it.
     assert outcome.record.phase is Phase.ROLLED_BACK, outcome.record.reason
     reason = outcome.record.reason or ""
-    assert reason.startswith("judged inconclusive: insufficient evidence"), reason
+    assert reason.startswith("judged inconclusive: about "), reason
+    assert "more windows needed" in reason and "insufficient evidence" in reason
     assert "errors_ratio" in reason and reason.endswith(shares)
     assert outcome.trial.state is TrialState.COMPLETE and outcome.trial.reason == shares
 
@@ -417,7 +421,7 @@ def test_a_canary_with_enough_requests_is_promoted_on_live_traffic(pods) -> None
 
 
 def test_a_split_that_sends_the_canary_nothing_is_an_error_not_a_verdict(pods) -> None:
-    from kvpilot.agent.tuning.live_observer import LiveTrafficError
+    from kvpilot.agent.tuning.pod.live_observer import LiveTrafficError
 
     stable, canary = pods
 

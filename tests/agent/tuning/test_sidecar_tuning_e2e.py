@@ -16,7 +16,7 @@ from kvpilot.agent.state.store import StateStore
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.collectors.procfs import list_processes
 from kvpilot.rig.server import free_port
-from kvpilot.tuner.rollout import Phase
+from kvpilot.tuner.rollout.canary import Phase
 from tests.agent.sidecar_harness import (
     AgentProcess,
     agent_config,
@@ -83,6 +83,11 @@ def _config(tmp_path: Path, marker: str, canary_port: int) -> Path:
         },
         "slo": {"ttft_p95_s": TTFT_P95_S, "inter_token_p95_s": INTER_TOKEN_P95_S},
         "bake": False,
+        # The wiring, not the statistics: five windows a side, with the error margin and
+        # memory saving a CPU rig's few requests and MiB budgets can show.
+        "windows": 5,
+        "error_margin_ratio": 0.05,
+        "min_memory_saving_bytes": 1 << 20,
     }
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

@@ -37,6 +37,6 @@ def test_each_judged_trial_shows_the_evidence_per_metric() -> None:
     page = render_report([judged])
     assert "<th>margin</th><th class='l'>evidence</th>" in page
     errors = page[page.index("<td class='l'>errors_ratio</td>") :].split("</tr>")[0]
-    assert "<td>80</td><td>80</td><td>0.05</td>" in errors and "upper bound +0.0327" in errors
+    assert "<td>80</td><td>80</td><td>0.005</td>" in errors and "upper bound +0.0327" in errors
     goodput = page[page.index("<td class='l'>goodput_tokens_per_s</td>") :].split("</tr>")[0]
     assert "nodata" in goodput and "too few samples" in goodput

@@ -11,7 +11,12 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from kvpilot.tuner.judge.evidence import Counts
-from kvpilot.tuner.judge.judgement import Classification
+from kvpilot.tuner.judge.judgement import (
+    DEFAULT_METRICS,
+    Classification,
+    JudgeConfig,
+    with_margins,
+)
 from kvpilot.tuner.load.generator import LoadReport, RequestResult
 from kvpilot.tuner.problem.objective import Measurement, Slo, TrialOutcome
 from kvpilot.tuner.problem.startup_errors import StartupFailureKind
@@ -51,6 +56,15 @@ def anyio_backend() -> str:
 
 
 SLO = Slo(ttft_p95_s=1.0, inter_token_p95_s=0.2, max_preemptions_per_request=10.0)
+# The state machine's tests, not the statistics': one window a side and a bake of one, with
+# margins a window of a few dozen requests can show (the judge's own tests hold the defaults).
+RIG: dict[str, object] = {
+    "windows": 1,
+    "bake_windows": 1,
+    "judge": JudgeConfig(
+        metrics=with_margins(DEFAULT_METRICS, errors_ratio=0.05, preemptions_per_request=0.2)
+    ),
+}
 
 
 def kv_bytes(argv: Sequence[str]) -> int:
@@ -187,7 +201,7 @@ class Rig:
             self.observer,
             self.store,
             self.journal,
-            RolloutSettings(slo=SLO, **settings),  # type: ignore[arg-type]
+            RolloutSettings(slo=SLO, **{**RIG, **settings}),  # type: ignore[arg-type]
             wall_clock=lambda: float(next(self.clock)),
             on_phase=lambda _t, phase: self.phases.append(phase),
         )

@@ -73,13 +73,12 @@ def test_a_gain_beyond_the_stated_margin_promotes_and_says_so() -> None:
 
 
 def test_less_memory_at_equal_goodput_promotes() -> None:
-    promote, why = decide(feasible(97.0, 8 * MIB), feasible(100.0, 32 * MIB))
+    settings = RolloutSettings(min_memory_saving_bytes=16 * MIB)  # a CPU rig's own minimum
+    promote, why = promotion_decision(
+        feasible(97.0, 8 * MIB), feasible(100.0, 32 * MIB), PASS, settings
+    )
     assert promote and why.endswith("75% less memory at goodput -3%"), why
-    promote, why = decide(feasible(90.0, 8 * MIB), feasible(100.0, 32 * MIB))
+    promote, why = promotion_decision(
+        feasible(90.0, 8 * MIB), feasible(100.0, 32 * MIB), PASS, settings
+    )
     assert not promote, why  # a tenth less goodput is not paid for by memory
-
-
-def test_feasible_against_an_infeasible_stable_promotes() -> None:
-    broken = TrialResult(TrialOutcome.PREEMPTED, 120.0, 8 * MIB, "0.4 preemptions per request")
-    promote, why = decide(feasible(100.0, 64 * MIB), broken)
-    assert promote and why.endswith("feasible where the stable instance is not")

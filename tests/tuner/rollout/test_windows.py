@@ -63,10 +63,9 @@ async def test_one_lucky_window_promotes_alone_but_not_among_five() -> None:
     alone = Rig()
     alone.observer = LuckyWindowObserver(alone.runtime)
     one = await alone.rollout(windows=1).run(alone.trial(), STABLE, Strategy.PARALLEL)
-    # 43 % more goodput in its only window: promoted (the stable server restarted), then
-    # reverted by the bake when the luck did not last.
-    assert one.record.phase is Phase.REVERTED, one.record.reason
-    assert "bake: goodput" in (one.record.reason or "")
+    # 43 % more goodput in its only window: promoted (the stable server restarted); the bake
+    # judges the promoted flags against the old ones' windows, and equal flags are not worse.
+    assert one.record.phase is Phase.PROMOTED, one.record.reason
     assert [c[0] for c in alone.runtime.calls] == ["start_canary", "stop_canary", "set_stable"]
 
     among = Rig()
