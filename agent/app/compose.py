@@ -13,8 +13,10 @@ from typing import Any
 import httpx
 
 from kvpilot.agent.app.api import api_routes
+from kvpilot.agent.app.control_ports import ControlPorts
 from kvpilot.agent.app.control_token import ControlToken
 from kvpilot.agent.app.exposition import build_registry, sidecar_families, tuning_families
+from kvpilot.agent.app.fleet_start import take_over_kept_guards
 from kvpilot.agent.app.http import build_app
 from kvpilot.agent.app.lifecycle import (
     NO_RELOAD,
@@ -23,17 +25,25 @@ from kvpilot.agent.app.lifecycle import (
     own_signals,
     serve_and_tick,
 )
-from kvpilot.agent.app.parts import build_notifiers, build_runtime
-from kvpilot.agent.app.ports import ControlPorts
+from kvpilot.agent.app.parts import (
+    build_notifiers,
+    build_runtime,
+    scheduled_tuning_of,
+    server_of,
+    tuned_server,
+)
 from kvpilot.agent.app.reload import Reloader, reload_routes
-from kvpilot.agent.app.start_up import adopt_orphans, scheduled_tuning_of, start_local
+from kvpilot.agent.app.start_up import adopt_orphans, start_local
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.remediation.oom.guard import OomGuard
 from kvpilot.agent.remediation.oom.range import planner_range
 from kvpilot.agent.remediation.prefix_cache import HttpPrefixCacheReset
 from kvpilot.agent.remediation.preflight import MemoryPreflight
-from kvpilot.agent.runtimes import Runtime, RuntimeFailure
+from kvpilot.agent.runtimes import LocalRuntime, Runtime, RuntimeFailure
+from kvpilot.agent.runtimes.kubernetes.pod import PodRuntime
+from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime
+from kvpilot.agent.runtimes.kubernetes.switch import SwitchWatch, read_layers
 from kvpilot.agent.runtimes.probe import StartFailed
 from kvpilot.agent.state import StateError, StateStore, open_exclusive
 from kvpilot.agent.state.write_failures import WriteFailures
@@ -41,7 +51,7 @@ from kvpilot.agent.tick.after import AfterTick, CompletedRuns
 from kvpilot.agent.tick.alert_commit import AlertCommit
 from kvpilot.agent.tick.sidecar import Sidecar
 from kvpilot.agent.tick.watched import WatchedServers
-from kvpilot.agent.tuning.best import best_config, remember_promotion
+from kvpilot.agent.tuning.best import BestConfig, config_studies, remember_promotion
 from kvpilot.agent.tuning.promoted import (
     PROMOTED_FACT,
     Why,
@@ -129,19 +139,27 @@ async def _run(
             latest_nvml=watched.latest_nvml,
             cache_config=watched.cache_config,
             margin_ratio=section.preflight.margin_ratio,
+            # The local runtime marks every start: a holder that carries an earlier start's
+            # mark is named as this server's leftover.
+            server_marks=(runtime.server_marks if isinstance(runtime, LocalRuntime) else _no_marks),
         )
         learned = WorkloadWindow(config.tuning.learn.window_s)  # the stable server's traffic
         keeper = WindowKeeper(learned, store)  # the window outlives a restart of kvpilot
         if config.tuning.learn.enabled:
             log.info("learned workload: %s", keeper.restore())
 
+        tuned = tuned_server(config)
+
         def workload_now() -> WorkloadChoice | None:  # what a tuning run would replay now
-            return window_choice(config, learned.shape())
+            return window_choice(config.tuning, tuned, learned.shape())
 
         def stable_version() -> str | None:
             return watched.vllm_version(stable_name(runtime.instances()))
 
-        better = best_config(config, store.db, runtime, watched.vllm_version, workload_now)
+        studies = config_studies(
+            config.tuning, server_of(config), watched.vllm_version, workload_now
+        )
+        better = BestConfig(store.db, runtime.instances, studies)
         light_step = (
             HttpPrefixCacheReset(api_key=api_key) if section.light_step_reset_prefix_cache else None
         )
@@ -153,9 +171,11 @@ async def _run(
             light_step=light_step,
             runtime_drain_timeout_s=config.runtime.drain_timeout_s,
             better_config=better,  # the ladder's promote
-            on_promoted=remember_promotion(config, store, config_sha256),
+            on_promoted=remember_promotion(tuned, store, config_sha256),
             oom=_oom_guard(config, runtime, watched),
         )
+        if isinstance(runtime, PodRuntime):  # a replaced pod's budget and breaker
+            await take_over_kept_guards(runtime, remediator)
         completed_runs = CompletedRuns()
         tuning = scheduled_tuning_of(
             config,
@@ -198,11 +218,19 @@ async def _run(
         ends.push_async_callback(sidecar.delivery.aclose)
         ends.push_async_callback(sidecar.aclose)  # remediations under way: recorded interrupted
         sidecar.reconcile()
-        adopt_orphans(runtime, store)
+        if isinstance(runtime, KubernetesRuntime):  # the switch's Deployment and namespace layers
+            target, api_client = runtime.target, runtime.api_client
+            switch = SwitchWatch(
+                remediator.mode,
+                lambda: read_layers(api_client, target.namespace, target.deployment),
+            )
+            ends.callback(sidecar.tasks.spawn(switch.run(), "mode-switch").cancel)
+        if isinstance(runtime, LocalRuntime):
+            adopt_orphans(runtime, store)
         if tuning is not None and on_tuning is not None:
             on_tuning(tuning)
         starting = sidecar.tasks.spawn(
-            start_local(config, runtime, remediator, tuning, stop, failed), "start-servers"
+            start_local(config.runtime, runtime, remediator, tuning, stop, failed), "start-servers"
         )
         reloader = None
         if reload_config is not None:
@@ -212,6 +240,7 @@ async def _run(
                 sidecar,
                 lambda cfgs: build_notifiers(cfgs, client, external_url),
                 audit=store,
+                mode=remediator.mode,
             )
         own = sidecar_families(sidecar.counters, reloader)
 
@@ -294,6 +323,11 @@ def _on_sighup(token: ControlToken, reloader: Reloader | None) -> Callable[[], A
     return on_sighup
 
 
+def _no_marks(name: str) -> frozenset[str]:
+    """Runtimes that start nothing themselves put no mark in a server's environment."""
+    return frozenset()
+
+
 def _runtime_or_exit(config: AgentConfig, promoted: dict[str, tuple[str, ...]]) -> Runtime:
     """The configured runtime, or one plain message (the pod runtime's namespace or API
     server not found) and exit 1, before anything listens."""
@@ -320,7 +354,7 @@ def promoted_argv(
     promoted under holds. Notes the YAML's hash, under which the live-flags metric labels
     what runs."""
     record_running_config(store, config_sha256, time.time())
-    inst = tuned_instance(config)
+    inst = tuned_instance(config.runtime)
     if inst is None:
         return {}
     live = live_argv(inst.argv, store.get_fact(PROMOTED_FACT), config_sha256)

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from kvpilot.agent.remediation import Remediator
-from kvpilot.agent.runtimes import Runtime, RuntimeFailure
+from kvpilot.agent.runtimes import RuntimeFailure
 from kvpilot.agent.runtimes.kubernetes.fleet.kept_guards import PodRecord
 from kvpilot.agent.runtimes.kubernetes.fleet.owner import replica_names
 from kvpilot.agent.runtimes.kubernetes.pod import PodRuntime
@@ -19,16 +19,16 @@ log = logging.getLogger(__name__)
 
 
 async def take_over_kept_guards(
-    runtime: Runtime,
+    runtime: PodRuntime,
     remediator: Remediator,
     *,
     clock: Callable[[], float] = time.monotonic,
     wall_clock: Callable[[], float] = time.time,
 ) -> PodRecord | None:
     """Seed the stable's restart budget and breaker from the Deployment's kept guards, and
-    keep the breaker with every later decision; None where no gate guards the runtime or
+    keep the breaker with every later decision; None where no gate guards the pod runtime or
     the kept guards cannot be read (then the replica starts afresh, and says so)."""
-    if not isinstance(runtime, PodRuntime) or runtime.restart_gate is None:
+    if runtime.restart_gate is None:
         return None
     gate, stable = runtime.restart_gate, runtime.target.stable_name
     gate.watch_breaker(lambda: remediator.breaker.to_fact(stable, clock(), wall_clock()))

@@ -1,9 +1,11 @@
-"""Builds the sidecar's parts from the validated configuration: the runtime, the notifiers."""
+"""Builds the sidecar's parts from the validated configuration: the runtime, the tuned server
+as tuning sees it (one way per runtime kind), the notifiers."""
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import cast
 
@@ -13,6 +15,7 @@ from kvpilot.agent.config import (
     AgentConfig,
     AlertmanagerNotifierConfig,
     AttachRuntimeConfig,
+    InstanceConfig,
     LocalRuntimeConfig,
     NotifierConfig,
     PodRuntimeConfig,
@@ -20,12 +23,14 @@ from kvpilot.agent.config import (
     SlackNotifierConfig,
     WebhookNotifierConfig,
 )
+from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.notify import (
     AlertmanagerNotifier,
     Notifier,
     SlackNotifier,
     WebhookNotifier,
 )
+from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.runtimes import (
     AttachedServer,
     AttachRuntime,
@@ -34,11 +39,29 @@ from kvpilot.agent.runtimes import (
     ProcessRuntime,
     ProcessTarget,
     Runtime,
+    RuntimeFailure,
 )
 from kvpilot.agent.runtimes.kubernetes.api import make_api_client, pod_name, pod_namespace
+from kvpilot.agent.runtimes.kubernetes.fleet.gate import pod_gate
+from kvpilot.agent.runtimes.kubernetes.fleet.owner import owning_deployment
 from kvpilot.agent.runtimes.kubernetes.handover_configmap import HandoverConfigMap
 from kvpilot.agent.runtimes.kubernetes.pod import API_READ_INTERVAL_S, PodRuntime
+from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime
 from kvpilot.agent.runtimes.kubernetes.values import KubernetesTarget
+from kvpilot.agent.state import StateStore
+from kvpilot.agent.state.db import Database
+from kvpilot.agent.tick.after import CompletedRuns
+from kvpilot.agent.tuning.entry import Tuner
+from kvpilot.agent.tuning.local.factory import local_adapter, remediated_restarter
+from kvpilot.agent.tuning.local.tuner import LocalTuner
+from kvpilot.agent.tuning.pod.tuner import PodTuner
+from kvpilot.agent.tuning.promoted import tuned_instance
+from kvpilot.agent.tuning.schedule import ScheduledTuning, scheduled_tuning
+from kvpilot.agent.tuning.server import ServerOf, TunedServer
+from kvpilot.agent.tuning.study import StudyError, build_study, read_gpu, require_server
+from kvpilot.agent.tuning.workload.choice import WorkloadChoice
+
+log = logging.getLogger(__name__)
 
 
 def build_runtime(
@@ -111,9 +134,12 @@ def build_pod_runtime(
     the Deployment changed through the API (canaries, promotions, the tuning Lease).
     RuntimeFailure when the namespace or the API server's configuration cannot be found."""
     k8s = runtime.kubernetes
+    namespace = k8s.namespace or pod_namespace(environ)
+    client = api_client if api_client is not None else make_api_client(k8s.api_url)
+    identity = pod_name(environ)
     target = KubernetesTarget(
-        namespace=k8s.namespace or pod_namespace(environ),
-        deployment=k8s.deployment,
+        namespace=namespace,
+        deployment=k8s.deployment or _own_deployment(client, namespace, identity),
         container=k8s.container,
         sidecar_container=k8s.sidecar_container,
         port=runtime.port,
@@ -125,14 +151,21 @@ def build_pod_runtime(
         state_dir=config.state_dir,
         name=runtime.name,
     )
-    client = api_client if api_client is not None else make_api_client(k8s.api_url)
     built = PodRuntime(
         target,
         client,
         process_runtime=ProcessRuntime([_process_target(runtime)]),
-        identity=pod_name(environ),
+        identity=identity,
         lease_duration_s=k8s.lease_duration_s,
     )
+    if identity is not None:  # a replica: its restarts take turns with its Deployment's
+        built.restart_gate = pod_gate(
+            client,
+            namespace=namespace,
+            deployment=target.deployment,
+            pod=identity,
+            slots=k8s.restarting_at_once,
+        )
     built.api_read_interval_s = API_READ_INTERVAL_S
     if k8s.handover == "configmap":
         built.handover_map = HandoverConfigMap(
@@ -141,7 +174,185 @@ def build_pod_runtime(
     return built
 
 
+def _own_deployment(client: object, namespace: str, pod: str | None) -> str:
+    """kubernetes.deployment unset: the pod's own, from its ownerReferences."""
+    if pod is None:
+        raise RuntimeFailure(
+            "kubernetes.deployment is unset and this pod's name is unknown (set POD_NAME from "
+            "the downward API, or kubernetes.deployment)"
+        )
+    return owning_deployment(client, namespace, pod)
+
+
+def tuned_server(config: AgentConfig) -> TunedServer | None:
+    """The server tuning is for where the configuration names it: the local runtime's first
+    stable instance, with its configured flags; None elsewhere (the pod's is read from its
+    Deployment, `deployment_server`)."""
+    inst = tuned_instance(config.runtime)
+    if inst is None:
+        return None
+    return TunedServer(
+        inst.name,
+        tuple(inst.argv),
+        config.runtime.ready_timeout_s,
+        config.runtime.drain_timeout_s,
+        env=tuple(inst.env.items()),
+        kvpool_port=inst.kvpool_port,
+        cpus=tuple(inst.cpus),
+    )
+
+
+def deployment_server(runtime: KubernetesRuntime, config: PodRuntimeConfig) -> TunedServer:
+    """The pod runtime's stable server as the study sees it: the Deployment's live vLLM argv
+    (command and args). Reads the API server; StudyError when the container has none."""
+    stable = next(i for i in runtime.instances() if i.role == "stable")
+    if not stable.argv:
+        target = runtime.target
+        raise StudyError(
+            f"container {target.container!r} of Deployment "
+            f"{target.namespace}/{target.deployment} has no vLLM command line"
+        )
+    return TunedServer(
+        stable.name,
+        tuple(stable.argv),
+        config.ready_timeout_s,
+        config.drain_timeout_s,
+        kvpool_port=config.kvpool_port,
+        model_config=config.served_model_config,
+    )
+
+
+def server_of(config: AgentConfig) -> ServerOf:
+    """The server tuning studies for an instance, by the argv it runs: the configured stable
+    instance where kvpilot starts it; elsewhere the server as it runs (a server kvpilot did
+    not start: its study is the one of its argv)."""
+    configured = tuned_server(config)
+    if configured is not None:
+        return lambda _name, _argv: configured
+
+    def running(name: str, argv: tuple[str, ...]) -> TunedServer | str:
+        try:
+            InstanceConfig(name=name, argv=argv, role="stable")  # argv tuning can read
+        except ValueError as exc:
+            return f"the server's argv is not one tuning can read: {exc}"
+        runtime = config.runtime
+        return TunedServer(name, argv, runtime.ready_timeout_s, runtime.drain_timeout_s)
+
+    return running
+
+
+def pod_parts(
+    config: AgentConfig, environ: Mapping[str, str]
+) -> tuple[PodRuntimeConfig, KubernetesRuntime] | None:
+    """The pod runtime's section and runtime when the configuration names it (None for the
+    others), for the commands that tune outside the agent. RuntimeFailure as
+    `build_pod_runtime` says."""
+    if not isinstance(config.runtime, PodRuntimeConfig):
+        return None
+    return config.runtime, build_pod_runtime(config, config.runtime, environ)
+
+
+def _never() -> bool:
+    return False
+
+
+def pod_tuner(
+    runtime_config: PodRuntimeConfig,
+    tuning: TuningConfig,
+    runtime: KubernetesRuntime,
+    db: Database,
+    *,
+    remediation_in_progress: Callable[[], bool] = _never,
+    api_key: str | None = None,
+    vllm_version: Callable[[], str | None] = lambda: None,
+    workload: Callable[[], WorkloadChoice | None] = lambda: None,
+) -> PodTuner:
+    """The pod runtime's tuner under `tuning`: its study of the Deployment's live flags."""
+    return PodTuner(
+        runtime,
+        db,
+        stable=lambda: deployment_server(runtime, runtime_config),
+        tuning=tuning,
+        drain_timeout_s=runtime_config.drain_timeout_s,
+        remediation_in_progress=remediation_in_progress,
+        api_key=api_key,
+        vllm_version=vllm_version,
+        workload=workload,
+        handover_map=runtime.handover_map if isinstance(runtime, PodRuntime) else None,
+    )
+
+
+def scheduled_tuning_of(
+    config: AgentConfig,
+    config_sha256: str | None,
+    parts: tuple[Runtime, Remediator, StateStore],
+    *,
+    api_key: str | None,
+    vllm_version: Callable[[], str | None],
+    workload: Callable[[], WorkloadChoice | None],
+    completed_runs: CompletedRuns,
+) -> ScheduledTuning | None:
+    """The scheduled tuning of the local or the pod runtime; None when no schedule is set
+    (or the study cannot be built: collecting and alerting go on without it). Each run that
+    completes is marked in `completed_runs`, for the re-tune step."""
+    runtime, remediator, store = parts
+    schedule = config.tuning.schedule
+    if schedule is None:
+        return None
+    tuner: Tuner
+    if isinstance(runtime, LocalRuntime):
+        try:
+            server = require_server(tuned_server(config))
+            build_study(server, config.tuning, read_gpu())  # one that cannot be: said once
+        except StudyError as exc:
+            log.error("scheduled tuning is off: %s", exc)
+            return None
+        adapter = local_adapter(
+            server,
+            runtime,
+            store.db,
+            tuning=config.tuning,
+            log_dir=config.state_dir / "logs",
+            config_sha256=config_sha256 or "",
+            remediation_in_progress=remediator.in_progress,
+            restart_stable=remediated_restarter(remediator, server.name),
+        )
+        tuner = LocalTuner(
+            server,
+            runtime,
+            adapter,
+            store.db,
+            tuning=config.tuning,
+            api_key=api_key,
+            vllm_version=vllm_version,
+            workload=workload,
+        )
+    elif isinstance(runtime, KubernetesRuntime) and isinstance(config.runtime, PodRuntimeConfig):
+        tuner = pod_tuner(
+            config.runtime,
+            config.tuning,
+            runtime,
+            store.db,
+            remediation_in_progress=remediator.in_progress,
+            api_key=api_key,
+            vllm_version=vllm_version,
+            workload=workload,
+        )
+    else:
+        return None
+    return scheduled_tuning(
+        tuner,
+        schedule,
+        remediator,
+        store,
+        mode=remediator.mode.current,
+        on_tuned=completed_runs.mark,
+        sweep=isinstance(tuner, PodTuner),  # a pod evicted mid-trial leaves its canary
+    )
+
+
 def _log_dir(config: AgentConfig, runtime: LocalRuntimeConfig) -> Path:
+
     dirs = {i.log_dir for i in runtime.instances if i.log_dir is not None}
     return next(iter(dirs)) if len(dirs) == 1 else config.state_dir / "logs"
 

@@ -12,16 +12,12 @@ from pydantic import BaseModel
 from kvpilot.agent.cli.config_load import load_or_exit
 from kvpilot.agent.config import (
     AgentConfig,
-    AttachRuntimeConfig,
-    LocalRuntimeConfig,
     NotifierConfig,
-    PodRuntimeConfig,
     SlackNotifierConfig,
     config_warnings,
 )
 from kvpilot.agent.config.extras import missing_extras, needed_extras
 from kvpilot.collectors.secrets import mask_url
-from kvpilot.collectors.vllm_argv import launch_form
 
 
 def json_schema() -> dict[str, Any]:
@@ -67,24 +63,7 @@ def summary(config: AgentConfig) -> list[str]:
     """A short human summary of a valid configuration, secrets masked."""
     lines = [f"listen: {config.listen.host}:{config.listen.port}, every {config.interval_s:g} s"]
     runtime = config.runtime
-    if isinstance(runtime, LocalRuntimeConfig):
-        lines.append(f"runtime: local, {len(runtime.instances)} instance(s)")
-        for inst in runtime.instances:
-            kvpool = f", kvpool :{inst.kvpool_port}" if inst.kvpool_port else ""
-            form = launch_form(inst.argv)
-            lines.append(f"  {inst.name} ({inst.role}) {mask_url(inst.url)}, {form} form{kvpool}")
-    elif isinstance(runtime, AttachRuntimeConfig):
-        lines.append(f"runtime: attach (watch only), {len(runtime.servers)} server(s)")
-        lines.extend(f"  {s.name} ({s.role}) {mask_url(s.url)}" for s in runtime.servers)
-    elif isinstance(runtime, PodRuntimeConfig):
-        k8s = runtime.kubernetes
-        where = f"{k8s.namespace or '(the pod namespace)'}/{k8s.deployment}"
-        lines.append(
-            f"runtime: pod, {runtime.name} at {mask_url(runtime.url)}, Deployment {where}, "
-            f"promote {k8s.promote}, restart by {k8s.restart}"
-        )
-    else:
-        lines.append(f"runtime: process, {runtime.name} at {mask_url(runtime.url)}")
+    lines.extend(runtime.summary_lines())
     lines.append(f"api key for vLLM: {'set' if runtime.api_key else 'none'}")
     rules = enabled_rules(config.rules)
     lines.append(f"rules enabled ({len(rules)}): {', '.join(rules) or 'none'}")

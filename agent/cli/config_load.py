@@ -61,7 +61,7 @@ def load_or_exit(
         config = load_config(path, os.environ if use_env else None, warn=warn)
         if read_token:
             _read_token(config)
-        return config, configured_hash(config)
+        return config, configured_hash(config.runtime)
     except ConfigError as exc:
         exit_invalid(path, exc.problems)
     except OSError as exc:  # the file went away between reading and hashing

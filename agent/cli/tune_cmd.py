@@ -16,18 +16,20 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
-from kvpilot.agent.app.parts import build_pod_runtime
+from kvpilot.agent.app.parts import deployment_server, pod_parts, pod_tuner, tuned_server
 from kvpilot.agent.cli import workload_cmd as workload_cli
 from kvpilot.agent.cli.config_load import exit_missing_extras, load_or_exit, open_state_or_exit
 from kvpilot.agent.cli.tune_output import judging_line, print_end, print_summary, run_with_progress
 from kvpilot.agent.cli.tune_report import report
 from kvpilot.agent.config import AgentConfig, PodRuntimeConfig, secret_values
+from kvpilot.agent.config.runtime import RuntimeConfig
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes import LocalRuntime, RuntimeFailure
 from kvpilot.agent.runtimes.kubernetes.pod import strict_reads
@@ -36,32 +38,30 @@ from kvpilot.agent.runtimes.probe import StartFailed
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.store import StateStore
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
-from kvpilot.agent.tuning.factory import local_adapter, stable_runtime
+from kvpilot.agent.tuning.entry import Recovery, Tuner, run_tuning
 from kvpilot.agent.tuning.ground import Ground, GroundStore, argv_model, server_version
-from kvpilot.agent.tuning.local_adapter import (
+from kvpilot.agent.tuning.local.adapter import (
     STABLE_FACT,
     end_stable,
     recover_at_startup,
     stable_owner_id,
     started_by_tune,
 )
-from kvpilot.agent.tuning.pod_tuner import PodTuner, pod_study
-from kvpilot.agent.tuning.promoted import tuned_instance
+from kvpilot.agent.tuning.local.factory import local_adapter, stable_runtime
+from kvpilot.agent.tuning.local.tuner import LocalTuner
+from kvpilot.agent.tuning.server import TunedServer
 from kvpilot.agent.tuning.study import (
     Study,
     StudyError,
     build_study,
-    make_session,
     read_gpu,
+    require_server,
     with_version,
 )
 from kvpilot.agent.tuning.workload.record import remember_workload
-from kvpilot.tuner.render import trials_table
-from kvpilot.tuner.rollout import Strategy
-from kvpilot.tuner.session import (
-    TuningBlocked,
-    dry_run,
-)
+from kvpilot.tuner.report.table import trials_table
+from kvpilot.tuner.rollout.canary import Strategy
+from kvpilot.tuner.session import SessionSummary, TuningBlocked, dry_run
 from kvpilot.tuner.suggest import BayesianSuggester
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="The agent's YAML file.")]
@@ -171,16 +171,11 @@ def tune(
     try:
         tuning = TuningConfig.model_validate({**base.model_dump(), **_given(**overrides)})
         chosen = None
-        if pod is None:
+        if pod is None or tuning.canary.traffic == "replay":  # live traffic: its own workload
             chosen = workload_cli.choose_for_tune(cfg, tuning, sidecar_url, observe_s)
-            study = build_study(cfg, tuning, read_gpu(), chosen=chosen)
-        else:
-            if tuning.canary.traffic == "replay":  # live traffic is its own workload
-                chosen = workload_cli.choose_for_tune(cfg, tuning, sidecar_url, observe_s)
-            with strict_reads():  # the Deployment's flags, never the process's view of them
-                stable_url = next(i.url for i in pod.instances() if i.role == "stable")
-                version = asyncio.run(server_version(stable_url, api_key=_api_key(cfg)))
-                study = pod_study(cfg, pod, tuning, version, chosen)
+        api_key = _api_key(cfg.runtime)
+        server, version = _stable_server(tuned_server(cfg), pod, api_key)
+        study = build_study(server, tuning, read_gpu(), vllm_version=version, chosen=chosen)
     except (ValueError, StudyError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--config") from exc
     except RuntimeFailure as exc:  # the API server refused or did not answer
@@ -197,7 +192,7 @@ def tune(
         if dry:
             last = GroundStore(db).load(study.stable.name)  # the study of the last run's vLLM
             if pod is None and last is not None and last.ground.vllm_version is not None:
-                study = with_version(cfg, study, last.ground.vllm_version)
+                study = with_version(study, last.ground.vllm_version)
             told, planned = dry_run(
                 study.space,
                 BayesianSuggester(study.space, seed=tuning.seed),
@@ -214,9 +209,21 @@ def tune(
                 console.print(f"{i}. {plan.candidate.describe()}  [dim]{plan.why}[/dim]")
             return
         if pod is None:
-            asyncio.run(_run(cfg, config_sha256, study, db, console, config, keep=keep_servers))
+            run = _run(
+                study,
+                db,
+                console,
+                config_sha256=config_sha256,
+                secrets=secret_values(cfg),
+                api_key=api_key,
+                log_dir=cfg.state_dir / "logs",
+                config_path=config,
+                keep=keep_servers,
+            )
+            asyncio.run(run)
         else:
-            asyncio.run(_run_pod(PodTuner(cfg, pod, db, api_key=_api_key(cfg)), study, console))
+            tuner = pod_tuner(pod[0], tuning, pod[1], db, api_key=api_key)
+            asyncio.run(_run_pod(tuner, study, console, secret_values(cfg)))
     except StartFailed as exc:  # the log's end and a sentence, never a traceback
         print(exc.explain(), file=sys.stderr)
         raise typer.Exit(1) from None
@@ -260,21 +267,25 @@ def _cpu_list(text: str) -> tuple[int, ...]:
 
 
 async def _run(
-    cfg: AgentConfig,
-    config_sha256: str,
     study: Study,
     db: Database,
     console: Console,
-    config_path: Path,
     *,
+    config_sha256: str,
+    secrets: tuple[str, ...],
+    api_key: str | None,
+    log_dir: Path,
+    config_path: Path,
     keep: bool,
 ) -> None:
-    """The run on the local runtime. On every way out (the end, an error, SIGINT or SIGTERM)
-    the canary stops, and so does the stable server unless it ran before or `keep`."""
-    secrets = secret_values(cfg)
+    """The run on the local runtime (the servers' logs in `log_dir`). On every way out (the
+    end, an error, SIGINT or SIGTERM) the canary stops, and so does the stable server unless
+    it ran before or `keep`."""
     owner_id = stable_owner_id(db, time.time())
-    runtime, flags = stable_runtime(cfg, db, config_sha256, owner_id=owner_id)
-    adapter = local_adapter(cfg, runtime, db, config_sha256=config_sha256, tuning=study.tuning)
+    runtime, flags = stable_runtime(study.stable, log_dir, db, config_sha256, owner_id=owner_id)
+    adapter = local_adapter(
+        study.stable, runtime, db, tuning=study.tuning, log_dir=log_dir, config_sha256=config_sha256
+    )
     name = study.stable.name
     # Adopted: not this run's to stop, unless a killed `kvpilot tune` started it.
     found_running = runtime.status(name).state == "running"
@@ -291,16 +302,15 @@ async def _run(
                 console.print(f"starting the stable instance ({flags.describe()})")
                 await _start_stable(runtime, study)
             url = next((i.url for i in runtime.instances() if i.name == name), None)
-            version = await server_version(url, api_key=_api_key(cfg)) if url else None
+            version = await server_version(url, api_key=api_key) if url else None
             if version is not None:  # the fingerprint holds the version (a new one: a new study)
-                study = with_version(cfg, study, version)
+                study = with_version(study, version)
             if study.choice is not None:
                 remember_workload(StateStore(db), study.choice, time.time())
-            summary = await run_with_progress(
-                console,
-                lambda show: make_session(study, adapter, db, on_progress=show),
-                study.tuning.trials,
+            tuner = LocalTuner(
+                study.stable, runtime, adapter, db, tuning=study.tuning, api_key=api_key
             )
+            summary = await _tune(tuner, study, console)
             print_summary(console, summary, adapter.stable_argv(), secrets)
             key = study.choice.key if study.choice is not None else None  # None unless learned
             ground = Ground(version, argv_model(study.configured_argv), key)
@@ -317,7 +327,7 @@ async def _run(
                 name,
                 found_running=found_running,
                 keep=keep,
-                drain_timeout_s=cfg.runtime.drain_timeout_s,
+                drain_timeout_s=study.stable.drain_timeout_s,
             )
             StateStore(db).delete_fact(STABLE_FACT)  # ended: what runs now is not this run's
             print_end(console, end, config_path)
@@ -354,11 +364,10 @@ class _Signals:
                 loop.remove_signal_handler(sig)
 
 
-async def _run_pod(tuner: PodTuner, study: Study, console: Console) -> None:
-    """A run on the pod runtime: under the Deployment's Lease, canary Deployments, promotion
-    by patching the Deployment (which replaces the pod `kvpilot tune` may be running in)."""
-    async with tuner.lease():
-        done = await tuner.recover(study)
+async def _tune(tuner: Tuner, study: Study, console: Console) -> SessionSummary:
+    """A run the one way into tuning (`run_tuning`), its recovery and progress shown."""
+
+    def told(done: Recovery) -> None:
         for resumed in done.resumed:
             console.print(
                 f"resumed trial {resumed.trial_id} (handed over in "
@@ -366,26 +375,48 @@ async def _run_pod(tuner: PodTuner, study: Study, console: Console) -> None:
             )
         for recovered in done.recovered:
             console.print(f"recovered trial {recovered.trial_id} (was {recovered.phase.value})")
-        summary = await run_with_progress(
-            console, lambda show: tuner.session(study, on_progress=show), study.tuning.trials
-        )
-    print_summary(console, summary, tuner.adapter.stable_argv(), secret_values(tuner.config))
+
+    return await run_tuning(
+        tuner, study, on_recovered=told, run=partial(run_with_progress, console)
+    )
 
 
-def _api_key(cfg: AgentConfig) -> str | None:
-    return cfg.runtime.api_key.get_secret_value() if cfg.runtime.api_key else None
+async def _run_pod(tuner: Tuner, study: Study, console: Console, secrets: tuple[str, ...]) -> None:
+    """A run on the pod runtime: under the Deployment's Lease, canary Deployments, promotion
+    by patching the Deployment (which replaces the pod `kvpilot tune` may be running in)."""
+    summary = await _tune(tuner, study, console)
+    print_summary(console, summary, tuner.stable_argv(), secrets)
 
 
-def _pod_runtime_or_exit(cfg: AgentConfig) -> KubernetesRuntime | None:
+def _api_key(runtime: RuntimeConfig) -> str | None:
+    return runtime.api_key.get_secret_value() if runtime.api_key else None
+
+
+PodParts = tuple[PodRuntimeConfig, KubernetesRuntime]
+
+
+def _pod_runtime_or_exit(cfg: AgentConfig) -> PodParts | None:
     """The pod runtime when the configuration names it (None for the local runtime), or one
     plain message (namespace or API server not found) and exit 1."""
-    if not isinstance(cfg.runtime, PodRuntimeConfig):
-        return None
     try:
-        return build_pod_runtime(cfg, cfg.runtime, os.environ)
+        return pod_parts(cfg, os.environ)
     except RuntimeFailure as exc:
         print(f"kvpilot tune: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
+
+
+def _stable_server(
+    configured: TunedServer | None, pod: PodParts | None, api_key: str | None
+) -> tuple[TunedServer, str | None]:
+    """The server to tune and its vLLM version: the `configured` stable instance (its version
+    read once it runs), or the Deployment's as it runs now."""
+    if pod is None:
+        return require_server(configured), None
+    section, runtime = pod
+    with strict_reads():  # the Deployment's flags, never the process's view of them
+        server = deployment_server(runtime, section)
+        stable_url = next(i.url for i in runtime.instances() if i.role == "stable")
+    return server, asyncio.run(server_version(stable_url, api_key=api_key))
 
 
 def trials_command(
@@ -412,7 +443,7 @@ def trials_command(
 def _recover_only(cfg: AgentConfig, config_sha256: str, db: Database, canary_port: int) -> None:
     pod = _pod_runtime_or_exit(cfg)
     if pod is not None:
-        tuner = PodTuner(cfg, pod, db, api_key=_api_key(cfg))
+        tuner = pod_tuner(pod[0], cfg.tuning, pod[1], db, api_key=_api_key(cfg.runtime))
 
         async def recover_pod() -> None:
             study = await tuner.study()
@@ -424,11 +455,15 @@ def _recover_only(cfg: AgentConfig, config_sha256: str, db: Database, canary_por
         except (TuningBlocked, RuntimeFailure, StudyError) as exc:
             print(f"kvpilot trials: not recovered: {exc}", file=sys.stderr)
         return
-    if tuned_instance(cfg) is None:
+    server = tuned_server(cfg)
+    if server is None:
         return  # nothing this configuration tunes
-    runtime, _ = stable_runtime(cfg, db, config_sha256)
+    logs = cfg.state_dir / "logs"
+    runtime, _ = stable_runtime(server, logs, db, config_sha256)
     tuning = cfg.tuning.model_copy(update={"canary_port": canary_port})
-    adapter = local_adapter(cfg, runtime, db, config_sha256=config_sha256, tuning=tuning)
+    adapter = local_adapter(
+        server, runtime, db, tuning=tuning, log_dir=logs, config_sha256=config_sha256
+    )
     asyncio.run(recover_at_startup(db, adapter))
 
 

@@ -11,9 +11,9 @@ from rich.console import Console
 from rich.live import Live
 
 from kvpilot.agent.config.tuning import TuningConfig
-from kvpilot.agent.tuning.local_adapter import StableEnd
+from kvpilot.agent.tuning.local.adapter import StableEnd
 from kvpilot.collectors.secrets import mask_argv, mask_text
-from kvpilot.tuner.render import format_rate, summary_line
+from kvpilot.tuner.report.table import format_rate, summary_line
 from kvpilot.tuner.session import Progress, SessionSummary, TuningSession
 
 MakeSession = Callable[[Callable[[Progress], None]], TuningSession]

@@ -11,34 +11,38 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from kvpilot.agent.app.parts import tuned_server
 from kvpilot.agent.cli.config_load import load_or_exit, open_state_or_exit
-from kvpilot.agent.config import AgentConfig
+from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.remediation.preflight import parse_human_int
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.store import StateStore
 from kvpilot.agent.state.trials import SqliteTrialStore
 from kvpilot.agent.tuning.promoted import PROMOTED_FACT, live_argv
-from kvpilot.agent.tuning.study import StudyError, build_study, read_gpu, stable_instance
+from kvpilot.agent.tuning.server import TunedServer
+from kvpilot.agent.tuning.study import StudyError, build_study, read_gpu, require_server
 from kvpilot.agent.tuning.workload.record import ReplayedWorkload, last_workload
 from kvpilot.collectors.vllm_argv import flag_value
-from kvpilot.tuner.constraints import Value
-from kvpilot.tuner.report import ReportContext, write_report
-from kvpilot.tuner.space import KnobKind, SearchSpace
+from kvpilot.tuner.problem.constraints import Value
+from kvpilot.tuner.problem.space import KnobKind, SearchSpace
+from kvpilot.tuner.report.html import ReportContext, write_report
 
 
-def report_context(cfg: AgentConfig, db: Database, config_sha256: str | None) -> ReportContext:
-    """The space and the stable's values; where the study cannot be built, a note saying
-    why (the page then draws no infeasible region and no stable mark on the knob map)."""
+def report_context(
+    tuning: TuningConfig, server: TunedServer | None, db: Database, config_sha256: str | None
+) -> ReportContext:
+    """The space under `tuning` and the stable `server`'s values; where the study cannot be
+    built, a note saying why (the page then draws no infeasible region and no stable mark on
+    the knob map)."""
     try:
-        study = build_study(cfg, cfg.tuning, read_gpu())
-        inst = stable_instance(cfg)
+        study = build_study(require_server(server), tuning, read_gpu())
     except (StudyError, ValueError, OSError) as exc:
         note = f"No planner region or stable mark on the knob map: {exc}"
         return ReportContext(notes=(note,))
     store = StateStore(db)
-    live = live_argv(inst.argv, store.get_fact(PROMOTED_FACT), config_sha256)
+    live = live_argv(study.stable.argv, store.get_fact(PROMOTED_FACT), config_sha256)
     replayed = last_workload(store)
-    w = cfg.tuning.workload
+    w = tuning.workload
     return ReportContext(
         study.space,
         stable_values(study.space, live.argv),
@@ -85,7 +89,7 @@ def report(
     cfg, config_sha256 = load_or_exit(config)
     db = open_state_or_exit(cfg)
     try:
-        context = report_context(cfg, db, config_sha256)
+        context = report_context(cfg.tuning, tuned_server(cfg), db, config_sha256)
         path = write_report(output, SqliteTrialStore(db).trials(), context=context)
     finally:
         db.close()

@@ -49,7 +49,7 @@ ObserveS = Annotated[
 def learned_for(cfg: AgentConfig, sidecar_url: str | None, observe_s: float | None) -> Learned:
     """The learned shape: observed for `observe_s` when given, else a sidecar's."""
     if observe_s is not None:
-        inst = tuned_instance(cfg)
+        inst = tuned_instance(cfg.runtime)
         if inst is None:
             return Learned(None, "no stable instance to observe in the configuration")
         key = cfg.runtime.api_key.get_secret_value() if cfg.runtime.api_key else None
@@ -67,7 +67,7 @@ def choose_for_tune(
     if tuning.workload.trace is not None or not tuning.learn.enabled:
         return choose_workload(tuning, None)
     learned = learned_for(cfg, sidecar_url, observe_s)
-    inst = tuned_instance(cfg)
+    inst = tuned_instance(cfg.runtime)
     limit = flag_value(inst.argv, "--max-model-len") if inst else None
     return choose_workload(
         tuning, learned.shape, max_model_len=int(limit) if limit else None, no_shape=learned.why

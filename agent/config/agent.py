@@ -19,6 +19,8 @@ from kvpilot.agent.config.base import (
     require_unique,
 )
 from kvpilot.agent.config.errors import ConfigError
+from kvpilot.agent.config.exposition import ExpositionConfig
+from kvpilot.agent.config.gpu import GpuConfig
 from kvpilot.agent.config.notifiers import NotifierConfig, SlackNotifierConfig
 from kvpilot.agent.config.remediation import RemediationConfig
 from kvpilot.agent.config.runtime import RuntimeConfig
@@ -181,6 +183,13 @@ class AgentConfig(StrictModel):
     )
     scrape: ScrapeConfig = Field(
         default_factory=ScrapeConfig, description="Limits on every read of a source."
+    )
+    gpu: GpuConfig = Field(
+        default_factory=GpuConfig,
+        description="GPU facts where NVML cannot give them (dcgm-exporter through Prometheus).",
+    )
+    exposition: ExpositionConfig = Field(
+        default_factory=ExpositionConfig, description="What kvpilot's /metrics carries."
     )
 
     def api_listen(self) -> ListenConfig:

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 from kvpilot.agent.config.agent import AgentConfig
-from kvpilot.agent.config.runtime import PodRuntimeConfig
 
 # Each extra of pyproject.toml that the agent may need, with the modules that tell it is there.
 EXTRA_MODULES = {
@@ -25,8 +24,8 @@ def needed_extras(config: AgentConfig, *, tuning: bool = False) -> dict[str, str
     """Each extra `config` needs, with the setting that needs it. `tuning`: the command
     tunes whatever the schedule says (`kvpilot tune`)."""
     needed = {}
-    if isinstance(config.runtime, PodRuntimeConfig):
-        needed["kubernetes"] = "runtime.kind pod"
+    if (extra := config.runtime.needed_extra) is not None:
+        needed[extra] = f"runtime.kind {config.runtime.kind}"
     if tuning:
         needed["tuner"] = "tuning"
     elif config.tuning.schedule is not None:

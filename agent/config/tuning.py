@@ -11,8 +11,10 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from kvpilot.agent.strict_model import StrictModel
+from kvpilot.tuner.judge.sequential import DEFAULT_WINDOWS
 
-# The judge's minimum samples per metric (tuner.judge.MetricSpec.min_samples): one per interval.
+# The judge's minimum samples per metric (tuner.judge.vocabulary.MetricSpec.min_samples): one
+# per interval.
 MIN_ANALYSIS_INTERVALS = 5
 
 
@@ -32,7 +34,7 @@ class TuningWorkload(StrictModel):
 
 
 class LearnConfig(StrictModel):
-    """The workload learned from the stable server's own /metrics (tuner/learned.py)."""
+    """The workload learned from the stable server's own /metrics (tuner/load/learned.py)."""
 
     enabled: bool = Field(
         True, description="Replay the learned workload once the window holds min_requests."
@@ -231,16 +233,50 @@ class TuningConfig(StrictModel):
         default_factory=LearnConfig, description="The workload learned from the server."
     )
     slo: TuningSlo = Field(default_factory=TuningSlo, description="The SLO.")
-    bake: bool = Field(True, description="Watch promoted flags for one more window.")
+    bake: bool = Field(
+        True,
+        description="Watch promoted flags for 8 more windows, judged against the old flags' "
+        "windows; revert when shown worse.",
+    )
     windows: int = Field(
-        5,
+        DEFAULT_WINDOWS,
         ge=1,
-        le=50,
-        description="Replayed windows a side per trial (at the same time on both sides for a "
-        "parallel canary). From 5, the judge takes the window as its unit of evidence and a "
-        "goodput gain must stand out from the windows' spread; fewer are judged request by "
-        "request, which the calibration (docs/judge.md) shows overconfident. Live traffic is "
-        "judged over canary.analysis_s instead.",
+        le=256,
+        description="The most replayed windows a side per trial (at the same time on both "
+        "sides for a parallel canary), judged at looks of 8, 16, 32 and 64 windows: a clearly "
+        "bad canary stops early. With zero errors on both sides the half-point error margin "
+        "needs about 550 requests a side, so an equal canary passes by 32 windows of 64 "
+        "requests at the earliest. From 5 the window is the judge's unit of evidence; fewer "
+        "are judged request by request, which the calibration (docs/judge.md) shows "
+        "overconfident. Live traffic is judged over canary.analysis_s instead.",
+    )
+    hold_inconclusive: bool = Field(
+        False,
+        description="A canary still inconclusive after the last look is held (left running, "
+        "the stable untouched) for a person's review instead of rolled back (parallel only).",
+    )
+    error_margin_ratio: float = Field(
+        0.005,
+        gt=0,
+        le=0.5,
+        description="How many more failed requests a canary may have and pass: half a point "
+        "by default. A rig of few requests (a CPU test, the demo) sets its own.",
+    )
+    min_memory_saving_ratio: float = Field(
+        0.05, ge=0, le=1, description="Less memory is a gain only from this share of the stable's."
+    )
+    min_memory_saving_bytes: int = Field(
+        64 << 20,
+        ge=0,
+        description="...and only from this many bytes (the CPU rigs' budgets are 1-24 MiB: "
+        "they set their own).",
+    )
+    max_cumulative_loss_ratio: float = Field(
+        0.10,
+        ge=0,
+        lt=1,
+        description="No promotion may leave goodput more than this share below the "
+        "configuration the operator deployed.",
     )
     canary: CanaryConfig = Field(
         default_factory=CanaryConfig,
@@ -267,7 +303,7 @@ class TuningConfig(StrictModel):
     @field_validator("constraints")
     @classmethod
     def _constraints_parse(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from kvpilot.tuner.constraints import parse_constraint
+        from kvpilot.tuner.problem.constraints import parse_constraint
 
         for text in value:
             parse_constraint(text)  # raises ValueError with what is wrong
@@ -276,7 +312,7 @@ class TuningConfig(StrictModel):
     @field_validator("extra_knobs")
     @classmethod
     def _knobs_build(cls, value: tuple[ExtraKnob, ...]) -> tuple[ExtraKnob, ...]:
-        from kvpilot.tuner.space import optional_knob
+        from kvpilot.tuner.problem.space import optional_knob
 
         for knob in value:
             optional_knob(knob.name, low=knob.low, high=knob.high, choices=knob.choices)

@@ -6,7 +6,7 @@ with bake off the operator chose to trust the judge alone, and the rollout goes 
 `promoted`: both count, since `promoted` is where the tuner itself says "this serves". A
 rollout that reverted in its bake, was rolled back or refused never counts.
 
-Of those trials, the best by the objective's own ordering (`tuner.objective.better`) is
+Of those trials, the best by the objective's own ordering (`tuner.problem.objective.better`) is
 returned as the instance's current argv with the trial's knob values applied, the way a
 tuning run builds a candidate (`tuner.session.candidate_argv`). When those are the flags the
 instance already runs (compared as `collectors.vllm_argv.canonical_flags` compares) there
@@ -23,20 +23,20 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from kvpilot.agent.config import AgentConfig, InstanceConfig, LocalRuntimeConfig
+from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.model import Instance
-from kvpilot.agent.runtimes.base import Runtime
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.store import StateStore
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
-from kvpilot.agent.tuning.promoted import PROMOTED_FACT, tuned_instance
+from kvpilot.agent.tuning.promoted import PROMOTED_FACT
+from kvpilot.agent.tuning.server import ServerOf, TunedServer
 from kvpilot.agent.tuning.study import Study, build_study, read_gpu
 from kvpilot.agent.tuning.workload.choice import WorkloadChoice
 from kvpilot.collectors.vllm_argv import canonical_flags
-from kvpilot.tuner.objective import Slo, TrialResult, better
-from kvpilot.tuner.rollout import Phase
+from kvpilot.tuner.problem.objective import Slo, TrialResult, better
+from kvpilot.tuner.problem.space import Candidate, SearchSpace
+from kvpilot.tuner.rollout.canary import Phase
 from kvpilot.tuner.session import candidate_argv
-from kvpilot.tuner.space import Candidate, SearchSpace
 from kvpilot.tuner.trials import Trial, TrialState
 
 log = logging.getLogger(__name__)
@@ -135,26 +135,13 @@ class BestConfig:
         return argv
 
 
-def best_config(
-    config: AgentConfig,
-    db: Database,
-    runtime: Runtime,
-    version_of: VersionOf = lambda _n: None,
-    workload_of: WorkloadOf = lambda: None,
-) -> BestConfig:
-    """The composition root's source: this configuration's study over `runtime`'s servers
-    (`version_of`: a server's vLLM version, `workload_of`: the workload tuning replays now;
-    both are part of its study's fingerprint)."""
-    return BestConfig(db, runtime.instances, config_studies(config, version_of, workload_of))
-
-
 def remember_promotion(
-    config: AgentConfig, store: StateStore, config_sha256: str | None
+    tuned: TunedServer | None, store: StateStore, config_sha256: str | None
 ) -> Callable[[str, tuple[str, ...], str], None]:
-    """Notes each promotion of the tuned instance as the promoted flags (the fact the next
-    start reads, `agent.tuning.promoted`), so that the ladder's promotion holds as the
-    tuner's does; without a YAML to hold it to, nothing is noted."""
-    tuned = tuned_instance(config)
+    """Notes each promotion of the tuned server (its configured flags in `tuned`) as the
+    promoted flags (the fact the next start reads, `agent.tuning.promoted`), so that the
+    ladder's promotion holds as the tuner's does; without a YAML to hold it to, or a server
+    kvpilot starts, nothing is noted."""
 
     def noted(name: str, argv: tuple[str, ...], reason: str) -> None:
         if tuned is None or tuned.name != name or config_sha256 is None:
@@ -169,45 +156,38 @@ def remember_promotion(
 
 
 def config_studies(
-    config: AgentConfig,
+    tuning: TuningConfig,
+    server_of: ServerOf,
     version_of: VersionOf = lambda _n: None,
     workload_of: WorkloadOf = lambda: None,
 ) -> StudyFor:
-    """The study of an instance, as tuning builds it: the configured stable instance's on the
-    local runtime; elsewhere the study of the server as it runs (its argv read by the
-    runtime). Built once per argv; a study that cannot be built is its reason."""
+    """The study of an instance under `tuning`, as tuning builds it, of the server
+    `server_of` says (the configured stable instance's, or the server's as it runs). Built
+    once per argv; a study that cannot be built is its reason."""
     built: dict[tuple[str, tuple[str, ...], str | None, str | None], Study | str] = {}
 
     def study_for(name: str, argv: Sequence[str]) -> Study | str:
         version, chosen = version_of(name), workload_of()
         key = (name, tuple(argv), version, chosen.served() if chosen else None)
         if key not in built:
-            built[key] = _build(config, name, tuple(argv), version, chosen)
+            built[key] = _build(tuning, server_of(name, tuple(argv)), name, version, chosen)
         return built[key]
 
     return study_for
 
 
 def _build(
-    config: AgentConfig,
+    tuning: TuningConfig,
+    server: TunedServer | str,
     name: str,
-    argv: tuple[str, ...],
     version: str | None,
     chosen: WorkloadChoice | None,
 ) -> Study | str:
-    if isinstance(config.runtime, LocalRuntimeConfig):
-        subject = config
-    else:  # a server kvpilot did not start: its study is the one of the argv it runs
-        try:
-            instance = InstanceConfig(name=name, argv=argv, role="stable")
-        except ValueError as exc:
-            return f"the server's argv is not one tuning can read: {exc}"
-        local = LocalRuntimeConfig(kind="local", instances=(instance,))
-        subject = config.model_copy(update={"runtime": local})
+    if isinstance(server, str):
+        return server
     try:
-        study = build_study(
-            subject, subject.tuning, read_gpu(), vllm_version=version, chosen=chosen
-        )
+        study = build_study(server, tuning, read_gpu(), vllm_version=version, chosen=chosen)
+
     except (ValueError, OSError) as exc:  # StudyError is a ValueError
         return f"no tuning study: {exc}"
     if study.stable.name != name:

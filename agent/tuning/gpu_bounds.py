@@ -7,16 +7,13 @@ the range does not fit there, trials run in sequence, and the reason is said."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
-from kvpilot.agent.runtimes.processes import find_vllm_mains
 from kvpilot.collectors.nvml import gpu_from_nvml
-from kvpilot.collectors.procfs import list_processes
 from kvpilot.collectors.vllm_argv import flag_value
-from kvpilot.tuner.rollout import Strategy
-from kvpilot.tuner.space import Knob
+from kvpilot.tuner.problem.space import Knob
+from kvpilot.tuner.rollout.canary import Strategy
 
 # vLLM's default --gpu-memory-utilization, for a stable server not running yet.
 VLLM_DEFAULT_UTILIZATION = 0.9
@@ -43,30 +40,6 @@ def read_gpu(server_pids: frozenset[int] = frozenset()) -> GpuMemory | None:
     GPU simply means the KV-budget knob)."""
     found = gpu_from_nvml(0, server_pids)
     return None if isinstance(found, str) else GpuMemory(*found)
-
-
-def server_pids(url: str) -> frozenset[int]:
-    """The main processes of the vLLM server listening on `url`'s port (its children are
-    found from them)."""
-    port = urlsplit(url).port
-    if port is None:
-        return frozenset()
-    return frozenset(p.pid for p in find_vllm_mains(list_processes(), port=port))
-
-
-def server_device_memory_bytes(
-    url: str, pids_of: Callable[[str], frozenset[int]] = server_pids
-) -> int | None:
-    """The device memory the server at `url` holds on the first GPU, from NVML: the measured
-    memory of a trial where the server reports no KV budget (one sized by
-    --gpu-memory-utilization); None without a GPU, the server, or NVML's word on its use."""
-    pids = pids_of(url)
-    if not pids:
-        return None
-    found = gpu_from_nvml(0, pids)
-    if isinstance(found, str):
-        return None
-    return found[3] or None
 
 
 def canary_strategy(

@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvpilot.collectors.secrets import mask_argv
-from kvpilot.tuner.objective import evaluate
-from kvpilot.tuner.ports import Observer, PassThroughRuntime, RolloutJournal, TunerRuntime
-from kvpilot.tuner.rollout import Phase, RolloutRecord, RolloutSettings, bake_degradation
+from kvpilot.tuner.problem.objective import evaluate
+from kvpilot.tuner.rollout.canary import Phase, RolloutRecord, RolloutSettings, bake_degradation
+from kvpilot.tuner.rollout.ports import Observer, PassThroughRuntime, RolloutJournal, TunerRuntime
 from kvpilot.tuner.trials import TrialStore
 
 log = logging.getLogger(__name__)

@@ -11,10 +11,10 @@ from dataclasses import replace
 
 from kvpilot.collectors.scrape_client import ScrapeClient
 from kvpilot.collectors.vllm_metrics import VllmMetricsSource, VllmScrape
-from kvpilot.tuner.evidence import Counts, Samples
-from kvpilot.tuner.loadgen import LoadReport, Workload, run_load
-from kvpilot.tuner.objective import Measurement, server_kv_budget_bytes
-from kvpilot.tuner.ports import Observation
+from kvpilot.tuner.judge.evidence import Counts, Samples
+from kvpilot.tuner.load.generator import LoadReport, Workload, run_load
+from kvpilot.tuner.problem.objective import Measurement, server_kv_budget_bytes
+from kvpilot.tuner.rollout.ports import Observation
 from kvpilot.tuner.trials import Warmup
 
 

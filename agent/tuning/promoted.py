@@ -20,7 +20,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
-from kvpilot.agent.config import AgentConfig, InstanceConfig, LocalRuntimeConfig
+from kvpilot.agent.config import InstanceConfig
+from kvpilot.agent.config.runtime import RuntimeConfig
 from kvpilot.agent.state.store import StateStore
 from kvpilot.collectors.secrets import SecretLost, mask_argv, restore_secrets
 
@@ -30,11 +31,11 @@ PROMOTED_FACT = "tuning.promoted"
 RUNNING_CONFIG_FACT = "agent.config"
 
 
-def configured_hash(config: AgentConfig) -> str:
+def configured_hash(runtime: RuntimeConfig) -> str:
     """sha256 of the tuned server's configured argv as loaded, its secrets masked (a rotated
     API key keeps the promotion; the key comes back from the configured argv): a promotion
     holds while it is unchanged."""
-    tuned = tuned_instance(config)
+    tuned = tuned_instance(runtime)
     argv = mask_argv(tuned.argv) if tuned is not None else []
     text = json.dumps({"configured_argv": argv}, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
@@ -45,7 +46,7 @@ def yaml_hash(path: Path) -> str:
     (with this process's `KVPILOT_*` overrides)."""
     from kvpilot.agent.config.load import load_config
 
-    return configured_hash(load_config(path, os.environ, warn=False))
+    return configured_hash(load_config(path, os.environ, warn=False).runtime)
 
 
 class Why(StrEnum):
@@ -98,25 +99,21 @@ def live_argv(
     return LiveArgv(tuple(configured), Why.CONFIGURED)
 
 
-def tuned_instance(config: AgentConfig) -> InstanceConfig | None:
-    """The instance the tuner tunes and promotes for: the local runtime's first stable one."""
-    if not isinstance(config.runtime, LocalRuntimeConfig):
-        return None
-    return next((i for i in config.runtime.instances if i.role == "stable"), None)
+def tuned_instance(runtime: RuntimeConfig) -> InstanceConfig | None:
+    """The instance the tuner tunes and promotes for: the first stable one of those kvpilot
+    starts (the local runtime's)."""
+    return next((i for i in runtime.started_instances if i.role == "stable"), None)
 
 
 def instance_live_argv(
-    config: AgentConfig, store: StateStore, name: str, config_sha256: str | None
+    runtime: RuntimeConfig, store: StateStore, name: str, config_sha256: str | None
 ) -> LiveArgv | None:
     """Instance `name`'s flags and why (a promotion counts for the tuned instance only), or
     None for a server whose flags kvpilot does not set (the process runtime's)."""
-    runtime = config.runtime
-    if not isinstance(runtime, LocalRuntimeConfig):
-        return None
-    inst = next((i for i in runtime.instances if i.name == name), None)
+    inst = next((i for i in runtime.started_instances if i.name == name), None)
     if inst is None:
         return None
-    tuned = tuned_instance(config)
+    tuned = tuned_instance(runtime)
     promoted = store.get_fact(PROMOTED_FACT) if tuned is not None and tuned.name == name else None
     return live_argv(inst.argv, promoted, config_sha256)
 
@@ -130,11 +127,11 @@ def record_running_config(store: StateStore, config_sha256: str | None, now_wall
 
 
 def running_flags_source(
-    config: AgentConfig, store: StateStore, name: str, running: Sequence[str]
+    runtime: RuntimeConfig, store: StateStore, name: str, running: Sequence[str]
 ) -> Literal["configured", "promoted"]:
     """Where the flags instance `name` runs now came from, decided under the YAML the running
     agent noted at start-up (the live-flags metric's label)."""
     noted = store.get_fact(RUNNING_CONFIG_FACT)
     sha = noted.get("yaml_sha256") if isinstance(noted, Mapping) else None
-    live = instance_live_argv(config, store, name, sha)
+    live = instance_live_argv(runtime, store, name, sha)
     return "configured" if live is None else live.source_of(running)

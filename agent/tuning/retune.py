@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
-from kvpilot.agent.alerts import AlertView
+from kvpilot.agent.alert_values import AlertView
 from kvpilot.agent.config.tuning import RetuneConfig
 from kvpilot.agent.model import AlertEvent, Instance, fingerprint, labels_of
 from kvpilot.agent.remediation.events import TUNING_RECOMMENDED_ALERT, resolved
@@ -51,7 +51,7 @@ PREEMPTION_ALERT_BEFORE = "PreemptionSpike"
 PARTS_ANNOTATION = "retune_parts"
 DEFAULT_CHECK_EVERY_S = 60.0
 
-# The coarse workload shape's key (`tuner.learned.coarse_key` of the learned window's
+# The coarse workload shape's key (`tuner.load.learned.coarse_key` of the learned window's
 # shape), or None while there is too little traffic to say.
 WorkloadKey = Callable[[], str | None]
 Better = Callable[[str], "tuple[str, ...] | None"]  # agent.remediation.ladder.BetterConfig

@@ -16,37 +16,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
+from typing import Protocol
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 
-from kvpilot.agent.config import AgentConfig
-from kvpilot.agent.remediation import Remediator, Trigger
-from kvpilot.agent.remediation.ladder import LadderPlan
-from kvpilot.agent.runtimes.base import RuntimeFailure
-from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime
-from kvpilot.agent.runtimes.local import LocalRuntime
+from kvpilot.agent.mode import Mode, ModeSetting
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.trials import SqliteTrialStore
 from kvpilot.agent.tuning.canary_sweep import CanarySweep
-from kvpilot.agent.tuning.factory import local_adapter
-from kvpilot.agent.tuning.local_adapter import StableRestarter, recover_at_startup
-from kvpilot.agent.tuning.pod_tuner import PodRecovery, PodTuner
-from kvpilot.agent.tuning.study import (
-    Study,
-    StudyError,
-    build_study,
-    make_session,
-    read_gpu,
-    stable_instance,
-)
-from kvpilot.agent.tuning.workload.choice import WorkloadChoice
+from kvpilot.agent.tuning.entry import Recovery, Tuner, run_tuning
+from kvpilot.agent.tuning.study import Study, StudyError
 from kvpilot.agent.tuning.workload.record import remember_workload
-from kvpilot.tuner.ports import RestartRefused
-from kvpilot.tuner.render import summary_line
+from kvpilot.tuner.report.table import summary_line
 from kvpilot.tuner.session import TuningBlocked, dry_run
 from kvpilot.tuner.suggest import BayesianSuggester
 
@@ -55,41 +39,22 @@ log = logging.getLogger(__name__)
 Audit = Callable[[str, str], None]  # (decision, reason)
 
 
+class Remediations(Protocol):
+    """What scheduled tuning asks of the remediator (`agent.remediation.Remediator`), whose
+    restarts of the stable server the tuner's adapter goes through."""
+
+    def in_progress(self) -> bool: ...
+
+    def cooling_down(self, instance: str) -> str | None: ...
+
+
 async def _nothing() -> None:
     return None
-
-
-def remediated_restarter(remediator: Remediator, instance: str) -> StableRestarter:
-    """The tuner's stable restarts as remediations of `instance` (rule `tuning`)."""
-
-    async def restart(argv: tuple[str, ...], reason: str, restore: bool) -> None:
-        trigger = Trigger(
-            instance=instance,
-            rule="tuning",
-            fingerprint=None,
-            incident_id=f"tuning-{uuid.uuid4().hex[:12]}",
-            actor="agent",
-            requested_by="tuner",
-            force=restore,
-        )
-        plan = LadderPlan(
-            rule="tuning", action="promote", steps=("promote",), reason=reason, argv=argv
-        )
-        outcome = await remediator.remediate(trigger, plan)
-        if outcome.decision == "succeeded":
-            return
-        if outcome.decision == "failed":
-            raise RuntimeFailure(outcome.reason)
-        raise RestartRefused(outcome.reason)  # skipped by a guard, vetoed, dry-run
-
-    return restart
 
 
 class ScheduledTuning:
     """Fires `run_once` on a crontab schedule (UTC), one run at a time, never during a
     remediation; `aclose` cancels a run in progress (its rollout cleans up after itself)."""
-
-    sweep: CanarySweep | None = None  # the pod runtime's, for canaries nobody attends
 
     def __init__(
         self,
@@ -102,7 +67,9 @@ class ScheduledTuning:
         cooling_down: Callable[[], str | None] = lambda: None,
         on_close: Callable[[], None] = lambda: None,
         on_tuned: Callable[[], None] = lambda: None,
+        sweep: CanarySweep | None = None,
     ) -> None:
+        self.sweep = sweep  # canaries nobody attends, looked for between runs (the pod's)
         self._trigger = CronTrigger.from_crontab(schedule, timezone=UTC)
         self._run_once = run_once
         self._recover = recover or _nothing
@@ -184,7 +151,9 @@ class ScheduledTuning:
         self._reopened = reason
 
     def next_fire_time(self, now: datetime) -> datetime | None:
-        return self._trigger.get_next_fire_time(None, now)
+        # APScheduler ships no types; a cron trigger returns a datetime, or None when done.
+        fire: datetime | None = self._trigger.get_next_fire_time(None, now)
+        return fire
 
     async def aclose(self) -> None:
         """Stop a run in progress; `on_close` first (the pod runtime hands a promotion
@@ -202,59 +171,22 @@ class ScheduledTuning:
 
 
 def scheduled_tuning(
-    config: AgentConfig,
-    config_sha256: str,
-    runtime: LocalRuntime,
-    remediator: Remediator,
+    tuner: Tuner,
+    schedule: str,
+    remediations: Remediations,
     store: StateStore,
     *,
-    api_key: str | None = None,
-    vllm_version: Callable[[], str | None] = lambda: None,
-    workload: Callable[[], WorkloadChoice | None] = lambda: None,
+    mode: Callable[[], ModeSetting],
     on_tuned: Callable[[], None] = lambda: None,
+    sweep: bool = False,
 ) -> ScheduledTuning:
-    """The sidecar's scheduled tuning of its stable instance (config.tuning.schedule set);
-    `vllm_version`: the stable server's, read at each run into the study's fingerprint;
-    `workload`: what each run replays (the learned workload once its window is full)."""
-    tuning = config.tuning
-    assert tuning.schedule is not None
-    study = build_study(config, tuning, read_gpu(_pids(runtime, stable_instance(config).name)))
-    name = study.stable.name
-    adapter = local_adapter(
-        config,
-        runtime,
-        store.db,
-        config_sha256=config_sha256,
-        tuning=tuning,
-        remediation_in_progress=remediator.in_progress,
-        restart_stable=remediated_restarter(remediator, name),
-    )
-
-    async def recover() -> None:
-        for done in await recover_at_startup(store.db, adapter):
-            audit("recovered", f"trial {done.trial_id} was left in {done.phase.value}: aborted")
-
-    async def run_once() -> str:
-        await recover()  # a trial an earlier kvpilot left open
-        version = vllm_version()  # known once the server answered /version
-        chosen = workload()
-        now = (
-            study
-            if version is None and chosen is None
-            else build_study(
-                config, tuning, read_gpu(_pids(runtime, name)), vllm_version=version, chosen=chosen
-            )
-        )
-        if remediator.config.dry_run:
-            return _plan(now, store)
-        if now.choice is not None:
-            remember_workload(store, now.choice, time.time())
-        session = make_session(now, adapter, store.db, api_key=api_key)
-        summary = await session.run(tuning.trials)
-        scheduled.on_tuned()
-        told = f"; {chosen.describe()}" if chosen is not None else ""
-        how = f"; {now.strategy_reason}" if now.strategy_reason is not None else ""
-        return summary_line(summary) + told + how
+    """The sidecar's scheduled tuning of `tuner`'s stable server: each run studies the server
+    as it is then (its vLLM version and the workload a replay sends are part of the study),
+    takes the tuner's lease (a firing that finds it held elsewhere is skipped) and recovers
+    what an earlier run left open first; in the switch's dry-run mode a firing only plans,
+    and while paused it is skipped. `sweep`: canaries nobody attends are looked for
+    between runs too (the pod's, whose replicas may be evicted mid-trial)."""
+    name = tuner.name
 
     def audit(decision: str, reason: str) -> None:
         store.record_audit(
@@ -266,68 +198,7 @@ def scheduled_tuning(
             reason=reason,
         )
 
-    scheduled = ScheduledTuning(
-        tuning.schedule,
-        run_once,
-        on_tuned=on_tuned,
-        remediation_in_progress=remediator.in_progress,
-        audit=audit,
-        recover=recover,
-        cooling_down=lambda: remediator.cooling_down(name),
-    )
-    return scheduled
-
-
-def _plan(study: Study, store: StateStore) -> str:
-    """What a run would try, under remediation.dry_run."""
-    tuning = study.tuning
-    told, planned = dry_run(
-        study.space,
-        BayesianSuggester(study.space, seed=tuning.seed),
-        SqliteTrialStore(store.db),
-        study.fingerprint,
-        tuning.trials,
-        initial_points=len(study.space.knobs) + 2,
-    )
-    tried = "; ".join(p.candidate.describe() for p in planned)
-    return f"dry-run: would try {tried} ({told} past trials told)"
-
-
-def pod_scheduled_tuning(
-    config: AgentConfig,
-    runtime: KubernetesRuntime,
-    remediator: Remediator,
-    store: StateStore,
-    *,
-    api_key: str | None = None,
-    vllm_version: Callable[[], str | None] = lambda: None,
-    workload: Callable[[], WorkloadChoice | None] = lambda: None,
-    on_tuned: Callable[[], None] = lambda: None,
-) -> ScheduledTuning:
-    """The pod's scheduled tuning: canary Deployments, promotion by patching the Deployment,
-    one tuner per Deployment through its Lease (a firing that finds it held is skipped). The
-    study is read from the Deployment's live flags at each run; a replay sends `workload`
-    (the learned one once its window is full), live traffic is its own workload."""
-    tuning = config.tuning
-    assert tuning.schedule is not None
-    name = runtime.target.stable_name
-    tuner = PodTuner(
-        config, runtime, store.db, remediation_in_progress=remediator.in_progress, api_key=api_key
-    )
-    tuner.vllm_version = vllm_version  # into the study's fingerprint
-    tuner.workload = workload
-
-    def audit(decision: str, reason: str) -> None:
-        store.record_audit(
-            wall_s=time.time(),
-            actor="agent",
-            action="tune",
-            target=name,
-            decision=decision,
-            reason=reason,
-        )
-
-    def note(done: PodRecovery) -> None:
+    def note(done: Recovery) -> None:
         for resumed in done.resumed:
             audit(
                 "resumed",
@@ -344,15 +215,14 @@ def pod_scheduled_tuning(
         for kept in done.kept:
             audit("recovered", kept)
 
-    guard = asyncio.Lock()  # the recovery, a run and a sweep of this pod, one at a time
+    guard = asyncio.Lock()  # the recovery, a run and a sweep, one at a time
 
     async def recover() -> None:
         study = await tuner.study()
-        # A pod that starts while the one it replaces still holds the Lease waits it out.
-        async with guard, tuner.lease(wait_s=2.0 * runtime.lease.duration_s):
+        async with guard, tuner.lease(wait_s=tuner.start_wait_s):
             note(await tuner.recover(study))
 
-    async def sweep() -> None:  # CanarySweep holds the guard
+    async def sweep_once() -> None:  # CanarySweep holds the guard
         study = await tuner.study()
         async with tuner.lease():  # held elsewhere: TuningBlocked, this sweep is skipped
             note(await tuner.recover(study))
@@ -361,32 +231,49 @@ def pod_scheduled_tuning(
         try:
             study = await tuner.study()
         except StudyError as exc:
-            raise TuningBlocked(f"no study of the Deployment: {exc}") from exc
-        async with guard, tuner.lease():
-            note(await tuner.recover(study))
-            if remediator.config.dry_run:
+            raise TuningBlocked(f"no study of {name}: {exc}") from exc
+        setting = mode()  # the live switch, read as each run starts
+        if setting.mode is Mode.PAUSED:
+            raise TuningBlocked(f"kvpilot is paused ({setting.describe()})")
+        async with guard:
+            if setting.mode is Mode.DRY_RUN:
+                async with tuner.lease():
+                    note(await tuner.recover(study))
                 return _plan(study, store)
-            replayed = study.choice if tuning.canary.traffic == "replay" else None
+            replayed = study.choice if study.tuning.canary.traffic == "replay" else None
             if replayed is not None:
                 remember_workload(store, replayed, time.time())
-            summary = await tuner.session(study).run(tuning.trials)
-        scheduled.on_tuned()
-        return summary_line(summary) + (f"; {replayed.describe()}" if replayed else "")
+            summary = await run_tuning(tuner, study, on_recovered=note)
+        on_tuned()
+        told = f"; {replayed.describe()}" if replayed is not None else ""
+        how = f"; {study.strategy_reason}" if study.strategy_reason is not None else ""
+        return summary_line(summary) + told + how
 
-    scheduled = ScheduledTuning(
-        tuning.schedule,
+    return ScheduledTuning(
+        schedule,
         run_once,
         on_tuned=on_tuned,
-        remediation_in_progress=remediator.in_progress,
+        remediation_in_progress=remediations.in_progress,
         audit=audit,
         recover=recover,
-        cooling_down=lambda: remediator.cooling_down(name),
+        cooling_down=lambda: remediations.cooling_down(name),
         on_close=tuner.hand_over,
+        sweep=(
+            CanarySweep(sweep_once, guard=guard, busy=remediations.in_progress) if sweep else None
+        ),
     )
-    scheduled.sweep = CanarySweep(sweep, guard=guard, busy=remediator.in_progress)
-    return scheduled
 
 
-def _pids(runtime: LocalRuntime, name: str) -> frozenset[int]:
-    """The stable server's processes, whose GPU memory the search may count as room."""
-    return frozenset(pid for i in runtime.instances() if i.name == name for pid in i.pids)
+def _plan(study: Study, store: StateStore) -> str:
+    """What a run would try, under remediation.dry_run."""
+    tuning = study.tuning
+    told, planned = dry_run(
+        study.space,
+        BayesianSuggester(study.space, seed=tuning.seed),
+        SqliteTrialStore(store.db),
+        study.fingerprint,
+        tuning.trials,
+        initial_points=len(study.space.knobs) + 2,
+    )
+    tried = "; ".join(p.candidate.describe() for p in planned)
+    return f"dry-run: would try {tried} ({told} past trials told)"

@@ -9,35 +9,31 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpilot.agent.config import AgentConfig, InstanceConfig, LocalRuntimeConfig
-from kvpilot.agent.config.tuning import TuningConfig
+from kvpilot.agent.config.tuning import CanaryConfig, TuningConfig
 from kvpilot.agent.model_files import find_model_config
-from kvpilot.agent.runtimes.kubernetes.traffic import TrafficSplit
-from kvpilot.agent.runtimes.local import LocalInstanceSpec
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.gpu_bounds import GpuMemory as GpuMemory
-from kvpilot.agent.tuning.gpu_bounds import canary_strategy, server_device_memory_bytes
+from kvpilot.agent.tuning.gpu_bounds import canary_strategy
 from kvpilot.agent.tuning.gpu_bounds import read_gpu as read_gpu
-from kvpilot.agent.tuning.live_observer import LiveTrafficObserver
 from kvpilot.agent.tuning.observer import LoadObserver
-from kvpilot.agent.tuning.promoted import tuned_instance
+from kvpilot.agent.tuning.server import TunedServer
 from kvpilot.agent.tuning.workload.choice import WorkloadChoice, choose_workload
 from kvpilot.collectors.vllm_argv import flag_value, parse_server_argv, without_flags
-from kvpilot.tuner.constraints import (
+from kvpilot.tuner.judge.judgement import LIVE_METRICS, JudgeConfig, with_margins
+from kvpilot.tuner.load.generator import Workload
+from kvpilot.tuner.planner import FeasibleBounds, PlanInputs, feasible_bounds
+from kvpilot.tuner.problem.constraints import (
     batched_tokens_constraint,
     parse_constraint,
     planner_constraint,
 )
-from kvpilot.tuner.fingerprint import fingerprint
-from kvpilot.tuner.judge import LIVE_METRICS, JudgeConfig
-from kvpilot.tuner.loadgen import Workload
-from kvpilot.tuner.objective import Slo
-from kvpilot.tuner.planner import FeasibleBounds, PlanInputs, feasible_bounds
-from kvpilot.tuner.ports import Observer, RolloutJournal, TunerRuntime
-from kvpilot.tuner.rollout import RolloutSettings, Strategy
+from kvpilot.tuner.problem.fingerprint import fingerprint
+from kvpilot.tuner.problem.objective import Slo
+from kvpilot.tuner.problem.space import Knob, KnobKind, SearchSpace, optional_knob
+from kvpilot.tuner.rollout.canary import RolloutSettings, Strategy
+from kvpilot.tuner.rollout.ports import Observer, RolloutJournal, TunerRuntime
 from kvpilot.tuner.session import Progress, TuningSession
-from kvpilot.tuner.space import Knob, KnobKind, SearchSpace, optional_knob
 from kvpilot.tuner.suggest import BayesianSuggester
 
 
@@ -45,12 +41,18 @@ class StudyError(ValueError):
     """The configuration cannot be tuned as it stands (the message says why)."""
 
 
+# The device memory the server at a URL holds (None: unknown), for a trial's measurement.
+DeviceMemory = Callable[[str], "int | None"]
+# The observer of live traffic the runtime splits (canary settings, SLO): the pod's.
+LiveObserver = Callable[[CanaryConfig, Slo], Observer]
+
+
 @dataclass(frozen=True, slots=True)
 class Study:
     """Everything one tuning run is built from."""
 
     tuning: TuningConfig
-    stable: LocalInstanceSpec
+    stable: TunedServer
     configured_argv: tuple[str, ...]
     space: SearchSpace
     workload: Workload
@@ -68,41 +70,30 @@ class Study:
         return args.served_model_name or args.model or ""
 
 
-def stable_instance(config: AgentConfig) -> InstanceConfig:
-    """The instance tuning is for: the configuration's first stable one on the local runtime."""
-    if not isinstance(config.runtime, LocalRuntimeConfig):
-        raise StudyError("tuning needs the local runtime")
-    inst = tuned_instance(config)
-    if inst is None:
-        raise StudyError("no stable instance in the configuration")
-    return inst
+def require_server(server: TunedServer | None) -> TunedServer:
+    """The server to tune, or StudyError where the configuration names none (tuning needs a
+    stable instance kvpilot starts, on the local runtime, or the pod runtime's Deployment)."""
+    if server is None:
+        raise StudyError("tuning needs a stable instance on the local runtime, or the pod runtime")
+    return server
 
 
 def build_study(
-    config: AgentConfig,
+    stable: TunedServer,
     tuning: TuningConfig,
     gpu: GpuMemory | None = None,
     *,
-    stable: LocalInstanceSpec | None = None,
     vllm_version: str | None = None,
     chosen: WorkloadChoice | None = None,
 ) -> Study:
-    """The study of the stable instance under `tuning` (bounds from the planner); `gpu` is
-    the GPU's memory now, needed to search --gpu-memory-utilization. `stable`: the pod
-    runtime's stable instance (its Deployment's argv); default: the local runtime's.
+    """The study of the stable server under `tuning` (bounds from the planner); `gpu` is
+    the GPU's memory now, needed to search --gpu-memory-utilization.
     `vllm_version`: the stable server's (`/version`), part of the fingerprint; None: unknown.
     `chosen`: the workload `choose_workload` chose; default: the trace or configured one."""
-    if stable is None:
-        inst = stable_instance(config)
-        env = tuple(inst.env.items())
-        stable = LocalInstanceSpec(
-            inst.name, tuple(inst.argv), "stable", env, inst.kvpool_port, inst.cpus
-        )
     argv = tuple(stable.argv)
     knob_name = _knob_name(argv, tuning, gpu)
-    configured = getattr(config.runtime, "served_model_config", None)  # the pod's model_config
     bounds = _bounds(
-        argv, tuning, gpu if knob_name == "gpu_memory_utilization" else None, configured
+        argv, tuning, gpu if knob_name == "gpu_memory_utilization" else None, stable.model_config
     )
     space = SearchSpace(
         knobs=(
@@ -144,7 +135,7 @@ def build_study(
         workload,
         slo,
         fingerprint(model, fixed, served, slo, vllm_version=vllm_version),
-        config.runtime.ready_timeout_s,
+        stable.ready_timeout_s,
         choice,
         strategy,
         why,
@@ -159,10 +150,12 @@ def _default_workload(tuning: TuningConfig) -> WorkloadChoice:
         raise StudyError(str(exc)) from None
 
 
-def with_version(config: AgentConfig, study: Study, version: str) -> Study:
+def with_version(study: Study, version: str) -> Study:
     """The same study on the server's vLLM version (part of the fingerprint: a new version is
     a new study), its workload kept."""
-    return build_study(config, study.tuning, read_gpu(), vllm_version=version, chosen=study.choice)
+    return build_study(
+        study.stable, study.tuning, read_gpu(), vllm_version=version, chosen=study.choice
+    )
 
 
 def _fixed_args(argv: tuple[str, ...], space: SearchSpace) -> tuple[str, ...]:
@@ -250,24 +243,33 @@ def make_session(
     adapter: TunerRuntime,
     db: Database,
     *,
+    device_memory: DeviceMemory,
     on_progress: Callable[[Progress], None] | None = None,
     api_key: str | None = None,
     journal: RolloutJournal | None = None,
-    traffic: TrafficSplit | None = None,
-    restarts: Callable[[], int | None] | None = None,
+    live: LiveObserver | None = None,
 ) -> TuningSession:
     """A session of the study over `adapter`, with its trials and rollouts in `db` (the
     rollouts in `journal` when given); the canary's traffic as `tuning.canary.traffic` says
-    (live traffic goes through `traffic`, the canary's restarts read by `restarts`)."""
+    (live traffic observed by `live`, the runtime's; replayed load measured with
+    `device_memory`)."""
     t = study.tuning
-    observer, judge = make_observer(study, api_key=api_key, traffic=traffic, restarts=restarts)
+    observer, judge = make_observer(study, device_memory=device_memory, api_key=api_key, live=live)
     replay = t.canary.traffic == "replay"
     settings = RolloutSettings(
         slo=study.slo,
-        judge=judge,
+        judge=JudgeConfig(
+            with_margins(judge.metrics, errors_ratio=t.error_margin_ratio),
+            judge.alpha,
+            judge.marginal_score_ratio,
+        ),
         bake=t.bake,
         ready_timeout_s=study.ready_timeout_s,
         windows=t.windows if replay else 1,  # live: one analysis of many intervals
+        hold_inconclusive=t.hold_inconclusive,
+        min_memory_saving_ratio=t.min_memory_saving_ratio,
+        min_memory_saving_bytes=t.min_memory_saving_bytes,
+        max_cumulative_loss_ratio=t.max_cumulative_loss_ratio,
     )
     return TuningSession(
         space=study.space,
@@ -287,9 +289,9 @@ def make_session(
 def make_observer(
     study: Study,
     *,
+    device_memory: DeviceMemory,
     api_key: str | None = None,
-    traffic: TrafficSplit | None = None,
-    restarts: Callable[[], int | None] | None = None,
+    live: LiveObserver | None = None,
 ) -> tuple[Observer, JudgeConfig]:
     """The observer `tuning.canary.traffic` picks, and the metrics its samples are judged on:
     replay keeps the synthetic workload against both; service and gateway judge live traffic."""
@@ -299,14 +301,13 @@ def make_observer(
             study.workload,
             model=study.model,
             api_key=api_key,
-            device_memory=server_device_memory_bytes,
+            device_memory=device_memory,
         )
         return observer, JudgeConfig()
-    if traffic is None:
+    if live is None:
         raise StudyError(
             f"canary traffic {canary.traffic} splits live traffic through the Kubernetes "
             "runtime (a Service or an HTTPRoute); this runtime has no traffic split: use "
             "traffic: replay"
         )
-    live = LiveTrafficObserver(canary, traffic, study.slo, api_key=api_key, restarts=restarts)
-    return live, JudgeConfig(metrics=LIVE_METRICS)
+    return live(canary, study.slo), JudgeConfig(metrics=LIVE_METRICS)

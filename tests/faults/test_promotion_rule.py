@@ -28,7 +28,7 @@ def _write(path: Path, state: Path, comment: str = "") -> None:
 def _live(path: Path, environ: dict[str, str]) -> tuple[str, ...]:
     config = load_config(path, environ)
     with StateStore.open(config.state_dir) as store:
-        return promoted_argv(config, store, configured_hash(config))["a"]
+        return promoted_argv(config, store, configured_hash(config.runtime))["a"]
 
 
 def test_a_comment_edit_keeps_the_promotion_and_an_argv_override_ends_it(tmp_path: Path) -> None:
@@ -36,7 +36,11 @@ def test_a_comment_edit_keeps_the_promotion_and_an_argv_override_ends_it(tmp_pat
     _write(path, state)
     config = load_config(path, {})
     with StateStore.open(state) as store:
-        fact = {"argv": PROMOTED, "yaml_sha256": configured_hash(config), "reason": "trial 1"}
+        fact = {
+            "argv": PROMOTED,
+            "yaml_sha256": configured_hash(config.runtime),
+            "reason": "trial 1",
+        }
         store.set_fact(PROMOTED_FACT, fact, 0.0)
     assert _live(path, {}) == tuple(PROMOTED)
 

@@ -9,7 +9,7 @@ from typing import Any
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.tuning.workload.choice import choose_workload
 from kvpilot.collectors.histogram import Histogram
-from kvpilot.tuner.learned import WorkloadShape, coarse_key
+from kvpilot.tuner.load.learned import WorkloadShape, coarse_key
 
 
 class ShapeJsonError(ValueError):

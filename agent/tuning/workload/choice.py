@@ -8,13 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.config.tuning import TuningConfig, TuningWorkload
-from kvpilot.agent.tuning.promoted import tuned_instance
+from kvpilot.agent.tuning.server import TunedServer
 from kvpilot.collectors.vllm_argv import flag_value
-from kvpilot.tuner.learned import WorkloadShape, coarse_key, learned_workload
-from kvpilot.tuner.loadgen import LengthDist, TraceWorkload, Workload
-from kvpilot.tuner.traces import TraceError, load_trace, workload_hash
+from kvpilot.tuner.load.generator import LengthDist, TraceWorkload, Workload
+from kvpilot.tuner.load.learned import WorkloadShape, coarse_key, learned_workload
+from kvpilot.tuner.measure.traces import TraceError, load_trace, workload_hash
 
 Source = Literal["learned", "configured", "trace"]
 
@@ -110,17 +109,18 @@ def choose_workload(
     return WorkloadChoice(learned, "learned", reason, key, shape, learn.headroom)
 
 
-def window_choice(config: AgentConfig, shape: WorkloadShape | None) -> WorkloadChoice | None:
-    """`kvpilot run`'s choice for its tuned instance from the window's `shape` now; None where
-    there is no tuned instance or its configuration cannot say (studies then use their
-    default, which reports the error)."""
-    inst = tuned_instance(config)
-    if inst is None:
+def window_choice(
+    tuning: TuningConfig, tuned: TunedServer | None, shape: WorkloadShape | None
+) -> WorkloadChoice | None:
+    """`kvpilot run`'s choice under `tuning` for its `tuned` server from the window's `shape`
+    now; None where there is no tuned server or its configuration cannot say (studies then
+    use their default, which reports the error)."""
+    if tuned is None:
         return None
     try:
-        limit = flag_value(inst.argv, "--max-model-len")
+        limit = flag_value(tuned.argv, "--max-model-len")
         return choose_workload(
-            config.tuning,
+            tuning,
             shape,
             max_model_len=int(limit) if limit else None,
             no_shape="the window has seen no finished request yet",

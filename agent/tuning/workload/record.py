@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from kvpilot.agent.state.store import StateStore
 from kvpilot.agent.tuning.workload.as_json import ShapeJsonError, shape_from_json, shape_json
 from kvpilot.agent.tuning.workload.choice import WorkloadChoice
-from kvpilot.tuner.learned import WorkloadShape
+from kvpilot.tuner.load.learned import WorkloadShape
 
 WORKLOAD_FACT = "tuning.workload"
 

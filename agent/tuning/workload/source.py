@@ -18,7 +18,7 @@ from kvpilot.agent.tuning.workload.as_json import shape_from_json
 from kvpilot.agent.tuning.workload.window import WorkloadWindow
 from kvpilot.collectors.scrape_client import ScrapeClient
 from kvpilot.collectors.vllm_metrics import VllmMetricsSource, VllmScrape
-from kvpilot.tuner.learned import WorkloadShape
+from kvpilot.tuner.load.learned import WorkloadShape
 
 SIDECAR_TIMEOUT_S = 5.0
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from kvpilot.collectors.histogram import Histogram, add, delta
 from kvpilot.collectors.vllm_parse import EngineKey, EngineSample, VllmScrape
-from kvpilot.tuner.learned import WorkloadShape
+from kvpilot.tuner.load.learned import WorkloadShape
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from kvpilot.rig.server import TINY_MODEL_DIR, VllmServer, free_port
-from kvpilot.tuner.loadgen import LengthDist, Workload, run_load
+from kvpilot.tuner.load.generator import LengthDist, Workload, run_load
 
 pytestmark = pytest.mark.slow
 

@@ -15,13 +15,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from kvpilot.agent.app.request_body import (
-    BodyLimits,
-    RequestRejected,
-    nesting_depth,
-    parse_json,
-    read_json,
-)
+from kvpilot.agent.app.request_body import BodyLimits, RequestRejected, parse_json, read_json
+from kvpilot.collectors.json_body import nesting_depth
 
 pytestmark = pytest.mark.anyio
 LIMITS = BodyLimits(max_bytes=100, max_depth=3)

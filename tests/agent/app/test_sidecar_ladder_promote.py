@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kvpilot.agent.app.compose import run_sidecar
+from kvpilot.agent.app.parts import server_of
 from kvpilot.agent.config import load_config
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
@@ -24,9 +25,9 @@ from kvpilot.agent.tuning.best import config_studies
 from kvpilot.agent.tuning.promoted import PROMOTED_FACT
 from kvpilot.agent.tuning.study import Study
 from kvpilot.collectors.vllm_argv import flag_value, set_flag
-from kvpilot.tuner.judge import Classification, Judgement
-from kvpilot.tuner.objective import TrialOutcome, TrialResult
-from kvpilot.tuner.rollout import Phase, RolloutRecord, Strategy
+from kvpilot.tuner.judge.judgement import Classification, Judgement
+from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult
+from kvpilot.tuner.rollout.canary import Phase, RolloutRecord, Strategy
 from kvpilot.tuner.trials import Trial, TrialState
 from tests.faults.running_agent import base_config, free_port, standin_instance, write_config
 
@@ -86,7 +87,7 @@ def test_a_spike_after_a_validated_trial_promotes_its_flags(tmp_path: Path) -> N
         remediation={"cooldown_s": 0, "preflight": {"enabled": False}},
     )
     config = load_config(write_config(tmp_path / "kvpilot.yaml", data))
-    study = config_studies(config)("vllm", tuple(instance["argv"]))
+    study = config_studies(config.tuning, server_of(config))("vllm", tuple(instance["argv"]))
     assert isinstance(study, Study), study
     config.state_dir.mkdir(parents=True)
     with StateStore.open(config.state_dir) as store:

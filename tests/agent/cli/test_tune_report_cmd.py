@@ -8,6 +8,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from kvpilot.agent.app.parts import tuned_server
 from kvpilot.agent.cli.main import app
 from kvpilot.agent.cli.tune_report import stable_values
 from kvpilot.agent.config import load_config
@@ -19,7 +20,7 @@ from kvpilot.agent.tuning.promoted import PROMOTED_FACT, yaml_hash
 from kvpilot.agent.tuning.study import build_study
 from kvpilot.rig.server import free_port
 from tests.agent.sidecar_harness import agent_config, server_spec
-from tests.tuner.report_history import history
+from tests.tuner.report.history import history
 
 
 def _config(tmp_path: Path) -> Path:
@@ -71,7 +72,9 @@ def test_the_report_command_shades_the_planner_region_and_marks_the_stable(tmp_p
 
 
 def test_the_stable_values_come_from_its_flags(tmp_path: Path) -> None:
-    space = build_study(load_config(_config(tmp_path)), TuningConfig(), gpu=None).space
+    space = build_study(
+        tuned_server(load_config(_config(tmp_path))), TuningConfig(), gpu=None
+    ).space
     argv = ["vllm", "serve", "m", "--kv-cache-memory-bytes", "64M", "--max-num-seqs", "12"]
     assert stable_values(space, argv) == {"kv_cache_memory_bytes": 64 << 20, "max_num_seqs": 12}
     assert stable_values(space, ["vllm", "serve", "m"]) == {}

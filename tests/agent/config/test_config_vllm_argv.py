@@ -17,8 +17,8 @@ from kvpilot.agent.cli.main import app
 from kvpilot.agent.config import InstanceConfig
 from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
 from kvpilot.collectors.vllm_argv import parse_server_argv
-from kvpilot.tuner.fingerprint import fingerprint
-from kvpilot.tuner.objective import Slo
+from kvpilot.tuner.problem.fingerprint import fingerprint
+from kvpilot.tuner.problem.objective import Slo
 
 NOWHERE = Path("/nonexistent/kvpilot-logs")  # a runtime that is never started writes nothing
 

@@ -13,7 +13,7 @@ import pytest
 from kvpilot.agent.runtimes.kubernetes.handover_configmap import HandoverConfigMap
 from kvpilot.agent.state.trials import SqliteRolloutJournal, record_to_dict
 from kvpilot.agent.tuning.handover import HandoverJournal
-from kvpilot.tuner.rollout import Phase
+from kvpilot.tuner.rollout.canary import Phase
 from tests.agent.k8s.conftest import NAMESPACE
 from tests.agent.k8s.test_k8s_tuning import stable_args
 from tests.agent.k8s.test_pod_handover import handed_over_record
@@ -78,7 +78,7 @@ def test_a_handover_nobody_vouches_for_is_not_resumed(fake, standin, tmp_path) -
 
     tuner, done = take_over(fake, standin, tmp_path, "pod-b")
 
-    assert done.resumed == [] and done.recovered == []
+    assert done.resumed == () and done.recovered == ()
     assert fake.writes("PATCH") == [] and stable_args(fake) == new  # the Deployment untouched
     (why,) = tuner.refused_handovers
     assert "no Lease holder vouches for it" in why
@@ -101,7 +101,7 @@ def test_a_handover_is_resumed_once_and_not_when_replayed(fake, standin, tmp_pat
 
     tuner, again = take_over(fake, standin, tmp_path, "pod-c")
 
-    assert again.resumed == [] and again.recovered == []
+    assert again.resumed == () and again.recovered == ()
     assert fake.writes("PATCH") == [] and stable_args(fake) == new
     assert "no Lease holder vouches" in tuner.refused_handovers[0]
 
@@ -116,7 +116,7 @@ def test_a_vouched_handover_changing_untuned_flags_is_not_resumed(fake, standin,
 
     tuner, done = take_over(fake, standin, tmp_path, "pod-b")
 
-    assert done.resumed == [] and done.recovered == []
+    assert done.resumed == () and done.recovered == ()
     assert fake.writes("PATCH") == [] and stable_args(fake) == new
     (why,) = tuner.refused_handovers
     assert "stable flags differ" in why and "--trust-remote-code" in why

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from kvpilot.agent.runtimes.kubernetes.edits import EditedMeanwhile
-from kvpilot.agent.tuning.kubernetes_adapter import KubernetesTunerAdapter
+from kvpilot.agent.tuning.pod.adapter import KubernetesTunerAdapter
 from kvpilot.collectors.vllm_argv import flag_value
 from kvpilot.tuner.trials import TrialState
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment, make_runtime

@@ -10,8 +10,8 @@ import asyncio
 import pytest
 
 from kvpilot.agent.runtimes.kubernetes.api import InfrastructureFailure
-from kvpilot.agent.tuning.kubernetes_adapter import KubernetesTunerAdapter
-from kvpilot.tuner.rollout import Strategy
+from kvpilot.agent.tuning.pod.adapter import KubernetesTunerAdapter
+from kvpilot.tuner.rollout.canary import Strategy
 from kvpilot.tuner.trials import TrialState, history
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment, make_runtime
 from tests.agent.k8s.test_k8s_tuning import CANARY, session, stable_args

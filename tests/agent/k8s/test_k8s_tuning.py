@@ -13,18 +13,18 @@ from collections.abc import Sequence
 import pytest
 
 from kvpilot.agent.runtimes.kubernetes.lease import DeploymentLease, LeaseHeld, lease_name
-from kvpilot.agent.tuning.kubernetes_adapter import KubernetesTunerAdapter
+from kvpilot.agent.tuning.pod.adapter import KubernetesTunerAdapter
 from kvpilot.collectors.vllm_argv import flag_value
-from kvpilot.tuner.ports import Observation
-from kvpilot.tuner.rollout import Phase, RolloutSettings, Strategy
+from kvpilot.tuner.problem.space import Knob, KnobKind, SearchSpace
+from kvpilot.tuner.rollout.canary import Phase, RolloutSettings, Strategy
+from kvpilot.tuner.rollout.ports import Observation
 from kvpilot.tuner.session import TuningSession
-from kvpilot.tuner.space import Knob, KnobKind, SearchSpace
 from kvpilot.tuner.suggest import GridSuggester
 from kvpilot.tuner.trials import TrialState
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment, make_runtime
 from tests.fakes.rollout_journal import InMemoryRolloutJournal
 from tests.fakes.trial_store import InMemoryTrialStore
-from tests.tuner.test_rollout import SLO, window
+from tests.tuner.rollout.test_canary import SLO, window
 
 CANARY = "vllm-kvpilot-canary"
 SPACE = SearchSpace(

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvpilot.tuner.ports import CanaryAborted
+from kvpilot.tuner.rollout.ports import CanaryAborted
 from tests.agent.tuning.test_live_observer import (
     PodScript,
     RecordingSplit,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
-from kvpilot.agent.tuning import kubernetes_adapter
-from kvpilot.agent.tuning.kubernetes_adapter import KubernetesTunerAdapter
+from kvpilot.agent.tuning.pod import adapter as kubernetes_adapter
+from kvpilot.agent.tuning.pod.adapter import KubernetesTunerAdapter
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment, make_runtime
 from tests.agent.k8s.test_live_traffic_adapter import CANARY, Split, SplitDouble
 from tests.agent.k8s.test_pod_schedule import scheduled

@@ -12,17 +12,17 @@ from collections.abc import Sequence
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.handover import HandoverJournal, HandoverRuntime, resume_handed_over
-from kvpilot.agent.tuning.kubernetes_adapter import KubernetesTunerAdapter
+from kvpilot.agent.tuning.pod.adapter import KubernetesTunerAdapter
 from kvpilot.collectors.vllm_argv import flag_value
-from kvpilot.tuner.objective import evaluate
-from kvpilot.tuner.ports import Observation
-from kvpilot.tuner.rollout import Phase, RolloutRecord, RolloutSettings, Strategy, recover
+from kvpilot.tuner.problem.objective import evaluate
+from kvpilot.tuner.rollout.canary import Phase, RolloutRecord, RolloutSettings, Strategy, recover
+from kvpilot.tuner.rollout.ports import Observation
 from kvpilot.tuner.session import TuningSession
 from kvpilot.tuner.suggest import GridSuggester
 from kvpilot.tuner.trials import TrialState, new_trial
 from tests.agent.k8s.conftest import base_deployment, make_runtime
 from tests.agent.k8s.test_k8s_tuning import SPACE, stable_args
-from tests.tuner.test_rollout import SLO, window
+from tests.tuner.rollout.test_canary import SLO, window
 
 SETTINGS = RolloutSettings(slo=SLO, ready_timeout_s=10)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from kvpilot.tuner.rollout import Phase
+from kvpilot.tuner.rollout.canary import Phase
 from tests.agent.k8s.conftest import NAMESPACE
 from tests.agent.k8s.test_k8s_tuning import stable_args
 from tests.agent.k8s.test_pod_handover import handed_over_record

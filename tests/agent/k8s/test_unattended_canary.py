@@ -14,8 +14,8 @@ from kvpilot.agent.app.exposition import build_registry, sidecar_families
 from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.kubernetes.unattended import UNATTENDED, UnattendedCanaries
 from kvpilot.agent.tick.views import SidecarCounters
-from kvpilot.agent.tuning import kubernetes_adapter
-from kvpilot.agent.tuning.kubernetes_adapter import KubernetesTunerAdapter
+from kvpilot.agent.tuning.pod import adapter as kubernetes_adapter
+from kvpilot.agent.tuning.pod.adapter import KubernetesTunerAdapter
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment, make_runtime
 from tests.agent.k8s.test_live_traffic_adapter import CANARY, SplitDouble
 from tests.agent.k8s.test_orphan_canary import evicted_mid_trial

@@ -22,7 +22,7 @@ import pytest
 from kvpilot.agent.runtimes.local import LocalRuntime
 from kvpilot.agent.runtimes.processes import find_vllm_mains
 from kvpilot.agent.state.db import Database
-from kvpilot.agent.tuning.local_adapter import LocalTunerAdapter
+from kvpilot.agent.tuning.local.adapter import LocalTunerAdapter
 from kvpilot.collectors.procfs import list_processes
 from kvpilot.rig.server import free_port, live_group_members
 

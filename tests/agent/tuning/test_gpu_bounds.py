@@ -10,13 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from kvpilot.agent.app.parts import tuned_server
 from kvpilot.agent.config import load_config
 from kvpilot.agent.config.tuning import TuningConfig
-from kvpilot.agent.tuning.gpu_bounds import GpuMemory, read_gpu, server_device_memory_bytes
+from kvpilot.agent.runtimes.device_memory import server_device_memory_bytes
+from kvpilot.agent.tuning.gpu_bounds import GpuMemory, read_gpu
 from kvpilot.agent.tuning.observer import measured_memory
 from kvpilot.agent.tuning.study import build_study
 from kvpilot.rig.server import free_port
-from kvpilot.tuner.rollout import Strategy
+from kvpilot.tuner.rollout.canary import Strategy
 from tests.agent.sidecar_harness import agent_config, server_spec
 from tests.fakes.nvml import FakeGpu, FakeNvmlLibrary, FakeProcess, installed
 
@@ -72,7 +74,7 @@ def test_the_range_reaches_the_top_whatever_the_stable_holds(
     # Before, a stable at 0.9 left "no room to search" and one at 0.45 capped it near 0.55:
     # its own memory counted as another process's.
     study = build_study(
-        _config(tmp_path, utilization), UTILISATION, _gpu_with_stable_at(utilization)
+        tuned_server(_config(tmp_path, utilization)), UTILISATION, _gpu_with_stable_at(utilization)
     )
     knob = study.space.knobs[0]
     assert knob.name == "gpu_memory_utilization"
@@ -85,7 +87,7 @@ def test_a_canary_that_cannot_fit_beside_the_stable_runs_in_sequence(
     tmp_path: Path, utilization: float
 ) -> None:
     study = build_study(
-        _config(tmp_path, utilization), UTILISATION, _gpu_with_stable_at(utilization)
+        tuned_server(_config(tmp_path, utilization)), UTILISATION, _gpu_with_stable_at(utilization)
     )
     assert study.strategy is Strategy.SEQUENTIAL
     free = TOTAL - math.ceil(TOTAL * utilization)
@@ -98,7 +100,7 @@ def test_a_canary_that_cannot_fit_beside_the_stable_runs_in_sequence(
 def test_a_canary_that_fits_beside_the_stable_runs_in_parallel(tmp_path: Path) -> None:
     # A small stable (0.2) and a range capped at 0.5: 40 GiB fit in the 64 GiB left.
     tuning = TuningConfig(memory_knob="gpu_memory_utilization", max_gpu_memory_utilization=0.5)
-    study = build_study(_config(tmp_path, 0.2), tuning, _gpu_with_stable_at(0.2))
+    study = build_study(tuned_server(_config(tmp_path, 0.2)), tuning, _gpu_with_stable_at(0.2))
     assert (study.strategy, study.strategy_reason) == (Strategy.PARALLEL, None)
 
 
@@ -107,10 +109,10 @@ def test_a_stable_not_started_yet_is_counted_at_its_flags(tmp_path: Path) -> Non
     # canary at 0.6 needs 48 GiB.
     empty = GpuMemory(total_bytes=TOTAL, free_bytes=TOTAL)
     tuning = TuningConfig(memory_knob="gpu_memory_utilization", max_gpu_memory_utilization=0.6)
-    study = build_study(_config(tmp_path, 0.5), tuning, empty)
+    study = build_study(tuned_server(_config(tmp_path, 0.5)), tuning, empty)
     assert study.strategy is Strategy.SEQUENTIAL
     assert study.strategy_reason is not None and "40.0 GiB is free" in study.strategy_reason
-    fits = build_study(_config(tmp_path, 0.4), tuning, empty)
+    fits = build_study(tuned_server(_config(tmp_path, 0.4)), tuning, empty)
     assert fits.strategy is Strategy.PARALLEL
 
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from kvpilot.agent.tuning.live_intervals import (
+from kvpilot.agent.tuning.pod.live_intervals import (
     interval,
     intervals,
     judge_samples,
     preemption_breach,
     read_pod,
 )
-from kvpilot.tuner.objective import Slo
+from kvpilot.tuner.problem.objective import Slo
 from tests.agent.tuning.test_live_observer import PodScript, Step
 
 SLO = Slo(ttft_p95_s=1.0, inter_token_p95_s=0.2)

@@ -10,10 +10,11 @@ import pytest
 import yaml
 
 from kvpilot.agent.app.compose import promoted_argv
+from kvpilot.agent.app.parts import tuned_server
 from kvpilot.agent.config import AgentConfig, load_config
 from kvpilot.agent.runtimes.local import LocalRuntime
 from kvpilot.agent.state import StateStore
-from kvpilot.agent.tuning.factory import local_adapter, stable_runtime
+from kvpilot.agent.tuning.local.factory import local_adapter, stable_runtime
 from kvpilot.agent.tuning.promoted import (
     LiveArgv,
     Why,
@@ -69,7 +70,7 @@ def test_run_tune_and_the_metric_agree(tmp_path: Path) -> None:
     with StateStore.open(config.state_dir) as store:
         # `kvpilot run` starts: nothing promoted yet.
         assert promoted_argv(config, store, yaml_hash(path)) == {"a": CONFIGURED}
-        assert running_flags_source(config, store, "a", CONFIGURED) == "configured"
+        assert running_flags_source(config.runtime, store, "a", CONFIGURED) == "configured"
 
         # The tuner promotes through the adapter, which records the promotion.
         async def restart(argv: tuple[str, ...], reason: str, restore: bool) -> None:
@@ -77,16 +78,24 @@ def test_run_tune_and_the_metric_agree(tmp_path: Path) -> None:
 
         runtime = LocalRuntime([], config.state_dir / "logs")
         adapter = local_adapter(
-            config, runtime, store.db, config_sha256=yaml_hash(path), restart_stable=restart
+            tuned_server(config),
+            runtime,
+            store.db,
+            tuning=config.tuning,
+            log_dir=config.state_dir / "logs",
+            config_sha256=yaml_hash(path),
+            restart_stable=restart,
         )
         asyncio.run(adapter.set_stable(PROMOTED, reason="trial 3", ready_timeout_s=1.0))
-        assert running_flags_source(config, store, "a", PROMOTED) == "promoted"
+        assert running_flags_source(config.runtime, store, "a", PROMOTED) == "promoted"
         # The promotion is the tuned instance's: the other stable instance is as configured.
-        assert running_flags_source(config, store, "b", b_argv) == "configured"
+        assert running_flags_source(config.runtime, store, "b", b_argv) == "configured"
 
         # The next `kvpilot run` and `kvpilot tune` both start the promoted flags.
         assert promoted_argv(config, store, yaml_hash(path)) == {"a": PROMOTED}
-        _, live = stable_runtime(config, store.db, yaml_hash(path))
+        _, live = stable_runtime(
+            tuned_server(config), config.state_dir / "logs", store.db, yaml_hash(path)
+        )
         assert (live.argv, live.describe()) == (PROMOTED, "promoted (trial 3)")
 
         # A comment added to the YAML changes no flag: the promotion holds.
@@ -97,9 +106,11 @@ def test_run_tune_and_the_metric_agree(tmp_path: Path) -> None:
         config = load_config(path)
         edited = ("vllm", "serve", "/other-model", "--max-num-seqs", "4")
         assert promoted_argv(config, store, yaml_hash(path)) == {"a": edited}
-        _, live = stable_runtime(config, store.db, yaml_hash(path))
+        _, live = stable_runtime(
+            tuned_server(config), config.state_dir / "logs", store.db, yaml_hash(path)
+        )
         assert live.why is Why.YAML_CHANGED and live.argv == edited
-        assert running_flags_source(config, store, "a", edited) == "configured"
+        assert running_flags_source(config.runtime, store, "a", edited) == "configured"
 
 
 def test_a_server_kvpilot_does_not_start_runs_its_own_flags(tmp_path: Path) -> None:
@@ -112,7 +123,7 @@ def test_a_server_kvpilot_does_not_start_runs_its_own_flags(tmp_path: Path) -> N
     with StateStore.open(config.state_dir) as store:
         store.set_fact("tuning.promoted", FACT, 0.0)
         assert promoted_argv(config, store, "sha-1") == {}
-        assert running_flags_source(config, store, "vllm", PROMOTED) == "configured"
+        assert running_flags_source(config.runtime, store, "vllm", PROMOTED) == "configured"
 
 
 KEYED = ("vllm", "serve", "/m", "--api-key", "sk-promoted-1", "--max-num-seqs", "4")
@@ -136,7 +147,13 @@ def test_a_promotion_is_stored_masked_and_runs_with_the_configured_key(tmp_path:
     with StateStore.open(config.state_dir) as store:
         runtime = LocalRuntime([], config.state_dir / "logs")
         adapter = local_adapter(
-            config, runtime, store.db, config_sha256=yaml_hash(path), restart_stable=restart
+            tuned_server(config),
+            runtime,
+            store.db,
+            tuning=config.tuning,
+            log_dir=config.state_dir / "logs",
+            config_sha256=yaml_hash(path),
+            restart_stable=restart,
         )
         asyncio.run(adapter.set_stable(KEYED_PROMOTED, reason="trial 3", ready_timeout_s=1.0))
         stored = store.get_fact("tuning.promoted")["argv"]

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvpilot.agent.app.parts import server_of, tuned_server
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.tuning.ground import Ground, GroundStore
 
 
 def test_the_fingerprint_holds_the_version_and_keeps_old_studies() -> None:
-    from kvpilot.tuner.fingerprint import fingerprint
-    from kvpilot.tuner.objective import Slo
+    from kvpilot.tuner.problem.fingerprint import fingerprint
+    from kvpilot.tuner.problem.objective import Slo
 
     slo = Slo(ttft_p95_s=1.0, inter_token_p95_s=0.1)
     old = fingerprint("m", ["vllm", "serve", "m"], "w", slo)
@@ -41,10 +42,10 @@ def test_the_ladders_study_carries_the_version_tuning_ran_on(tmp_path: Path) -> 
     config = load_config(path)
     argv = tuple(config.runtime.instances[0].argv)
     versions = {"vllm": "0.10.0"}
-    ran = build_study(config, config.tuning, None, vllm_version="0.10.0")
-    unversioned = build_study(config, config.tuning, None)
+    ran = build_study(tuned_server(config), config.tuning, None, vllm_version="0.10.0")
+    unversioned = build_study(tuned_server(config), config.tuning, None)
     assert ran.fingerprint != unversioned.fingerprint
-    studies = config_studies(config, lambda name: versions.get(name))
+    studies = config_studies(config.tuning, server_of(config), lambda name: versions.get(name))
     looked_up = studies("vllm", argv)
     assert isinstance(looked_up, Study) and looked_up.fingerprint == ran.fingerprint
     versions["vllm"] = "0.11.0"  # upgraded: another study, not the cached one
@@ -62,7 +63,7 @@ def test_a_dry_run_tells_the_trials_of_the_last_runs_vllm_version(tmp_path: Path
     from kvpilot.agent.state.trials import SqliteTrialStore
     from kvpilot.agent.tuning.study import build_study
     from kvpilot.rig.server import free_port
-    from kvpilot.tuner.objective import TrialOutcome, TrialResult
+    from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult
     from kvpilot.tuner.trials import Trial, TrialState
     from tests.agent.sidecar_harness import agent_config, server_spec
 
@@ -75,7 +76,7 @@ def test_a_dry_run_tells_the_trials_of_the_last_runs_vllm_version(tmp_path: Path
         listen_port=free_port(),
     )
     config = load_config(path)
-    study = build_study(config, config.tuning, None, vllm_version="0.10.0")
+    study = build_study(tuned_server(config), config.tuning, None, vllm_version="0.10.0")
     config.state_dir.mkdir(parents=True)
     with StateStore.open(config.state_dir) as store:
         values = (("kv_cache_memory_bytes", 32 << 20), ("max_num_seqs", 8))

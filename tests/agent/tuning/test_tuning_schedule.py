@@ -9,8 +9,9 @@ from datetime import UTC, datetime
 import pytest
 
 from kvpilot.agent.runtimes.base import RuntimeFailure
-from kvpilot.agent.tuning.schedule import ScheduledTuning, remediated_restarter
-from kvpilot.tuner.ports import RestartRefused
+from kvpilot.agent.tuning.local.factory import remediated_restarter
+from kvpilot.agent.tuning.schedule import ScheduledTuning
+from kvpilot.tuner.rollout.ports import RestartRefused
 from kvpilot.tuner.session import TuningBlocked
 from tests.agent.remediation.remediation_helpers import Harness, remediation_config
 

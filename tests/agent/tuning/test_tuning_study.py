@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from kvpilot.agent.app.parts import tuned_server
 from kvpilot.agent.config import load_config
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.tuning.study import GpuMemory, StudyError, build_study, read_gpu
 from kvpilot.rig.server import free_port
-from kvpilot.tuner.space import KnobKind
+from kvpilot.tuner.problem.space import KnobKind
 from tests.agent.sidecar_harness import agent_config, server_spec
 from tests.fakes.nvml import FakeGpu, FakeNvmlLibrary, installed
 
@@ -33,7 +34,7 @@ def _config(tmp_path: Path, **spec: object):
 
 
 def test_the_cpu_build_searches_the_kv_budget(tmp_path: Path) -> None:
-    study = build_study(_config(tmp_path), TuningConfig(), gpu=None)
+    study = build_study(tuned_server(_config(tmp_path)), TuningConfig(), gpu=None)
     memory, seqs = study.space.knobs
     assert (memory.name, memory.kind) == ("kv_cache_memory_bytes", KnobKind.INTEGER)
     # One request of 1024 tokens (32 blocks of 32 KiB) and the null block.
@@ -42,7 +43,9 @@ def test_the_cpu_build_searches_the_kv_budget(tmp_path: Path) -> None:
 
 
 def test_with_a_gpu_and_no_explicit_budget_it_searches_the_utilisation(tmp_path: Path) -> None:
-    study = build_study(_config(tmp_path, kv_cache_memory_bytes=None), TuningConfig(), gpu=H100)
+    study = build_study(
+        tuned_server(_config(tmp_path, kv_cache_memory_bytes=None)), TuningConfig(), gpu=H100
+    )
     memory = study.space.knobs[0]
     assert (memory.name, memory.kind) == ("gpu_memory_utilization", KnobKind.REAL)
     # Other processes hold 20 of 80 GiB: vLLM refuses a utilisation above the free 75 %.
@@ -57,20 +60,24 @@ def test_with_a_gpu_and_no_explicit_budget_it_searches_the_utilisation(tmp_path:
 
 
 def test_an_explicit_budget_in_the_argv_keeps_the_kv_knob_even_with_a_gpu(tmp_path: Path) -> None:
-    study = build_study(_config(tmp_path), TuningConfig(), gpu=H100)
+    study = build_study(tuned_server(_config(tmp_path)), TuningConfig(), gpu=H100)
     assert study.space.knobs[0].name == "kv_cache_memory_bytes"
     with pytest.raises(StudyError, match="overrides --gpu-memory-utilization"):
-        build_study(_config(tmp_path), TuningConfig(memory_knob="gpu_memory_utilization"), H100)
+        build_study(
+            tuned_server(_config(tmp_path)),
+            TuningConfig(memory_knob="gpu_memory_utilization"),
+            H100,
+        )
 
 
 def test_the_utilisation_knob_needs_a_gpu_and_room_on_it(tmp_path: Path) -> None:
     config = _config(tmp_path, kv_cache_memory_bytes=None)
     utilisation = TuningConfig(memory_knob="gpu_memory_utilization")
     with pytest.raises(StudyError, match="NVML sees none"):
-        build_study(config, utilisation, gpu=None)
+        build_study(tuned_server(config), utilisation, gpu=None)
     full = GpuMemory(total_bytes=80 * GIB, free_bytes=GIB // 1000)
     with pytest.raises(StudyError, match="other processes hold"):
-        build_study(config, utilisation, gpu=full)
+        build_study(tuned_server(config), utilisation, gpu=full)
 
 
 def test_extra_knobs_and_own_constraints_join_the_space(tmp_path: Path) -> None:
@@ -81,7 +88,7 @@ def test_extra_knobs_and_own_constraints_join_the_space(tmp_path: Path) -> None:
         ),
         constraints=("max_num_seqs * 64 <= max_num_batched_tokens",),
     )
-    study = build_study(_config(tmp_path), tuning)
+    study = build_study(tuned_server(_config(tmp_path)), tuning)
     names = [k.name for k in study.space.knobs]
     assert names == [
         "kv_cache_memory_bytes",
@@ -105,7 +112,7 @@ def test_knobs_and_constraints_that_cannot_work_are_config_errors() -> None:
 
 def test_the_study_holds_the_other_flags_fixed_in_either_spelling(tmp_path: Path) -> None:
     config = _config(tmp_path)
-    base = build_study(config, TuningConfig())
+    base = build_study(tuned_server(config), TuningConfig())
     inst = config.runtime.instances[0]
     argv = list(inst.argv)
     at = argv.index("--kv-cache-memory-bytes")
@@ -117,7 +124,7 @@ def test_the_study_holds_the_other_flags_fixed_in_either_spelling(tmp_path: Path
             )
         }
     )
-    assert build_study(moved, TuningConfig()).fingerprint == base.fingerprint
+    assert build_study(tuned_server(moved), TuningConfig()).fingerprint == base.fingerprint
     # A flag the study holds fixed changed: another study.
     other = moved.model_copy(
         update={
@@ -126,23 +133,26 @@ def test_the_study_holds_the_other_flags_fixed_in_either_spelling(tmp_path: Path
             )
         }
     )
-    assert build_study(other, TuningConfig()).fingerprint != base.fingerprint
+    assert build_study(tuned_server(other), TuningConfig()).fingerprint != base.fingerprint
 
 
 def test_live_traffic_is_a_study_of_its_own(tmp_path: Path) -> None:
     config = _config(tmp_path)
-    replay = build_study(config, TuningConfig()).fingerprint
+    replay = build_study(tuned_server(config), TuningConfig()).fingerprint
     live = {"canary": {"traffic": "service"}}
-    service = build_study(config, TuningConfig.model_validate(live)).fingerprint
+    service = build_study(tuned_server(config), TuningConfig.model_validate(live)).fingerprint
     other_load = {**live, "workload": {"requests": 8}}
     assert service != replay
-    assert build_study(config, TuningConfig.model_validate(other_load)).fingerprint == service
+    assert (
+        build_study(tuned_server(config), TuningConfig.model_validate(other_load)).fingerprint
+        == service
+    )
 
 
 def test_a_model_the_planner_cannot_read_is_a_study_error(tmp_path: Path) -> None:
     config = _config(tmp_path, model_dir=tmp_path / "nowhere")
     with pytest.raises(StudyError, match=r"the planner cannot bound the search for .*nowhere"):
-        build_study(config, TuningConfig())
+        build_study(tuned_server(config), TuningConfig())
 
 
 def test_the_gpu_is_read_once_and_quietly(caplog: pytest.LogCaptureFixture) -> None:

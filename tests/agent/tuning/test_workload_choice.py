@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from kvpilot.agent.app.parts import tuned_server
 from kvpilot.agent.config import load_config
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.tuning.study import StudyError, build_study
 from kvpilot.agent.tuning.workload.choice import choose_workload, configured_workload
 from kvpilot.agent.tuning.workload.window import WorkloadWindow
 from kvpilot.rig.server import free_port
-from kvpilot.tuner.loadgen import ShapedWorkload, TraceWorkload, Workload
-from kvpilot.tuner.traces import workload_hash
+from kvpilot.tuner.load.generator import ShapedWorkload, TraceWorkload, Workload
+from kvpilot.tuner.measure.traces import workload_hash
 from tests.agent.sidecar_harness import agent_config, server_spec
 from tests.agent.tuning.workload_scrapes import served
 
@@ -111,7 +112,7 @@ def _config(tmp_path: Path):  # type: ignore[no-untyped-def]
 def test_the_configured_study_keeps_its_fingerprint(tmp_path: Path) -> None:
     """Studies that ran before the learned workload existed continue: same hash as then."""
     config = _config(tmp_path)
-    study = build_study(config, TuningConfig())
+    study = build_study(tuned_server(config), TuningConfig())
     w = TuningConfig().workload
     assert type(study.workload) is Workload
     plain = Workload(
@@ -121,7 +122,7 @@ def test_the_configured_study_keeps_its_fingerprint(tmp_path: Path) -> None:
     assert (
         study.fingerprint
         == build_study(
-            config, TuningConfig(), chosen=choose_workload(TuningConfig(), None)
+            tuned_server(config), TuningConfig(), chosen=choose_workload(TuningConfig(), None)
         ).fingerprint
     )
 
@@ -131,12 +132,12 @@ def test_drift_continues_the_learned_study_and_a_change_starts_another(tmp_path:
     tuning = TuningConfig()
 
     def study_of(shape):  # type: ignore[no-untyped-def]
-        return build_study(config, tuning, chosen=choose_workload(tuning, shape))
+        return build_study(tuned_server(config), tuning, chosen=choose_workload(tuning, shape))
 
     base = study_of(_shape(400, prompt=300, rate_s=2.0))
     drifted = study_of(_shape(460, prompt=330, rate_s=2.4))
     longer = study_of(_shape(400, prompt=900, rate_s=2.0))
-    configured = build_study(config, tuning)
+    configured = build_study(tuned_server(config), tuning)
     assert isinstance(base.workload, ShapedWorkload)
     assert drifted.fingerprint == base.fingerprint
     assert longer.fingerprint != base.fingerprint
@@ -146,4 +147,4 @@ def test_drift_continues_the_learned_study_and_a_change_starts_another(tmp_path:
 def test_an_unreadable_trace_is_a_study_error(tmp_path: Path) -> None:
     tuning = TuningConfig.model_validate({"workload": {"trace": str(tmp_path / "gone.jsonl")}})
     with pytest.raises(StudyError, match=r"gone\.jsonl"):
-        build_study(_config(tmp_path), tuning)
+        build_study(tuned_server(_config(tmp_path)), tuning)

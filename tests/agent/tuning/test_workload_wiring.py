@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvpilot.agent.app.parts import server_of, tuned_server
 from kvpilot.agent.config import AgentConfig, load_config
 from kvpilot.agent.tuning.best import config_studies
 from kvpilot.agent.tuning.study import Study, build_study
 from kvpilot.agent.tuning.workload.choice import WorkloadChoice, window_choice
 from kvpilot.agent.tuning.workload.window import WorkloadWindow
 from kvpilot.rig.server import free_port
-from kvpilot.tuner.learned import WorkloadShape
+from kvpilot.tuner.load.learned import WorkloadShape
 from tests.agent.sidecar_harness import agent_config, server_spec
 from tests.agent.tuning.workload_scrapes import served
 
@@ -38,12 +39,12 @@ def _config(tmp_path: Path) -> AgentConfig:
 
 def test_the_window_choice_learns_past_the_floor_and_says_why_below_it(tmp_path: Path) -> None:
     config = _config(tmp_path)
-    empty = window_choice(config, None)
+    empty = window_choice(config.tuning, tuned_server(config), None)
     assert empty is not None and empty.source == "configured" and empty.key is None
     assert "no finished request yet" in empty.reason
-    few = window_choice(config, _shape(50))
+    few = window_choice(config.tuning, tuned_server(config), _shape(50))
     assert few is not None and few.source == "configured" and "below the floor" in few.reason
-    full = window_choice(config, _shape(400))
+    full = window_choice(config.tuning, tuned_server(config), _shape(400))
     assert full is not None and full.source == "learned" and full.key is not None
 
 
@@ -54,16 +55,20 @@ def test_the_ladders_lookup_builds_the_learned_study_tuning_recorded_under(
     configured study would never find them, and the ladder would never promote."""
     config = _config(tmp_path)
     argv = tuple(config.runtime.instances[0].argv)
-    now: list[WorkloadChoice | None] = [window_choice(config, _shape(400))]
-    recorded = build_study(config, config.tuning, None, chosen=now[0])
-    studies = config_studies(config, workload_of=lambda: now[0])
+    now: list[WorkloadChoice | None] = [
+        window_choice(config.tuning, tuned_server(config), _shape(400))
+    ]
+    recorded = build_study(tuned_server(config), config.tuning, None, chosen=now[0])
+    studies = config_studies(config.tuning, server_of(config), workload_of=lambda: now[0])
     looked_up = studies("vllm", argv)
     assert isinstance(looked_up, Study) and looked_up.fingerprint == recorded.fingerprint
     assert looked_up.choice is not None and looked_up.choice.source == "learned"
-    now[0] = window_choice(config, _shape(400, prompt=1800))  # the traffic really moved
+    now[0] = window_choice(
+        config.tuning, tuned_server(config), _shape(400, prompt=1800)
+    )  # the traffic really moved
     moved = studies("vllm", argv)
     assert isinstance(moved, Study) and moved.fingerprint != recorded.fingerprint
     now[0] = None  # nothing to say: the default (configured) study
     default = studies("vllm", argv)
     assert isinstance(default, Study)
-    assert default.fingerprint == build_study(config, config.tuning, None).fingerprint
+    assert default.fingerprint == build_study(tuned_server(config), config.tuning, None).fingerprint

@@ -25,13 +25,13 @@ from kvpilot.agent.runtimes.kubernetes.api import (
 )
 from kvpilot.agent.runtimes.kubernetes.edits import EditedMeanwhile
 from kvpilot.agent.runtimes.kubernetes.lease import LeaseRecord
-from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime, PromotionNotApplied
+from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime
 from kvpilot.agent.runtimes.kubernetes.traffic import GatewayWeights, ServiceShare, TrafficSplit
 from kvpilot.agent.runtimes.kubernetes.unattended import UNATTENDED, UnattendedCanaries
-from kvpilot.agent.runtimes.kubernetes.values import KubernetesTarget
-from kvpilot.agent.tuning.live_observer import describe
+from kvpilot.agent.runtimes.kubernetes.values import KubernetesTarget, PromotionNotApplied
+from kvpilot.agent.tuning.pod.live_observer import describe
 from kvpilot.collectors.secrets import SecretLost, has_masked, restore_secrets
-from kvpilot.tuner.ports import CandidateStartFailed, RestartRefused
+from kvpilot.tuner.rollout.ports import CandidateStartFailed, RestartRefused
 
 log = logging.getLogger(__name__)
 PULL_BACK_TRIES = 3

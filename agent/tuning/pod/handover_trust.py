@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from kvpilot.agent.runtimes.kubernetes.lease import DeploymentLease
 from kvpilot.collectors.secrets import mask_argv
 from kvpilot.collectors.vllm_argv import canonical_flags, without_flags
-from kvpilot.tuner.ports import PassThroughRuntime, TunerRuntime
-from kvpilot.tuner.space import KnobKind, SearchSpace
+from kvpilot.tuner.problem.space import KnobKind, SearchSpace
+from kvpilot.tuner.rollout.ports import PassThroughRuntime, TunerRuntime
 
 log = logging.getLogger(__name__)
 VOUCH = "kvpilot.dev/handover-sha256"

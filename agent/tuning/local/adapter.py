@@ -32,8 +32,8 @@ from kvpilot.agent.tuning.promoted import PROMOTED_FACT
 from kvpilot.collectors.procfs import list_processes, live_group_members, read_environ
 from kvpilot.collectors.secrets import SecretLost, has_masked, restore_secrets
 from kvpilot.collectors.vllm_argv import set_flag
-from kvpilot.tuner.ports import CandidateStartFailed, RestartRefused
-from kvpilot.tuner.rollout import Recovered, recover
+from kvpilot.tuner.rollout.canary import Recovered, recover
+from kvpilot.tuner.rollout.ports import CandidateStartFailed, RestartRefused
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from kvpilot.agent.config.tuning import CanaryConfig
 from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.kubernetes.traffic import Shares, TrafficSplit
-from kvpilot.agent.tuning.live_intervals import (
+from kvpilot.agent.tuning.pod.live_intervals import (
     PodReading,
     intervals,
     judge_samples,
@@ -41,8 +41,8 @@ from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.limits import ScrapeLimits
 from kvpilot.collectors.promtext import MetricsParseError
 from kvpilot.collectors.scrape_client import ScrapeClient
-from kvpilot.tuner.objective import Measurement, Slo, server_kv_budget_bytes
-from kvpilot.tuner.ports import CanaryAborted, Observation
+from kvpilot.tuner.problem.objective import Measurement, Slo, server_kv_budget_bytes
+from kvpilot.tuner.rollout.ports import CanaryAborted, Observation
 from kvpilot.tuner.trials import Warmup
 
 

@@ -23,8 +23,8 @@ from itertools import pairwise
 from kvpilot.collectors.histogram import Histogram, add, delta, quantile
 from kvpilot.collectors.promtext import scan
 from kvpilot.collectors.vllm_parse import EngineSample, VllmScrape, parse_vllm_metrics
-from kvpilot.tuner.evidence import Counts, Samples
-from kvpilot.tuner.objective import Slo
+from kvpilot.tuner.judge.evidence import Counts, Samples
+from kvpilot.tuner.problem.objective import Slo
 
 _HTTP = "http_requests_total"
 _FINISHED = "vllm:request_success_total"

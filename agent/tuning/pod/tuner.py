@@ -9,19 +9,17 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
-from kvpilot.agent.config import AgentConfig, PodRuntimeConfig
-from kvpilot.agent.config.tuning import TuningConfig
+from kvpilot.agent.config.tuning import CanaryConfig, TuningConfig
 from kvpilot.agent.runtimes.base import RuntimeFailure
-from kvpilot.agent.runtimes.kubernetes.handover_configmap import HandedOver
+from kvpilot.agent.runtimes.device_memory import server_device_memory_bytes
+from kvpilot.agent.runtimes.kubernetes.handover_configmap import HandedOver, HandoverConfigMap
 from kvpilot.agent.runtimes.kubernetes.lease import LeaseHeld
-from kvpilot.agent.runtimes.kubernetes.pod import PodRuntime, strict_reads
+from kvpilot.agent.runtimes.kubernetes.pod import strict_reads
 from kvpilot.agent.runtimes.kubernetes.restarts import CanaryRestarts
 from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime
 from kvpilot.agent.runtimes.kubernetes.traffic import TrafficSplit
-from kvpilot.agent.runtimes.local import LocalInstanceSpec
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import (
     SqliteRolloutJournal,
@@ -29,24 +27,27 @@ from kvpilot.agent.state.trials import (
     record_from_dict,
     record_to_dict,
 )
+from kvpilot.agent.tuning.entry import Recovery, ShowProgress
 from kvpilot.agent.tuning.handover import (
     HandoverJournal,
     HandoverRuntime,
-    Resumed,
     resume_handed_over,
 )
-from kvpilot.agent.tuning.handover_trust import KeepEdits, consume_vouch, refusal, vouch
-from kvpilot.agent.tuning.kubernetes_adapter import KubernetesTunerAdapter, traffic_split
+from kvpilot.agent.tuning.pod.adapter import KubernetesTunerAdapter, traffic_split
+from kvpilot.agent.tuning.pod.handover_trust import KeepEdits, consume_vouch, refusal, vouch
+from kvpilot.agent.tuning.pod.live_observer import LiveTrafficObserver
+from kvpilot.agent.tuning.server import TunedServer
 from kvpilot.agent.tuning.study import (
     Study,
-    StudyError,
     build_study,
     make_observer,
     make_session,
     read_gpu,
 )
 from kvpilot.agent.tuning.workload.choice import WorkloadChoice
-from kvpilot.tuner.rollout import Recovered, RolloutSettings, recover
+from kvpilot.tuner.problem.objective import Slo
+from kvpilot.tuner.rollout.canary import RolloutSettings, recover
+from kvpilot.tuner.rollout.ports import Observer
 from kvpilot.tuner.session import TuningBlocked, TuningSession
 from kvpilot.tuner.trials import trial_from_dict, trial_to_dict
 
@@ -59,44 +60,16 @@ def _never() -> bool:
     return False
 
 
-def pod_stable_spec(config: AgentConfig, runtime: KubernetesRuntime) -> LocalInstanceSpec:
-    """The stable instance as the study sees it: the Deployment's live vLLM argv (command
-    and args). Reads the API server; StudyError when the container has no vLLM argv."""
-    assert isinstance(config.runtime, PodRuntimeConfig)
-    stable = next(i for i in runtime.instances() if i.role == "stable")
-    if not stable.argv:
-        raise StudyError(
-            f"container {runtime.target.container!r} of Deployment "
-            f"{runtime.target.namespace}/{runtime.target.deployment} has no vLLM command line"
-        )
-    return LocalInstanceSpec(
-        stable.name, tuple(stable.argv), "stable", (), config.runtime.kvpool_port, ()
-    )
-
-
-def pod_study(
-    config: AgentConfig,
-    runtime: KubernetesRuntime,
-    tuning: TuningConfig,
-    vllm_version: str | None = None,
-    chosen: WorkloadChoice | None = None,
-) -> Study:
-    stable = pod_stable_spec(config, runtime)
-    return build_study(
-        config, tuning, read_gpu(), stable=stable, vllm_version=vllm_version, chosen=chosen
-    )
-
-
 def pod_adapter(
-    config: AgentConfig,
     runtime: KubernetesRuntime,
     *,
+    drain_timeout_s: float,
     remediation_in_progress: Callable[[], bool] = _never,
     traffic: TrafficSplit | None = None,
 ) -> KubernetesTunerAdapter:
     return KubernetesTunerAdapter(
         runtime,
-        drain_timeout_s=config.runtime.drain_timeout_s,
+        drain_timeout_s=drain_timeout_s,
         remediation_in_progress=remediation_in_progress,
         traffic=traffic,
     )
@@ -105,35 +78,50 @@ def pod_adapter(
 def settings_of(study: Study) -> RolloutSettings:
     """The rollout settings a session of `study` runs under (its bake included)."""
     t = study.tuning
-    return RolloutSettings(slo=study.slo, bake=t.bake, ready_timeout_s=study.ready_timeout_s)
-
-
-@dataclass(frozen=True, slots=True)
-class PodRecovery:
-    resumed: list[Resumed]
-    recovered: list[Recovered]
-    swept: str | None = None  # an orphaned canary cleaned up, in words
-    kept: tuple[str, ...] = ()  # restores not made: a person had changed the Deployment
+    live = t.canary.traffic != "replay"  # live: one analysis of many intervals, one bake
+    return RolloutSettings(
+        slo=study.slo,
+        bake=t.bake,
+        ready_timeout_s=study.ready_timeout_s,
+        windows=1 if live else t.windows,
+        bake_windows=1 if live else RolloutSettings().bake_windows,
+    )
 
 
 class PodTuner:
     """The pod runtime's tuning runs: each under the Deployment's Lease, each beginning with
-    the recovery, each handing a promotion over to the next pod when kvpilot stops."""
+    the recovery, each handing a promotion over to the next pod when kvpilot stops.
+
+    `stable` reads the stable server from the Deployment (its live flags); `vllm_version`
+    is its vLLM version (part of the fingerprint), `workload` what a replay sends (the
+    learned workload once its window is full); `handover_map`: the ConfigMap a promotion
+    under way is handed over in (None: the state directory alone)."""
 
     def __init__(
         self,
-        config: AgentConfig,
         runtime: KubernetesRuntime,
         db: Database,
         *,
+        stable: Callable[[], TunedServer],
+        tuning: TuningConfig,
+        drain_timeout_s: float,
         remediation_in_progress: Callable[[], bool] = _never,
         api_key: str | None = None,
+        vllm_version: Callable[[], str | None] = lambda: None,
+        workload: Callable[[], WorkloadChoice | None] = lambda: None,
+        handover_map: HandoverConfigMap | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self.config = config
         self.runtime = runtime
+        self.tuning = tuning
+        self._stable = stable
+        self._drain_timeout_s = drain_timeout_s
         self._remediating = remediation_in_progress
-        self.adapter = pod_adapter(config, runtime, remediation_in_progress=remediation_in_progress)
+        self.adapter = pod_adapter(
+            runtime,
+            drain_timeout_s=drain_timeout_s,
+            remediation_in_progress=remediation_in_progress,
+        )
         self.traffic: TrafficSplit | None = None  # live traffic's split, read in `study`
         self.restarts = CanaryRestarts(runtime.api_client, runtime.target)  # on live traffic
         self._db = db
@@ -141,34 +129,59 @@ class PodTuner:
         self._wall = wall_clock
         self.journal: HandoverJournal | None = None  # the current session's
         self.refused_handovers: list[str] = []  # why, each handover not resumed
-        self._map = runtime.handover_map if isinstance(runtime, PodRuntime) else None
-        self.vllm_version: Callable[[], str | None] = lambda: None  # the stable server's
-        # What a replay would send (the learned workload once its window is full).
-        self.workload: Callable[[], WorkloadChoice | None] = lambda: None
+        self._map = handover_map
+        self._vllm_version = vllm_version
+        self._workload = workload
+
+    @property
+    def name(self) -> str:
+        return self.runtime.target.stable_name
+
+    @property
+    def start_wait_s(self) -> float:
+        """A pod that starts while the one it replaces still holds the Lease waits it out."""
+        return 2.0 * self.runtime.lease.duration_s
+
+    def stable_argv(self) -> tuple[str, ...]:
+        return self.adapter.stable_argv()
+
+    def _study_now(self, tuning: TuningConfig) -> Study:
+        """The study of the Deployment's live flags (blocking: reads the API server)."""
+        chosen = self._workload() if tuning.canary.traffic == "replay" else None
+        return build_study(
+            self._stable(), tuning, read_gpu(), vllm_version=self._vllm_version(), chosen=chosen
+        )
 
     async def study(self, tuning: TuningConfig | None = None) -> Study:
-        tuning = tuning or self.config.tuning
+        """The study of a run under `tuning` (default: the tuner's)."""
+        tuning = tuning or self.tuning
         with strict_reads():  # the Deployment's flags, never the process's view of them
-            study = await asyncio.to_thread(
-                pod_study,
-                self.config,
-                self.runtime,
-                tuning,
-                self.vllm_version(),
-                self.workload() if tuning.canary.traffic == "replay" else None,
-            )
+            study = await asyncio.to_thread(self._study_now, tuning)
             if tuning.canary.traffic != "replay" and self.traffic is None:
                 # The split of live traffic reads the stable Deployment's canary selector.
                 self.traffic = await asyncio.to_thread(
                     traffic_split, tuning.canary, self.runtime.api_client, self.runtime.target
                 )
                 self.adapter = pod_adapter(
-                    self.config,
                     self.runtime,
+                    drain_timeout_s=self._drain_timeout_s,
                     traffic=self.traffic,
                     remediation_in_progress=self._remediating,
                 )
         return study
+
+    def live_observer(self) -> Callable[[CanaryConfig, Slo], Observer] | None:
+        """The observer of live traffic through the split `study` read (None: a replay)."""
+        traffic = self.traffic
+        if traffic is None:
+            return None
+
+        def live(canary: CanaryConfig, slo: Slo) -> Observer:
+            return LiveTrafficObserver(
+                canary, traffic, slo, api_key=self._api_key, restarts=self.restarts
+            )
+
+        return live
 
     @contextlib.asynccontextmanager
     async def lease(self, *, wait_s: float = 0.0) -> AsyncIterator[None]:
@@ -191,7 +204,7 @@ class PodTuner:
         except LeaseHeld as exc:  # taken between the two reads
             raise TuningBlocked(str(exc)) from exc
 
-    async def recover(self, study: Study) -> PodRecovery:
+    async def recover(self, study: Study) -> Recovery:
         """Within the Lease: resume what an earlier pod handed over, recover the rest."""
         journal, store = SqliteRolloutJournal(self._db), SqliteTrialStore(self._db)
         found = None if self._map is None else await asyncio.to_thread(self._map.read)
@@ -199,7 +212,10 @@ class PodTuner:
         if found is not None and await asyncio.to_thread(self._trusted, found, study):
             imported = self._import_handover((found.rollout, found.trial), journal, store)
         observer, _ = make_observer(
-            study, api_key=self._api_key, traffic=self.traffic, restarts=self.restarts
+            study,
+            device_memory=server_device_memory_bytes,
+            api_key=self._api_key,
+            live=self.live_observer(),
         )
         resumed = await resume_handed_over(
             journal, store, self.adapter, observer, settings_of(study), wall_clock=self._wall
@@ -218,7 +234,7 @@ class PodTuner:
                 await asyncio.to_thread(self._map.delete)  # done with: nobody resumes it again
         # What is left is nobody's: another pod's, evicted mid-trial, with its emptyDir.
         swept = await self.adapter.sweep_orphaned_canary()
-        return PodRecovery(resumed, recovered, swept, tuple(respectful.kept))
+        return Recovery(tuple(resumed), tuple(recovered), swept, tuple(respectful.kept))
 
     def _trusted(self, found: HandedOver, study: Study) -> bool:
         """Whether the handover may be resumed (handover_trust); the vouch is consumed
@@ -263,7 +279,7 @@ class PodTuner:
             )
         return record.trial_id
 
-    def session(self, study: Study, **kw: object) -> TuningSession:
+    def session(self, study: Study, *, on_progress: ShowProgress | None = None) -> TuningSession:
         """A session whose promotion, when kvpilot stops during it, is handed over."""
         journal = HandoverJournal(SqliteRolloutJournal(self._db))
         self.journal = journal
@@ -272,11 +288,11 @@ class PodTuner:
             study,
             runtime,
             self._db,
+            device_memory=server_device_memory_bytes,
             api_key=self._api_key,
             journal=journal,
-            traffic=self.traffic,
-            restarts=self.restarts,
-            **kw,  # type: ignore[arg-type]
+            live=self.live_observer(),
+            on_progress=on_progress,
         )
 
     def hand_over(self) -> None:

@@ -1,0 +1,1 @@
+"""Tuning of servers kvpilot starts on this machine: the canary beside the stable server."""

@@ -1,0 +1,1 @@
+"""Tuning on the pod runtime: canary Deployments, live traffic, the Lease, the handover."""
