@@ -47,7 +47,7 @@ from kvpilot.agent.tuning.observer import LoadObserver
 from kvpilot.rig.server import ServerSpec, VllmServer, free_port
 from kvpilot.tuner.judge.evidence import Counts, Samples, wilson_interval
 from kvpilot.tuner.judge.judgement import Classification, JudgeConfig, Judgement, judge
-from kvpilot.tuner.judge.sequential import Decision, Look, LookPlan, judge_look
+from kvpilot.tuner.judge.sequential import Look, LookDecision, LookPlan, judge_look
 from kvpilot.tuner.judge.windows import MIN_WINDOWS, Window, judge_windows, pooled
 from kvpilot.tuner.load.generator import LengthDist, Workload
 from kvpilot.tuner.problem.objective import Slo
@@ -305,7 +305,7 @@ def _sequential(run: Sequence[Pair], inject: Injection | None, rng: random.Rando
     plan = LookPlan()
     for at in plan.looks:
         look = judge_look(windows[:at], plan, JudgeConfig(), SLO.judge_limits())
-        if look.decision is not Decision.CONTINUE:
+        if look.decision is not LookDecision.CONTINUE:
             return look
     raise AssertionError("the last look decides")
 
@@ -334,9 +334,9 @@ def analyse_sequential(pairs: Sequence[Pair], runs: int = BOOTSTRAP_RUNS, seed: 
         own = [_sequential(run, inject, rng) for run in disjoint]
         for label, looks in (("bootstrap", boot), ("disjoint", own)):
             worse = sum(lk.judgement.classification in WORSE for lk in looks)
-            passed = sum(lk.decision is Decision.PASS for lk in looks)
-            by_32 = sum(lk.decision is Decision.PASS and lk.windows <= 32 for lk in looks)
-            stops = sorted(lk.windows for lk in looks if lk.decision is Decision.FAIL)
+            passed = sum(lk.decision is LookDecision.PASS for lk in looks)
+            by_32 = sum(lk.decision is LookDecision.PASS and lk.windows <= 32 for lk in looks)
+            stops = sorted(lk.windows for lk in looks if lk.decision is LookDecision.FAIL)
             median = stops[(len(stops) - 1) // 2] if stops else None
             print(
                 f"  {name}, {label}: fail or marginal {_rate(worse, len(looks))}; "

@@ -86,8 +86,10 @@ def test_kvpilot_at_vllms_uid_finds_scrapes_and_restarts_it(injected: InjectedPo
     wait_for("kvpilot scraping the root vLLM and its plugin", scraping, 420)
     first_pid = injected.main_pid()
     assert first_pid is not None
-    # The running vLLM's PYTHONPATH: the plugin's folder in front of the chart's own.
-    environ = injected.pod.exec("kvpilot", "cat", f"/proc/{first_pid}/environ")
+    # The running vLLM's PYTHONPATH: the plugin's folder in front of the chart's own. Read
+    # from vLLM's own container: kvpilot's, root without a capability, may not read another
+    # process's environment (the kernel asks for ptrace access), and needs not.
+    environ = injected.pod.exec("vllm", "cat", f"/proc/{first_pid}/environ")
     assert environ.returncode == 0, environ.stderr
     (python_path,) = [
         v.removeprefix("PYTHONPATH=")

@@ -42,7 +42,7 @@ class Spending(StrEnum):
 _SHOWN_WORSE = (Classification.FAIL, Classification.MARGINAL)
 
 
-class Decision(StrEnum):
+class LookDecision(StrEnum):
     PASS = "pass"  # noqa: S105 (a decision, not a password)
     FAIL = "fail"
     CONTINUE = "continue"
@@ -85,12 +85,12 @@ class Look:
     windows: int
     alpha: float
     judgement: Judgement
-    decision: Decision
+    decision: LookDecision
     more_windows: int | None = None
 
     def summary(self) -> str:
         head = f"{self.decision.value} at {self.windows} windows (alpha {self.alpha:.3g})"
-        if self.decision is Decision.INCONCLUSIVE:  # the classification says "inconclusive"
+        if self.decision is LookDecision.INCONCLUSIVE:  # the classification says "inconclusive"
             more = (
                 f"about {self.more_windows} more windows needed"
                 if self.more_windows is not None
@@ -117,18 +117,20 @@ def judge_look(
         alpha = alphas[0]
         judgement = judge_windows(windows, config, slo_limits, paired=paired, alpha=alpha)
         if judgement.classification in _SHOWN_WORSE:
-            return Look(n, alpha, judgement, Decision.FAIL)
-        return Look(n, alpha, _not_passed(judgement, "screening never promotes"), Decision.CONTINUE)
+            return Look(n, alpha, judgement, LookDecision.FAIL)
+        return Look(
+            n, alpha, _not_passed(judgement, "screening never promotes"), LookDecision.CONTINUE
+        )
     index = reached[-1]
     alpha = alphas[index]
     judgement = judge_windows(windows, config, slo_limits, paired=paired, alpha=alpha)
     if judgement.classification is Classification.PASS:
-        return Look(n, alpha, judgement, Decision.PASS)
+        return Look(n, alpha, judgement, LookDecision.PASS)
     if judgement.classification in _SHOWN_WORSE:
-        return Look(n, alpha, judgement, Decision.FAIL)
+        return Look(n, alpha, judgement, LookDecision.FAIL)
     if index < len(plan.looks) - 1:
-        return Look(n, alpha, judgement, Decision.CONTINUE)
-    look = Look(n, alpha, judgement, Decision.INCONCLUSIVE, more_windows(judgement, n, alpha))
+        return Look(n, alpha, judgement, LookDecision.CONTINUE)
+    look = Look(n, alpha, judgement, LookDecision.INCONCLUSIVE, more_windows(judgement, n, alpha))
     return dataclasses.replace(
         look, judgement=dataclasses.replace(judgement, reason=look.summary())
     )

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from kvpilot.collectors.secrets import mask_argv
 from kvpilot.tuner.judge.judgement import Classification, Judgement
-from kvpilot.tuner.judge.sequential import Decision, Look, judge_look
+from kvpilot.tuner.judge.sequential import Look, LookDecision, judge_look
 from kvpilot.tuner.judge.windows import Window, judge_windows
 from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult, evaluate
 from kvpilot.tuner.rollout.decide import WindowGoodputs, pooled
@@ -152,7 +152,7 @@ class TrialRollout:
                     baselines.append(baseline)
                     canaries.append(canary)
                 look = self._look(baselines, canaries, paired=True)
-                if look.decision is not Decision.CONTINUE:
+                if look.decision is not LookDecision.CONTINUE:
                     break
         except CanaryAborted as exc:  # live traffic: the observer already took it back
             await self._abort(s, str(exc))
@@ -215,7 +215,7 @@ class TrialRollout:
             while len(canaries) < at:
                 canaries.append(await self._observe_one(url))
             look = self._look(baselines, canaries, paired=False)
-            if look.decision is not Decision.CONTINUE:
+            if look.decision is not LookDecision.CONTINUE:
                 break
         # A hold needs a canary beside the stable: here the candidate is the only instance.
         if not self._judge(s, baselines, canaries, look.judgement, paired=False):
@@ -239,7 +239,7 @@ class TrialRollout:
         )
 
     def _hold(self, look: Look) -> bool:
-        return self._settings.hold_inconclusive and look.decision is Decision.INCONCLUSIVE
+        return self._settings.hold_inconclusive and look.decision is LookDecision.INCONCLUSIVE
 
     async def _observe_one(self, url: str) -> Observation:
         (window,) = await self._observer.observe([url])

@@ -12,8 +12,8 @@ from kvpilot.tuner.judge.evidence import dispersion
 from kvpilot.tuner.judge.judgement import Classification
 from kvpilot.tuner.judge.sequential import (
     DEFAULT_LOOKS,
-    Decision,
     Look,
+    LookDecision,
     LookPlan,
     Spending,
     judge_look,
@@ -29,7 +29,7 @@ def sequential(all_windows: list[Window], plan: LookPlan = PLAN, *, paired: bool
     """Look at each of the plan's looks in turn, as the rollout does, until one decides."""
     for at in plan.looks:
         look = judge_look(all_windows[:at], plan, paired=paired)
-        if look.decision is not Decision.CONTINUE:
+        if look.decision is not LookDecision.CONTINUE:
             return look
     raise AssertionError("the last look always decides")
 
@@ -47,7 +47,7 @@ def test_alpha_is_spent_over_the_looks_and_sums_to_alpha() -> None:
 @pytest.mark.parametrize("paired", [True, False], ids=["paired", "one-after-the-other"])
 def test_an_equal_canary_passes_by_32_windows(paired: bool) -> None:
     looks = [sequential(windows(seed, 64), paired=paired) for seed in range(4)]
-    assert all(look.decision is Decision.PASS for look in looks), [lk.summary() for lk in looks]
+    assert all(look.decision is LookDecision.PASS for look in looks), [lk.summary() for lk in looks]
     if paired:
         assert all(look.windows <= 32 for look in looks)
 
@@ -57,14 +57,14 @@ def test_a_tenth_of_requests_at_ten_times_the_ttft_is_counted_against() -> None:
     # such a canary before).
     for seed in range(4):
         look = sequential(windows(seed, 64, slow_share=0.1))
-        assert look.decision is Decision.FAIL and look.windows <= 32, look.summary()
+        assert look.decision is LookDecision.FAIL and look.windows <= 32, look.summary()
         ttft = next(m for m in look.judgement.metrics if m.name == "ttft_s")
         assert ttft.counts_against
 
 
 def test_a_fifth_less_goodput_stops_early_as_a_fail() -> None:
     stops = [sequential(windows(seed, 64, goodput_scale=0.8)) for seed in range(4)]
-    assert all(look.decision is Decision.FAIL for look in stops)
+    assert all(look.decision is LookDecision.FAIL for look in stops)
     assert sorted(look.windows for look in stops)[1] <= 16  # the median look
 
 
@@ -74,7 +74,7 @@ def test_one_percent_errors_against_none_never_passes() -> None:
     for at in DEFAULT_LOOKS:
         look = judge_look(bad[:at], PLAN)
         assert look.judgement.classification is not Classification.PASS, look.summary()
-    assert sequential(bad).decision is Decision.FAIL
+    assert sequential(bad).decision is LookDecision.FAIL
 
 
 def test_a_nan_ttft_or_an_infinite_goodput_is_no_data_never_a_pass() -> None:
@@ -95,7 +95,7 @@ def test_a_nan_ttft_or_an_infinite_goodput_is_no_data_never_a_pass() -> None:
 def test_an_undecided_canary_says_about_how_many_more_windows_it_needs() -> None:
     # 8 windows of 32 requests without an error: half a point needs about 550 requests a side.
     look = sequential(windows(2, 8, requests=32), LookPlan(looks=(8,)))
-    assert look.decision is Decision.INCONCLUSIVE
+    assert look.decision is LookDecision.INCONCLUSIVE
     assert look.more_windows is not None and look.more_windows > 8
     assert look.judgement.classification is Classification.INCONCLUSIVE
     assert look.judgement.reason.startswith(f"about {look.more_windows} more windows needed")
@@ -104,9 +104,9 @@ def test_an_undecided_canary_says_about_how_many_more_windows_it_needs() -> None
 def test_screening_windows_may_reject_and_never_promote() -> None:
     plan = LookPlan(looks=(16, 32))
     equal = judge_look(windows(0, 12), plan)  # before the first look: screening
-    assert equal.decision is Decision.CONTINUE and not equal.judgement.promote
+    assert equal.decision is LookDecision.CONTINUE and not equal.judgement.promote
     bad = judge_look(windows(0, 12, goodput_scale=0.5), plan)
-    assert bad.decision is Decision.FAIL
+    assert bad.decision is LookDecision.FAIL
 
 
 def test_clustered_errors_count_for_less_than_scattered_ones() -> None:
