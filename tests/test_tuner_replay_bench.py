@@ -396,3 +396,49 @@ def test_a_tight_landscape_is_its_burst_traffic_under_a_tighter_inter_token_limi
         )
         assert tight.slo.ttft_p95_s == burst.slo.ttft_p95_s
         assert tight.slo.inter_token_p95_s < burst.slo.inter_token_p95_s
+
+
+def test_simulated_landscapes_are_independent_and_keep_the_product_objective() -> None:
+    """Dev and test seeds draw different landscapes; the knee errs against the planner; the
+    least feasible KV is a real boundary (one block less no longer holds the target); a
+    failed start costs its seconds; the registered suggesters are strategies by name."""
+    from tuner_sim import DEV_SEEDS, TEST_SEEDS, Config, draw_landscape
+    from tuner_sim_run import FAILED_START_S, registered_suggesters, run_trials
+
+    dev = [draw_landscape(s) for s in DEV_SEEDS]
+    test = [draw_landscape(s) for s in TEST_SEEDS]
+    assert {ls.target_rps for ls in dev}.isdisjoint(ls.target_rps for ls in test)
+    errors = [ls.need * ls.seq_bytes / ls.planner_knee_bytes for ls in dev]
+    assert min(errors) < 0.9 and max(errors) > 1.1  # the planner's estimate is not the truth
+    ls = dev[0]
+    least = ls.least_feasible_blocks()
+    assert least is not None
+    block = ls.geometry.bytes_per_block
+    levels = sorted({round(512 * 32 ** (i / 63)) for i in range(64)})
+
+    def held(blocks: int) -> bool:
+        return any(
+            ls.starts(c) and ls.capacity(c) >= ls.target_rps
+            for t in levels
+            for s in range(1, min(t, 512) + 1)
+            for c in [Config(blocks * block, s, t)]
+        )
+
+    assert held(least) and not held(least - 1)
+    cliff = Config(ls.free_bytes, 8, 4096)
+    assert not ls.starts(cliff)
+    asks = iter([cliff, None])
+    record = run_trials(ls, lambda: next(asks), lambda *_: None, 0, lambda _c: 1.0)
+    assert record.failed_starts == 1 and record.elapsed_s == FAILED_START_S
+    assert {"bayesian", "random"} <= set(registered_suggesters())
+
+
+def test_quick_simulated_benchmark_reports_regret_floor_and_the_discrimination_verdict(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tuner_sim_bench import report
+
+    assert report((0,), ("random", "bayesian"), 1, "bayesian") == 0
+    out = capsys.readouterr().out
+    assert "noise floor" in out and "random search meets the goal on" in out
+    assert "bayesian" in out
