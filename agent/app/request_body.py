@@ -9,15 +9,12 @@ fail deep inside on a hostile body.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-# A JSON string (its escapes included, possibly unterminated) or one bracket: strings are
-# skipped whole, so brackets inside them are not counted.
-_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.DOTALL)
+from kvpilot.collectors.json_body import nesting_depth
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,21 +53,6 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     except ClientDisconnect:  # the caller hung up: nothing to act on, nobody to answer
         raise RequestRejected(400, "the client left before sending the whole body") from None
     return b"".join(chunks)
-
-
-def nesting_depth(text: str, stop_above: int) -> int:
-    """The deepest nesting of arrays and objects in `text`, counting stopped past `stop_above`."""
-    depth = deepest = 0
-    for match in _TOKEN.finditer(text):
-        token = match.group()
-        if token in ("[", "{"):
-            depth += 1
-            deepest = max(deepest, depth)
-            if deepest > stop_above:
-                break
-        elif token in ("]", "}"):
-            depth -= 1
-    return deepest
 
 
 def _no_constant(token: str) -> Any:

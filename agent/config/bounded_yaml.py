@@ -18,6 +18,8 @@ import yaml
 from yaml.error import Mark
 from yaml.nodes import MappingNode, Node, SequenceNode
 
+from kvpilot.collectors.secrets import mask_text
+
 MAX_FILE_BYTES = 1024 * 1024
 MAX_DEPTH = 32
 MAX_VALUES = 100_000
@@ -35,6 +37,16 @@ class YamlInputError(ValueError):
 
 def _at(mark: Mark | None) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "?"
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's message without its quote of the offending line, which may hold a password
+    (a URL's user-info, a token): the problem and where, masked as text all the same."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return mask_text(str(exc))  # a reader error names a character and an offset
+    said = [(exc.context, exc.context_mark), (exc.problem, exc.problem_mark), (exc.note, None)]
+    parts = [f"{text} at {_at(mark)}" if mark else text for text, mark in said if text]
+    return mask_text("; ".join(parts) or type(exc).__name__)
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -100,7 +112,7 @@ def load_yaml(text: str) -> Any:
     except YamlInputError:
         raise
     except yaml.YAMLError as exc:
-        raise YamlInputError(f"not valid YAML: {exc}") from None
+        raise YamlInputError(f"not valid YAML: {_yaml_problem(exc)}") from None
     except _MALFORMED_VALUE as exc:
         raise YamlInputError(f"not a value kvpilot can read: {exc}") from None
 

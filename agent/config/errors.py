@@ -16,6 +16,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from kvpilot.agent.config.bounded_yaml import YamlInputError, load_yaml
+from kvpilot.collectors.secrets import is_secret_name, mask_text
 
 _SCALARS = (str, int, float, bool, type(None))
 _MAX_SHOWN_CHARS = 60
@@ -121,6 +122,37 @@ def _shown(value: Any) -> str:
     return shown
 
 
+def _may_be_secret(path: Sequence[str], data: Any) -> bool:
+    """Whether the input at `path` (a walked one: no union tags) may be a secret that its
+    field's type does not say: under a name that says so (`env.HF_TOKEN`, `headers.X-Api-Key`),
+    or an argv's value of a secret flag (`--api-key 12345678`): a wrong type (a number) must
+    not show it either."""
+    if any(is_secret_name(part) for part in path):
+        return True
+    parent: Any = data
+    for part in path[:-1]:
+        parent = _item(parent, part)
+    last = _index_of(path[-1]) if path else None
+    if not (isinstance(parent, list) and last is not None and 0 < last < len(parent)):
+        return False
+    before = parent[last - 1]
+    return isinstance(before, str) and before.startswith("-") and is_secret_name(before)
+
+
+def _index_of(part: str) -> int | None:
+    return int(part) if part.isascii() and part.isdigit() else None
+
+
+def _item(value: Any, part: str) -> Any:
+    """`value[part]` of the raw input, or None where there is no such item."""
+    if isinstance(value, Mapping):
+        return value.get(part)
+    index = _index_of(part)
+    if isinstance(value, list) and index is not None and index < len(value):
+        return value[index]
+    return None
+
+
 def format_validation_error(
     exc: ValidationError,
     root: type[BaseModel],
@@ -151,8 +183,10 @@ def format_validation_error(
                 kind != "missing"
                 and isinstance(value, _SCALARS)
                 and not _is_secret(walked.annotation)
+                and not _may_be_secret(walked.path, data)
             ):
                 problem += f" (got {_shown(value)})"
+            problem = mask_text(problem)  # a URL's password, in the value or in the message
         origin = (sources or {}).get(walked.path)
         if origin is not None:
             problem += f" [from {origin}]"

@@ -35,8 +35,9 @@ class Outbox(Protocol):
     def due(
         self, now_wall_s: float, limit: int = 100, *, notifier: str | None = None
     ) -> list[OutboxItem]:
-        """Pending rows with next_attempt <= now, in the order they were enqueued; only
-        `notifier`'s when given."""
+        """Pending rows with next_attempt <= now, critical first (`shedding.severity_rank_of`),
+        then in the order they were enqueued; only `notifier`'s when given. An alert's events
+        share its labels, severity included, so they stay in the order enqueued."""
         ...
 
     def mark_delivered(self, item_ids: Sequence[int], now_wall_s: float) -> None:

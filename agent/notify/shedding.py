@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvpilot.agent.model import Labels
 from kvpilot.agent.notify.outbox_item import OutboxItem
 
 DEFAULT_MAX_PENDING_PER_NOTIFIER = 10_000  # Prometheus's default queue capacity
@@ -22,19 +23,25 @@ _SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 _UNKNOWN_RANK = _SEVERITY_RANK["warning"]
 
 
-def severity_rank(item: OutboxItem) -> int:
-    """0 for critical, 1 for warning (and unknown severities), 2 for info."""
-    severity = dict(item.event.labels).get("severity", "")
+def severity_rank_of(labels: Labels) -> int:
+    """0 for critical, 1 for warning (and unknown severities), 2 for info: the order in which
+    an outbox gives a notifier's due rows, and the reverse of the order they are dropped in."""
+    severity = dict(labels).get("severity", "")
     return _SEVERITY_RANK.get(severity, _UNKNOWN_RANK)
+
+
+def severity_rank(item: OutboxItem) -> int:
+    return severity_rank_of(item.event.labels)
 
 
 def to_drop(items: Sequence[OutboxItem], keep: int) -> list[OutboxItem]:
     """The rows to drop so that at most `keep` of `items` stay: the lowest severity first,
-    the oldest first within a severity."""
+    the oldest first within a severity. Oldest is the order enqueued (the id), never the
+    wall-clock creation time, which a step back of the clock would turn into the newest."""
     excess = len(items) - max(keep, 0)
     if excess <= 0:
         return []
-    order = sorted(items, key=lambda i: (-severity_rank(i), i.created_wall_s, i.id))
+    order = sorted(items, key=lambda i: (-severity_rank(i), i.id))
     return order[:excess]
 
 

@@ -7,8 +7,11 @@ Migrations use `conn.execute` (or `_execute_script`), never `executescript`, whi
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Callable, Sequence
+
+from kvpilot.agent.notify.shedding import severity_rank_of
 
 Migration = Callable[[sqlite3.Connection], None]
 
@@ -149,7 +152,37 @@ def _v3(conn: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1, _v2, _v3)
+def _v4(conn: sqlite3.Connection) -> None:
+    """The outbox's severity, and an index in the order due rows are read: per notifier,
+    critical first, then the order enqueued (the id; the wall clock can step back)."""
+    _execute_script(
+        conn,
+        """
+        -- 0 critical, 1 warning (and unknown severities), 2 info.
+        ALTER TABLE outbox ADD COLUMN severity_rank INTEGER NOT NULL DEFAULT 1
+            CHECK (severity_rank IN (0, 1, 2));
+        DROP INDEX outbox_due;
+        CREATE INDEX outbox_due ON outbox (notifier, severity_rank, id) WHERE state = 'pending';
+        """,
+    )
+    pending = conn.execute("SELECT id, event_json FROM outbox WHERE state = 'pending'")
+    for row_id, event_json in pending.fetchall():
+        rank = _severity_rank_stored(event_json)
+        if rank is not None:
+            conn.execute("UPDATE outbox SET severity_rank = ? WHERE id = ?", (rank, row_id))
+
+
+def _severity_rank_stored(event_json: str) -> int | None:
+    """The rank of a stored event's severity label; None (the column's default, a warning)
+    when the row cannot be read, which must not keep the database from opening."""
+    try:
+        labels = tuple((str(k), str(v)) for k, v in json.loads(event_json)["labels"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return severity_rank_of(labels)
+
+
+MIGRATIONS: tuple[Migration, ...] = (_v1, _v2, _v3, _v4)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from kvpilot.agent.model import AlertEvent
 from kvpilot.agent.notify.outbox_item import OutboxItem
+from kvpilot.agent.notify.shedding import severity_rank_of
 from kvpilot.agent.state.db import Database
 from kvpilot.collectors.secrets import mask_text
 
@@ -78,7 +79,9 @@ class SqliteOutbox:
 
     Rows are ordered by their id, the order they were enqueued in (AUTOINCREMENT never reuses
     one): a firing event goes before its resolved one even when the wall clock stepped back
-    between the two. `created_wall_s` is kept for people and for an item's age."""
+    between the two. `created_wall_s` is kept for people and for an item's age. Due rows come
+    critical first (`severity_rank`, stored on enqueue; the index `outbox_due` is in this
+    order), so that a page is read ahead of any number of a notifier's older warnings."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -93,9 +96,16 @@ class SqliteOutbox:
             if row is not None:
                 return int(row[0])
             cursor = conn.execute(
-                "INSERT INTO outbox (notifier, dedup_key, event_json, next_attempt_wall_s, "
-                "created_wall_s) VALUES (?, ?, ?, ?, ?)",
-                (notifier, key, event_to_json(event), now_wall_s, now_wall_s),
+                "INSERT INTO outbox (notifier, dedup_key, event_json, severity_rank, "
+                "next_attempt_wall_s, created_wall_s) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    notifier,
+                    key,
+                    event_to_json(event),
+                    severity_rank_of(event.labels),
+                    now_wall_s,
+                    now_wall_s,
+                ),
             )
             return int(cursor.lastrowid or 0)
 
@@ -106,7 +116,7 @@ class SqliteOutbox:
         only = () if notifier is None else (notifier,)
         rows = self._db.read(
             f"SELECT {_COLUMNS} FROM outbox WHERE state = 'pending' "  # noqa: S608 (constants)
-            f"AND next_attempt_wall_s <= ? {mine}ORDER BY id LIMIT ?",
+            f"AND next_attempt_wall_s <= ? {mine}ORDER BY severity_rank, id LIMIT ?",
             (now_wall_s, *only, limit),
         )
         return [_item(row) for row in rows]

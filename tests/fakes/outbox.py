@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from kvpilot.agent.model import AlertEvent
 from kvpilot.agent.notify.delivery import OutboxItem
+from kvpilot.agent.notify.shedding import severity_rank
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +59,7 @@ class MemoryOutbox:
             for i in self._pending.values()
             if i.next_attempt_wall_s <= now_wall_s and notifier in (None, i.notifier)
         ]
-        ready.sort(key=lambda i: i.id)  # the order they were enqueued, as SQLite's
+        ready.sort(key=lambda i: (severity_rank(i), i.id))  # as SQLite's: critical first
         return ready[:limit]
 
     def mark_delivered(self, item_ids: Sequence[int], now_wall_s: float) -> None:

@@ -328,6 +328,49 @@ def test_secrets_never_show_in_repr_or_errors(tmp_path: Path) -> None:
     assert "12345678" not in found and SECRETS["token"] not in found
 
 
+LEAKED = "Hunter2-pw"  # a password an attacker looks for in what the loader prints
+RUNTIME_YAML = "runtime: {kind: local, instances: [{name: a, argv: [vllm, serve, m]}]}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "environ", "says"),
+    [
+        # PyYAML quotes the line it stops at: the line holds the URL with its password.
+        (f"notifiers: [{{kind: webhook, url: 'http://u:{LEAKED}@h/x}}]\n", {}, "line 1"),
+        (f"api:\n\ttoken: {LEAKED}\n", {}, "line 2, column 1"),
+        # A wrong value is shown as given: a URL's user-info is masked in it.
+        (
+            RUNTIME_YAML + f"notifiers: [{{kind: webhook, url: 'ftp://u:{LEAKED}@h/x'}}]\n",
+            {},
+            "(got 'ftp://***@h/x')",
+        ),
+        (RUNTIME_YAML, {"KVPILOT_INTERVAL_S": f"http://u:{LEAKED}@h/"}, "http://***@h/"),
+        (RUNTIME_YAML, {"KVPILOT_NOTIFIERS": f"[{{url: 'http://u:{LEAKED}@h/'"}, "line 1"),
+        # A secret whose type is wrong (a number) is not shown where its place says secret.
+        (
+            "runtime: {kind: local, instances: [{name: a, argv: [vllm, --api-key, 12345678]}]}",
+            {},
+            "argv.2: Input should be a valid string",
+        ),
+        (RUNTIME_YAML.replace("m]}", "m], env: {HF_TOKEN: 12345678}}"), {}, "env.HF_TOKEN"),
+    ],
+)
+def test_errors_never_echo_a_password_from_the_input(
+    tmp_path: Path, text: str, environ: dict[str, str], says: str
+) -> None:
+    found = "\n".join(problems(tmp_path, text, environ))
+    assert says in found
+    assert LEAKED not in found and "12345678" not in found, found
+
+
+def test_config_check_prints_a_yaml_error_without_the_line(tmp_path: Path) -> None:
+    path = write(tmp_path, f"notifiers:\n  - url: http://u:{LEAKED}@h/x: [\n")
+    result = run_cli("config", "check", str(path), "--no-env")
+    assert result.exit_code == 2
+    assert "mapping values are not allowed here at line 2" in result.output
+    assert LEAKED not in result.output
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None) -> Any:
     app = typer.Typer()
 

@@ -57,6 +57,24 @@ def test_a_backlog_past_its_bound_drops_the_lowest_severity_then_the_oldest() ->
     assert all((f.item.last_error or "").startswith("dropped: hook's outbox") for f in dropped)
 
 
+def test_the_oldest_dropped_is_the_first_enqueued_across_a_wall_clock_step_back() -> None:
+    """The wall clock steps back an hour between the first two warnings and the next two: the
+    first two are still the oldest and go, not the two stamped earlier after the step."""
+    clock, outbox = FakeClock(), MemoryOutbox()
+    for n in range(4):
+        outbox.enqueue("hook", event(n), clock())
+        clock.advance(-3600.0 if n == 1 else 1.0)
+    down = Receiver()  # never started: nothing leaves by delivery
+
+    async def body(client: httpx.AsyncClient) -> None:
+        notifiers = {"hook": WebhookNotifier("hook", down.url, client)}
+        worker = worker_for(outbox, notifiers, clock, max_pending_per_notifier=2)
+        assert (await worker.deliver_due()).count("hook", "dropped") == 2
+
+    with_client(body)
+    assert {dict(i.event.labels)["instance"] for i in outbox.pending()} == {"vllm-2", "vllm-3"}
+
+
 def test_the_bound_holds_per_notifier_under_a_flood_and_keeps_every_critical() -> None:
     clock, outbox = FakeClock(), MemoryOutbox()
     for n in range(1_000):

@@ -8,11 +8,13 @@ rows, so a slow receiver owing thousands holds back no other notifier's events.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import httpx
 
 from kvpilot.agent.model import AlertEvent
 from kvpilot.agent.notify import Backoff, DeliveryWorker, WebhookNotifier
+from kvpilot.agent.state import StateStore
 from tests.agent.notify.notify_helpers import START_WALL_S, FakeClock, make_event
 from tests.agent.notify.notify_receiver import Receiver
 from tests.agent.notify.test_delivery import (
@@ -137,6 +139,30 @@ def test_a_notifiers_critical_lanes_start_before_its_warnings(receiver: Receiver
 
     with_client(body)
     assert outbox.backlog() == 0
+
+
+def test_a_page_behind_thousands_of_the_same_receivers_warnings_goes_in_the_first_pass(
+    receiver: Receiver, tmp_path: Path
+) -> None:
+    """2,000 due warnings for one receiver, far more than a pass reads (`batch_limit`), then
+    one critical page for the same receiver: the state database gives the page first, so the
+    first pass sends it, and first (one send at a time makes the order plain)."""
+    clock = FakeClock()
+    page = make_event("VllmServerDown", instance="vllm-9", extra_labels={"severity": "critical"})
+    with StateStore.open(tmp_path) as store:
+        with store.transaction():
+            for n in range(2_000):
+                store.outbox.enqueue("hook", severe(n, "warning"), clock())
+            store.outbox.enqueue("hook", page, clock())
+
+        async def body(client: httpx.AsyncClient) -> None:
+            notifiers = {"hook": WebhookNotifier("hook", receiver.url, client)}
+            worker = worker_for(store.outbox, notifiers, clock, lanes_per_notifier=1)
+            report = await worker.deliver_due()
+            assert report.count("hook", "delivered") == 1, report
+
+        with_client(body)
+    assert keys_arrived(receiver) == [page.dedup_key]
 
 
 def test_each_notifier_gets_its_own_budget_of_rows(receiver: Receiver) -> None:

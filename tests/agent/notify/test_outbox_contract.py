@@ -179,6 +179,30 @@ def test_the_order_enqueued_survives_a_wall_clock_step_back(outbox: InspectableO
     assert ids(outbox.pending_of("hook")) == [firing, resolved, other]
 
 
+def severe(n: int, severity: str, status: str = "firing") -> AlertEvent:
+    return make_event(
+        instance=f"vllm-{n}",
+        incident_id=f"inc-{n}",
+        status=status,  # type: ignore[arg-type]
+        extra_labels={"severity": severity},
+    )
+
+
+def test_due_gives_critical_first_and_each_alert_in_order(outbox: InspectableOutbox) -> None:
+    """A page enqueued behind more warnings than one read takes is read first; within a
+    severity rows keep the order enqueued, and an alert's firing goes before its resolved."""
+    warnings = [outbox.enqueue("hook", severe(n, "warning"), T) for n in range(5)]
+    info = outbox.enqueue("hook", severe(5, "info"), T)
+    other_page = outbox.enqueue("other", severe(6, "critical"), T)
+    firing = outbox.enqueue("hook", severe(7, "critical"), T)
+    unknown = outbox.enqueue("hook", severe(8, "page-me"), T)  # unknown counts as a warning
+    resolved = outbox.enqueue("hook", severe(7, "critical", "resolved"), T)
+    assert ids(outbox.due(T, limit=2, notifier="hook")) == [firing, resolved]
+    assert ids(outbox.due(T, notifier="hook")) == [firing, resolved, *warnings, unknown, info]
+    assert ids(outbox.due(T, limit=3)) == [other_page, firing, resolved]
+    assert ids(outbox.pending_of("hook")) == [*warnings, info, firing, unknown, resolved]
+
+
 def test_a_retried_row_keeps_its_place_ahead_of_newer_ones(outbox: InspectableOutbox) -> None:
     firing = outbox.enqueue("hook", make_event(), T)
     outbox.mark_failed([firing], "HTTP 503", T + 5)
