@@ -1,21 +1,44 @@
-"""Suggesters: Bayesian (scikit-optimize), random and grid, behind one ask/tell interface.
+"""Suggesters: Bayesian (scikit-optimize), informed (bisection on what kvpilot knows), random
+and grid, behind one ask/tell interface, and registered by name (`make_suggester`).
 
 Importing this package is cheap: the Bayesian suggester imports its scientific stack only
 when it first builds a model.
 """
 
-from kvpilot.tuner.suggest.base import SearchExhausted, Suggester, objective_value, warm_start
+from kvpilot.tuner.suggest.base import (
+    Observation,
+    Observing,
+    SearchExhausted,
+    Suggester,
+    objective_value,
+    tell_observed,
+    warm_start,
+)
 from kvpilot.tuner.suggest.bayes import BayesianSuggester
 from kvpilot.tuner.suggest.grid import GridSuggester, row_major_order
+from kvpilot.tuner.suggest.informed import InformedSuggester, ScreeningHint
+from kvpilot.tuner.suggest.prior import KvPrior, MemoryAxis, tokens_in_flight
 from kvpilot.tuner.suggest.random_search import RandomSuggester
+from kvpilot.tuner.suggest.registry import SUGGESTERS, Knowledge, make_suggester
 
 __all__ = [
+    "SUGGESTERS",
     "BayesianSuggester",
     "GridSuggester",
+    "InformedSuggester",
+    "Knowledge",
+    "KvPrior",
+    "MemoryAxis",
+    "Observation",
+    "Observing",
     "RandomSuggester",
+    "ScreeningHint",
     "SearchExhausted",
     "Suggester",
+    "make_suggester",
     "objective_value",
     "row_major_order",
+    "tell_observed",
+    "tokens_in_flight",
     "warm_start",
 ]

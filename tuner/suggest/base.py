@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from kvpilot.tuner.problem.constraints import Value
 from kvpilot.tuner.problem.objective import TrialResult
@@ -24,6 +25,44 @@ class Suggester(Protocol):
     def ask(self) -> Candidate: ...
 
     def tell(self, candidate: Candidate, result: TrialResult) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What a server that ran a candidate saw beside the verdict: its KV high-water mark and
+    its preemptions per finished request (None where unknown)."""
+
+    kv_high_water_bytes: int | None = None
+    preemptions_per_request: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kv_high_water_bytes is not None and self.kv_high_water_bytes < 0:
+            raise ValueError("kv_high_water_bytes must not be negative")
+        if self.preemptions_per_request is not None and not self.preemptions_per_request >= 0:
+            raise ValueError("preemptions_per_request must be a number >= 0")
+
+
+@runtime_checkable
+class Observing(Protocol):
+    """A suggester that also learns from observations (an optional extension of ask/tell).
+
+    `observe` may come without a `tell` for the same candidate: the stable server's own
+    flags and high-water mark are told this way before the first ask.
+    """
+
+    def observe(self, candidate: Candidate, observation: Observation) -> None: ...
+
+
+def tell_observed(
+    suggester: Suggester,
+    candidate: Candidate,
+    result: TrialResult,
+    observation: Observation | None = None,
+) -> None:
+    """Tell a result, and the observation to suggesters that take one (others ignore it)."""
+    suggester.tell(candidate, result)
+    if observation is not None and isinstance(suggester, Observing):
+        suggester.observe(candidate, observation)
 
 
 def objective_value(result: TrialResult) -> float | None:

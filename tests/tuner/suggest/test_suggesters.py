@@ -9,6 +9,7 @@ from kvpilot.tuner.problem.space import Knob, KnobKind, SearchSpace
 from kvpilot.tuner.suggest import (
     BayesianSuggester,
     GridSuggester,
+    InformedSuggester,
     RandomSuggester,
     row_major_order,
     warm_start,
@@ -27,6 +28,12 @@ class TestBayesian(SuggesterContract):
     @pytest.fixture
     def factory(self) -> Factory:
         return lambda space, seed: BayesianSuggester(space, seed=seed, pool_size=300)
+
+
+class TestInformed(SuggesterContract):
+    @pytest.fixture
+    def factory(self) -> Factory:
+        return lambda space, seed: InformedSuggester(space, seed=seed)
 
 
 class TestRandom(SuggesterContract):
