@@ -3,14 +3,17 @@ as tuning sees it (one way per runtime kind), the notifiers."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import cast
 
 import httpx
 
+from kvpilot.agent.app.control_ports import ControlPorts
 from kvpilot.agent.config import (
     AgentConfig,
     AlertmanagerNotifierConfig,
@@ -51,13 +54,18 @@ from kvpilot.agent.runtimes.kubernetes.values import KubernetesTarget
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.tick.after import CompletedRuns
+from kvpilot.agent.tick.settings import TickSettings
+from kvpilot.agent.tick.sidecar import Sidecar
+from kvpilot.agent.tick.wiring import scrape_limits
 from kvpilot.agent.tuning.entry import Tuner
 from kvpilot.agent.tuning.local.factory import local_adapter, remediated_restarter
 from kvpilot.agent.tuning.local.tuner import LocalTuner
+from kvpilot.agent.tuning.pod.canary_cap import namespace_canary_cap
 from kvpilot.agent.tuning.pod.tuner import PodTuner
 from kvpilot.agent.tuning.promoted import tuned_instance
 from kvpilot.agent.tuning.schedule import ScheduledTuning, scheduled_tuning
 from kvpilot.agent.tuning.server import ServerOf, TunedServer
+from kvpilot.agent.tuning.stagger import stagger_offset_s
 from kvpilot.agent.tuning.study import StudyError, build_study, read_gpu, require_server
 from kvpilot.agent.tuning.workload.choice import WorkloadChoice
 
@@ -150,6 +158,7 @@ def build_pod_runtime(
         restart=k8s.restart,
         state_dir=config.state_dir,
         name=runtime.name,
+        promotion_surge=k8s.promotion_surge,
     )
     built = PodRuntime(
         target,
@@ -348,7 +357,33 @@ def scheduled_tuning_of(
         mode=remediator.mode.current,
         on_tuned=completed_runs.mark,
         sweep=isinstance(tuner, PodTuner),  # a pod evicted mid-trial leaves its canary
+        # A fleet's Deployments take turns across the window; one server needs none.
+        offset_s=(
+            stagger_offset_s(tuner.runtime.target.deployment, config.tuning.schedule_spread_s)
+            if isinstance(tuner, PodTuner)
+            else 0
+        ),
+        canary_turn=_canary_turn(tuner, config.runtime),
     )
+
+
+def _canary_turn(
+    tuner: Tuner, runtime_config: object
+) -> Callable[[], AbstractAsyncContextManager[None]]:
+    """A replica's turn among its namespace's canaries; one server alone takes none."""
+    if not isinstance(tuner, PodTuner) or not isinstance(runtime_config, PodRuntimeConfig):
+        return contextlib.nullcontext
+    pod, target = tuner.runtime.pod_name, tuner.runtime.target
+    if pod is None:
+        return contextlib.nullcontext
+    cap = namespace_canary_cap(
+        tuner.runtime.api_client,
+        namespace=target.namespace,
+        deployment=target.deployment,
+        pod=pod,
+        at_once=runtime_config.kubernetes.canaries_at_once,
+    )
+    return cap.turn
 
 
 def _log_dir(config: AgentConfig, runtime: LocalRuntimeConfig) -> Path:
@@ -389,3 +424,24 @@ def build_notifiers(
         elif isinstance(cfg, SlackNotifierConfig):
             notifiers[cfg.name] = SlackNotifier(cfg.name, cfg.url, client, timeout_s=cfg.timeout_s)
     return notifiers
+
+
+def tick_settings(config: AgentConfig) -> TickSettings:
+    """The sections the tick reads (the sidecar, its alerts, its watched servers)."""
+    api = config.api_listen()
+    return TickSettings(
+        interval_s=config.interval_s,
+        rules=config.rules,
+        notifiers=config.notifiers,
+        retention=config.retention,
+        runtime=config.runtime,
+        gpu=config.gpu,
+        scrape_limits=scrape_limits(config.scrape, config.interval_s),
+        learn_workload=config.tuning.learn.enabled,
+        alerts_url=f"http://{api.host}:{api.port}/api/v1/alerts",
+    )
+
+
+def control_ports(config: AgentConfig, sidecar: Sidecar) -> ControlPorts:
+    """What the API reaches of the running loop; the configuration masks its secrets."""
+    return ControlPorts(config, sidecar.runtime, sidecar.alerts, sidecar.remediator, sidecar)

@@ -3,6 +3,7 @@ change it (canary Deployments, promotion by patching, the tuning Lease)."""
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -67,9 +68,32 @@ class KubernetesConfig(StrictModel):
         description="The Deployment's restart budget: how many of its replicas may restart "
         "at once (a Lease, `<deployment>-kvpilot-restarts`, holds the turns); the rest wait.",
     )
+    canaries_at_once: int = Field(
+        1,
+        ge=1,
+        le=100,
+        description="How many tuning canaries the namespace runs at once, across its "
+        "Deployments (a Lease, `kvpilot-canaries`, holds the turns); a scheduled run that "
+        "finds them all held is skipped, saying so in the audit and an Event.",
+    )
+    promotion_surge: int | str | None = Field(
+        None,
+        description="How a promotion rolls out over several replicas. Unset: one at a time "
+        "(maxSurge 0, maxUnavailable 1: no extra GPU); else this surge, none unavailable "
+        "(1, or a percentage such as '25%'). The Deployment's own strategy is put back after.",
+    )
     lease_duration_s: int = Field(
         60, ge=5, le=3600, description="The tuning Lease's duration; renewed every third."
     )
+
+    @field_validator("promotion_surge")
+    @classmethod
+    def _a_surge(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, str) and not re.fullmatch(r"[1-9][0-9]?%|100%", value):
+            raise ValueError(f"a surge is a number of pods or a percentage 1%-100%, not {value!r}")
+        if isinstance(value, int) and value < 1:
+            raise ValueError("a stated surge is at least 1 pod (unset: one at a time)")
+        return value
 
     @field_validator("api_url")
     @classmethod

@@ -187,6 +187,14 @@ class TuningConfig(StrictModel):
         description="When `kvpilot run` tunes: a crontab line in UTC, e.g. '0 3 * * *' "
         "(nightly at 03:00). Unset: only `kvpilot tune` tunes.",
     )
+    schedule_spread_s: int = Field(
+        3600,
+        ge=0,
+        le=7 * 86400,
+        description="On Kubernetes, each Deployment's firing comes this many seconds after "
+        "the schedule at most: a hash of its name picks its place, so a namespace's "
+        "Deployments do not all ask for canary GPUs at once. 0: all fire on the schedule.",
+    )
     trials: int = Field(3, ge=1, description="Trials per run.")
     strategy: Literal["parallel", "sequential"] = Field(
         "parallel",
@@ -282,7 +290,13 @@ class TuningConfig(StrictModel):
         default_factory=CanaryConfig,
         description="Replayed or live traffic for the canary, and its analysis windows.",
     )
-    seed: int = Field(0, description="The Bayesian suggester's seed.")
+    suggester: Literal["bayes", "informed", "random", "grid"] = Field(
+        "bayes",
+        description="Who proposes the trials (tuner/suggest/registry.py): bayes, a Gaussian "
+        "process; informed, bisection on the memory knob from the planner's KV need and the "
+        "stable server's high-water mark, then max_num_seqs; random; grid.",
+    )
+    seed: int = Field(0, description="The suggester's seed.")
     retune: RetuneConfig = Field(
         default_factory=RetuneConfig, description="When `kvpilot run` re-opens tuning."
     )

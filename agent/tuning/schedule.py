@@ -14,13 +14,16 @@ adding one. Under `remediation.dry_run` a firing only plans."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from datetime import UTC, datetime
+from contextlib import AbstractAsyncContextManager
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 
 from kvpilot.agent.mode import Mode, ModeSetting
@@ -52,6 +55,27 @@ async def _nothing() -> None:
     return None
 
 
+class StaggeredCron(BaseTrigger):  # type: ignore[misc]  # APScheduler ships no types
+    """A cron trigger whose every firing comes `offset_s` later."""
+
+    __slots__ = ("cron", "offset")
+
+    def __init__(self, cron: CronTrigger, offset_s: int) -> None:
+        self.cron = cron
+        self.offset = timedelta(seconds=offset_s)
+
+    def get_next_fire_time(
+        self, previous_fire_time: datetime | None, now: datetime
+    ) -> datetime | None:
+        # The cron's own next time, asked as of `offset` earlier, then moved by `offset`.
+        previous = None if previous_fire_time is None else previous_fire_time - self.offset
+        fire: datetime | None = self.cron.get_next_fire_time(previous, now - self.offset)
+        return None if fire is None else fire + self.offset
+
+    def __str__(self) -> str:
+        return f"{self.cron} + {int(self.offset.total_seconds())} s"
+
+
 class ScheduledTuning:
     """Fires `run_once` on a crontab schedule (UTC), one run at a time, never during a
     remediation; `aclose` cancels a run in progress (its rollout cleans up after itself)."""
@@ -68,9 +92,11 @@ class ScheduledTuning:
         on_close: Callable[[], None] = lambda: None,
         on_tuned: Callable[[], None] = lambda: None,
         sweep: CanarySweep | None = None,
+        offset_s: int = 0,
     ) -> None:
         self.sweep = sweep  # canaries nobody attends, looked for between runs (the pod's)
-        self._trigger = CronTrigger.from_crontab(schedule, timezone=UTC)
+        # `offset_s`: this Deployment's place in the fleet's window (`stagger_offset_s`).
+        self._trigger = StaggeredCron(CronTrigger.from_crontab(schedule, timezone=UTC), offset_s)
         self._run_once = run_once
         self._recover = recover or _nothing
         self._started = False
@@ -179,13 +205,16 @@ def scheduled_tuning(
     mode: Callable[[], ModeSetting],
     on_tuned: Callable[[], None] = lambda: None,
     sweep: bool = False,
+    offset_s: int = 0,
+    canary_turn: Callable[[], AbstractAsyncContextManager[None]] = contextlib.nullcontext,
 ) -> ScheduledTuning:
     """The sidecar's scheduled tuning of `tuner`'s stable server: each run studies the server
     as it is then (its vLLM version and the workload a replay sends are part of the study),
     takes the tuner's lease (a firing that finds it held elsewhere is skipped) and recovers
     what an earlier run left open first; in the switch's dry-run mode a firing only plans,
     and while paused it is skipped. `sweep`: canaries nobody attends are looked for
-    between runs too (the pod's, whose replicas may be evicted mid-trial)."""
+    between runs too (the pod's, whose replicas may be evicted mid-trial). `canary_turn`:
+    held around each run (the namespace's cap on canaries: TuningBlocked when full)."""
     name = tuner.name
 
     def audit(decision: str, reason: str) -> None:
@@ -243,7 +272,8 @@ def scheduled_tuning(
             replayed = study.choice if study.tuning.canary.traffic == "replay" else None
             if replayed is not None:
                 remember_workload(store, replayed, time.time())
-            summary = await run_tuning(tuner, study, on_recovered=note)
+            async with canary_turn():  # held: TuningBlocked, the firing is skipped
+                summary = await run_tuning(tuner, study, on_recovered=note)
         on_tuned()
         told = f"; {replayed.describe()}" if replayed is not None else ""
         how = f"; {study.strategy_reason}" if study.strategy_reason is not None else ""
@@ -258,6 +288,7 @@ def scheduled_tuning(
         recover=recover,
         cooling_down=lambda: remediations.cooling_down(name),
         on_close=tuner.hand_over,
+        offset_s=offset_s,
         sweep=(
             CanarySweep(sweep_once, guard=guard, busy=remediations.in_progress) if sweep else None
         ),

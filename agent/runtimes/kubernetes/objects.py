@@ -111,6 +111,22 @@ def gitops_owner(deployment: Mapping[str, Any]) -> str | None:
     return None
 
 
+HELM_RELEASE_ANNOTATION = "meta.helm.sh/release-name"
+
+
+def helm_owner(deployment: Mapping[str, Any]) -> str | None:
+    """How Helm owns this Deployment (its next `helm upgrade` would undo a patch), or None:
+    `app.kubernetes.io/managed-by: Helm` in any letter case, or Helm's release annotation."""
+    meta = deployment.get("metadata") or {}
+    manager = str((meta.get("labels") or {}).get("app.kubernetes.io/managed-by", ""))
+    if manager.strip().lower() == "helm":
+        return f"label app.kubernetes.io/managed-by={manager}"
+    release = (meta.get("annotations") or {}).get(HELM_RELEASE_ANNOTATION)
+    if release:
+        return f"annotation {HELM_RELEASE_ANNOTATION}={release}"
+    return None
+
+
 def canary_pod_selector(stable: str) -> dict[str, str]:
     """The labels of a canary's pods and its ReplicaSet's selector: the role and the stable
     Deployment's name (a label value: cut to 63 characters, a digest keeping it unique)."""

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kvpilot.agent.runtimes.kubernetes.api import KubernetesApiError, call
-from kvpilot.agent.runtimes.kubernetes.objects import gitops_owner
+from kvpilot.agent.runtimes.kubernetes.objects import gitops_owner, helm_owner
 from kvpilot.agent.runtimes.kubernetes.values import KubernetesTarget, Recommendation
 from kvpilot.collectors.secrets import MASK, mask, mask_text
 
@@ -144,10 +144,15 @@ def _stamp(wall_s: float) -> str:
 
 
 def promote_mode(target: KubernetesTarget, stable: dict[str, Any]) -> tuple[bool, str]:
-    """(apply?, why): recommend-only when configured, or when GitOps owns the Deployment."""
+    """(apply?, why): recommend-only when configured, or when GitOps or Helm owns the
+    Deployment (the next sync or `helm upgrade` would undo a patch)."""
     if target.promote == "recommend":
         return False, "recommend-only is configured"
     owner = gitops_owner(stable)
     if target.promote == "auto" and owner is not None:
         return False, f"the Deployment belongs to GitOps ({owner})"
+    helm = helm_owner(stable)
+    if target.promote == "auto" and helm is not None:
+        return False, f"the Deployment belongs to a Helm release ({helm}): change its values"
+    owner = owner or helm
     return True, "apply" if owner is None else f"apply is configured despite {owner}"

@@ -14,6 +14,7 @@ The client is synchronous; every call runs in a worker thread.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -35,6 +36,10 @@ from kvpilot.agent.runtimes.kubernetes.api import Conflict, NotFound, call, clie
 from kvpilot.agent.runtimes.kubernetes.edits import EditWatch
 from kvpilot.agent.runtimes.kubernetes.lease import DeploymentLease
 from kvpilot.agent.runtimes.kubernetes.objects import ContainerCommand
+from kvpilot.agent.runtimes.kubernetes.promotion_strategy import (
+    promotion_strategy,
+    strategy_restore,
+)
 from kvpilot.agent.runtimes.kubernetes.values import (
     KubernetesTarget,
     Promotion,
@@ -50,9 +55,11 @@ PODS = "pods"
 POLL_S = 1.0
 CONFLICT_RETRIES = 3
 RECOMMENDATIONS_KEPT = 5
+RECOMMENDATION_ANNOTATION = "kvpilot.dev/recommendation"
 POD_GONE_MARGIN_S = 30.0  # beyond the drain deadline: the kubelet's SIGKILL and clean-up
 Probe = Callable[..., Awaitable[Any]]
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class KubernetesRuntime:
@@ -378,7 +385,19 @@ class KubernetesRuntime:
             identity=self.lease.identity,
         )
         self._recommendations.append(done)
+        if objects.helm_owner(stable) is not None and objects.gitops_owner(stable) is None:
+            self._annotate(done)  # Helm keeps annotations its chart does not set
         return done
+
+    def _annotate(self, done: Recommendation) -> None:
+        """The recommendation on the Deployment itself, where `kubectl get -o yaml` and a
+        chart's maintainer see it; a refusal is logged (the Event and the file remain)."""
+        where = str(done.path) if done.path is not None else done.kubectl
+        note = {RECOMMENDATION_ANNOTATION: f"{done.reason}; patch: {where}"[:1024]}
+        try:
+            self._patch(self.target.deployment, {"metadata": {"annotations": note}})
+        except RuntimeFailure as exc:
+            log.warning("the recommendation is not annotated on the Deployment: %s", exc)
 
     def recommendations(self) -> tuple[Recommendation, ...]:
         """The latest recommend-only promotions, oldest first (the status API shows them)."""
@@ -387,6 +406,7 @@ class KubernetesRuntime:
     async def promote(self, argv: Sequence[str], *, ready_timeout_s: float) -> Promotion:
         """Set the stable container's args and wait for the rollout, or only write the patch."""
         started = self._clock()
+        strategy: dict[str, Any] | None = None
         for attempt in range(CONFLICT_RETRIES):
             stable = await self._io(self._stable)
             command = self._command(stable, argv)
@@ -397,6 +417,10 @@ class KubernetesRuntime:
                 return Promotion(False, None, await self._io(self._recommend, stable, patch, why))
             version = stable["metadata"].get("resourceVersion")
             patch = objects.args_patch(self.target.container, command, version)
+            # One replica at a time (or the stated surge): not twice the GPUs at once.
+            strategy = promotion_strategy(stable, self.target.promotion_surge)
+            if strategy is not None:
+                patch["spec"]["strategy"] = strategy
             try:
                 await self._io(self._patch, self.target.deployment, patch)
             except Conflict:
@@ -405,8 +429,26 @@ class KubernetesRuntime:
                 continue  # changed since read: read it again and patch the new version
             break
         remaining = max(0.0, ready_timeout_s - (self._clock() - started))
-        instance = await self._wait_rollout(remaining)
+        try:
+            instance = await self._wait_rollout(remaining)
+        finally:
+            if strategy is not None:
+                await self._restore_strategy(stable)
         return Promotion(True, instance, None)
+
+    async def _restore_strategy(self, read: dict[str, Any]) -> None:
+        """The Deployment's own rollout strategy back, as `read` before the promotion; a
+        failure is logged, never the promotion's (its pods are already rolled out)."""
+        try:
+            await self._io(self._patch, self.target.deployment, strategy_restore(read))
+        except RuntimeFailure as exc:
+            log.warning(
+                "Deployment %s/%s keeps the one-at-a-time rollout strategy of the promotion: "
+                "restoring its own failed (%s)",
+                self.target.namespace,
+                self.target.deployment,
+                exc,
+            )
 
     async def _wait_rollout(self, timeout_s: float) -> Instance:
         started = self._clock()

@@ -31,6 +31,8 @@ class KubernetesTarget:
     restart: RestartMode = "signal"
     state_dir: Path | None = None  # where recommend-only writes its patches
     name: str | None = None  # the stable instance's name; the Deployment's by default
+    # A promotion's rolling update: None, one replica at a time; else this surge (1, "25%").
+    promotion_surge: int | str | None = None
 
     @property
     def stable_name(self) -> str:

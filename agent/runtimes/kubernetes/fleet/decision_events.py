@@ -23,6 +23,7 @@ RESTART_WAITING = "KvpilotRestartWaiting"
 RESTART_DONE = "KvpilotRestartDone"
 RESTART_FAILED = "KvpilotRestartFailed"
 RESTART_REFUSED = "KvpilotRestartRefused"
+TUNING_SKIPPED = "KvpilotTuningSkipped"
 WARNINGS = frozenset({RESTART_WAITING, RESTART_FAILED, RESTART_REFUSED})
 
 

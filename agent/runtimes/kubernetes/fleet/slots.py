@@ -52,12 +52,16 @@ class RestartSlots:
         duration_s: int = DEFAULT_DURATION_S,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        lease_name: str | None = None,
+        noun: str = "restart slots of this Deployment",
     ) -> None:
         if slots < 1 or duration_s < 1:
             raise ValueError("a restart budget needs at least one slot and a 1 s duration")
         self._api = client_module().CoordinationV1Api(api_client)
         self.namespace = namespace
-        self.name = slots_name(deployment)
+        # `lease_name`, `noun`: the same slots for another budget (the namespace's canaries).
+        self.name = lease_name or slots_name(deployment)
+        self.noun = noun
         self.identity = identity
         self.slots = slots
         self.duration_s = duration_s
@@ -151,7 +155,7 @@ class RestartSlots:
 
     def _held(self, live: dict[str, dict[str, Any]], others: tuple[str, ...]) -> str:
         return (
-            f"{len(live)} of {self.slots} restart slots of this Deployment are held "
+            f"{len(live)} of {self.slots} {self.noun} are held "
             f"(by {', '.join(others)}): waiting for a turn"
         )
 
@@ -169,7 +173,9 @@ class RestartSlots:
             self._write(lease, live)
         except Conflict:
             return SlotAnswer(False, others, "another replica changed the restart slots: again")
-        return SlotAnswer(True, others, f"restart slot taken ({len(live)} of {self.slots} held)")
+        return SlotAnswer(
+            True, others, f"slot taken ({len(live)} of {self.slots} {self.noun} held)"
+        )
 
     def renew(self) -> bool:
         """Renew our slot; False when it is not ours any more."""
