@@ -17,6 +17,10 @@ from types import MappingProxyType
 from typing import Literal
 
 FamilyKind = Literal["gauge", "counter", "info"]
+# Whether a family restates vLLM's own /metrics (as read, or as a rate or percentile over
+# it), which a Prometheus that scrapes vLLM already has: `family` for every series,
+# `vllm_counter` for its series labelled counter="vllm" (the others are the plugin's).
+VllmCopy = Literal["none", "family", "vllm_counter"]
 
 # `server` is the vLLM instance's name in kvpilot's configuration, `role` stable or canary.
 SERVER = ("server", "role")
@@ -38,6 +42,7 @@ class FamilySpec:
     kind: FamilyKind
     labels: tuple[str, ...]
     help: str
+    vllm_copy: VllmCopy = "none"
 
     def __post_init__(self) -> None:
         problems = []
@@ -51,6 +56,8 @@ class FamilySpec:
             problems.append(f"repeated labels {self.labels}")
         if not self.help.endswith("."):
             problems.append("the help is a sentence ending in a full stop")
+        if self.vllm_copy == "vllm_counter" and "counter" not in self.labels:
+            problems.append("vllm_copy='vllm_counter' needs a counter label")
         if problems:
             raise ValueError(f"metric {self.name!r}: {'; '.join(problems)}")
 
@@ -172,24 +179,52 @@ SPECS: tuple[FamilySpec, ...] = (
         "(paged). 0 once cleaned up.",
     ),
     # vLLM /metrics, per engine.
-    FamilySpec("kvpilot_vllm_info", "info", (*SERVER, "version"), "The vLLM server's version."),
-    FamilySpec("kvpilot_kv_usage_ratio", "gauge", ENGINE, "KV-cache usage, 0..1 (vLLM's figure)."),
+    FamilySpec(
+        "kvpilot_vllm_info",
+        "info",
+        (*SERVER, "version"),
+        "The vLLM server's version.",
+        vllm_copy="family",
+    ),
+    FamilySpec(
+        "kvpilot_kv_usage_ratio",
+        "gauge",
+        ENGINE,
+        "KV-cache usage, 0..1 (vLLM's figure).",
+        vllm_copy="family",
+    ),
     FamilySpec(
         "kvpilot_kv_blocks",
         "gauge",
         (*ENGINE, "state"),
         "KV blocks by state: capacity and free (from vLLM: num_gpu_blocks less the null block, "
         "and the usage ratio).",
+        vllm_copy="family",
     ),
-    FamilySpec("kvpilot_kv_block_size_tokens", "gauge", ENGINE, "Tokens per KV block."),
-    FamilySpec("kvpilot_requests_running", "gauge", ENGINE, "Requests in the running batch."),
-    FamilySpec("kvpilot_requests_waiting", "gauge", ENGINE, "Requests waiting to be scheduled."),
+    FamilySpec(
+        "kvpilot_kv_block_size_tokens", "gauge", ENGINE, "Tokens per KV block.", vllm_copy="family"
+    ),
+    FamilySpec(
+        "kvpilot_requests_running",
+        "gauge",
+        ENGINE,
+        "Requests in the running batch.",
+        vllm_copy="family",
+    ),
+    FamilySpec(
+        "kvpilot_requests_waiting",
+        "gauge",
+        ENGINE,
+        "Requests waiting to be scheduled.",
+        vllm_copy="family",
+    ),
     FamilySpec(
         "kvpilot_requests_deferred",
         "gauge",
         ENGINE,
         "Waiting requests held back by a transient constraint (LoRA budget, KV transfer): "
         'vllm:num_requests_waiting_by_reason{reason="deferred"}.',
+        vllm_copy="family",
     ),
     FamilySpec(
         "kvpilot_admission_rejections_total",
@@ -197,6 +232,7 @@ SPECS: tuple[FamilySpec, ...] = (
         ENGINE,
         "Requests refused by a queue limit (vllm:admission_rejections, every reason; counted "
         'in the API server without an engine label, so on engine="0").',
+        vllm_copy="family",
     ),
     FamilySpec(
         "kvpilot_request_preemptions_total",
@@ -204,6 +240,7 @@ SPECS: tuple[FamilySpec, ...] = (
         ENGINE,
         "Preemptions of finished requests (the sum of vllm:request_num_preemptions): per "
         "finished request, the thrash each request saw.",
+        vllm_copy="family",
     ),
     FamilySpec(
         "kvpilot_preemptions_total",
@@ -211,30 +248,35 @@ SPECS: tuple[FamilySpec, ...] = (
         (*ENGINE, "counter"),
         'Preemptions: counter="vllm" is vLLM\'s own (it lags until the victim produces '
         'output again), counter="kvpool" is the plugin\'s, counted where the scheduler preempts.',
+        vllm_copy="vllm_counter",
     ),
     FamilySpec(
         "kvpilot_preemption_rate_per_second",
         "gauge",
         (*ENGINE, "counter"),
         "Preemptions per second over the agent's rate window.",
+        vllm_copy="vllm_counter",
     ),
     FamilySpec(
         "kvpilot_prefix_cache_hit_ratio",
         "gauge",
         ENGINE,
         "Prefix-cache hits over queries in the agent's rate window.",
+        vllm_copy="family",
     ),
     FamilySpec(
         "kvpilot_generation_tokens_per_second",
         "gauge",
         ENGINE,
         "Output tokens per second over the agent's rate window.",
+        vllm_copy="family",
     ),
     FamilySpec(
         "kvpilot_iterations_per_second",
         "gauge",
         ENGINE,
         "Engine steps per second over the rate window: the progress heartbeat.",
+        vllm_copy="family",
     ),
     FamilySpec(
         "kvpilot_latency_seconds",
@@ -242,6 +284,7 @@ SPECS: tuple[FamilySpec, ...] = (
         (*ENGINE, "metric", "percentile"),
         "Latency percentiles (50, 95, 99) over the agent's window from vLLM's histograms: "
         "metric is ttft, inter_token, e2e or queue.",
+        vllm_copy="family",
     ),
     # The memory planner against the live server.
     FamilySpec(
@@ -423,9 +466,15 @@ def specs(*names: str) -> tuple[FamilySpec, ...]:
 def markdown_table() -> str:
     """The README's table of every metric."""
     rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    marks = {
+        "none": "",
+        "family": " (vLLM's own)",
+        "vllm_counter": ' (counter="vllm": vLLM\'s own)',
+    }
     for spec in SPECS:
         labels = ", ".join(f"`{label}`" for label in spec.labels) or "-"
-        rows.append(f"| `{spec.name}` | {spec.kind} | {labels} | {spec.help} |")
+        meaning = f"{spec.help}{marks[spec.vllm_copy]}"
+        rows.append(f"| `{spec.name}` | {spec.kind} | {labels} | {meaning} |")
     return "\n".join(rows)
 
 

@@ -28,9 +28,11 @@ DATASOURCE = DataSourceRef(type_val="prometheus", uid=f"${{{DATASOURCE_VARIABLE}
 # storage or federation adds; on a single Prometheus it is absent, and the variable's 'All',
 # `.*`, matches a missing label), and the namespace and pod the ServiceMonitor's targets add.
 SCOPE = 'cluster=~"$cluster", namespace=~"$namespace", pod=~"$pod"'
-# kvpilot's own series also by its instance; the engine ones by model and engine, the GPU
-# ones by GPU.
-INSTANCE = f'{SCOPE}, instance=~"$instance"'
+# kvpilot's own series also by the workload (the scrape job: a ServiceMonitor's Service or a
+# PodMonitor's jobLabel) and its instance; the engine ones by model and engine, the GPU ones
+# by GPU. vLLM's and kube-state-metrics' series come from jobs of their own, so the job
+# narrows them only through the pods it leaves in the `pod` variable.
+INSTANCE = f'{SCOPE}, job=~"$job", instance=~"$instance"'
 ENGINE = f'{INSTANCE}, model_name=~"$model", engine=~"$engine"'
 GPU = f'{INSTANCE}, gpu=~"$gpu"'
 # vLLM's own series come from vLLM's target, whose instance differs from the agent's (its pod
@@ -87,13 +89,14 @@ def query_variable(name: str, label: str, query: str) -> dashboard_builders.Quer
 
 
 def scope_variables(anchor: str) -> list[cogbuilder.Builder[VariableModel]]:
-    """Cluster, namespace, pod and instance, each narrowed by the ones before it, read from
-    `anchor` (a series every kvpilot exports), and the vLLM container's name."""
+    """Cluster, namespace, workload (job), pod and instance, each narrowed by the ones before
+    it, read from `anchor` (a series every kvpilot exports), and the vLLM container's name."""
     out: list[cogbuilder.Builder[VariableModel]] = []
     narrowed: list[str] = []
     for name, label in (
         ("cluster", "Cluster"),
         ("namespace", "Namespace"),
+        ("job", "Workload (job)"),
         ("pod", "Pod"),
         ("instance", "Instance"),
     ):

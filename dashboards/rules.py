@@ -22,7 +22,7 @@ uses; Prometheus evaluates them on the series the agent and vLLM export:
 knows; it stays the agent's alone. The self-watch rules alert on kvpilot itself: no target
 up, one target down, a collector down, the outbox, the circuit breaker, its failure counters
 and a refused reload. Windows hold at least four scrapes, and every alert waits at least two
-(`Timing`).
+(`Timing`). Per-model and per-namespace recording rules (`aggregates`) sum the fleet up.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 import yaml
 
+from kvpilot.dashboards.aggregates import aggregate_rules
 from kvpilot.dashboards.rule_context import (
     RUNBOOK_URL_BASE,
     SCRAPE_INTERVAL_S,
@@ -397,6 +398,11 @@ def build_rules(
     ]
     groups = (
         {"name": "kvpilot.recording", **interval, "rules": recording},
+        {
+            "name": "kvpilot.aggregates",
+            **interval,
+            "rules": aggregate_rules(PREEMPTION_RATE, SERVER_GPU_MEMORY),
+        },
         {"name": "kvpilot.alerts", **interval, "rules": _engine_alerts(settings, ctx)},
         {
             "name": "kvpilot.self",

@@ -8,7 +8,7 @@ GPU process exited) vanish with them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -31,23 +31,42 @@ from kvpilot.dashboards.metric_catalog import CATALOG
 ClientFamily = GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily
 
 
-class _Families:
-    """Families declared in the catalog, created on first use, in catalog order."""
+VllmFamilies = Literal["include", "exclude"]
 
-    def __init__(self) -> None:
+
+class _Families:
+    """Families declared in the catalog, created on first use, in catalog order; with
+    `vllm_families="exclude"`, the series the catalog marks as vLLM's own are left out."""
+
+    def __init__(self, vllm_families: VllmFamilies = "include") -> None:
         self._made: dict[str, ClientFamily] = {}
+        self._drop_vllm = vllm_families == "exclude"
 
     def add(self, name: str, labels: Iterable[str], value: float | None) -> None:
         if value is None:
             return  # unknown stays absent; never a substituted zero
+        labels = list(labels)
+        if self._is_dropped(name, labels):
+            return
         family = self._family(name)
         assert not isinstance(family, InfoMetricFamily)
-        family.add_metric(list(labels), value)
+        family.add_metric(labels, value)
 
     def info(self, name: str, labels: Iterable[str], values: dict[str, str]) -> None:
+        labels = list(labels)
+        if self._is_dropped(name, labels):
+            return
         family = self._family(name)
         assert isinstance(family, InfoMetricFamily)
-        family.add_metric(list(labels), values)
+        family.add_metric(labels, values)
+
+    def _is_dropped(self, name: str, labels: list[str]) -> bool:
+        if not self._drop_vllm:
+            return False
+        spec = CATALOG[name]
+        if spec.vllm_copy == "vllm_counter":
+            return labels[spec.labels.index("counter")] == "vllm"
+        return spec.vllm_copy == "family"
 
     def _family(self, name: str) -> ClientFamily:
         if name not in self._made:
@@ -86,12 +105,14 @@ class AgentCollector(Collector):
         self,
         servers: Callable[[], Sequence[ServerView]],
         extra: Callable[[_Families], None] | None = None,
+        vllm_families: VllmFamilies = "include",
     ) -> None:
         self._servers = servers
         self._extra = extra
+        self._vllm_families = vllm_families
 
     def collect(self) -> Iterator[ClientFamily]:
-        out = _Families()
+        out = _Families(self._vllm_families)
         out.info("kvpilot_build_info", (), {"version": kvpilot.__version__})
         servers = list(self._servers())
         out.add("kvpilot_ticks_total", (), max((v.state.ticks_total for v in servers), default=0))
@@ -324,10 +345,13 @@ def tuning_families(families: Sequence[tuning_metrics.Family]) -> Callable[[_Fam
 def build_registry(
     servers: Callable[[], Sequence[ServerView]],
     extra: Callable[[_Families], None] | None = None,
+    *,
+    vllm_families: VllmFamilies = "include",
 ) -> CollectorRegistry:
-    """A private registry holding only the agent's collector (no process/platform noise)."""
+    """A private registry holding only the agent's collector (no process/platform noise);
+    `vllm_families` is the configuration's `exposition.vllm_families`."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(AgentCollector(servers, extra))
+    registry.register(AgentCollector(servers, extra, vllm_families))
     return registry
 
 

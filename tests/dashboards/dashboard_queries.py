@@ -46,6 +46,7 @@ def variable_queries(model: dict[str, Any]) -> list[str]:
 VARIABLES = (
     "cluster",
     "namespace",
+    "job",
     "pod",
     "instance",
     "container",
@@ -75,6 +76,7 @@ _NOT_NAMES = {
     "without",
     "max",
     "min",
+    "avg",
     "offset",
     "deriv",
     "delta",

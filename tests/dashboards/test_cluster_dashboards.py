@@ -28,13 +28,14 @@ def _panels(model: dict[str, Any]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("uid", sorted(_models()))
 def test_every_dashboard_has_the_scope_variables_in_order(uid: str) -> None:
     names = [v["name"] for v in _models()[uid]["templating"]["list"]]
-    assert names[1:5] == [*SCOPE, "instance"]
+    assert names[1:6] == ["cluster", "namespace", "job", "pod", "instance"]
     queries = variable_queries(_models()[uid])
-    # Each narrows by the ones before it: pods of the chosen namespaces of the chosen clusters.
+    # Each narrows by the ones before it: pods of the chosen workloads of the chosen
+    # namespaces of the chosen clusters.
     pod = next(q for q in queries if q.endswith(", pod)"))
-    assert 'cluster=~"$cluster"' in pod and 'namespace=~"$namespace"' in pod
+    assert all(f'{label}=~"${label}"' in pod for label in ("cluster", "namespace", "job"))
     for variable in _models()[uid]["templating"]["list"]:
-        if variable["name"] in SCOPE:
+        if variable["name"] in (*SCOPE, "job"):
             # 'All' is `.*`, which also matches a series without the label (one Prometheus).
             assert variable["includeAll"] and variable["allValue"] == ".*"
 
@@ -139,3 +140,16 @@ def test_rates_are_per_second_and_goodput_in_tokens_per_second() -> None:
     assert unit["Canary against baseline: goodput_tokens_per_s"] == "suffix: tok/s"
     assert unit["Preemption rate"] == unit["Trial preemption rate"] == "suffix: /s"
     assert unit["Canary against baseline: preemptions_per_s"] == "suffix: /s"
+
+
+@pytest.mark.parametrize("uid", sorted(_models()))
+def test_every_query_of_kvpilots_series_filters_by_the_workload(uid: str) -> None:
+    """The `job` variable picks a workload: every kvpilot_* selector matches on it (vLLM's
+    own series come from another job, narrowed through the pods)."""
+    model = _models()[uid]
+    unfiltered = []
+    for query in (*panel_queries(model), *annotation_queries(model)):
+        for name, matchers in _SELECTOR.findall(query.expr):
+            if name.startswith("kvpilot_") and 'job=~"$job"' not in matchers:
+                unfiltered.append((query.panel, name))
+    assert not unfiltered, unfiltered

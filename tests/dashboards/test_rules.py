@@ -6,10 +6,12 @@ import re
 import subprocess
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer
 import yaml
+from exported_series import Series, in_kubernetes, kvpilot_series, pick
 from prometheus_server import PROMTOOL
 from rule_cases import alert_cases
 from typer.testing import CliRunner
@@ -69,7 +71,7 @@ def test_promtool_check_rules_accepts_the_generated_rules(tmp_path: Path, scrape
     path.write_text(rules.rules_file())
     result = promtool("check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 22 rules found" in result.stdout
+    assert "SUCCESS: 32 rules found" in result.stdout
 
 
 def test_the_default_scrape_interval_is_the_shipped_service_monitors() -> None:
@@ -224,7 +226,8 @@ def test_rules_command_writes_both_forms(tmp_path: Path) -> None:
     plain = runner.invoke(app, ["rules", "--evaluation-interval", "30", "--scrape-interval", "60"])
     assert plain.exit_code == 0, plain.output
     groups = yaml.safe_load(plain.stdout)["groups"]
-    assert {g["name"] for g in groups} == {"kvpilot.recording", "kvpilot.alerts", "kvpilot.self"}
+    names = {g["name"] for g in groups}
+    assert names == {"kvpilot.recording", "kvpilot.aggregates", "kvpilot.alerts", "kvpilot.self"}
     assert all(g["interval"] == "30s" for g in groups)
     stall = next(a for a in _alerts(groups) if a["alert"] == "VllmEngineStalled")
     assert "[240s]" in stall["expr"] and stall["for"] == "120s"  # four and two scrapes
@@ -237,3 +240,72 @@ def test_rules_command_writes_both_forms(tmp_path: Path) -> None:
     assert document["kind"] == "PrometheusRule"
     assert document["metadata"]["namespace"] == "serving"
     assert all("interval" not in g for g in document["spec"]["groups"])
+
+
+def _pod(host: str, namespace: str) -> tuple[Series, ...]:
+    """kvpilot's series of one sidecar pod in `namespace`, as kube-prometheus-stack stores them."""
+    series = in_kubernetes(kvpilot_series(host), pod=f"vllm-{host}", container="kvpilot")
+    return tuple(Series(s.name, _relabel(s.labels, namespace=namespace)) for s in series)
+
+
+def _relabel(labels: tuple[tuple[str, str], ...], **change: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted({**dict(labels), **change}.items()))
+
+
+def test_per_model_and_per_namespace_recording_rules_add_the_replicas_up(tmp_path: Path) -> None:
+    """Two replicas of a model in `serving` and one in `batch`, fed through promtool."""
+    scrapes = 20  # 15 s apart: past the preemption rate's window
+    feeds = {"a": ("serving", 0.5, 3), "b": ("serving", 0.9, 4), "c": ("batch", 0.2, 1)}
+    inputs = []
+    for host, (namespace, usage, running) in feeds.items():
+        series = _pod(host, namespace)
+        for name, value in (
+            ("kvpilot_kv_usage_ratio", usage),
+            ("kvpilot_requests_running", running),
+        ):
+            inputs.append({"series": pick(series, name).promtool(), "values": f"{value}x{scrapes}"})
+        # One kvpool preemption a second on every replica.
+        preemptions = pick(series, "kvpilot_preemptions_total", counter="kvpool")
+        inputs.append({"series": preemptions.promtool(), "values": f"0+15x{scrapes}"})
+        firing = pick(series, "kvpilot_alerts", state="firing")
+        inputs.append({"series": firing.promtool(), "values": f"1x{scrapes}"})
+    model = pick(_pod("a", "serving"), "kvpilot_kv_usage_ratio").label("model_name")
+
+    def expect(expr: str, *samples: tuple[dict[str, str], float]) -> dict[str, Any]:
+        return {
+            "expr": expr,
+            "eval_time": "4m",
+            "exp_samples": [{"labels": expr + labels_text(ls), "value": v} for ls, v in samples],
+        }
+
+    def labels_text(labels: dict[str, str]) -> str:
+        return "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+    serving = {"model_name": model, "namespace": "serving"}
+    batch = {"model_name": model, "namespace": "batch"}
+    per_model = "namespace_model_name"
+    cases = [
+        expect(f"{per_model}:kvpilot_kv_usage_ratio:max", (serving, 0.9), (batch, 0.2)),
+        expect(f"{per_model}:kvpilot_kv_usage_ratio:avg", (serving, 0.7), (batch, 0.2)),
+        expect(f"{per_model}:kvpilot_requests_running:sum", (serving, 7), (batch, 1)),
+        expect(f"{per_model}:kvpilot_preemption_rate_per_second:sum", (serving, 2), (batch, 1)),
+        expect(
+            "namespace:kvpilot_requests_running:sum",
+            ({"namespace": "serving"}, 7),
+            ({"namespace": "batch"}, 1),
+        ),
+        expect(
+            "namespace:kvpilot_alerts_firing:sum",
+            ({"namespace": "serving"}, 2),
+            ({"namespace": "batch"}, 1),
+        ),
+    ]
+    (tmp_path / "kvpilot.rules.yaml").write_text(build_rules(RulesConfig()).rules_file())
+    tests = {
+        "rule_files": ["kvpilot.rules.yaml"],
+        "evaluation_interval": "15s",
+        "tests": [{"interval": "15s", "input_series": inputs, "promql_expr_test": cases}],
+    }
+    (tmp_path / "aggregates_test.yaml").write_text(yaml.safe_dump(tests))
+    result = promtool("test", "rules", "aggregates_test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
