@@ -25,7 +25,7 @@ from kvpilot.agent.remediation.guards import Cooldown, RestartBudget
 from kvpilot.agent.remediation.journal import RESTART_FAILED, VERIFY_FAILED
 from kvpilot.agent.remediation.prefix_cache import LightStep
 from kvpilot.agent.remediation.progress import InProgress, Run
-from kvpilot.agent.remediation.trigger import RemediationOutcome
+from kvpilot.agent.remediation.trigger import TUNING_RULE, RemediationOutcome
 from kvpilot.agent.remediation.watch import ConditionWatch, WatchWindows
 from kvpilot.agent.runtimes.base import FlagsNotApplied
 from kvpilot.agent.state.decision import Decision
@@ -197,7 +197,10 @@ class Executor:
         """Drain, restart and verify: the runtime's answer, then the condition's."""
         trigger, plan = run.trigger, run.plan
         now_s = self._clock()
-        self._cooldown.record(trigger.instance, now_s)
+        # A tuning restart (a canary switched in and back) is no sign of a sick instance: it
+        # spends the restart budget, not the cooldown that spaces remediations.
+        if trigger.rule != TUNING_RULE:
+            self._cooldown.record(trigger.instance, now_s)
         self._budget.record(trigger.instance, now_s)
         self._book.attempt(trigger.instance, now_s)
         drain = (

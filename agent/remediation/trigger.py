@@ -12,6 +12,10 @@ if TYPE_CHECKING:
     from kvpilot.agent.state.store import Actor
 
 
+# The rule of the tuner's own restarts of the stable instance (a canary switched in, back).
+TUNING_RULE = "tuning"
+
+
 @dataclass(frozen=True, slots=True)
 class Trigger:
     """A request to remediate one instance: from a firing alert, or from the API."""

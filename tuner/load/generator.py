@@ -10,6 +10,8 @@ learned workload of `tuner.load.learned`); a plain `Workload` draws exactly as i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import itertools
 import json
 import math
@@ -17,6 +19,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import httpx
 
@@ -128,6 +131,23 @@ class TraceWorkload(Workload):
         Workload.__post_init__(self)
         if not self.arrivals:
             raise ValueError("a trace workload needs requests")
+
+
+W = TypeVar("W", bound=Workload)
+
+
+def window_seed(seed: int, salt: int, window: str) -> int:
+    """The seed of one named window of a run: the workload's seed, the run's salt and the
+    window's name hashed together, so that windows of one run, and runs, draw their own."""
+    digest = hashlib.sha256(f"{seed}:{salt}:{window}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def for_window(workload: W, *, salt: int, window: str) -> W:
+    """The workload with the prompts of one window of a run. A server's prefix cache keeps
+    what the last window sent: a window that repeats those prompts measures the cache, not
+    the configuration, so every window draws its own (the same name, the same prompts)."""
+    return dataclasses.replace(workload, seed=window_seed(workload.seed, salt, window))
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,10 +19,12 @@ How it is replayed (``learned_workload``):
 
 ``coarse_key`` keeps only what should start a new study: for the median and the 90th
 percentile of both lengths, the histogram bucket that holds it (vLLM's bounds, 1-2-5 per
-decade), named by the nearest power of two of its upper bound; and the rate's power of ten.
-Drift within those buckets and decades keeps the key; lengths that move by a bucket (about
-twice or half) or a rate that changes its order of magnitude move it. A quantile that sits
-on a bucket's edge can flip with little change: such is any bucketing.
+decade), named by the nearest power of two of its upper bound; and the rate's bucket, each
+1.25 times as wide as the last (at a fixed offered load a configuration's goodput follows
+the rate, so studies at 1 and 9.9 requests a second must not share their trials). Drift
+within those buckets keeps the key; lengths that move by a bucket (about twice or half) or
+a rate that moves by a quarter move it. A value that sits on a bucket's edge can flip with
+little change: such is any bucketing.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ def learned_workload(
 
 
 def coarse_key(shape: WorkloadShape) -> str:
-    """The shape's coarse identity, e.g. ``prompt 512/512 gen 64/128 rate 1e0``."""
+    """The shape's coarse identity, e.g. ``prompt 512/512 gen 64/128 rate 1-1.25``."""
     lengths = [
         _power_of_two(_bucket_bound(q, h))
         for h in (shape.prompt_tokens, shape.generation_tokens)
@@ -125,7 +127,7 @@ def coarse_key(shape: WorkloadShape) -> str:
     ]
     return (
         f"prompt {lengths[0]}/{lengths[1]} gen {lengths[2]}/{lengths[3]} "
-        f"rate {_power_of_ten(shape.rate_rps)}"
+        f"rate {rate_bucket(shape.rate_rps)}"
     )
 
 
@@ -148,8 +150,14 @@ def _power_of_two(value: float | None) -> str:
     return str(2 ** max(0, round(math.log2(value))))
 
 
-def _power_of_ten(rate: float) -> str:
-    """The rate's order of magnitude: 1e-1 for 0.1 to 0.99 requests a second."""
+RATE_BUCKET_WIDTH = 1.25
+
+
+def rate_bucket(rate: float) -> str:
+    """The rate's bucket, named by its bounds: buckets 1.25 times as wide as the last, one
+    of them starting at 1 request a second ("1-1.25", "1.25-1.56", "0.8-1")."""
     if not rate > 0 or math.isinf(rate):
         return "0"
-    return f"1e{math.floor(math.log10(rate))}"
+    # The small nudge keeps a rate on a bound (1.25 itself) out of the bucket below it.
+    k = math.floor(math.log(rate) / math.log(RATE_BUCKET_WIDTH) + 1e-9)
+    return f"{RATE_BUCKET_WIDTH**k:.3g}-{RATE_BUCKET_WIDTH ** (k + 1):.3g}"

@@ -37,6 +37,7 @@ from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult, evaluate
 from kvpilot.tuner.rollout.decide import WindowGoodputs, pooled
 from kvpilot.tuner.rollout.decide import bake_degradation as bake_degradation  # re-exported
 from kvpilot.tuner.rollout.decide import promotion_decision as promotion_decision
+from kvpilot.tuner.rollout.foreign import ForeignTraffic, foreign_reason
 from kvpilot.tuner.rollout.ports import (
     CanaryAborted,
     CandidateStartFailed,
@@ -148,7 +149,7 @@ class TrialRollout:
         try:
             for at in self._settings.look_plan.looks:
                 while len(canaries) < at:
-                    baseline, canary = await self._observer.observe([stable_url, canary_url])
+                    baseline, canary = await self._observe(s, [stable_url, canary_url])
                     baselines.append(baseline)
                     canaries.append(canary)
                 look = self._look(baselines, canaries, paired=True)
@@ -187,7 +188,11 @@ class TrialRollout:
     async def _sequential(self, s: _Run) -> None:
         rt, url = self._runtime, self._runtime.stable_url()
         self._move(s, Phase.OBSERVING_BASELINE)
-        baselines = [await self._observe_one(url) for _ in range(self._settings.windows)]
+        # Window k of the baseline and of the candidate send the same prompts.
+        baselines = [
+            await self._observe_one(s, url, prompts=f"{s.trial.trial_id} {k}")
+            for k in range(self._settings.windows)
+        ]
         self._move(s, Phase.STARTING)
         try:
             await rt.set_stable(
@@ -213,7 +218,9 @@ class TrialRollout:
         canaries: list[Observation] = []
         for at in self._settings.look_plan.looks:
             while len(canaries) < at:
-                canaries.append(await self._observe_one(url))
+                canaries.append(
+                    await self._observe_one(s, url, prompts=f"{s.trial.trial_id} {len(canaries)}")
+                )
             look = self._look(baselines, canaries, paired=False)
             if look.decision is not LookDecision.CONTINUE:
                 break
@@ -241,9 +248,27 @@ class TrialRollout:
     def _hold(self, look: Look) -> bool:
         return self._settings.hold_inconclusive and look.decision is LookDecision.INCONCLUSIVE
 
-    async def _observe_one(self, url: str) -> Observation:
-        (window,) = await self._observer.observe([url])
-        return window
+    async def _observe_one(self, s: _Run, url: str, *, prompts: str | None = None) -> Observation:
+        (observed,) = await self._observe(s, [url], prompts=prompts)
+        return observed
+
+    async def _observe(
+        self, s: _Run, urls: Sequence[str], *, prompts: str | None = None
+    ) -> tuple[Observation, ...]:
+        """One window of every side, observed again while a side carried more foreign
+        requests than `max_foreign_share` (users' traffic on the serving instance: the other
+        side does not carry it). Raises ForeignTraffic once more windows were left out than a
+        side may observe."""
+        while True:
+            got = await self._observer.observe(urls, prompts=prompts)
+            why = foreign_reason(
+                [(o.url, o.foreign) for o in got], self._settings.max_foreign_share
+            )
+            if why is None:
+                return got
+            s.left_out.append(why)
+            if len(s.left_out) > self._settings.windows:
+                raise ForeignTraffic(f"{len(s.left_out)} windows left out, the last as {why}")
 
     def _judge(
         self,
@@ -290,7 +315,14 @@ class TrialRollout:
         promote, why = promotion_decision(
             result, base_result, judgement, self._settings, gains, deployed
         )
-        s.record = dataclasses.replace(s.record, reason=f"{why}; {traffic}" if traffic else why)
+        left_out = (
+            f"{len(s.left_out)} windows left out of the judgement, the last as {s.left_out[-1]}"
+            if s.left_out
+            else None
+        )
+        s.record = dataclasses.replace(
+            s.record, reason="; ".join(r for r in (why, traffic, left_out) if r)
+        )
         return promote
 
     async def _bake(self, s: _Run) -> None:
@@ -299,7 +331,7 @@ class TrialRollout:
             return
         self._move(s, Phase.BAKING)
         url = self._runtime.stable_url()
-        bakes = [await self._observe_one(url) for _ in range(self._settings.bake_windows)]
+        bakes = [await self._observe_one(s, url) for _ in range(self._settings.bake_windows)]
         slo = self._settings.slo
         baked = pooled(
             [evaluate(w.measurement, slo) for w in bakes], slo, self._settings.judge.alpha
@@ -404,6 +436,7 @@ class _Run:
     refused: str | None = None
     warmup: Warmup | None = None
     baselines: tuple[Observation, ...] = ()  # the old stable's windows, for the bake
+    left_out: list[str] = dataclasses.field(default_factory=list)  # why, per window left out
 
 
 @dataclass(frozen=True, slots=True)

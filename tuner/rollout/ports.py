@@ -11,6 +11,7 @@ from typing import Protocol
 
 from kvpilot.tuner.judge.evidence import Samples
 from kvpilot.tuner.problem.objective import Measurement
+from kvpilot.tuner.rollout.foreign import ForeignRequests
 from kvpilot.tuner.rollout.record import RolloutRecord
 from kvpilot.tuner.trials import TrialStore, Warmup
 
@@ -118,6 +119,7 @@ class Observation:
     measurement: Measurement
     samples: Mapping[str, Samples] = field(default_factory=dict)
     traffic: str | None = None  # live traffic: the share each side received, in words
+    foreign: ForeignRequests | None = None  # None: not counted (live traffic, no counter)
 
 
 class Observer(Protocol):
@@ -128,8 +130,14 @@ class Observer(Protocol):
         was done, for the trial's record (None: not said)."""
         ...
 
-    async def observe(self, urls: Sequence[str]) -> tuple[Observation, ...]:
+    async def observe(
+        self, urls: Sequence[str], *, prompts: str | None = None
+    ) -> tuple[Observation, ...]:
         """One window per URL, in the order given, all under the same workload.
+
+        `prompts` names the window's prompts: two calls with the same name send the same
+        ones (a sequential canary's window and its baseline's); None draws prompts of its
+        own.
 
         May raise CanaryAborted (live traffic) when the canary broke the SLO mid-window.
         """

@@ -49,6 +49,10 @@ class RolloutSettings:
     # No promotion may leave goodput more than this share below the configuration the
     # operator deployed (each promotion becomes the next baseline: small losses add up).
     max_cumulative_loss_ratio: float = 0.10
+    # A window where a side finished more than this share of requests the load generator
+    # did not send (users' traffic on the serving instance) is observed again, left out of
+    # the judgement.
+    max_foreign_share: float = 0.02
 
     def __post_init__(self) -> None:
         if self.windows < 1:
@@ -57,6 +61,8 @@ class RolloutSettings:
             raise ValueError(f"a bake observes at least one window, not {self.bake_windows}")
         if not 0 <= self.max_cumulative_loss_ratio < 1:
             raise ValueError("max_cumulative_loss_ratio must be in [0, 1)")
+        if not 0 <= self.max_foreign_share < 1:
+            raise ValueError("max_foreign_share must be in [0, 1)")
 
     @property
     def look_plan(self) -> LookPlan:

@@ -11,6 +11,7 @@ from pathlib import Path
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.remediation import Remediator, Trigger
 from kvpilot.agent.remediation.ladder import LadderPlan
+from kvpilot.agent.remediation.trigger import TUNING_RULE
 from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.local import LocalInstanceSpec, LocalRuntime
 from kvpilot.agent.state.db import Database
@@ -83,7 +84,7 @@ def remediated_restarter(remediator: Remediator, instance: str) -> StableRestart
     async def restart(argv: tuple[str, ...], reason: str, restore: bool) -> None:
         trigger = Trigger(
             instance=instance,
-            rule="tuning",
+            rule=TUNING_RULE,
             fingerprint=None,
             incident_id=f"tuning-{uuid.uuid4().hex[:12]}",
             actor="agent",
@@ -91,7 +92,7 @@ def remediated_restarter(remediator: Remediator, instance: str) -> StableRestart
             force=restore,
         )
         plan = LadderPlan(
-            rule="tuning", action="promote", steps=("promote",), reason=reason, argv=argv
+            rule=TUNING_RULE, action="promote", steps=("promote",), reason=reason, argv=argv
         )
         outcome = await remediator.remediate(trigger, plan)
         if outcome.decision == "succeeded":

@@ -102,7 +102,9 @@ class LiveTrafficObserver:
         await self._sleep(self._canary.warmup_s)
         return Warmup(seconds=self._canary.warmup_s)
 
-    async def observe(self, urls: Sequence[str]) -> tuple[Observation, ...]:
+    async def observe(
+        self, urls: Sequence[str], *, prompts: str | None = None
+    ) -> tuple[Observation, ...]:
         if len(urls) == 1:
             return (await self._bake(urls[0]),)
         if len(urls) != 2:

@@ -62,7 +62,9 @@ class LiveShare(DeploymentObserver):
         self.meanwhile: Callable[[], Awaitable[None]] | None = None
         self.canary_faster = False
 
-    async def observe(self, urls: Sequence[str]) -> tuple[Observation, ...]:
+    async def observe(
+        self, urls: Sequence[str], *, prompts: str | None = None
+    ) -> tuple[Observation, ...]:
         if len(urls) > 1:
             await self.traffic.send_share(10)
             meanwhile, self.meanwhile = self.meanwhile, None

@@ -27,7 +27,7 @@ class MeanwhileObserver(DeploymentObserver):
         super().__init__(fake)
         self.meanwhile = meanwhile
 
-    async def observe(self, urls: Sequence[str]):
+    async def observe(self, urls: Sequence[str], *, prompts: str | None = None):
         if len(urls) > 1:
             self.meanwhile()
         return await super().observe(urls)

@@ -47,7 +47,9 @@ class DeploymentObserver:
     async def warm(self, urls: Sequence[str]) -> None:
         return None
 
-    async def observe(self, urls: Sequence[str]) -> tuple[Observation, ...]:
+    async def observe(
+        self, urls: Sequence[str], *, prompts: str | None = None
+    ) -> tuple[Observation, ...]:
         # Stable and canary share the stand-in's URL: the first is the stable, then the canary.
         names = ["vllm", CANARY][: len(urls)]
         out = []

@@ -40,7 +40,9 @@ class Windows:
     async def warm(self, urls: Sequence[str]) -> None:
         return None
 
-    async def observe(self, urls: Sequence[str]) -> tuple[Observation, ...]:
+    async def observe(
+        self, urls: Sequence[str], *, prompts: str | None = None
+    ) -> tuple[Observation, ...]:
         if len(urls) == 2:
             return window(1.0), window(0.5)
         self.bakes += 1

@@ -673,3 +673,22 @@ def test_an_unexpected_error_fails_the_record_instead_of_leaving_it_open() -> No
         assert h.runtime.entered == 0
 
     run(main)
+
+
+def test_a_tuning_restart_spends_the_budget_not_the_cooldown() -> None:
+    """A sequential canary switches the instance in and back: no sign of a sick instance, so
+    a condition right after it is remediated at once (the cooldown would skip it)."""
+    from kvpilot.agent.tuning.local.factory import remediated_restarter
+
+    async def main() -> None:
+        config = remediation_config(
+            cooldown_s=300.0, preflight={"enabled": False}, budget={"max_restarts": 10}
+        )
+        h = Harness(config, windows=WatchWindows(after_restart_s=10.0))
+        tune = remediated_restarter(h.remediator, "vllm-0")
+        await tune(("vllm", "serve", "--max-num-seqs", "8"), "sequential canary", False)
+        assert len(h.runtime.restarts) == 1
+        await restart_and_clear(h)
+        assert len(h.runtime.restarts) == 2
+
+    run(main)

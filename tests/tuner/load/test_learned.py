@@ -20,7 +20,13 @@ from kvpilot.tuner.load.generator import (
     Workload,
     plan_requests,
 )
-from kvpilot.tuner.load.learned import WorkloadShape, bucket_lengths, coarse_key, learned_workload
+from kvpilot.tuner.load.learned import (
+    WorkloadShape,
+    bucket_lengths,
+    coarse_key,
+    learned_workload,
+    rate_bucket,
+)
 from kvpilot.tuner.measure.traces import workload_hash
 from tests.agent.tuning.workload_scrapes import histogram
 
@@ -156,23 +162,33 @@ def test_a_shaped_workload_warms_closed_loop_and_a_trace_replays_as_recorded() -
 
 def test_coarse_key_reads_quantiles_and_rate() -> None:
     key = coarse_key(_shape([300] * 80 + [800] * 20, [60] * 100, rate=2.5))
-    assert key == "prompt 512/1024 gen 128/128 rate 1e0"  # buckets (200, 500], (500, 1000]
-    assert coarse_key(_shape([300] * 100, [60] * 100, rate=0.3)).endswith("rate 1e-1")
+    assert key == "prompt 512/1024 gen 128/128 rate 2.44-3.05"  # (200, 500], (500, 1000]
+    assert coarse_key(_shape([300] * 100, [60] * 100, rate=0.3)).endswith("rate 0.262-0.328")
+
+
+def test_rates_a_quarter_apart_are_studies_apart() -> None:
+    """At a fixed offered load goodput follows the rate: 1.0 and 9.9 requests a second (one
+    order of magnitude) are two studies, and so are rates a quarter apart."""
+    assert rate_bucket(1.0) == rate_bucket(1.2) == "1-1.25"
+    assert rate_bucket(1.25) == "1.25-1.56"
+    assert rate_bucket(0.99) == "0.8-1"
+    keys = {coarse_key(_shape([300] * 100, [60] * 100, rate=r)) for r in (1.0, 1.3, 9.9)}
+    assert len(keys) == 3
 
 
 @PINNED
 @given(
     drift=st.floats(0.9, 1.1),
-    rate_drift=st.floats(0.75, 1.3),
+    rate_drift=st.floats(0.95, 1.05),
     extra=st.integers(0, 20),
 )
 def test_ordinary_drift_keeps_the_key(drift: float, rate_drift: float, extra: int) -> None:
-    """Lengths a tenth either way (within their buckets), the rate a quarter either way, a
-    few odd requests: the same study."""
-    base = _shape([300] * 200 + [420] * 40, [65] * 240, rate=3.0)
+    """Lengths a tenth either way (within their buckets), the rate 5 % either way (within
+    its bucket, 2.44-3.05), a few odd requests: the same study."""
+    base = _shape([300] * 200 + [420] * 40, [65] * 240, rate=2.7)
     prompts = [round(300 * drift)] * 200 + [round(420 * drift)] * 40 + [40] * extra
     outputs = [round(65 * drift)] * (240 + extra)
-    moved = _shape(prompts, outputs, rate=3.0 * rate_drift)
+    moved = _shape(prompts, outputs, rate=2.7 * rate_drift)
     assert coarse_key(moved) == coarse_key(base)
 
 

@@ -173,7 +173,9 @@ class ScriptedObserver:
         for url in urls:
             self._argv(url)
 
-    async def observe(self, urls: Sequence[str]) -> tuple[Observation, ...]:
+    async def observe(
+        self, urls: Sequence[str], *, prompts: str | None = None
+    ) -> tuple[Observation, ...]:
         if self.hook is not None:
             self.hook()
         out = []

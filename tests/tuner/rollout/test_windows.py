@@ -26,7 +26,9 @@ class LuckyWindowObserver(ScriptedObserver):
 
     canary_windows = 0
 
-    async def observe(self, urls: Sequence[str]) -> tuple[Observation, ...]:
+    async def observe(
+        self, urls: Sequence[str], *, prompts: str | None = None
+    ) -> tuple[Observation, ...]:
         out = []
         for url in urls:
             self.windows.append(self._argv(url))
