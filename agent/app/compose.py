@@ -13,7 +13,6 @@ from typing import Any
 import httpx
 
 from kvpilot.agent.app.api import api_routes
-from kvpilot.agent.app.control_ports import ControlPorts
 from kvpilot.agent.app.control_token import ControlToken
 from kvpilot.agent.app.exposition import build_registry, sidecar_families, tuning_families
 from kvpilot.agent.app.fleet_start import take_over_kept_guards
@@ -28,8 +27,10 @@ from kvpilot.agent.app.lifecycle import (
 from kvpilot.agent.app.parts import (
     build_notifiers,
     build_runtime,
+    control_ports,
     scheduled_tuning_of,
     server_of,
+    tick_settings,
     tuned_server,
 )
 from kvpilot.agent.app.reload import Reloader, reload_routes
@@ -132,7 +133,8 @@ async def _run(
         # Each clean-up is owed from the moment its part exists (they run in reverse):
         # a failure while composing still stops a server adopted or started by then.
         ends.push_async_callback(runtime.aclose, drain_timeout_s=config.runtime.drain_timeout_s)
-        watched = WatchedServers(config, NvmlCollector(server_pids=lambda: _all_pids(runtime)))
+        settings = tick_settings(config)
+        watched = WatchedServers(settings, NvmlCollector(server_pids=lambda: _all_pids(runtime)))
         ends.push_async_callback(watched.aclose)
         section = config.remediation
         preflight = MemoryPreflight(
@@ -186,7 +188,7 @@ async def _run(
             workload=workload_now,
             completed_runs=completed_runs,
         )
-        alerts = AlertCommit(config, store, wall_clock=time.time, write_failures=WriteFailures())
+        alerts = AlertCommit(settings, store, wall_clock=time.time, write_failures=WriteFailures())
         retune = retune_watch(
             config.tuning.retune,
             store,
@@ -206,7 +208,7 @@ async def _run(
         api_at = config.api_listen()
         external_url = f"http://{api_at.host}:{api_at.port}"
         sidecar = Sidecar(
-            config,
+            settings,
             store=store,
             runtime=runtime,
             remediator=remediator,
@@ -248,12 +250,14 @@ async def _run(
             own(out)
             tuning_families(sidecar.tuning_families())(out)
 
-        registry = build_registry(watched.servers, extra)
+        registry = build_registry(
+            watched.servers, extra, vllm_families=config.exposition.vllm_families
+        )
         config.api.control_token()  # a token file that cannot be read stops the start
         token = ControlToken(config.api.token, config.api.token_file)
         stale_after_s = max(10.0, 5 * config.interval_s)
         control_routes = [
-            *api_routes(ControlPorts.of(sidecar), token, window=learned),
+            *api_routes(control_ports(config, sidecar), token, window=learned),
             *(reload_routes(reloader, token) if reloader else ()),
         ]
         sock, control_sock = listeners

@@ -94,19 +94,19 @@ def _judged(best: Trial) -> Trial:
         "ttft_s": [0.80, 0.82, 0.79, 0.85, 0.81, 0.83, 0.80],
         "inter_token_s": [0.0130, 0.0128, 0.0131, 0.0127, 0.0129, 0.0132],
         "e2e_s": [2.10, 2.05, 2.20, 2.15, 2.08, 2.12],
-        "preemptions_per_s": Counts(0.0, 30.0),
+        "preemptions_per_request": Counts(0.0, 600.0),
         "goodput_tokens_per_s": [300.0, 305.0, 298.0, 302.0, 301.0, 299.0],
         "kv_usage_ratio": [0.40, 0.42, 0.41, 0.39, 0.43, 0.40],
-        "errors_ratio": [0.0] * 80,  # enough requests to show no more failures
+        "errors_ratio": [0.0] * 600,  # enough requests to show no more failures (550 a side)
     }
     canary = {
         "ttft_s": [0.78, 0.80, 0.79, 0.81, 0.77, 0.80, 0.82],
         "inter_token_s": [0.0126, 0.0129, 0.0127, 0.0128, 0.0130, 0.0126],
         "e2e_s": [2.00, 2.07, 2.02, 2.11, 2.04, 2.06],
-        "preemptions_per_s": Counts(0.0, 30.0),
+        "preemptions_per_request": Counts(0.0, 600.0),
         "goodput_tokens_per_s": [303.0, 300.0, 304.0, 299.0, 302.0, 301.0],
         "kv_usage_ratio": [0.41, 0.43, 0.40, 0.42, 0.40, 0.41],
-        "errors_ratio": [0.0] * 80,  # enough requests to show no more failures
+        "errors_ratio": [0.0] * 600,  # enough requests to show no more failures (550 a side)
     }
     judgement = judge(canary, base)
     return dataclasses.replace(best, trial_id="judged-001", judgement=judgement)
@@ -374,8 +374,9 @@ def test_every_tuning_panel_query_returns_data_on_the_live_session(
 ) -> None:
     model = _tuning()
     tables = {p["title"] for p in model["panels"] if p["type"] == "table"}
-    # The session was judged before goodput was a judged metric: a metric its judgements
-    # never compared has nothing to show, and nothing must be made up for it.
+    # The session was judged before goodput was a judged metric and before preemptions were
+    # counted per finished request: a metric its judgements never compared has nothing to
+    # show, and nothing must be made up for it.
     judged = {m.name for t in _live_run() if t.judgement for m in t.judgement.metrics}
     unjudged = {f"{CANARY_PANEL}{m.name}" for m in DEFAULT_METRICS if m.name not in judged}
     empty, refused, made_up = [], [], []
@@ -392,7 +393,11 @@ def test_every_tuning_panel_query_returns_data_on_the_live_session(
     assert not refused, refused
     assert not empty, empty
     assert not made_up, made_up
-    assert unjudged == {f"{CANARY_PANEL}goodput_tokens_per_s"}  # re-record to cover it
+    # Re-record the session to cover these two.
+    assert unjudged == {
+        f"{CANARY_PANEL}goodput_tokens_per_s",
+        f"{CANARY_PANEL}preemptions_per_request",
+    }
 
 
 @pytest.mark.slow
