@@ -103,6 +103,7 @@ SHARED_MODULE_NAMES = {
     "fragmentation": "fragmentation: the formula, the rule on it",
     "occupancy": "token occupancy: the figure, the rule on it",
     "evidence": "the judge's evidence: its tests, the report's words on them",
+    "exposition": "kvpilot's /metrics: its config section, the rendering",
 }
 # Shared names of which one module means another thing, each still to be renamed.
 NOT_YET_RENAMED = {

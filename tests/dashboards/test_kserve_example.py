@@ -20,11 +20,29 @@ EXAMPLE = ROOT / "deploy" / "examples" / "kserve"
 KUBERNETES_VERSION = "1.30.0"
 # The CRDs' properties, copied from the files named above.
 SERVING_RUNTIME_SPEC = {
-    "affinity", "annotations", "builtInAdapter", "containers", "disabled", "grpcDataEndpoint",
-    "grpcEndpoint", "hostIPC", "httpDataEndpoint", "imagePullSecrets", "labels", "multiModel",
-    "nodeSelector", "protocolVersions", "replicas", "resourceClaims", "schedulerName",
-    "storageHelper", "supportedModelFormats", "tolerations", "volumes", "workerSpec",
-}  # fmt: skip
+    "affinity",
+    "annotations",
+    "builtInAdapter",
+    "containers",
+    "disabled",
+    "grpcDataEndpoint",
+    "grpcEndpoint",
+    "hostIPC",
+    "httpDataEndpoint",
+    "imagePullSecrets",
+    "labels",
+    "multiModel",
+    "nodeSelector",
+    "protocolVersions",
+    "replicas",
+    "resourceClaims",
+    "schedulerName",
+    "storageHelper",
+    "supportedModelFormats",
+    "tolerations",
+    "volumes",
+    "workerSpec",
+}
 MODEL_FORMAT = {"autoSelect", "name", "priority", "version"}
 # The v1beta1 predictor is a pod spec plus the model; these are the fields the example uses.
 PREDICTOR_USED = {"model", "initContainers"}

@@ -6,9 +6,9 @@ when it first builds a model.
 """
 
 from kvpilot.tuner.suggest.base import (
-    Observation,
     Observing,
     SearchExhausted,
+    ServerObservation,
     Suggester,
     objective_value,
     tell_observed,
@@ -29,11 +29,11 @@ __all__ = [
     "Knowledge",
     "KvPrior",
     "MemoryAxis",
-    "Observation",
     "Observing",
     "RandomSuggester",
     "ScreeningHint",
     "SearchExhausted",
+    "ServerObservation",
     "Suggester",
     "make_suggester",
     "objective_value",

@@ -28,7 +28,7 @@ class Suggester(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Observation:
+class ServerObservation:
     """What a server that ran a candidate saw beside the verdict: its KV high-water mark and
     its preemptions per finished request (None where unknown)."""
 
@@ -50,14 +50,14 @@ class Observing(Protocol):
     flags and high-water mark are told this way before the first ask.
     """
 
-    def observe(self, candidate: Candidate, observation: Observation) -> None: ...
+    def observe(self, candidate: Candidate, observation: ServerObservation) -> None: ...
 
 
 def tell_observed(
     suggester: Suggester,
     candidate: Candidate,
     result: TrialResult,
-    observation: Observation | None = None,
+    observation: ServerObservation | None = None,
 ) -> None:
     """Tell a result, and the observation to suggesters that take one (others ignore it)."""
     suggester.tell(candidate, result)

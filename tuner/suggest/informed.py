@@ -44,7 +44,7 @@ from kvpilot.tuner.problem.constraints import Value
 from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult
 from kvpilot.tuner.problem.space import MEMORY_KNOBS, Candidate, Knob, SearchSpace
 from kvpilot.tuner.problem.startup_errors import StartupFailureKind
-from kvpilot.tuner.suggest.base import Observation, SearchExhausted
+from kvpilot.tuner.suggest.base import SearchExhausted, ServerObservation
 from kvpilot.tuner.suggest.prior import KvPrior, MemoryAxis
 
 SEQS = "max_num_seqs"
@@ -132,7 +132,7 @@ class InformedSuggester:
         )
         self._told: list[_Told] = []
         self._seen: set[Candidate] = set()
-        self._observations: dict[Candidate, Observation] = {}
+        self._observations: dict[Candidate, ServerObservation] = {}
 
     # --- ask/tell, and the observation extension -----------------------------------------
 
@@ -141,7 +141,7 @@ class InformedSuggester:
         if self._memory is not None:
             self._told.append(_Told(candidate, self._mu(candidate), self._rest(candidate), result))
 
-    def observe(self, candidate: Candidate, observation: Observation) -> None:
+    def observe(self, candidate: Candidate, observation: ServerObservation) -> None:
         self._observations[candidate] = observation
 
     def ask(self) -> Candidate:
@@ -315,7 +315,7 @@ class InformedSuggester:
                 best = u
         return best
 
-    def _observed_need_u(self, observation: Observation | None) -> float | None:
+    def _observed_need_u(self, observation: ServerObservation | None) -> float | None:
         if observation is None or self._axis is None or observation.kv_high_water_bytes is None:
             return None
         if (observation.preemptions_per_request or 0.0) > 0:

@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-Obj = dict[str, Any]
+from kvpilot.agent.runtimes.kubernetes.objects import Obj
+
 ONE_AT_A_TIME: Obj = {"maxSurge": 0, "maxUnavailable": 1}
 
 

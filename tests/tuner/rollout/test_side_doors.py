@@ -32,9 +32,18 @@ def window(failed: int = 0, attaining: int | None = None, requests: int = 64) ->
     """One window's result as `objective.evaluate` gives it."""
     ok = requests - failed
     metrics = WindowMetrics(
-        "client", 10.0, requests, failed, ok if attaining is None else attaining,
-        (ok if attaining is None else attaining) / requests, 0.2, 0.02, 800.0, 0.0, 0.0,
-    )  # fmt: skip
+        "client",
+        10.0,
+        requests,
+        failed,
+        ok if attaining is None else attaining,
+        (ok if attaining is None else attaining) / requests,
+        0.2,
+        0.02,
+        800.0,
+        0.0,
+        0.0,
+    )
     outcome = TrialOutcome.REQUESTS_FAILED if failed else TrialOutcome.FEASIBLE
     return TrialResult(outcome, 800.0, 512 * MIB, "failed" if failed else None, metrics)
 

@@ -18,8 +18,8 @@ from kvpilot.tuner.suggest import (
     InformedSuggester,
     Knowledge,
     KvPrior,
-    Observation,
     SearchExhausted,
+    ServerObservation,
     make_suggester,
     tell_observed,
 )
@@ -140,10 +140,14 @@ def test_the_high_water_mark_narrows_the_first_ask() -> None:
     blind = InformedSuggester(space, deployed=deployed, trust_radius=0.5)
     assert memory(blind.ask()) == 32 * MIB
     informed = InformedSuggester(space, deployed=deployed, trust_radius=0.5)
-    informed.observe(stable, Observation(kv_high_water_bytes=10 * MIB, preemptions_per_request=0))
+    informed.observe(
+        stable, ServerObservation(kv_high_water_bytes=10 * MIB, preemptions_per_request=0)
+    )
     assert memory(informed.ask()) == pytest.approx(11 * MIB, rel=1e-3)  # plus the 10 % margin
     preempted = InformedSuggester(space, deployed=deployed, trust_radius=0.5)
-    preempted.observe(stable, Observation(kv_high_water_bytes=10 * MIB, preemptions_per_request=2))
+    preempted.observe(
+        stable, ServerObservation(kv_high_water_bytes=10 * MIB, preemptions_per_request=2)
+    )
     assert memory(preempted.ask()) == 32 * MIB, "a server that preempted was short of memory"
 
 
@@ -153,7 +157,9 @@ def test_the_trust_region_keeps_the_first_asks_near_the_deployed_memory() -> Non
     deployed = {"kv_cache_memory_bytes": 32 * MIB, "max_num_seqs": 64}
     suggester = InformedSuggester(space, deployed=deployed, trust_radius=0.1)
     stable = space.candidate(deployed)
-    suggester.observe(stable, Observation(kv_high_water_bytes=2 * MIB, preemptions_per_request=0))
+    suggester.observe(
+        stable, ServerObservation(kv_high_water_bytes=2 * MIB, preemptions_per_request=0)
+    )
     first = suggester.ask()
     assert knob.to_unit(first["kv_cache_memory_bytes"]) == pytest.approx(
         knob.to_unit(32 * MIB) - 0.1, abs=1e-5
@@ -172,7 +178,7 @@ def test_a_feasible_trials_high_water_mark_is_the_next_probe() -> None:
         suggester,
         held,
         plateau(need_bytes=5 * MIB)(held),
-        Observation(kv_high_water_bytes=5 * MIB, preemptions_per_request=0),
+        ServerObservation(kv_high_water_bytes=5 * MIB, preemptions_per_request=0),
     )
     assert memory(suggester.ask()) == pytest.approx(5.5 * MIB, rel=1e-3)
 
@@ -188,7 +194,7 @@ def test_a_miss_that_memory_did_not_cause_moves_max_num_seqs_down() -> None:
         suggester,
         first,
         TrialResult(TrialOutcome.SLO_BROKEN, 50.0, 32 * MIB, "inter-token p95 0.9 s > 0.5 s"),
-        Observation(kv_high_water_bytes=16 * MIB, preemptions_per_request=0),
+        ServerObservation(kv_high_water_bytes=16 * MIB, preemptions_per_request=0),
     )
     assert suggester.ask()["max_num_seqs"] == 64
 
@@ -267,6 +273,6 @@ def test_observations_go_only_to_suggesters_that_take_them() -> None:
     candidate = space.candidate({"kv_cache_memory_bytes": 8 * MIB, "max_num_seqs": 8})
     result = plateau(need_bytes=MIB)(candidate)
     bayes = BayesianSuggester(space)
-    tell_observed(bayes, candidate, result, Observation(kv_high_water_bytes=MIB))
+    tell_observed(bayes, candidate, result, ServerObservation(kv_high_water_bytes=MIB))
     with pytest.raises(ValueError, match="negative"):
-        Observation(kv_high_water_bytes=-1)
+        ServerObservation(kv_high_water_bytes=-1)
