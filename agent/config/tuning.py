@@ -293,8 +293,9 @@ class TuningConfig(StrictModel):
     suggester: Literal["bayes", "informed", "random", "grid"] = Field(
         "bayes",
         description="Who proposes the trials (tuner/suggest/registry.py): bayes, a Gaussian "
-        "process; informed, bisection on the memory knob from the planner's KV need and the "
-        "stable server's high-water mark, then max_num_seqs; random; grid.",
+        "process; informed, bisection on the memory knob with failed starts as its cliff, "
+        "then max_num_seqs on a log ladder (the agent gives it neither the planner's KV "
+        "need nor the stable server's high-water mark yet); random; grid.",
     )
     seed: int = Field(0, description="The suggester's seed.")
     retune: RetuneConfig = Field(

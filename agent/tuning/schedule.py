@@ -31,11 +31,10 @@ from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.trials import SqliteTrialStore
 from kvpilot.agent.tuning.canary_sweep import CanarySweep
 from kvpilot.agent.tuning.entry import Recovery, Tuner, run_tuning
-from kvpilot.agent.tuning.study import Study, StudyError
+from kvpilot.agent.tuning.study import Study, StudyError, study_suggester
 from kvpilot.agent.tuning.workload.record import remember_workload
 from kvpilot.tuner.report.table import summary_line
 from kvpilot.tuner.session import TuningBlocked, dry_run
-from kvpilot.tuner.suggest import BayesianSuggester
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +299,7 @@ def _plan(study: Study, store: StateStore) -> str:
     tuning = study.tuning
     told, planned = dry_run(
         study.space,
-        BayesianSuggester(study.space, seed=tuning.seed),
+        study_suggester(study),
         SqliteTrialStore(store.db),
         study.fingerprint,
         tuning.trials,

@@ -34,7 +34,8 @@ from kvpilot.tuner.problem.space import Knob, KnobKind, SearchSpace, optional_kn
 from kvpilot.tuner.rollout.canary import RolloutSettings, Strategy
 from kvpilot.tuner.rollout.ports import Observer, RolloutJournal, TunerRuntime
 from kvpilot.tuner.session import Progress, TuningSession
-from kvpilot.tuner.suggest import BayesianSuggester
+from kvpilot.tuner.suggest.base import Suggester
+from kvpilot.tuner.suggest.registry import make_suggester
 
 
 class StudyError(ValueError):
@@ -68,6 +69,11 @@ class Study:
         """The name requests ask for: the served model name, or the model path."""
         args = parse_server_argv(self.configured_argv)
         return args.served_model_name or args.model or ""
+
+
+def study_suggester(study: Study) -> Suggester:
+    """The suggester `tuning.suggester` names, over the study's space and seed."""
+    return make_suggester(study.tuning.suggester, study.space, study.tuning.seed)
 
 
 def require_server(server: TunedServer | None) -> TunedServer:
@@ -273,7 +279,7 @@ def make_session(
     )
     return TuningSession(
         space=study.space,
-        suggester=BayesianSuggester(study.space, seed=t.seed),
+        suggester=study_suggester(study),
         store=SqliteTrialStore(db),
         journal=journal or SqliteRolloutJournal(db),
         runtime=adapter,

@@ -11,9 +11,16 @@ import pytest
 from kvpilot.agent.app.parts import tuned_server
 from kvpilot.agent.config import load_config
 from kvpilot.agent.config.tuning import TuningConfig
-from kvpilot.agent.tuning.study import GpuMemory, StudyError, build_study, read_gpu
+from kvpilot.agent.tuning.study import (
+    GpuMemory,
+    StudyError,
+    build_study,
+    read_gpu,
+    study_suggester,
+)
 from kvpilot.rig.server import free_port
 from kvpilot.tuner.problem.space import KnobKind
+from kvpilot.tuner.suggest import BayesianSuggester, InformedSuggester, RandomSuggester
 from tests.agent.sidecar_harness import agent_config, server_spec
 from tests.fakes.nvml import FakeGpu, FakeNvmlLibrary, installed
 
@@ -163,3 +170,15 @@ def test_the_gpu_is_read_once_and_quietly(caplog: pytest.LogCaptureFixture) -> N
         with installed(None):  # no NVML library: the CPU build, and nothing to warn about
             assert read_gpu() is None
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("bayes", BayesianSuggester), ("informed", InformedSuggester), ("random", RandomSuggester)],
+)
+def test_the_study_runs_the_suggester_the_configuration_names(
+    tmp_path: Path, name: str, kind: type
+) -> None:
+    tuning = TuningConfig.model_validate({"suggester": name})
+    study = build_study(tuned_server(_config(tmp_path)), tuning, gpu=None)
+    assert isinstance(study_suggester(study), kind)
