@@ -45,6 +45,12 @@ class AlertFacts:
     # The preemption rule's capacity-leak signature (KV usage high while few requests run);
     # None when the rule could not tell or does not report it.
     capacity_leak: bool | None = None
+    # The preemption rule's thrash: the same requests evicted again and again (a share of
+    # its window's finished requests preempted more than once), not a burst spread over many.
+    thrash: bool | None = None
+    # The saturation rule's: a queue limit refused requests while KV was saturated, so load
+    # is turned away, not only queued.
+    admission_refused: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,11 +9,15 @@
   for the capacity-leak signature; otherwise no restart, since the same flags under the same
   load bring the pressure back: a recommended lower admission cap (`--max-num-active-seqs`,
   vLLM 0.32's cap on requests scheduled at once, below `--max-num-seqs`) where the flags are
-  known, else a recommendation to run the tuner.
+  known, else a recommendation to run the tuner. Thrash (the same requests preempted again
+  and again) makes the lower cap the first advice; a burst spread over many requests once
+  each, or a queue limit already refusing requests, makes it a tuning run for a validated
+  larger budget instead, since a lower cap would cost throughput for a passing burst, or
+  turn still more requests away.
 
 The ladder decides on the alert's typed facts (`AlertFacts`), which the rule puts on its
-condition: the action the rule is configured with (a condition without one is alert-only)
-and the capacity-leak signature.
+condition: the action the rule is configured with (a condition without one is alert-only),
+the capacity-leak signature, thrash and admission refusals.
 """
 
 from __future__ import annotations
@@ -116,14 +120,29 @@ def plan_for(
             if facts.capacity_leak is False
             else "capacity leak unknown"
         )
+        larger_budget_first = _larger_budget_first(facts)
+        if larger_budget_first is not None:
+            return LadderPlan(
+                rule,
+                action,
+                ("recommend_tuning",),
+                f"{why}; {larger_budget_first}; a restart with the same flags would bring the "
+                "pressure back: recommend a tuning run for a validated larger budget",
+            )
         capped = lower_admission_cap(current_argv)
         if capped is not None:
+            thrash = (
+                "thrash (the same requests preempted again and again: the KV cache is too "
+                "small for the admitted batch); "
+                if facts.thrash
+                else ""
+            )
             return LadderPlan(
                 rule,
                 action,
                 ("recommend_config",),
-                f"{why}; a restart with the same flags would bring the pressure back: lower "
-                f"the admission cap ({describe_change(current_argv, capped)}) so fewer "
+                f"{why}; {thrash}a restart with the same flags would bring the pressure back: "
+                f"lower the admission cap ({describe_change(current_argv, capped)}) so fewer "
                 "requests share the KV cache, or run the tuner for a validated larger budget",
                 capped,
             )
@@ -179,6 +198,18 @@ def describe_change(current: Sequence[str] | None, new: Sequence[str]) -> str:
     ]
     parts += [f"{name} removed" for name in before if name and name not in after]
     return ", ".join(parts) or "the same flags"
+
+
+def _larger_budget_first(facts: AlertFacts) -> str | None:
+    """Why a lower admission cap is the wrong first advice for these facts, or None."""
+    if facts.admission_refused:
+        return "a queue limit already refuses requests, and a lower cap would refuse more"
+    if facts.thrash is False:
+        return (
+            "no thrash (the preemptions were a burst spread over many requests), and a lower "
+            "cap would cost throughput for a passing burst"
+        )
+    return None
 
 
 def _light(rule: str, enabled: bool) -> tuple[LadderStep, ...]:

@@ -104,6 +104,8 @@ class ConditionMaker:
         reason: str | None = None,
         extra: Mapping[str, str] | None = None,
         capacity_leak: bool | None = None,
+        thrash: bool | None = None,
+        admission_refused: bool | None = None,
     ) -> Condition:
         """One condition about one target; its labels are remembered for outages."""
         labels = self.labels(ctx, target)
@@ -126,7 +128,7 @@ class ConditionMaker:
             reason=reason,
             annotations=labels_of(annotations),
             for_s=self.for_s,
-            facts=AlertFacts(self.action, capacity_leak),
+            facts=AlertFacts(self.action, capacity_leak, thrash, admission_refused),
         )
 
     def was_seen(self, ctx: RuleContext, target: Mapping[str, str]) -> bool:

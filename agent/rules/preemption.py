@@ -6,7 +6,11 @@ The short-window rate is the counter's increase over `window_s` divided by `wind
 The baseline is the rate over `baseline_window_s` before the short window; without such
 history (a fresh server, a fresh agent) the floor alone decides. The capacity-leak signature
 (KV usage high while few requests run) travels with the condition, typed, to the
-remediation ladder; the `capacity_leak` annotation says it to people.
+remediation ladder; the `capacity_leak` annotation says it to people. So does thrash:
+of the requests that finished in the window (`vllm:request_num_preemptions`, preemptions
+per finished request), the share preempted more than once says whether the same requests
+are evicted again and again (the KV cache is too small for the admitted batch: admit fewer)
+or a burst was spread over many requests once each.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from kvpilot.agent.model import Action, Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext, source_error_text
 from kvpilot.agent.rules.config import PreemptionSpikeConfig
 from kvpilot.collectors.errors import SourceError
+from kvpilot.collectors.histogram import Histogram
 from kvpilot.collectors.kvpool.client import KvBlockSample
 from kvpilot.collectors.vllm_metrics import EngineSample
 from kvpilot.collectors.window import RollingWindow
@@ -31,6 +36,21 @@ RUNBOOK = (
 
 # The preemption counter is read from the kvpool plugin's window when it has one, else vLLM's.
 CounterWindow = RollingWindow[EngineSample] | RollingWindow[KvBlockSample]
+# Thrash: at least this share of the window's finished requests preempted more than once.
+# A burst evicts each victim once; a batch too large for the cache evicts the same requests
+# again after every recompute, and one in five doing so is already that pattern.
+THRASH_REPEAT_SHARE_RATIO = 0.2
+
+
+def repeat_preempted_share(finished: Histogram | None) -> float | None:
+    """The share of finished requests preempted more than once; None without finished
+    requests or without vLLM's `le="1"` bucket."""
+    if finished is None or finished.count <= 0:
+        return None
+    at_most_once = next((n for le, n in finished.buckets if le == 1.0), None)
+    if at_most_once is None:
+        return None
+    return (finished.count - at_most_once) / finished.count
 
 
 def baseline_rate(
@@ -96,8 +116,15 @@ class PreemptionSpikeRule:
         # must not turn one preemption into a spike.
         rate = None if increase is None else increase / cfg.window_s
         leak = self._capacity_leak(sample)
-        # The annotation says it to people; the remediator reads the typed fact.
-        extra = {"counter": counter, "capacity_leak": _leak_text(leak)}
+        finished = ctx.vllm_window.histogram_over(sample.key, "request_preemptions", cfg.window_s)
+        share = repeat_preempted_share(finished)
+        thrash = None if share is None else share >= THRASH_REPEAT_SHARE_RATIO
+        # The annotations say it to people; the remediator reads the typed facts.
+        extra = {
+            "counter": counter,
+            "capacity_leak": _leak_text(leak),
+            "thrash": _thrash_text(finished, share),
+        }
         if rate is None:
             reason = f"fewer than two {counter} preemption counter readings in {cfg.window_s:g} s"
             summary = f"preemption rate unknown on {where}: {reason}"
@@ -111,6 +138,7 @@ class PreemptionSpikeRule:
                 reason=reason,
                 extra=extra,
                 capacity_leak=leak,
+                thrash=thrash,
             )
         baseline = baseline_rate(
             window, sample.key, window_s=cfg.window_s, baseline_window_s=cfg.baseline_window_s
@@ -131,7 +159,8 @@ class PreemptionSpikeRule:
         )
         description = (
             f"{summary}; {baseline_text}; counter: {counter}; "
-            f"capacity-leak signature: {_leak_text(leak)}; action: {cfg.action}."
+            f"capacity-leak signature: {_leak_text(leak)}; thrash: {extra['thrash']}; "
+            f"action: {cfg.action}."
         )
         if baseline is not None:
             extra["baseline_per_s"] = f"{baseline:.6g}"
@@ -144,6 +173,7 @@ class PreemptionSpikeRule:
             description=description,
             extra=extra,
             capacity_leak=leak,
+            thrash=thrash,
         )
 
     def _capacity_leak(self, sample: EngineSample) -> bool | None:
@@ -159,3 +189,14 @@ class PreemptionSpikeRule:
 
 def _leak_text(leak: bool | None) -> str:
     return "unknown" if leak is None else str(leak).lower()
+
+
+def _thrash_text(finished: Histogram | None, share: float | None) -> str:
+    if finished is None or share is None:
+        return "unknown (no request finished in the window, or no per-request preemption counts)"
+    verdict = "true" if share >= THRASH_REPEAT_SHARE_RATIO else "false"
+    return (
+        f"{verdict}: {share:.0%} of {finished.count:g} finished requests preempted more than "
+        f"once, {finished.sum / finished.count:.2f} preemptions per finished request "
+        f"(thrash from {THRASH_REPEAT_SHARE_RATIO:.0%})"
+    )

@@ -1,4 +1,10 @@
-"""KV cache saturation: usage near 1 while requests wait for room."""
+"""KV cache saturation: usage near 1 while requests wait for room.
+
+Admission rejections (`vllm:admission_rejections_total`, a queue limit refusing requests)
+rising over the last `REJECTIONS_WINDOW_S` travel with the condition, typed for the
+remediation ladder and as the `admission_rejections` annotation for people: while the cache
+is saturated they say load is turned away, not only queued.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,8 @@ from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.vllm_metrics import EngineSample
 
 ALERTNAME = "VllmKvCacheSaturated"
+# The span the rejections' increase is read over: the preemption rule's default window.
+REJECTIONS_WINDOW_S = 30.0
 RUNBOOK = (
     "The KV cache is full and requests queue for it: time to first token grows and "
     "preemptions follow. Check the load against capacity; give the cache more memory "
@@ -60,6 +68,15 @@ class KvSaturationRule:
                 reason=reason,
             )
         active = usage >= cfg.usage_threshold_ratio and waiting >= cfg.min_waiting
+        rejected = ctx.vllm_window.increase(
+            sample.key, "admission_rejections_total", REJECTIONS_WINDOW_S
+        )
+        refused = None if rejected is None else rejected > 0
+        rejections = (
+            "unknown (fewer than two readings of vllm:admission_rejections_total)"
+            if rejected is None
+            else f"{rejected:g} requests refused by a queue limit in {REJECTIONS_WINDOW_S:g} s"
+        )
         verdict = "saturated" if active else "not saturated"
         summary = (
             f"KV cache {verdict} on {where}: usage {fmt_ratio(usage)} "
@@ -67,8 +84,8 @@ class KvSaturationRule:
             f"(threshold {cfg.min_waiting})"
         )
         description = (
-            f"{summary}; {sample.requests_running} running. Fires after {cfg.for_s:g} s; "
-            f"action: {cfg.action}."
+            f"{summary}; {sample.requests_running} running; {rejections}. Fires after "
+            f"{cfg.for_s:g} s; action: {cfg.action}."
         )
         return self._maker.condition(
             ctx,
@@ -77,4 +94,6 @@ class KvSaturationRule:
             value=usage,
             summary=summary,
             description=description,
+            extra={"admission_rejections": rejections},
+            admission_refused=refused,
         )
