@@ -24,6 +24,7 @@ from kvpilot.agent.runtimes.kubernetes.api import (
     client_module,
 )
 from kvpilot.agent.runtimes.kubernetes.edits import EditedMeanwhile
+from kvpilot.agent.runtimes.kubernetes.fleet.gate import GateRefused
 from kvpilot.agent.runtimes.kubernetes.lease import LeaseRecord
 from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime
 from kvpilot.agent.runtimes.kubernetes.traffic import GatewayWeights, ServiceShare, TrafficSplit
@@ -166,7 +167,9 @@ class KubernetesTunerAdapter:
                 ready_timeout_s=ready_timeout_s,
                 argv=argv,
             )
-        except PromotionNotApplied as exc:
+        except (PromotionNotApplied, GateRefused) as exc:
+            # The fleet's restart budget said no (or wait too long): nothing was changed, so
+            # the trial is refused, not a candidate that failed to start.
             raise RestartRefused(str(exc)) from exc
         except NotReady as exc:
             raise CandidateStartFailed(str(exc), exc.log_tail or str(exc)) from exc

@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
@@ -23,6 +23,7 @@ import pytest
 from kubernetes import client
 
 from kvpilot.agent.alerts import AlertTracker
+from kvpilot.agent.mode import MODE_ANNOTATION, LiveMode, Mode, ModeSetting
 from kvpilot.agent.model import Instance
 from kvpilot.agent.remediation import Remediator, WatchWindows
 from kvpilot.agent.runtimes.kubernetes.fleet import decision_events as ev
@@ -32,6 +33,12 @@ from kvpilot.agent.runtimes.kubernetes.fleet.kept_guards import KeptGuards
 from kvpilot.agent.runtimes.kubernetes.fleet.owner import owning_deployment
 from kvpilot.agent.runtimes.kubernetes.fleet.pdb import disruption_verdict
 from kvpilot.agent.runtimes.kubernetes.fleet.slots import RestartSlots
+from kvpilot.agent.runtimes.kubernetes.switch import (
+    SWITCH_INTERVAL_S,
+    Layer,
+    SwitchWatch,
+    read_layers,
+)
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment
 from tests.agent.remediation.remediation_helpers import condition, remediation_config
 from tests.fakes.k8s_fleet import FakeFleetApi
@@ -317,3 +324,74 @@ def test_a_holder_that_died_frees_its_slot_after_the_duration_on_the_observers_c
         assert not dead.try_take("restart").granted or False  # b holds the one slot now
         other.give_back()
         assert dead.try_take("restart").granted
+
+
+def test_the_switch_pauses_a_deployment_in_one_read_within_the_fleets_request_budget() -> None:
+    """50 sidecars' switches, one read per `interval` (0.5 s here standing for the shipped
+    10 s): `kubectl annotate deployment model-3 kvpilot.dev/mode=paused` pauses its ten
+    replicas by the next read (within 10 s shipped) and no other; the switch's reads per
+    sidecar at the shipped interval stay under 0.2 a second with room for the fleet's own."""
+    interval = 0.5
+    with FakeFleetApi() as fake:
+        for i in range(MODELS):
+            fake.add_deployment(deployment(f"model-{i}", 8000))
+        api = fake.api_client()
+        pods = [
+            (name, p["metadata"]["name"])
+            for (_, name), e in fake.deployments.items()
+            for p in e.pods
+        ]
+        reads_by: dict[str, int] = defaultdict(int)  # each switch's reads begun
+        reads_when_paused: dict[str, int] = {}
+
+        def live(pod: str) -> LiveMode:
+            def changed(_: ModeSetting, after: ModeSetting) -> None:
+                reads_when_paused[pod] = reads_by[pod]
+
+            return LiveMode(Mode.ARMED, on_change=changed)
+
+        lives = {pod: live(pod) for _, pod in pods}
+
+        def reader(name: str, pod: str) -> Callable[[bool], tuple[Layer, Layer]]:
+            def read(both: bool) -> tuple[Layer, Layer]:
+                reads_by[pod] += 1
+                return read_layers(api, NAMESPACE, name, namespace_too=both)
+
+            return read
+
+        watches = [
+            SwitchWatch(lives[pod], reader(name, pod), interval_s=interval) for name, pod in pods
+        ]
+
+        async def scenario() -> int:
+            tasks = [asyncio.create_task(w.run()) for w in watches]
+            try:
+                await asyncio.sleep(interval / 2)  # every switch has made its first read
+                await asyncio.sleep(6 * interval)
+                meta = fake.deployments[(NAMESPACE, "model-3")].obj["metadata"]
+                meta.setdefault("annotations", {})[MODE_ANNOTATION] = "paused"
+                at_change = dict(reads_by)
+                deadline = time.monotonic() + 30
+                paused = [pod for name, pod in pods if name == "model-3"]
+                while not all(lives[p].current().mode is Mode.PAUSED for p in paused):
+                    assert time.monotonic() < deadline, "the switch did not apply"
+                    await asyncio.sleep(0.05)
+                # Reads begun since the change: the one in flight then (it may have read the
+                # old annotation) and the next one at most.
+                return max(reads_when_paused[p] - at_change[p] for p in paused)
+            finally:
+                for t in tasks:
+                    t.cancel()
+
+        reads_to_apply = asyncio.run(scenario())
+        # Every read GETs the Deployment; the switch's requests per read, from the fake's log.
+        read = [r.path.rsplit("/", 2)[-2] for r in fake.requests if r.method == "GET"]
+        reads = read.count("deployments")
+        requests = reads + read.count("configmaps")
+
+    assert reads_to_apply <= 2  # the next read applies it: within 10 s at the shipped pace
+    for name, pod in pods:
+        expected = Mode.PAUSED if name == "model-3" else Mode.ARMED
+        assert lives[pod].current().mode is expected
+    # A read every SWITCH_INTERVAL_S as shipped: its requests over that interval.
+    assert reads >= len(pods) * 3 and requests / reads / SWITCH_INTERVAL_S <= 0.15
