@@ -72,6 +72,12 @@ class PodRuntime(KubernetesRuntime):
     # The Deployment's restart budget: every restart of the stable waits for its turn.
     restart_gate: FleetGate | None = None
 
+    def record_decision(self, reason: str, message: str) -> None:
+        """The decision as an Event on this pod and its Deployment (a refused Event is
+        logged, never raised)."""
+        if self.restart_gate is not None:
+            self.restart_gate.events.record(reason, message)
+
     api_read_interval_s = 0.0  # build_pod_runtime sets API_READ_INTERVAL_S
     api_reads_total = 0
     _view: tuple[float, tuple[Instance, ...]] | None = None

@@ -68,6 +68,11 @@ class KubernetesRuntime:
     kind = "kubernetes"
     # Through the Deployment; recommend-only writes the patch and says so (PromotionNotApplied).
     can_change_flags = True
+
+    def record_decision(self, reason: str, message: str) -> None:
+        """An Event for a tuning decision, where this runtime writes them (the pod runtime,
+        through its Deployment's restart gate); none here. Blocking: call in a thread."""
+
     # Its reads wait on the API server: the tick runs them in a thread (runtimes.offloop).
     blocking_reads = True
 

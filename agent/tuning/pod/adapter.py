@@ -24,6 +24,12 @@ from kvpilot.agent.runtimes.kubernetes.api import (
     client_module,
 )
 from kvpilot.agent.runtimes.kubernetes.edits import EditedMeanwhile
+from kvpilot.agent.runtimes.kubernetes.fleet.decision_events import (
+    PROMOTED,
+    ROLLED_BACK,
+    TRIAL_ENDED,
+    TRIAL_STARTED,
+)
 from kvpilot.agent.runtimes.kubernetes.fleet.gate import GateRefused
 from kvpilot.agent.runtimes.kubernetes.lease import LeaseRecord
 from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime
@@ -31,7 +37,7 @@ from kvpilot.agent.runtimes.kubernetes.traffic import GatewayWeights, ServiceSha
 from kvpilot.agent.runtimes.kubernetes.unattended import UNATTENDED, UnattendedCanaries
 from kvpilot.agent.runtimes.kubernetes.values import KubernetesTarget, PromotionNotApplied
 from kvpilot.agent.tuning.pod.live_observer import describe
-from kvpilot.collectors.secrets import SecretLost, has_masked, restore_secrets
+from kvpilot.collectors.secrets import SecretLost, has_masked, mask_argv, restore_secrets
 from kvpilot.tuner.rollout.ports import CandidateStartFailed, RestartRefused
 
 log = logging.getLogger(__name__)
@@ -94,6 +100,10 @@ class KubernetesTunerAdapter:
         except NotReady as exc:
             # The pod's termination message is vLLM's last words (FallbackToLogsOnError).
             raise CandidateStartFailed(str(exc), exc.log_tail or str(exc)) from exc
+        await self._decided(
+            TRIAL_STARTED,
+            f"trial canary {self._runtime.target.canary_name} serving: {' '.join(mask_argv(argv))}",
+        )
         return instance.url
 
     async def stop_canary(self) -> None:
@@ -110,6 +120,7 @@ class KubernetesTunerAdapter:
                 )
         await self._runtime.stop(self._runtime.target.canary_name, drain_timeout_s=self._drain_s)
         self._unattended.clear(self._deployment)
+        await self._decided(TRIAL_ENDED, f"trial canary {self._runtime.target.canary_name} removed")
 
     async def _pull_back(self, traffic: TrafficSplit) -> Any:
         """The canary's share back to the stable pods, tried PULL_BACK_TRIES times (a 403,
@@ -179,6 +190,19 @@ class KubernetesTunerAdapter:
             raise  # a person's edit wins: the trial fails, saying so, and nothing is written
         except RuntimeFailure as exc:  # a rollout that failed: the new flags' pods did
             raise CandidateStartFailed(str(exc), "") from exc
+        flags = " ".join(mask_argv(argv))
+        if restore:
+            await self._decided(ROLLED_BACK, f"rolled back to {flags} ({reason})")
+        else:
+            await self._decided(PROMOTED, f"promoted {flags} ({reason})")
+
+    async def _decided(self, reason: str, message: str) -> None:
+        """An Event on the pod and its Deployment, where the runtime writes them; a failure
+        to write one never fails the trial."""
+        try:
+            await asyncio.to_thread(self._runtime.record_decision, reason, message)
+        except Exception as exc:
+            log.warning("the %s Event was not written: %s", reason, exc)
 
     def remediation_in_progress(self) -> bool:
         return self._remediating()

@@ -24,7 +24,11 @@ RESTART_DONE = "KvpilotRestartDone"
 RESTART_FAILED = "KvpilotRestartFailed"
 RESTART_REFUSED = "KvpilotRestartRefused"
 TUNING_SKIPPED = "KvpilotTuningSkipped"
-WARNINGS = frozenset({RESTART_WAITING, RESTART_FAILED, RESTART_REFUSED})
+TRIAL_STARTED = "KvpilotTrialStarted"
+TRIAL_ENDED = "KvpilotTrialEnded"
+PROMOTED = "KvpilotPromoted"
+ROLLED_BACK = "KvpilotRolledBack"
+WARNINGS = frozenset({RESTART_WAITING, RESTART_FAILED, RESTART_REFUSED, ROLLED_BACK})
 
 
 class DecisionEvents:
