@@ -104,6 +104,7 @@ SHARED_MODULE_NAMES = {
     "occupancy": "token occupancy: the figure, the rule on it",
     "evidence": "the judge's evidence: its tests, the report's words on them",
     "exposition": "kvpilot's /metrics: its config section, the rendering",
+    "settings": "what a loop runs under, as one value: the tick's, a rollout's",
 }
 # Shared names of which one module means another thing, each still to be renamed.
 NOT_YET_RENAMED = {

@@ -224,7 +224,9 @@ async def _run(
             target, api_client = runtime.target, runtime.api_client
             switch = SwitchWatch(
                 remediator.mode,
-                lambda: read_layers(api_client, target.namespace, target.deployment),
+                lambda namespace_too: read_layers(
+                    api_client, target.namespace, target.deployment, namespace_too=namespace_too
+                ),
             )
             ends.callback(sidecar.tasks.spawn(switch.run(), "mode-switch").cancel)
         if isinstance(runtime, LocalRuntime):

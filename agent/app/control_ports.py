@@ -15,7 +15,6 @@ from kvpilot.agent.remediation.trigger import RemediationOutcome
 from kvpilot.agent.remediation.vetoes import Veto
 from kvpilot.agent.runtimes import Runtime
 from kvpilot.agent.state.store import RemediationRecord
-from kvpilot.agent.tick.sidecar import Sidecar
 
 
 class Alerts(Protocol):
@@ -91,7 +90,3 @@ class ControlPorts:
     alerts: Alerts
     remediation: Remediation
     status: LoopStatus
-
-    @classmethod
-    def of(cls, sidecar: Sidecar) -> ControlPorts:
-        return cls(sidecar.config, sidecar.runtime, sidecar.alerts, sidecar.remediator, sidecar)

@@ -17,6 +17,7 @@ from kvpilot.agent.config import (
     config_warnings,
 )
 from kvpilot.agent.config.extras import missing_extras, needed_extras
+from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.collectors.secrets import mask_url
 
 
@@ -74,15 +75,14 @@ def summary(config: AgentConfig) -> list[str]:
         f"remediation: {'dry run' if r.dry_run else 'live'}, cooldown {r.cooldown_s:g} s, "
         f"budget {r.budget.max_restarts} per {r.budget.window_s:g} s"
     )
-    lines.append(_tuning_line(config))
+    lines.append(_tuning_line(config.tuning))
     has_token = config.api.token is not None or config.api.token_file is not None
     lines.append(f"control API token: {'set' if has_token else 'none (POST endpoints refused)'}")
     lines.append(f"state: {config.state_dir}")
     return lines
 
 
-def _tuning_line(config: AgentConfig) -> str:
-    t = config.tuning
+def _tuning_line(t: TuningConfig) -> str:
     when = f"schedule '{t.schedule}' (UTC)" if t.schedule else "on demand (kvpilot tune)"
     c = t.canary
     if c.traffic == "replay":

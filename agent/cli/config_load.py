@@ -16,8 +16,8 @@ from typing import Any, NoReturn
 
 import typer
 
-from kvpilot.agent.config import AgentConfig, ConfigError, load_config, validate_config
-from kvpilot.agent.config.extras import missing_extras, needed_extras
+from kvpilot.agent.config import AgentConfig, ApiConfig, ConfigError, load_config, validate_config
+from kvpilot.agent.config.extras import missing_extras
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.migrations import SchemaTooNewError
 from kvpilot.agent.tuning.promoted import configured_hash
@@ -33,20 +33,21 @@ def exit_invalid(path: Path | str, problems: Iterable[str]) -> NoReturn:
     raise typer.Exit(INVALID_CONFIG_EXIT)
 
 
-def exit_missing_extras(config: AgentConfig, *, tuning: bool = False) -> None:
-    """Exit 2 with the pip command when `config` needs an extra that is not installed."""
-    missing = missing_extras(needed_extras(config, tuning=tuning))
+def exit_missing_extras(needed: dict[str, str]) -> None:
+    """Exit 2 with the pip command when an extra the configuration needs (`needed_extras`)
+    is not installed."""
+    missing = missing_extras(needed)
     if missing is not None:
         print(f"kvpilot: {missing}", file=sys.stderr)
         raise typer.Exit(INVALID_CONFIG_EXIT)
 
 
-def _read_token(config: AgentConfig) -> None:
+def _read_token(api: ApiConfig) -> None:
     """Reads `api.token_file` now, so that a bad one is a configuration error at start-up."""
     try:
-        config.api.control_token()
+        api.control_token()
     except UnicodeDecodeError as exc:  # the file is input too: no traceback for its bytes
-        where = f"api.token_file: {config.api.token_file}"
+        where = f"api.token_file: {api.token_file}"
         raise ConfigError([f"{where}: not UTF-8 text at byte offset {exc.start}"]) from None
 
 
@@ -60,7 +61,7 @@ def load_or_exit(
     try:
         config = load_config(path, os.environ if use_env else None, warn=warn)
         if read_token:
-            _read_token(config)
+            _read_token(config.api)
         return config, configured_hash(config.runtime)
     except ConfigError as exc:
         exit_invalid(path, exc.problems)
@@ -72,19 +73,19 @@ def validate_or_exit(data: dict[str, Any]) -> AgentConfig:
     """Settings built from command-line options, with the same overrides and errors."""
     try:
         config = validate_config(data, os.environ)
-        _read_token(config)
+        _read_token(config.api)
         return config
     except ConfigError as exc:
         exit_invalid("the command line", exc.problems)
 
 
-def open_state_or_exit(config: AgentConfig) -> Database:
+def open_state_or_exit(state_dir: Path) -> Database:
     """The state database under `state_dir`, or a clear message and exit 2."""
     try:
-        return Database.open(config.state_dir)
+        return Database.open(state_dir)
     except (OSError, sqlite3.Error, SchemaTooNewError) as exc:
         print(
-            f"kvpilot: state_dir {config.state_dir}: cannot open the database: {exc}",
+            f"kvpilot: state_dir {state_dir}: cannot open the database: {exc}",
             file=sys.stderr,
         )
         raise typer.Exit(INVALID_CONFIG_EXIT) from None

@@ -38,7 +38,7 @@ from kvpilot.collectors.scrape_client import ScrapeClient
 
 if TYPE_CHECKING:
     from kvpilot.agent.app.lifecycle import ListenError
-    from kvpilot.agent.config import AgentConfig
+    from kvpilot.agent.config import AgentConfig, ListenConfig
 
 app = typer.Typer(
     help="Memory observability and auto-tuning for vLLM.",
@@ -256,6 +256,7 @@ def _run_sidecar(path: Path | None, data: dict[str, object] | None = None) -> No
     from kvpilot.agent.app.lifecycle import ListenError
     from kvpilot.agent.cli.config_load import exit_missing_extras, load_or_exit, validate_or_exit
     from kvpilot.agent.config import secret_values
+    from kvpilot.agent.config.extras import needed_extras
     from kvpilot.agent.runtimes.probe import StartFailed
 
     configure_logging(json_logs=True)
@@ -267,12 +268,12 @@ def _run_sidecar(path: Path | None, data: dict[str, object] | None = None) -> No
         else:
             config = validate_or_exit({"state_dir": scratch, **(data or {})})
             sha256 = None
-        exit_missing_extras(config)
+        exit_missing_extras(needed_extras(config))
         configure_logging(json_logs=True, secrets=secret_values(config))
         try:
             asyncio.run(run_sidecar(config, config_sha256=sha256, reload_config=reload_config))
         except ListenError as exc:
-            where = _listen_setting(exc, config, path)
+            where = _listen_setting(exc, config.api.listen, path)
             print(f"kvpilot: {exc}; choose another with {where}", file=sys.stderr)
             raise typer.Exit(1) from None
         except StartFailed as exc:
@@ -280,10 +281,9 @@ def _run_sidecar(path: Path | None, data: dict[str, object] | None = None) -> No
             raise typer.Exit(1) from None
 
 
-def _listen_setting(exc: ListenError, config: AgentConfig, path: Path | None) -> str:
+def _listen_setting(exc: ListenError, api: ListenConfig | None, path: Path | None) -> str:
     """The setting that holds the address that could not be bound: `api.listen` when the
-    control API has a listener of its own there, else `listen`."""
-    api = config.api.listen
+    control API has a listener `api` of its own there, else `listen`."""
     if api is not None and (api.host, api.port) == (exc.host, exc.port):
         return f"api.listen in {path} (or KVPILOT_API__LISTEN=HOST:PORT)"
     if path is not None:

@@ -15,7 +15,8 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
@@ -28,7 +29,8 @@ from kvpilot.agent.cli import workload_cmd as workload_cli
 from kvpilot.agent.cli.config_load import exit_missing_extras, load_or_exit, open_state_or_exit
 from kvpilot.agent.cli.tune_output import judging_line, print_end, print_summary, run_with_progress
 from kvpilot.agent.cli.tune_report import report
-from kvpilot.agent.config import AgentConfig, PodRuntimeConfig, secret_values
+from kvpilot.agent.config import PodRuntimeConfig, secret_values
+from kvpilot.agent.config.extras import needed_extras
 from kvpilot.agent.config.runtime import RuntimeConfig
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.runtimes import LocalRuntime, RuntimeFailure
@@ -143,7 +145,7 @@ def tune(
     if config is None:
         raise typer.BadParameter("--config is required", param_hint="--config")
     cfg, config_sha256 = load_or_exit(config)
-    exit_missing_extras(cfg, tuning=True)
+    exit_missing_extras(needed_extras(cfg, tuning=True))
     base = cfg.tuning
     overrides = {
         "trials": trials,
@@ -167,12 +169,13 @@ def tune(
             update=_given(ttft_p95_s=ttft_p95_s, inter_token_p95_s=itl_p95_s)
         ),
     }
-    pod = _pod_runtime_or_exit(cfg)
+    pod = _pod_runtime_or_exit(partial(pod_parts, cfg, os.environ))
     try:
         tuning = TuningConfig.model_validate({**base.model_dump(), **_given(**overrides)})
         chosen = None
         if pod is None or tuning.canary.traffic == "replay":  # live traffic: its own workload
-            chosen = workload_cli.choose_for_tune(cfg, tuning, sidecar_url, observe_s)
+            url = sidecar_url or workload_cli.agent_url(cfg.api_listen())
+            chosen = workload_cli.choose_for_tune(cfg.runtime, tuning, url, observe_s)
         api_key = _api_key(cfg.runtime)
         server, version = _stable_server(tuned_server(cfg), pod, api_key)
         study = build_study(server, tuning, read_gpu(), vllm_version=version, chosen=chosen)
@@ -187,7 +190,7 @@ def tune(
     if study.strategy_reason is not None:
         console.print(study.strategy_reason, highlight=False, markup=False, soft_wrap=True)
     console.print(judging_line(tuning, windows is not None), highlight=False, soft_wrap=True)
-    db = open_state_or_exit(cfg)
+    db = open_state_or_exit(cfg.state_dir)
     try:
         if dry:
             last = GroundStore(db).load(study.stable.name)  # the study of the last run's vLLM
@@ -395,11 +398,11 @@ def _api_key(runtime: RuntimeConfig) -> str | None:
 PodParts = tuple[PodRuntimeConfig, KubernetesRuntime]
 
 
-def _pod_runtime_or_exit(cfg: AgentConfig) -> PodParts | None:
+def _pod_runtime_or_exit(pod_parts: Callable[[], PodParts | None]) -> PodParts | None:
     """The pod runtime when the configuration names it (None for the local runtime), or one
     plain message (namespace or API server not found) and exit 1."""
     try:
-        return pod_parts(cfg, os.environ)
+        return pod_parts()
     except RuntimeFailure as exc:
         print(f"kvpilot tune: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
@@ -431,19 +434,32 @@ def trials_command(
     """Print the tuning history as a table (recovering a trial a dead kvpilot left)."""
     cfg, config_sha256 = load_or_exit(config)
     canary_port = canary_port or cfg.tuning.canary_port
-    db = open_state_or_exit(cfg)
+    db = open_state_or_exit(cfg.state_dir)
     try:
         if SqliteRolloutJournal(db).open_records() or SqliteTrialStore(db).unfinished():
-            _recover_only(cfg, config_sha256, db, canary_port)
+            pod = _pod_runtime_or_exit(partial(pod_parts, cfg, os.environ))
+            found = _Found(tuned_server(cfg), cfg.tuning, cfg.state_dir / "logs", config_sha256)
+            _recover_only(pod, found, db, canary_port, _api_key(cfg.runtime))
         Console().print(trials_table(SqliteTrialStore(db).trials(), verbose=verbose))
     finally:
         db.close()
 
 
-def _recover_only(cfg: AgentConfig, config_sha256: str, db: Database, canary_port: int) -> None:
-    pod = _pod_runtime_or_exit(cfg)
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """What the local runtime's recovery reads of the configuration."""
+
+    server: TunedServer | None  # None: nothing this configuration tunes
+    tuning: TuningConfig
+    log_dir: Path
+    config_sha256: str
+
+
+def _recover_only(
+    pod: PodParts | None, found: _Found, db: Database, canary_port: int, api_key: str | None
+) -> None:
     if pod is not None:
-        tuner = pod_tuner(pod[0], cfg.tuning, pod[1], db, api_key=_api_key(cfg.runtime))
+        tuner = pod_tuner(pod[0], found.tuning, pod[1], db, api_key=api_key)
 
         async def recover_pod() -> None:
             study = await tuner.study()
@@ -455,12 +471,12 @@ def _recover_only(cfg: AgentConfig, config_sha256: str, db: Database, canary_por
         except (TuningBlocked, RuntimeFailure, StudyError) as exc:
             print(f"kvpilot trials: not recovered: {exc}", file=sys.stderr)
         return
-    server = tuned_server(cfg)
+    server = found.server
     if server is None:
         return  # nothing this configuration tunes
-    logs = cfg.state_dir / "logs"
+    logs, config_sha256 = found.log_dir, found.config_sha256
     runtime, _ = stable_runtime(server, logs, db, config_sha256)
-    tuning = cfg.tuning.model_copy(update={"canary_port": canary_port})
+    tuning = found.tuning.model_copy(update={"canary_port": canary_port})
     adapter = local_adapter(
         server, runtime, db, tuning=tuning, log_dir=logs, config_sha256=config_sha256
     )

@@ -87,7 +87,7 @@ def report(
     """Write the tuning history as one self-contained HTML page: convergence, the knob map
     with the planner's infeasible region, the workload replayed, the stable beside each canary."""
     cfg, config_sha256 = load_or_exit(config)
-    db = open_state_or_exit(cfg)
+    db = open_state_or_exit(cfg.state_dir)
     try:
         context = report_context(cfg.tuning, tuned_server(cfg), db, config_sha256)
         path = write_report(output, SqliteTrialStore(db).trials(), context=context)

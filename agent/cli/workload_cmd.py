@@ -18,7 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kvpilot.agent.cli.config_load import load_or_exit
-from kvpilot.agent.config import AgentConfig
+from kvpilot.agent.config import ListenConfig
+from kvpilot.agent.config.runtime import RuntimeConfig
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.tuning.promoted import tuned_instance
 from kvpilot.agent.tuning.workload.as_json import workload_json
@@ -46,37 +47,37 @@ ObserveS = Annotated[
 ]
 
 
-def learned_for(cfg: AgentConfig, sidecar_url: str | None, observe_s: float | None) -> Learned:
-    """The learned shape: observed for `observe_s` when given, else a sidecar's."""
+def learned_for(
+    runtime: RuntimeConfig, window_s: float, sidecar_url: str, observe_s: float | None
+) -> Learned:
+    """The learned shape: the configured stable server observed for `observe_s` when given
+    (over a window of `window_s`), else what the sidecar at `sidecar_url` learned."""
     if observe_s is not None:
-        inst = tuned_instance(cfg.runtime)
+        inst = tuned_instance(runtime)
         if inst is None:
             return Learned(None, "no stable instance to observe in the configuration")
-        key = cfg.runtime.api_key.get_secret_value() if cfg.runtime.api_key else None
-        return asyncio.run(
-            observe(inst.url, observe_s, window_s=cfg.tuning.learn.window_s, api_key=key)
-        )
-    return asyncio.run(from_sidecar(sidecar_url or _listen_url(cfg)))
+        key = runtime.api_key.get_secret_value() if runtime.api_key else None
+        return asyncio.run(observe(inst.url, observe_s, window_s=window_s, api_key=key))
+    return asyncio.run(from_sidecar(sidecar_url))
 
 
 def choose_for_tune(
-    cfg: AgentConfig, tuning: TuningConfig, sidecar_url: str | None, observe_s: float | None
+    runtime: RuntimeConfig, tuning: TuningConfig, sidecar_url: str, observe_s: float | None
 ) -> WorkloadChoice:
     """`kvpilot tune`'s workload: a trace, the learned one (from a sidecar or observed), or
     the configured one. ValueError for an unreadable trace file."""
     if tuning.workload.trace is not None or not tuning.learn.enabled:
         return choose_workload(tuning, None)
-    learned = learned_for(cfg, sidecar_url, observe_s)
-    inst = tuned_instance(cfg.runtime)
+    learned = learned_for(runtime, tuning.learn.window_s, sidecar_url, observe_s)
+    inst = tuned_instance(runtime)
     limit = flag_value(inst.argv, "--max-model-len") if inst else None
     return choose_workload(
         tuning, learned.shape, max_model_len=int(limit) if limit else None, no_shape=learned.why
     )
 
 
-def _listen_url(cfg: AgentConfig) -> str:
-    """Where the running agent's API answers (its own listener, when it has one)."""
-    listen = cfg.api_listen()
+def agent_url(listen: ListenConfig) -> str:
+    """Where the running agent's API answers, given its listener (`api_listen()`)."""
     host = "127.0.0.1" if listen.host in WILDCARD_HOSTS else listen.host  # answers on loopback
     return f"http://[{host}]:{listen.port}" if ":" in host else f"http://{host}:{listen.port}"
 
@@ -118,7 +119,8 @@ def show(
 ) -> None:
     """Print the learned workload beside the configured one, and which a run would use."""
     cfg, _ = load_or_exit(config)
-    learned = learned_for(cfg, sidecar_url, observe_s)
+    url = sidecar_url or agent_url(cfg.api_listen())
+    learned = learned_for(cfg.runtime, cfg.tuning.learn.window_s, url, observe_s)
     body = workload_json(cfg.tuning, learned.shape, learned.requests, no_shape=learned.why)
     if as_json:
         print(json.dumps(body, indent=2, allow_nan=False))

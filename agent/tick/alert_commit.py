@@ -11,13 +11,14 @@ from collections.abc import Callable, Mapping, Sequence
 
 from kvpilot.agent.alert_values import AlertTransition, AlertView, Silence
 from kvpilot.agent.alerts import AlertTracker
-from kvpilot.agent.config import AgentConfig, NotifierConfig
+from kvpilot.agent.config import NotifierConfig
 from kvpilot.agent.model import AlertEvent, Condition
 from kvpilot.agent.rules.config import RulesConfig
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.write_failures import WriteFailures
 from kvpilot.agent.tick.external_labels import outgoing
 from kvpilot.agent.tick.pages import RemediationPages
+from kvpilot.agent.tick.settings import TickSettings
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ class AlertCommit:
 
     def __init__(
         self,
-        config: AgentConfig,
+        settings: TickSettings,
         store: StateStore,
         *,
         wall_clock: Callable[[], float],
@@ -37,10 +38,10 @@ class AlertCommit:
     ) -> None:
         self._store = store
         self._wall_clock = wall_clock
-        self._external_labels = config.rules.external_labels
-        self._notifiers = {n.name: n for n in config.notifiers}
+        self._external_labels = settings.rules.external_labels
+        self._notifiers = {n.name: n for n in settings.notifiers}
         self.write_failures = write_failures
-        self.tracker = self._restore_tracker(config)
+        self.tracker = self._restore_tracker(settings)
         self._pages = RemediationPages.restore(self.tracker.alerts())
         self._unsaved_events: list[AlertEvent] = []  # pages of a tick whose commit failed
         # When each notifier last got each firing alert, on the monotonic clock (a step of
@@ -48,13 +49,12 @@ class AlertCommit:
         # kept while the alert fires, so bounded by the tracker's live alerts times notifiers.
         self._last_repeat_s: dict[tuple[str, str], float] = {}
 
-    def _restore_tracker(self, config: AgentConfig) -> AlertTracker:
-        api = config.api_listen()
+    def _restore_tracker(self, settings: TickSettings) -> AlertTracker:
         return AlertTracker.from_rows(
             self._store.load_alerts(),
             silences=self._store.load_silences(self._wall_clock()),
-            repeat_interval_s=_repeat_s(config.notifiers),
-            generator_url=f"http://{api.host}:{api.port}/api/v1/alerts",
+            repeat_interval_s=_repeat_s(settings.notifiers),
+            generator_url=settings.alerts_url,
         )
 
     def alerts(self) -> list[AlertView]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import sqlite3
 import time
@@ -30,7 +31,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from kvpilot.agent.alert_values import AlertTransition
-from kvpilot.agent.config import AgentConfig, NotifierConfig
+from kvpilot.agent.config import NotifierConfig
 from kvpilot.agent.model import Condition, Instance
 from kvpilot.agent.notify import DeliveryWorker, Notifier
 from kvpilot.agent.remediation import Remediator
@@ -47,6 +48,7 @@ from kvpilot.agent.tasks import GuardedTasks
 from kvpilot.agent.tick.after import AfterTick
 from kvpilot.agent.tick.alert_commit import AlertCommit
 from kvpilot.agent.tick.overruns import TickOverruns
+from kvpilot.agent.tick.settings import TickSettings
 from kvpilot.agent.tick.tuning_figures import TuningFiguresCache, live_flags
 from kvpilot.agent.tick.views import SidecarCounters
 from kvpilot.agent.tick.watched import Observed, WatchedServers
@@ -81,7 +83,7 @@ class Sidecar:
 
     def __init__(
         self,
-        config: AgentConfig,
+        settings: TickSettings,
         *,
         store: StateStore,
         runtime: Runtime,
@@ -93,7 +95,7 @@ class Sidecar:
         wall_clock: Callable[[], float] = time.time,
         tuning_figures: TuningFiguresCache | None = None,
     ) -> None:
-        self.config = config
+        self.settings = settings
         self.store = store
         self.runtime = runtime
         self.remediator = remediator
@@ -101,13 +103,13 @@ class Sidecar:
         self._after = after or AfterTick()
         self._wall_clock = wall_clock
         self.alerts = alerts or AlertCommit(
-            config, store, wall_clock=wall_clock, write_failures=WriteFailures()
+            settings, store, wall_clock=wall_clock, write_failures=WriteFailures()
         )
         self.write_failures = self.alerts.write_failures
-        self.rules = RuleEngine.from_config(config.rules)
+        self.rules = RuleEngine.from_config(settings.rules)
         self.delivery = DeliveryWorker(store.outbox, notifiers, clock=wall_clock)
         self.tasks = GuardedTasks()
-        self.overruns = TickOverruns(config.interval_s, watched.clock)
+        self.overruns = TickOverruns(settings.interval_s, watched.clock)
         self._tuning = tuning_figures or TuningFiguresCache(SqliteTrialStore(store.db))
         self._delivering: asyncio.Task[None] | None = None
         self._notifications: Counter[tuple[str, str]] = Counter()
@@ -189,11 +191,11 @@ class Sidecar:
         self._after.retune_step()
 
     async def _workload_window(self, now: Round) -> None:
-        if self.config.tuning.learn.enabled:
+        if self.settings.learn_workload:
             self._after.feed_window(now.instances, self.watched.latest_vllm)
 
     async def _keep_window(self, now: Round) -> None:
-        if self.config.tuning.learn.enabled:
+        if self.settings.learn_workload:
             self._after.keep_window()
 
     async def _housekeeping(self, now: Round) -> None:
@@ -215,14 +217,14 @@ class Sidecar:
     ) -> None:
         """A reloaded configuration's notifiers: from now on alerts go to these, and what is
         queued for a notifier of the same name goes to its new settings."""
-        self.config = self.config.model_copy(update={"notifiers": configs})
+        self.settings = dataclasses.replace(self.settings, notifiers=configs)
         self.alerts.use_notifiers(configs)
         self.delivery.use_notifiers(notifiers)
 
     def use_rules(self, rules: RulesConfig) -> None:
         """A reloaded configuration's rules, from the next tick. Their history (stall and
         growth windows) starts again; an alert of a rule turned off resolves as it goes."""
-        self.config = self.config.model_copy(update={"rules": rules})
+        self.settings = dataclasses.replace(self.settings, rules=rules)
         engine = RuleEngine.from_config(rules)
         engine.errors_total = self.rules.errors_total  # counters go on counting
         self.rules = engine
@@ -267,7 +269,7 @@ class Sidecar:
             return
         self._last_retention_s = now_s
         try:
-            report = self.store.apply_retention(self.config.retention, now_wall_s)
+            report = self.store.apply_retention(self.settings.retention, now_wall_s)
         except sqlite3.Error as exc:  # tried again in an hour
             self.write_failures.failed(exc, "the retention pass", now_s)
             return
@@ -311,6 +313,6 @@ class Sidecar:
 
     def _flags_source(self, instance: Instance) -> tuning_metrics.FlagSource:
         source = running_flags_source(
-            self.config.runtime, self.store, instance.name, instance.argv or ()
+            self.settings.runtime, self.store, instance.name, instance.argv or ()
         )
         return tuning_metrics.FlagSource(source)

@@ -18,14 +18,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.model import Instance, Labels
 from kvpilot.agent.readings.snapshot import NvmlReading, Snapshot, read_nvml
 from kvpilot.agent.tasks import GuardedTasks
 from kvpilot.agent.tick.calibration import model_config_of
+from kvpilot.agent.tick.settings import TickSettings
 from kvpilot.agent.tick.ticker import Ticker
 from kvpilot.agent.tick.views import ServerView
-from kvpilot.agent.tick.wiring import CollectSettings, build_taker, build_ticker, scrape_limits
+from kvpilot.agent.tick.wiring import CollectSettings, build_taker, build_ticker
 from kvpilot.collectors.dcgm import DcgmSnapshot, DcgmSource
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import NvmlSnapshot
@@ -50,12 +50,12 @@ class WatchedServers:
 
     def __init__(
         self,
-        config: AgentConfig,
+        settings: TickSettings,
         nvml: NvmlCollector,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._config = config
+        self._tick = settings
         self._nvml = nvml
         self.clock = clock
         self._tls = ssl.create_default_context()  # loaded once, shared by the servers' clients
@@ -71,7 +71,7 @@ class WatchedServers:
 
     def _dcgm_source(self) -> DcgmSource | None:
         """dcgm-exporter's memory of this pod's GPUs, through Prometheus, when configured."""
-        section = self._config.gpu
+        section = self._tick.gpu
         if section.dcgm_prometheus_url is None:
             return None
         pod, namespace = section.pod_identity(os.environ)
@@ -81,7 +81,7 @@ class WatchedServers:
             pod=pod,
             namespace=namespace,
             client=self._dcgm_client,
-            limits=scrape_limits(self._config),
+            limits=self._tick.scrape_limits,
             clock=self.clock,
         )
 
@@ -140,12 +140,12 @@ class WatchedServers:
         return ticker
 
     def _settings(self, instance: Instance) -> CollectSettings:
-        api_key = self._config.runtime.api_key
+        api_key = self._tick.runtime.api_key
         return CollectSettings(
             vllm_url=instance.url,
             kvpool_url=instance.kvpool_url,
             api_key=api_key.get_secret_value() if api_key else None,
-            limits=scrape_limits(self._config),
+            limits=self._tick.scrape_limits,
             model_config=instance.model_config or model_config_of(instance.argv),
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvpilot.agent.config import AgentConfig
+from kvpilot.agent.config.agent import ScrapeConfig
 from kvpilot.agent.readings.snapshot import SnapshotTaker
 from kvpilot.agent.tick.calibration import PlannerCheck
 from kvpilot.agent.tick.ticker import Ticker
@@ -28,11 +28,10 @@ class CollectSettings:
     model_config: Path | None = None
 
 
-def scrape_limits(config: AgentConfig) -> ScrapeLimits:
+def scrape_limits(section: ScrapeConfig, interval_s: float) -> ScrapeLimits:
     """The limits the `scrape:` section sets, its deadline resolved against the interval."""
-    section = config.scrape
     return ScrapeLimits(
-        timeout_s=section.deadline_s(config.interval_s),
+        timeout_s=section.deadline_s(interval_s),
         body_size_limit_bytes=section.body_size_limit_bytes,
         sample_limit=section.sample_limit,
     )

@@ -13,7 +13,7 @@ import logging
 import secrets
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +31,7 @@ from kvpilot.agent.cli.demo.scenario import (
 )
 from kvpilot.agent.cli.demo.state import snapshot_of, trial_rows
 from kvpilot.agent.cli.demo.view import DemoSnapshot, DemoView, LogPanel, TrialRow, export
-from kvpilot.agent.config import AgentConfig, validate_config
+from kvpilot.agent.config import validate_config
 from kvpilot.agent.state.trials import SqliteTrialStore
 from kvpilot.agent.tick.sidecar import Sidecar
 from kvpilot.agent.tuning.schedule import ScheduledTuning
@@ -130,9 +130,9 @@ def _spike_state(sidecar: Sidecar) -> str:
 class Scenario:
     """Plays the four phases against the running sidecar, logging each step."""
 
-    def __init__(self, handles: _Handles, config: AgentConfig, url: str) -> None:
+    def __init__(self, handles: _Handles, cooldown_s: float, url: str) -> None:
         self.h = handles
-        self.config = config
+        self.cooldown_s = cooldown_s  # remediation's, which a tuning session waits out
         self.url = url
         self._peak, self._peak_kvpool = 0.0, 0.0
 
@@ -239,7 +239,7 @@ class Scenario:
         # cut the session short, whose replay of the burst preempts on the stable server.
         self._use_ladder()
         # The restart's cooldown must pass first, or the session is refused.
-        await asyncio.sleep(self.config.remediation.cooldown_s + 1)
+        await asyncio.sleep(self.cooldown_s + 1)
         watcher = asyncio.create_task(self._watch_trials())
         try:
             said = await tuning.fire()
@@ -261,7 +261,7 @@ class Scenario:
             await asyncio.sleep(POLL_S)
 
     def _use_ladder(self) -> None:
-        rules = self.config.rules
+        rules = self.sidecar.settings.rules  # as the sidecar runs them
         spike = rules.preemption_spike.model_copy(update={"action": "ladder"})
         self.sidecar.use_rules(rules.model_copy(update={"preemption_spike": spike}))
         self._outcome("the VllmPreemptionSpike rule's action is now the ladder (the default)")
@@ -303,7 +303,7 @@ class Scenario:
         watcher = asyncio.create_task(watch())
         try:
             await _loop_load(self.url, BURST, asyncio.Event(), repeat=False)
-            await asyncio.sleep(self.config.rules.preemption_spike.window_s)
+            await asyncio.sleep(self.sidecar.settings.rules.preemption_spike.window_s)
         finally:
             watcher.cancel()
         after = _preemptions(self.sidecar) or 0.0
@@ -419,9 +419,14 @@ async def _run_demo(settings: DemoSettings) -> list[str]:
             def got_tuning(tuning: ScheduledTuning) -> None:
                 handles.tuning = tuning
 
+            def sidecar_to(stop: asyncio.Event) -> Coroutine[object, object, None]:
+                return run_sidecar(config, stop=stop, on_tick=on_tick, on_tuning=got_tuning)
+
+            url = f"http://127.0.0.1:{server_port}"
+            scenario = Scenario(handles, config.remediation.cooldown_s, url)
             try:
                 with view if view is not None else contextlib.nullcontext():
-                    await _play(config, handles, settings, on_tick, got_tuning, server_port)
+                    await _play(sidecar_to, scenario, handles, settings)
             finally:
                 logging.getLogger().removeHandler(panel)
     if settings.capture is not None and handles.last is not None:
@@ -433,20 +438,15 @@ async def _run_demo(settings: DemoSettings) -> list[str]:
 
 
 async def _play(
-    config: AgentConfig,
+    sidecar_to: Callable[[asyncio.Event], Coroutine[object, object, None]],
+    scenario: Scenario,
     handles: _Handles,
     settings: DemoSettings,
-    on_tick: Callable[[Sidecar], None],
-    got_tuning: Callable[[ScheduledTuning], None],
-    server_port: int,
 ) -> None:
+    """The sidecar (run until `stop`) and the scenario beside it, to the first to end."""
     stop = asyncio.Event()
-    sidecar = asyncio.create_task(
-        run_sidecar(config, stop=stop, on_tick=on_tick, on_tuning=got_tuning), name="sidecar"
-    )
-    script = asyncio.create_task(
-        Scenario(handles, config, f"http://127.0.0.1:{server_port}").play(), name="scenario"
-    )
+    sidecar = asyncio.create_task(sidecar_to(stop), name="sidecar")
+    script = asyncio.create_task(scenario.play(), name="scenario")
     timer = (
         asyncio.get_running_loop().call_later(settings.duration_s, stop.set)
         if settings.duration_s

@@ -38,7 +38,7 @@ def frag_state(
 
 
 def server_rows(sidecar: Sidecar, alerts: list[AlertView]) -> tuple[ServerRow, ...]:
-    threshold = sidecar.config.rules.fragmentation.kv_blocks.threshold_ratio
+    threshold = sidecar.settings.rules.fragmentation.kv_blocks.threshold_ratio
     rows = []
     for view in sidecar.watched.servers():
         latest = view.state.latest

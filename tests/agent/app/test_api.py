@@ -15,10 +15,9 @@ import pytest
 from pydantic import SecretStr
 
 from kvpilot.agent.app.api import api_routes
-from kvpilot.agent.app.control_ports import ControlPorts
 from kvpilot.agent.app.exposition import build_registry
 from kvpilot.agent.app.http import build_app
-from kvpilot.agent.app.parts import build_runtime
+from kvpilot.agent.app.parts import build_runtime, control_ports, tick_settings
 from kvpilot.agent.app.request_body import BodyLimits
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.model import Condition, labels_of
@@ -61,15 +60,17 @@ async def api(tmp_path: Path) -> AsyncIterator[Api]:
     with StateStore.open(config.state_dir) as store:
         runtime = build_runtime(config)
         sidecar = Sidecar(
-            config,
+            tick_settings(config),
             store=store,
             runtime=runtime,
             notifiers={},
             remediator=Remediator(runtime, store, config.remediation),
-            watched=WatchedServers(config, NvmlCollector(server_pids=frozenset)),
+            watched=WatchedServers(tick_settings(config), NvmlCollector(server_pids=frozenset)),
         )
         routes = api_routes(
-            ControlPorts.of(sidecar), SecretStr(TOKEN), BodyLimits(max_bytes=1024, max_depth=4)
+            control_ports(config, sidecar),
+            SecretStr(TOKEN),
+            BodyLimits(max_bytes=1024, max_depth=4),
         )
         app = build_app(
             sidecar,

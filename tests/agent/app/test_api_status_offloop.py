@@ -18,6 +18,7 @@ from kvpilot.agent.app.api import api_routes
 from kvpilot.agent.app.control_ports import ControlPorts
 from kvpilot.agent.app.exposition import build_registry
 from kvpilot.agent.app.http import build_app
+from kvpilot.agent.app.parts import tick_settings
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.runtimes.attach import AttachedServer, AttachRuntime
@@ -73,9 +74,9 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
     runtime = HangingRuntimeFake([AttachedServer(name="vllm", url="http://127.0.0.1:9")])
     with StateStore.open(config.state_dir) as store:
         remediator = Remediator(runtime, store, config.remediation)
-        watched = WatchedServers(config, NvmlCollector(server_pids=frozenset))
+        watched = WatchedServers(tick_settings(config), NvmlCollector(server_pids=frozenset))
         sidecar = Sidecar(
-            config,
+            tick_settings(config),
             store=store,
             runtime=runtime,
             remediator=remediator,

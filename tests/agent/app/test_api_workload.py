@@ -13,10 +13,9 @@ import pytest
 from pydantic import SecretStr
 
 from kvpilot.agent.app.api import api_routes
-from kvpilot.agent.app.control_ports import ControlPorts
 from kvpilot.agent.app.exposition import build_registry
 from kvpilot.agent.app.http import build_app
-from kvpilot.agent.app.parts import build_runtime
+from kvpilot.agent.app.parts import build_runtime, control_ports, tick_settings
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.state import StateStore
@@ -54,12 +53,12 @@ async def _served(tmp_path: Path, bodies: list[str], learn: dict[str, Any]) -> A
         with StateStore.open(config.state_dir) as store:
             runtime = build_runtime(config)
             sidecar = Sidecar(
-                config,
+                tick_settings(config),
                 store=store,
                 runtime=runtime,
                 notifiers={},
                 remediator=Remediator(runtime, store, config.remediation),
-                watched=WatchedServers(config, NvmlCollector(server_pids=frozenset)),
+                watched=WatchedServers(tick_settings(config), NvmlCollector(server_pids=frozenset)),
                 after=AfterTick(learned=window),
             )
             try:
@@ -71,7 +70,7 @@ async def _served(tmp_path: Path, bodies: list[str], learn: dict[str, Any]) -> A
                     clock=sidecar.clock,
                     stale_after_s=10.0,
                     extra_routes=api_routes(
-                        ControlPorts.of(sidecar), SecretStr("t"), window=window
+                        control_ports(config, sidecar), SecretStr("t"), window=window
                     ),
                 )
                 transport = httpx.ASGITransport(app=app)

@@ -13,10 +13,9 @@ import httpx
 import pytest
 
 from kvpilot.agent.app.api import api_routes
-from kvpilot.agent.app.control_ports import ControlPorts
 from kvpilot.agent.app.exposition import build_registry
 from kvpilot.agent.app.http import build_app
-from kvpilot.agent.app.parts import build_runtime
+from kvpilot.agent.app.parts import build_runtime, control_ports, tick_settings
 from kvpilot.agent.cli.config_cmd import summary
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.model import AlertEvent, Condition, labels_of
@@ -68,19 +67,19 @@ async def agent(tmp_path: Path) -> AsyncIterator[Agent]:
     with StateStore.open(config.state_dir) as store:
         runtime = build_runtime(config)
         sidecar = Sidecar(
-            config,
+            tick_settings(config),
             store=store,
             runtime=runtime,
             notifiers={},
             remediator=Remediator(runtime, store, config.remediation),
-            watched=WatchedServers(config, NvmlCollector(server_pids=frozenset)),
+            watched=WatchedServers(tick_settings(config), NvmlCollector(server_pids=frozenset)),
         )
         app = build_app(
             sidecar,
             build_registry(sidecar.watched.servers, lambda out: None),
             clock=sidecar.clock,
             stale_after_s=10.0,
-            extra_routes=api_routes(ControlPorts.of(sidecar), None),
+            extra_routes=api_routes(control_ports(config, sidecar), None),
         )
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://kvpilot") as client:

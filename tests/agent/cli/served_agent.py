@@ -18,10 +18,9 @@ import uvicorn
 from pydantic import SecretStr
 
 from kvpilot.agent.app.api import api_routes
-from kvpilot.agent.app.control_ports import ControlPorts
 from kvpilot.agent.app.exposition import build_registry
 from kvpilot.agent.app.http import build_app
-from kvpilot.agent.app.parts import build_runtime
+from kvpilot.agent.app.parts import build_runtime, control_ports, tick_settings
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.state import StateStore
@@ -93,19 +92,19 @@ class ServedAgent:
         with StateStore.open(config.state_dir) as store:
             runtime = build_runtime(config)
             sidecar = Sidecar(
-                config,
+                tick_settings(config),
                 store=store,
                 runtime=runtime,
                 notifiers={},
                 remediator=Remediator(runtime, store, config.remediation),
-                watched=WatchedServers(config, NvmlCollector(server_pids=frozenset)),
+                watched=WatchedServers(tick_settings(config), NvmlCollector(server_pids=frozenset)),
             )
             app = build_app(
                 sidecar,
                 build_registry(sidecar.watched.servers, lambda out: None),
                 clock=sidecar.clock,
                 stale_after_s=10.0,
-                extra_routes=api_routes(ControlPorts.of(sidecar), SecretStr(TOKEN)),
+                extra_routes=api_routes(control_ports(config, sidecar), SecretStr(TOKEN)),
             )
             server = uvicorn.Server(
                 uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)

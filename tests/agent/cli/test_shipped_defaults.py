@@ -22,6 +22,7 @@ from kvpilot.agent.cli.config_load import exit_missing_extras, load_or_exit
 from kvpilot.agent.cli.main import app
 from kvpilot.agent.config import extras
 from kvpilot.agent.config.agent import DEFAULT_PORT, parse_host_port
+from kvpilot.agent.config.extras import needed_extras
 from kvpilot.rig.server import free_port
 from tests.agent.sidecar_harness import agent_config, server_spec
 
@@ -124,7 +125,9 @@ def test_a_missing_extra_is_refused_with_its_pip_command(
     assert "pip install 'kvpilot[kubernetes,tuner]'" in result.output
     config, _ = load_or_exit(path)
     with pytest.raises(typer.Exit) as exit_info:
-        exit_missing_extras(config)  # what `run --config` does before anything starts
+        exit_missing_extras(
+            needed_extras(config)
+        )  # what `run --config` does before anything starts
     assert exit_info.value.exit_code == 2
 
 

@@ -15,9 +15,9 @@ import httpx
 from kubernetes import client
 
 from kvpilot.agent.app.api import api_routes
-from kvpilot.agent.app.control_ports import ControlPorts
 from kvpilot.agent.app.exposition import build_registry
 from kvpilot.agent.app.http import build_app
+from kvpilot.agent.app.parts import control_ports, tick_settings
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.model import Action, AlertFacts
 from kvpilot.agent.remediation import Remediator, Trigger
@@ -146,19 +146,19 @@ def test_the_status_shows_the_latest_recommendation(
     async def main() -> dict[str, Any]:
         with StateStore.open(config.state_dir) as store:
             sidecar = Sidecar(
-                config,
+                tick_settings(config),
                 store=store,
                 runtime=runtime,
                 notifiers={},
                 remediator=Remediator(runtime, store, config.remediation),
-                watched=WatchedServers(config, NvmlCollector(server_pids=frozenset)),
+                watched=WatchedServers(tick_settings(config), NvmlCollector(server_pids=frozenset)),
             )
             app = build_app(
                 sidecar,
                 build_registry(sidecar.watched.servers, lambda out: None),
                 clock=sidecar.clock,
                 stale_after_s=10.0,
-                extra_routes=api_routes(ControlPorts.of(sidecar), None),
+                extra_routes=api_routes(control_ports(config, sidecar), None),
             )
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://k") as api:

@@ -82,6 +82,9 @@ def test_engine_on_defaults_evaluates_a_real_snapshot() -> None:
         "engine_stall": None,  # no progress seen yet
         "requests_deferred": None,  # the by-reason gauge not given
         "server_down": None,  # no runtime state given
+        # Neither NVML nor dcgm-exporter here: unknown with the reason, never nothing.
+        "gpu_memory_growth": None,
+        "gpu_neighbour_pressure": None,
     }
 
 

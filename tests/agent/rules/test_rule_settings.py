@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvpilot.agent.app.parts import tick_settings
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.model import Action
 from kvpilot.agent.rules.config import RulesConfig
@@ -99,7 +100,9 @@ def test_a_renamed_rule_still_waits_its_for_s_before_firing(tmp_path: Path) -> N
         return [t.to_state for t in commit.advance(conditions, [], t, wall + t)]
 
     with StateStore.open(tmp_path) as store:
-        commit = AlertCommit(config, store, wall_clock=lambda: wall, write_failures=WriteFailures())
+        commit = AlertCommit(
+            tick_settings(config), store, wall_clock=lambda: wall, write_failures=WriteFailures()
+        )
         assert full(0.0) == ["pending"]
         assert full(9.0) == []
         assert full(10.0) == ["firing"]

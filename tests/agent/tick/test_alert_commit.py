@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvpilot.agent.app.parts import tick_settings
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.model import Condition, labels_of
 from kvpilot.agent.state import StateStore
@@ -40,7 +41,9 @@ def test_the_repeat_marks_of_alerts_that_resolved_are_forgotten(tmp_path: Path) 
     )
     wall = 1_700_000_000.0
     with StateStore.open(tmp_path) as store:
-        commit = AlertCommit(config, store, wall_clock=lambda: wall, write_failures=WriteFailures())
+        commit = AlertCommit(
+            tick_settings(config), store, wall_clock=lambda: wall, write_failures=WriteFailures()
+        )
         for generation in range(50):
             instance = f"vllm-{generation}"
             fired = commit.advance([_condition(instance, True)], [], generation * 2.0, wall)
@@ -74,7 +77,9 @@ def test_a_wall_clock_step_back_does_not_hold_the_alertmanager_re_push(tmp_path:
     )
     wall = 1_700_000_000.0
     with StateStore.open(tmp_path) as store:
-        commit = AlertCommit(config, store, wall_clock=lambda: wall, write_failures=WriteFailures())
+        commit = AlertCommit(
+            tick_settings(config), store, wall_clock=lambda: wall, write_failures=WriteFailures()
+        )
         fired = commit.advance([_condition("vllm", True)], [], 100.0, wall)
         assert [t.to_state for t in fired] == ["firing"]
         first = store.outbox.pending_of("am")

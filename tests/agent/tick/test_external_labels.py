@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kvpilot.agent.app.parts import tick_settings
 from kvpilot.agent.config import ConfigError, validate_config
 from kvpilot.agent.remediation.events import CIRCUIT_OPEN_ALERT, circuit_open_event
 from kvpilot.agent.runtimes import AttachedServer, AttachRuntime
@@ -61,12 +62,12 @@ def test_notified_alerts_carry_namespace_pod_and_configured_labels(
         with StateStore.open(tmp_path) as store:
             remediator = PagingRemediator()
             sidecar = Sidecar(
-                config,
+                tick_settings(config),
                 store=store,
                 runtime=AttachRuntime([AttachedServer(name="vllm", url="http://127.0.0.1:9")]),
                 notifiers={},
                 remediator=remediator,  # type: ignore[arg-type]
-                watched=WatchedServers(config, NvmlCollector()),
+                watched=WatchedServers(tick_settings(config), NvmlCollector()),
             )
             page = circuit_open_event(
                 "vllm", "stable", 3, "not ready", incident_id="i", wall_s=sidecar.now_wall_s()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from kvpilot.agent.app.parts import tick_settings
 from kvpilot.agent.config import validate_config
 from kvpilot.agent.model import AlertEvent
 from kvpilot.agent.remediation.events import CIRCUIT_OPEN_ALERT, circuit_open_event, resolved
@@ -63,12 +64,12 @@ def _sidecar(tmp_path: Path, store: StateStore, remediator: PagingRemediator) ->
     )
     runtime = AttachRuntime([AttachedServer(name="vllm", url="http://127.0.0.1:9")])
     return Sidecar(
-        config,
+        tick_settings(config),
         store=store,
         runtime=runtime,
         notifiers={},
         remediator=remediator,  # type: ignore[arg-type]
-        watched=WatchedServers(config, NvmlCollector()),
+        watched=WatchedServers(tick_settings(config), NvmlCollector()),
     )
 
 

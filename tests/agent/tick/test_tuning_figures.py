@@ -18,6 +18,7 @@ import pytest
 
 from kvpilot.agent.app.exposition import build_registry, sidecar_families, tuning_families
 from kvpilot.agent.app.http import build_app
+from kvpilot.agent.app.parts import tick_settings
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.model import Instance
 from kvpilot.agent.remediation import Remediator
@@ -121,13 +122,13 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     with StateStore.open(tmp_path) as store:
         counting = CountingTrialStore(SqliteTrialStore(store.db))
         sidecar = Sidecar(
-            config,
+            tick_settings(config),
             store=store,
             runtime=runtime,
             notifiers={},
             remediator=Remediator(runtime, store, config.remediation, clock=clock),
             watched=WatchedServers(
-                config,
+                tick_settings(config),
                 NvmlCollector(),  # type: ignore[arg-type]
                 clock=clock,
             ),

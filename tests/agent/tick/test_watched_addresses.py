@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 
+from kvpilot.agent.app.parts import tick_settings
 from kvpilot.agent.config import validate_config
 from kvpilot.agent.model import Instance
 from kvpilot.agent.tasks import GuardedTasks
@@ -64,7 +65,7 @@ def test_a_late_url_and_a_late_kvpool_port_are_read(tmp_path: Path) -> None:
     )
 
     async def scenario(port: int) -> None:
-        watched = WatchedServers(config, NvmlCollector())
+        watched = WatchedServers(tick_settings(config), NvmlCollector())
         tasks = GuardedTasks()
         try:
             (first,) = await watched.observe([unscheduled], tasks)

@@ -18,13 +18,13 @@ def test_the_default_deadline_is_the_interval_within_two_to_five_seconds(
     interval_s: float, deadline_s: float
 ) -> None:
     config = validate_config({"runtime": RUNTIME, "interval_s": interval_s}, warn=False)
-    assert scrape_limits(config) == ScrapeLimits(timeout_s=deadline_s)
+    assert scrape_limits(config.scrape, config.interval_s) == ScrapeLimits(timeout_s=deadline_s)
 
 
 def test_the_section_sets_every_limit() -> None:
     scrape = {"timeout_s": 0.25, "body_size_limit_bytes": 4096, "sample_limit": 50}
     config = validate_config({"runtime": RUNTIME, "scrape": scrape}, warn=False)
-    assert scrape_limits(config) == ScrapeLimits(0.25, 4096, 50)
+    assert scrape_limits(config.scrape, config.interval_s) == ScrapeLimits(0.25, 4096, 50)
 
 
 @pytest.mark.parametrize(
