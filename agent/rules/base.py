@@ -53,6 +53,22 @@ def source_error_text(error: SourceError) -> str:
     return mask_text(f"{error.source} source down ({error.kind}): {error.message}")
 
 
+class RuleSettings(Protocol):
+    """What every rule's section of the rules config carries for its conditions."""
+
+    @property
+    def severity(self) -> str: ...
+
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+
+    @property
+    def for_s(self) -> float: ...
+
+    @property
+    def action(self) -> str: ...
+
+
 class ConditionMaker:
     """Builds one rule's conditions with its alertname, severity, user labels and runbook,
     and the rule's own `for_s` and `action` as typed fields (the tracker and the remediator
@@ -78,6 +94,21 @@ class ConditionMaker:
         self._runbook = runbook
         # Targets seen per instance, so a source outage makes them unknown, not absent.
         self._known: dict[str, dict[Labels, None]] = {}
+
+    @classmethod
+    def of(
+        cls, settings: RuleSettings, *, rule: str, alertname: str, runbook: str
+    ) -> ConditionMaker:
+        """The maker of a rule whose section gives its severity, labels, `for_s` and action."""
+        return cls(
+            rule=rule,
+            alertname=alertname,
+            severity=settings.severity,
+            user_labels=settings.labels,
+            runbook=runbook,
+            for_s=settings.for_s,
+            action=Action(settings.action),
+        )
 
     def labels(self, ctx: RuleContext, target: Mapping[str, str]) -> Labels:
         """The alert's labels: user labels first, then kvpilot's own (which win)."""

@@ -11,7 +11,7 @@ queue limit refusing requests meanwhile says the queue is backing up behind them
 
 from __future__ import annotations
 
-from kvpilot.agent.model import Action, Condition
+from kvpilot.agent.model import Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext, source_error_text
 from kvpilot.agent.rules.config import RequestsDeferredConfig
 from kvpilot.collectors.errors import SourceError
@@ -40,14 +40,8 @@ class RequestsDeferredRule:
 
     def __init__(self, config: RequestsDeferredConfig) -> None:
         self.config = config
-        self._maker = ConditionMaker(
-            rule=self.name,
-            alertname=ALERTNAME,
-            severity=config.severity,
-            user_labels=config.labels,
-            runbook=RUNBOOK,
-            for_s=config.for_s,
-            action=Action(config.action),
+        self._maker = ConditionMaker.of(
+            config, rule=self.name, alertname=ALERTNAME, runbook=RUNBOOK
         )
 
     def evaluate(self, ctx: RuleContext) -> list[Condition]:

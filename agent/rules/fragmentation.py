@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from kvpilot.agent.model import Action, Condition
+from kvpilot.agent.model import Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext, fmt_ratio, source_error_text
 from kvpilot.agent.rules.config import FragmentationSourceConfig
 from kvpilot.collectors.errors import SourceError
@@ -40,14 +40,8 @@ class FragmentationRule:
         self.name = f"fragmentation_{source}"
         self.source = source
         self.config = config
-        self._maker = ConditionMaker(
-            rule=self.name,
-            alertname=ALERTNAME,
-            severity=config.severity,
-            user_labels=config.labels,
-            runbook=RUNBOOKS[source],
-            for_s=config.for_s,
-            action=Action(config.action),
+        self._maker = ConditionMaker.of(
+            config, rule=self.name, alertname=ALERTNAME, runbook=RUNBOOKS[source]
         )
 
     def evaluate(self, ctx: RuleContext) -> list[Condition]:

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kvpilot.agent.model import Action, Condition
+from kvpilot.agent.model import Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext, fmt_bytes, source_error_text
 from kvpilot.agent.rules.config import GpuMemoryGrowthConfig, GpuNeighbourPressureConfig
 from kvpilot.collectors.dcgm import DcgmGpu, DcgmSnapshot
@@ -205,14 +205,8 @@ class GpuMemoryGrowthRule(_NvmlRule):
 
     def __init__(self, config: GpuMemoryGrowthConfig) -> None:
         super().__init__(
-            ConditionMaker(
-                rule=self.name,
-                alertname=GROWTH_ALERTNAME,
-                severity=config.severity,
-                user_labels=config.labels,
-                runbook=GROWTH_RUNBOOK,
-                for_s=config.for_s,
-                action=Action(config.action),
+            ConditionMaker.of(
+                config, rule=self.name, alertname=GROWTH_ALERTNAME, runbook=GROWTH_RUNBOOK
             )
         )
         self.config = config
@@ -311,14 +305,8 @@ class GpuNeighbourPressureRule(_NvmlRule):
 
     def __init__(self, config: GpuNeighbourPressureConfig) -> None:
         super().__init__(
-            ConditionMaker(
-                rule=self.name,
-                alertname=PRESSURE_ALERTNAME,
-                severity=config.severity,
-                user_labels=config.labels,
-                runbook=PRESSURE_RUNBOOK,
-                for_s=config.for_s,
-                action=Action(config.action),
+            ConditionMaker.of(
+                config, rule=self.name, alertname=PRESSURE_ALERTNAME, runbook=PRESSURE_RUNBOOK
             )
         )
         self.config = config

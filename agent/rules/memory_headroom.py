@@ -8,7 +8,7 @@ may not fit. Ledgers without a device budget (CPU) say nothing here.
 
 from __future__ import annotations
 
-from kvpilot.agent.model import Action, Condition
+from kvpilot.agent.model import Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext, fmt_bytes, source_error_text
 from kvpilot.agent.rules.config import MemoryHeadroomConfig
 from kvpilot.collectors.errors import SourceError
@@ -31,14 +31,8 @@ class MemoryHeadroomRule:
 
     def __init__(self, config: MemoryHeadroomConfig) -> None:
         self.config = config
-        self._maker = ConditionMaker(
-            rule=self.name,
-            alertname=ALERTNAME,
-            severity=config.severity,
-            user_labels=config.labels,
-            runbook=RUNBOOK,
-            for_s=config.for_s,
-            action=Action(config.action),
+        self._maker = ConditionMaker.of(
+            config, rule=self.name, alertname=ALERTNAME, runbook=RUNBOOK
         )
 
     def evaluate(self, ctx: RuleContext) -> list[Condition]:

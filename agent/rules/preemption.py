@@ -15,7 +15,7 @@ or a burst was spread over many requests once each.
 
 from __future__ import annotations
 
-from kvpilot.agent.model import Action, Condition
+from kvpilot.agent.model import Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext, source_error_text
 from kvpilot.agent.rules.config import PreemptionSpikeConfig
 from kvpilot.collectors.errors import SourceError
@@ -82,14 +82,8 @@ class PreemptionSpikeRule:
 
     def __init__(self, config: PreemptionSpikeConfig) -> None:
         self.config = config
-        self._maker = ConditionMaker(
-            rule=self.name,
-            alertname=ALERTNAME,
-            severity=config.severity,
-            user_labels=config.labels,
-            runbook=RUNBOOK,
-            for_s=config.for_s,
-            action=Action(config.action),
+        self._maker = ConditionMaker.of(
+            config, rule=self.name, alertname=ALERTNAME, runbook=RUNBOOK
         )
 
     def evaluate(self, ctx: RuleContext) -> list[Condition]:

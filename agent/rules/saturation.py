@@ -8,7 +8,7 @@ is saturated they say load is turned away, not only queued.
 
 from __future__ import annotations
 
-from kvpilot.agent.model import Action, Condition
+from kvpilot.agent.model import Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext, fmt_ratio, source_error_text
 from kvpilot.agent.rules.config import KvSaturationConfig
 from kvpilot.collectors.errors import SourceError
@@ -31,14 +31,8 @@ class KvSaturationRule:
 
     def __init__(self, config: KvSaturationConfig) -> None:
         self.config = config
-        self._maker = ConditionMaker(
-            rule=self.name,
-            alertname=ALERTNAME,
-            severity=config.severity,
-            user_labels=config.labels,
-            runbook=RUNBOOK,
-            for_s=config.for_s,
-            action=Action(config.action),
+        self._maker = ConditionMaker.of(
+            config, rule=self.name, alertname=ALERTNAME, runbook=RUNBOOK
         )
 
     def evaluate(self, ctx: RuleContext) -> list[Condition]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvpilot.agent.model import Action, Condition
+from kvpilot.agent.model import Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext
 from kvpilot.agent.rules.config import ServerDownConfig
 
@@ -22,14 +22,8 @@ class ServerDownRule:
 
     def __init__(self, config: ServerDownConfig) -> None:
         self.config = config
-        self._maker = ConditionMaker(
-            rule=self.name,
-            alertname=ALERTNAME,
-            severity=config.severity,
-            user_labels=config.labels,
-            runbook=RUNBOOK,
-            for_s=config.for_s,
-            action=Action(config.action),
+        self._maker = ConditionMaker.of(
+            config, rule=self.name, alertname=ALERTNAME, runbook=RUNBOOK
         )
 
     def evaluate(self, ctx: RuleContext) -> list[Condition]:

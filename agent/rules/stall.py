@@ -8,7 +8,7 @@ window, shorter than `stall_s`, is unknown: the progress before it was not seen.
 
 from __future__ import annotations
 
-from kvpilot.agent.model import Action, Condition
+from kvpilot.agent.model import Condition
 from kvpilot.agent.rules.base import ConditionMaker, RuleContext, source_error_text
 from kvpilot.agent.rules.config import EngineStallConfig
 from kvpilot.collectors.errors import SourceError
@@ -35,14 +35,8 @@ class EngineStallRule:
 
     def __init__(self, config: EngineStallConfig) -> None:
         self.config = config
-        self._maker = ConditionMaker(
-            rule=self.name,
-            alertname=ALERTNAME,
-            severity=config.severity,
-            user_labels=config.labels,
-            runbook=RUNBOOK,
-            for_s=config.for_s,
-            action=Action(config.action),
+        self._maker = ConditionMaker.of(
+            config, rule=self.name, alertname=ALERTNAME, runbook=RUNBOOK
         )
 
     def evaluate(self, ctx: RuleContext) -> list[Condition]:
