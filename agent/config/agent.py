@@ -102,7 +102,7 @@ class ApiConfig(StrictModel):
         try:
             # Bounded and non-blocking: a FIFO or /dev/zero there must not hang start-up.
             text = read_small_file(self.token_file, MAX_TOKEN_FILE_BYTES).decode().strip()
-        except (OSError, UnicodeDecodeError) as exc:
+        except OSError as exc:  # not UTF-8 is said by the loader, with the byte offset
             raise ConfigError([f"api.token_file: cannot read {self.token_file}: {exc}"]) from exc
         if not text:
             raise ConfigError([f"api.token_file: {self.token_file} is empty"])

@@ -154,7 +154,8 @@ def test_a_notification_owed_during_a_full_disk_is_sent_once_when_space_returns(
         ticks = sidecar.ticks_total
         await wait_for("three more ticks", lambda: sidecar.ticks_total >= ticks + 3)
         assert len(firing_notifications(receiver, SATURATION_ALERT)) == 1
-        assert [a.state for a in sidecar.alerts.alerts()] == ["firing"]
+        saturation = [a.state for a in sidecar.alerts.alerts() if a.rule == "kv_saturation"]
+        assert saturation == ["firing"]  # (the saturated stand-in trips other rules too)
         recovered = [
             r for r in caplog.records if r.name == WRITE_LOG and r.levelno == logging.WARNING
         ]
