@@ -53,7 +53,7 @@ def source_error_text(error: SourceError) -> str:
     return mask_text(f"{error.source} source down ({error.kind}): {error.message}")
 
 
-class RuleSettings(Protocol):
+class ConditionSettings(Protocol):
     """What every rule's section of the rules config carries for its conditions."""
 
     @property
@@ -97,7 +97,7 @@ class ConditionMaker:
 
     @classmethod
     def of(
-        cls, settings: RuleSettings, *, rule: str, alertname: str, runbook: str
+        cls, settings: ConditionSettings, *, rule: str, alertname: str, runbook: str
     ) -> ConditionMaker:
         """The maker of a rule whose section gives its severity, labels, `for_s` and action."""
         return cls(
