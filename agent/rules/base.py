@@ -6,7 +6,7 @@ not hold); the engine owns one instance of each rule for the agent's lifetime.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -165,6 +165,18 @@ class ConditionMaker:
     def was_seen(self, ctx: RuleContext, target: Mapping[str, str]) -> bool:
         """Whether this target had a condition at the last successful read."""
         return self.labels(ctx, target) in self._known.get(ctx.instance.name, {})
+
+    def per_engine(
+        self, ctx: RuleContext, judge: Callable[[RuleContext, EngineSample], Condition]
+    ) -> list[Condition]:
+        """One condition per engine of the vLLM scrape (targets no longer seen forgotten);
+        every known target unknown when the scrape failed."""
+        scrape = ctx.snapshot.vllm
+        if isinstance(scrape, SourceError):
+            return self.unknown_all(ctx, source_error_text(scrape))
+        out = [judge(ctx, sample) for sample in scrape.engines]
+        self.forget_except(ctx, out)
+        return out
 
     def forget_except(self, ctx: RuleContext, seen: list[Condition]) -> None:
         """After a successful read: targets not reported any more are gone."""

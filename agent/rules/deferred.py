@@ -12,9 +12,8 @@ queue limit refusing requests meanwhile says the queue is backing up behind them
 from __future__ import annotations
 
 from kvpilot.agent.model import Condition
-from kvpilot.agent.rules.base import ConditionMaker, RuleContext, source_error_text
+from kvpilot.agent.rules.base import ConditionMaker, RuleContext
 from kvpilot.agent.rules.config import RequestsDeferredConfig
-from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.vllm_metrics import EngineSample
 
 ALERTNAME = "VllmRequestsDeferred"
@@ -45,12 +44,7 @@ class RequestsDeferredRule:
         )
 
     def evaluate(self, ctx: RuleContext) -> list[Condition]:
-        scrape = ctx.snapshot.vllm
-        if isinstance(scrape, SourceError):
-            return self._maker.unknown_all(ctx, source_error_text(scrape))
-        out = [self._engine(ctx, sample) for sample in scrape.engines]
-        self._maker.forget_except(ctx, out)
-        return out
+        return self._maker.per_engine(ctx, self._engine)
 
     def _engine(self, ctx: RuleContext, sample: EngineSample) -> Condition:
         cfg = self.config

@@ -16,9 +16,8 @@ or a burst was spread over many requests once each.
 from __future__ import annotations
 
 from kvpilot.agent.model import Condition
-from kvpilot.agent.rules.base import ConditionMaker, RuleContext, source_error_text
+from kvpilot.agent.rules.base import ConditionMaker, RuleContext
 from kvpilot.agent.rules.config import PreemptionSpikeConfig
-from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.histogram import Histogram
 from kvpilot.collectors.kvpool.client import KvBlockSample
 from kvpilot.collectors.vllm_metrics import EngineSample
@@ -87,12 +86,7 @@ class PreemptionSpikeRule:
         )
 
     def evaluate(self, ctx: RuleContext) -> list[Condition]:
-        scrape = ctx.snapshot.vllm
-        if isinstance(scrape, SourceError):
-            return self._maker.unknown_all(ctx, source_error_text(scrape))
-        out = [self._engine(ctx, sample) for sample in scrape.engines]
-        self._maker.forget_except(ctx, out)
-        return out
+        return self._maker.per_engine(ctx, self._engine)
 
     def _counter_window(self, ctx: RuleContext, sample: EngineSample) -> tuple[CounterWindow, str]:
         latest = ctx.kvpool_window.latest(sample.key)

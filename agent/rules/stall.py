@@ -9,9 +9,8 @@ window, shorter than `stall_s`, is unknown: the progress before it was not seen.
 from __future__ import annotations
 
 from kvpilot.agent.model import Condition
-from kvpilot.agent.rules.base import ConditionMaker, RuleContext, source_error_text
+from kvpilot.agent.rules.base import ConditionMaker, RuleContext
 from kvpilot.agent.rules.config import EngineStallConfig
-from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.vllm_metrics import EngineSample
 
 ALERTNAME = "VllmEngineStalled"
@@ -40,12 +39,7 @@ class EngineStallRule:
         )
 
     def evaluate(self, ctx: RuleContext) -> list[Condition]:
-        scrape = ctx.snapshot.vllm
-        if isinstance(scrape, SourceError):
-            return self._maker.unknown_all(ctx, source_error_text(scrape))
-        out = [self._engine(ctx, sample) for sample in scrape.engines]
-        self._maker.forget_except(ctx, out)
-        return out
+        return self._maker.per_engine(ctx, self._engine)
 
     def _engine(self, ctx: RuleContext, sample: EngineSample) -> Condition:
         cfg = self.config
