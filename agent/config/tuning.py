@@ -270,6 +270,15 @@ class TuningConfig(StrictModel):
         description="How many more failed requests a canary may have and pass: half a point "
         "by default. A rig of few requests (a CPU test, the demo) sets its own.",
     )
+    latency_margin_ratio: float = Field(
+        0.10,
+        gt=0,
+        le=10,
+        description="How much higher a canary's latency tails (TTFT, inter-token gap, "
+        "end-to-end; each window's p95) may be and pass: 0.1 is x1.1. A larger batch "
+        "(more --max-num-seqs) lengthens every decode step: raise this where the inter-token "
+        "gap may be traded for memory or queueing.",
+    )
     min_memory_saving_ratio: float = Field(
         0.05, ge=0, le=1, description="Less memory is a gain only from this share of the stable's."
     )

@@ -20,7 +20,13 @@ from kvpilot.agent.tuning.observer import LoadObserver
 from kvpilot.agent.tuning.server import TunedServer
 from kvpilot.agent.tuning.workload.choice import WorkloadChoice, choose_workload
 from kvpilot.collectors.vllm_argv import flag_value, parse_server_argv, without_flags
-from kvpilot.tuner.judge.judgement import LIVE_METRICS, JudgeConfig, with_margins
+from kvpilot.tuner.judge.judgement import (
+    LATENCY_METRICS,
+    LIVE_METRICS,
+    JudgeConfig,
+    with_margin_ratios,
+    with_margins,
+)
 from kvpilot.tuner.load.generator import Workload
 from kvpilot.tuner.planner import FeasibleBounds, PlanInputs, feasible_bounds
 from kvpilot.tuner.problem.constraints import (
@@ -259,24 +265,8 @@ def make_session(
     rollouts in `journal` when given); the canary's traffic as `tuning.canary.traffic` says
     (live traffic observed by `live`, the runtime's; replayed load measured with
     `device_memory`)."""
-    t = study.tuning
     observer, judge = make_observer(study, device_memory=device_memory, api_key=api_key, live=live)
-    replay = t.canary.traffic == "replay"
-    settings = RolloutSettings(
-        slo=study.slo,
-        judge=JudgeConfig(
-            with_margins(judge.metrics, errors_ratio=t.error_margin_ratio),
-            judge.alpha,
-            judge.marginal_score_ratio,
-        ),
-        bake=t.bake,
-        ready_timeout_s=study.ready_timeout_s,
-        windows=t.windows if replay else 1,  # live: one analysis of many intervals
-        hold_inconclusive=t.hold_inconclusive,
-        min_memory_saving_ratio=t.min_memory_saving_ratio,
-        min_memory_saving_bytes=t.min_memory_saving_bytes,
-        max_cumulative_loss_ratio=t.max_cumulative_loss_ratio,
-    )
+    settings = rollout_settings(study, judge)
     return TuningSession(
         space=study.space,
         suggester=study_suggester(study),
@@ -317,3 +307,28 @@ def make_observer(
             "traffic: replay"
         )
     return live(canary, study.slo), JudgeConfig(metrics=LIVE_METRICS)
+
+
+def rollout_settings(study: Study, judge: JudgeConfig) -> RolloutSettings:
+    """How the study's trials are rolled out and judged: `judge` (the observer's metrics)
+    with the configured margins, windows and side-door guards."""
+    t = study.tuning
+    replay = t.canary.traffic == "replay"
+    return RolloutSettings(
+        slo=study.slo,
+        judge=JudgeConfig(
+            with_margin_ratios(
+                with_margins(judge.metrics, errors_ratio=t.error_margin_ratio),
+                **dict.fromkeys(LATENCY_METRICS, t.latency_margin_ratio),
+            ),
+            judge.alpha,
+            judge.marginal_score_ratio,
+        ),
+        bake=t.bake,
+        ready_timeout_s=study.ready_timeout_s,
+        windows=t.windows if replay else 1,  # live: one analysis of many intervals
+        hold_inconclusive=t.hold_inconclusive,
+        min_memory_saving_ratio=t.min_memory_saving_ratio,
+        min_memory_saving_bytes=t.min_memory_saving_bytes,
+        max_cumulative_loss_ratio=t.max_cumulative_loss_ratio,
+    )

@@ -79,6 +79,8 @@ _LATENCIES: tuple[MetricSpec, ...] = (
     ),
     MetricSpec("e2e_s", Direction.INCREASE, tolerance_ratio=0.1, tolerance_abs=0.01),
 )
+# The latencies' names: `tuning.latency_margin_ratio` sets their margins together.
+LATENCY_METRICS: tuple[str, ...] = tuple(spec.name for spec in _LATENCIES)
 _GOODPUT = MetricSpec(
     "goodput_tokens_per_s", Direction.DECREASE, tolerance_ratio=0.1, required=True
 )
@@ -156,6 +158,24 @@ def with_margins(metrics: Sequence[MetricSpec], **margins: float) -> tuple[Metri
         )
     return tuple(
         replace(m, tolerance_abs=margins[m.name]) if m.name in margins else m for m in metrics
+    )
+
+
+def with_margin_ratios(metrics: Sequence[MetricSpec], **ratios: float) -> tuple[MetricSpec, ...]:
+    """`metrics` with the named ones' relative margins (`tolerance_ratio`) changed: x1.5 for
+    a latency whose rise the operator accepts. A metric whose decrease is bad (goodput) takes
+    a ratio below 1; an unknown name is an error, not a silent no-op."""
+    by_name = {m.name: m for m in metrics}
+    unknown = sorted(set(ratios) - set(by_name))
+    if unknown:
+        raise ValueError(
+            f"no such metric: {', '.join(unknown)} (known: {', '.join(sorted(by_name))})"
+        )
+    for name, ratio in ratios.items():
+        if not ratio > 0 or (by_name[name].direction is Direction.DECREASE and ratio >= 1):
+            raise ValueError(f"{name}: a margin ratio must be above 0 (and below 1 for a loss)")
+    return tuple(
+        replace(m, tolerance_ratio=ratios[m.name]) if m.name in ratios else m for m in metrics
     )
 
 

@@ -16,9 +16,11 @@ from kvpilot.agent.tuning.study import (
     StudyError,
     build_study,
     read_gpu,
+    rollout_settings,
     study_suggester,
 )
 from kvpilot.rig.server import free_port
+from kvpilot.tuner.judge.judgement import DEFAULT_METRICS, LIVE_METRICS, JudgeConfig, MetricSpec
 from kvpilot.tuner.problem.space import KnobKind
 from kvpilot.tuner.suggest import BayesianSuggester, InformedSuggester, RandomSuggester
 from tests.agent.sidecar_harness import agent_config, server_spec
@@ -182,3 +184,16 @@ def test_the_study_runs_the_suggester_the_configuration_names(
     tuning = TuningConfig.model_validate({"suggester": name})
     study = build_study(tuned_server(_config(tmp_path)), tuning, gpu=None)
     assert isinstance(study_suggester(study), kind)
+
+
+@pytest.mark.parametrize("metrics", [DEFAULT_METRICS, LIVE_METRICS], ids=["replay", "live"])
+def test_the_latency_margin_reaches_every_latency_the_judge_counts(
+    tmp_path: Path, metrics: tuple[MetricSpec, ...]
+) -> None:
+    tuning = TuningConfig.model_validate({"latency_margin_ratio": 0.5, "error_margin_ratio": 0.02})
+    study = build_study(tuned_server(_config(tmp_path)), tuning, gpu=None)
+    settings = rollout_settings(study, JudgeConfig(metrics=metrics))
+    margins = {m.name: (m.tolerance_ratio, m.tolerance_abs) for m in settings.judge.metrics}
+    assert [margins[name][0] for name in ("ttft_s", "inter_token_s", "e2e_s")] == [0.5] * 3
+    assert margins["goodput_tokens_per_s"][0] == 0.1  # goodput keeps its own
+    assert margins["errors_ratio"][1] == 0.02

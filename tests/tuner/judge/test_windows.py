@@ -5,8 +5,16 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from kvpilot.tuner.judge.evidence import Counts
-from kvpilot.tuner.judge.judgement import DEFAULT_METRICS, JudgeConfig, Verdict, judge
+from kvpilot.tuner.judge.judgement import (
+    DEFAULT_METRICS,
+    JudgeConfig,
+    Verdict,
+    judge,
+    with_margin_ratios,
+)
 from kvpilot.tuner.judge.windows import MIN_WINDOWS, Window, judge_windows, pooled
 
 TTFT = next(m for m in DEFAULT_METRICS if m.name == "ttft_s")
@@ -83,3 +91,16 @@ def test_a_pair_missing_one_side_is_left_out_whole() -> None:
     run[0] = Window({}, run[0].baseline)
     verdict = _ttft(judge_windows(run, ONLY_TTFT))
     assert (verdict.canary_count, verdict.baseline_count) == (MIN_WINDOWS, MIN_WINDOWS)
+
+
+def test_a_wider_latency_margin_passes_a_rise_the_operator_accepts_and_no_more() -> None:
+    rng = random.Random(15)
+    run = _run(rng, 8, 1.4)  # a larger batch: every decode step 40 % longer
+    assert _ttft(judge_windows(run, ONLY_TTFT)).verdict is not Verdict.PASS
+    wide = JudgeConfig(metrics=with_margin_ratios(ONLY_TTFT.metrics, ttft_s=1.0))
+    assert _ttft(judge_windows(run, wide)).verdict is Verdict.PASS
+    assert _ttft(judge_windows(_run(rng, 8, 2.6), wide)).counts_against
+    with pytest.raises(ValueError, match="no such metric: tft_s"):
+        with_margin_ratios(DEFAULT_METRICS, tft_s=1.0)
+    with pytest.raises(ValueError, match="below 1 for a loss"):
+        with_margin_ratios(DEFAULT_METRICS, goodput_tokens_per_s=1.0)
