@@ -15,6 +15,7 @@ import httpx
 from kvpilot.agent.app.api import api_routes
 from kvpilot.agent.app.control_token import ControlToken
 from kvpilot.agent.app.exposition import build_registry, sidecar_families, tuning_families
+from kvpilot.agent.app.fleet_keep import DeploymentKeeping
 from kvpilot.agent.app.fleet_start import take_over_kept_guards
 from kvpilot.agent.app.http import build_app
 from kvpilot.agent.app.lifecycle import (
@@ -220,6 +221,18 @@ async def _run(
         ends.push_async_callback(sidecar.delivery.aclose)
         ends.push_async_callback(sidecar.aclose)  # remediations under way: recorded interrupted
         sidecar.reconcile()
+        if isinstance(runtime, PodRuntime) and runtime.restart_gate is not None:
+            # After reconcile (the pod's own vetoes): the Deployment's vetoes and workload.
+            gate = runtime.restart_gate
+            keeping = DeploymentKeeping(
+                gate.kept,
+                gate.events,
+                remediator.vetoes,
+                learned if config.tuning.learn.enabled else None,
+                min_requests=config.tuning.learn.min_requests,
+            )
+            log.info("learned workload: %s", await keeping.start())
+            ends.callback(sidecar.tasks.spawn(keeping.run(), "deployment-keeping").cancel)
         if isinstance(runtime, KubernetesRuntime):  # the switch's Deployment and namespace layers
             target, api_client = runtime.target, runtime.api_client
             switch = SwitchWatch(
@@ -259,7 +272,7 @@ async def _run(
         token = ControlToken(config.api.token, config.api.token_file)
         stale_after_s = max(10.0, 5 * config.interval_s)
         control_routes = [
-            *api_routes(control_ports(config, sidecar), token, window=learned),
+            *api_routes(control_ports(config, sidecar, tuning), token, window=learned),
             *(reload_routes(reloader, token) if reloader else ()),
         ]
         sock, control_sock = listeners

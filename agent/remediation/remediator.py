@@ -142,6 +142,11 @@ class Remediator:
 
     # -- views -------------------------------------------------------------------------
 
+    @property
+    def vetoes(self) -> Vetoes:
+        """The operators' vetoes (a fleet keeps them per Deployment through its hooks)."""
+        return self._vetoes
+
     def in_progress(self) -> bool:
         """Whether any remediation is planned or running (the tuner waits while one is)."""
         return self._progress.any()

@@ -3,11 +3,15 @@
 A veto lasts until it is lifted, or for `duration_s` when given. Expiry runs on the
 monotonic clock; the journal keeps the wall-clock end, which a restarted kvpilot turns back
 into monotonic time (a veto that ended while kvpilot was down is not restored).
+
+Where several replicas serve one Deployment, a veto is the Deployment's: `watch` hears of
+each operator's veto and lift (to keep them beyond this pod), and `merge_kept` takes in the
+vetoes the Deployment keeps, whichever replica set or lifted them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,6 +36,18 @@ class Veto:
 
 
 @dataclass(frozen=True, slots=True)
+class VetoChange:
+    """An operator's veto, or its lift (then `veto` names the target, the lift's reason and
+    who asked), for what keeps vetoes beyond this process."""
+
+    veto: Veto
+    lifted: bool
+
+
+Key = tuple[Kind, str]
+
+
+@dataclass(frozen=True, slots=True)
 class _Held:
     veto: Veto
     until_s: float | None  # monotonic
@@ -51,7 +67,13 @@ class Vetoes:
         self._audit = audit
         self._wall_clock = wall_clock
         self._clock = clock
-        self._held: dict[tuple[Kind, str], _Held] = {}
+        self._held: dict[Key, _Held] = {}
+        self._kept: set[Key] = set()  # held because the Deployment keeps them
+        self._on_change: Callable[[VetoChange], None] | None = None
+
+    def watch(self, on_change: Callable[[VetoChange], None]) -> None:
+        """Call `on_change` after each operator's veto and lift (not for merged ones)."""
+        self._on_change = on_change
 
     @property
     def instances(self) -> set[str]:
@@ -108,6 +130,8 @@ class Vetoes:
             incident_id=incident_id,
             details={"requested_by": requested_by, "duration_s": duration_s},
         )
+        if self._on_change is not None:
+            self._on_change(VetoChange(veto, lifted=False))
         return veto
 
     def lift(
@@ -120,8 +144,10 @@ class Vetoes:
     ) -> bool:
         """Ends a veto; False when there was none (or it had expired)."""
         self._expire()
-        if self._held.pop(_target(instance, incident_id), None) is None:
+        kind, target = _target(instance, incident_id)
+        if self._held.pop((kind, target), None) is None:
             return False
+        self._kept.discard((kind, target))
         self._save()
         self._audit.record(
             "api",
@@ -132,7 +158,56 @@ class Vetoes:
             incident_id=incident_id,
             details={"requested_by": requested_by},
         )
+        if self._on_change is not None:
+            lift = Veto(kind, target, reason, requested_by, self._wall_clock(), None)
+            self._on_change(VetoChange(lift, lifted=True))
         return True
+
+    def merge_kept(self, rows: Iterable[object], *, pending: Collection[Key] = ()) -> int:
+        """Hold the Deployment's kept vetoes (rows as `veto_row` writes them): new ones are
+        taken, ones it kept before and keeps no more (lifted on another replica) dropped. A
+        target in `pending` (a change made here, not kept yet) stays as it is here. Returns
+        how many vetoes changed."""
+        now_s, now_wall_s = self._clock(), self._wall_clock()
+        kept: dict[Key, Veto] = {}
+        for row in rows:
+            try:
+                if not isinstance(row, dict):
+                    raise TypeError(f"not a veto: {row!r}")
+                veto = _veto_from(row)
+            except (KeyError, TypeError, ValueError):
+                continue  # a row this version cannot read is not a veto it may enforce
+            if veto.until_wall_s is None or veto.until_wall_s > now_wall_s:
+                kept[(veto.kind, veto.target)] = veto
+        changed = 0
+        for key in sorted(self._kept - kept.keys() - set(pending)):
+            if self._held.pop(key, None) is not None:
+                changed += 1
+                self._merged_audit(key, "veto lifted", "lifted on another replica")
+        for key, veto in kept.items():
+            held = self._held.get(key)
+            if key in pending or (held is not None and held.veto == veto):
+                continue
+            until_s = None if veto.until_wall_s is None else now_s + veto.until_wall_s - now_wall_s
+            self._held[key] = _Held(veto, until_s)
+            changed += 1
+            if held is None:
+                self._merged_audit(key, "vetoed", f"{veto.reason} (kept by the Deployment)")
+        self._kept = (self._kept & set(pending)) | set(kept)
+        if changed:
+            self._save()
+        return changed
+
+    def _merged_audit(self, key: Key, outcome: str, reason: str) -> None:
+        kind, target = key
+        self._audit.record(
+            "agent",
+            "veto",
+            target if kind == "instance" else "*",
+            outcome,
+            reason,
+            incident_id=target if kind == "incident" else None,
+        )
 
     def restore(self) -> None:
         """At start-up: the vetoes an earlier kvpilot saved that have not ended since."""
@@ -140,7 +215,7 @@ class Vetoes:
         if not isinstance(saved, dict):
             return
         now_s, now_wall_s = self._clock(), self._wall_clock()
-        held: dict[tuple[Kind, str], _Held] = {}
+        held: dict[Key, _Held] = {}
         # The earlier form: names only, each lasting until lifted.
         for name in saved.get("instances") or ():
             held[("instance", str(name))] = _Held(
@@ -162,6 +237,8 @@ class Vetoes:
                 until_s = now_s + (veto.until_wall_s - now_wall_s)
             held[(veto.kind, veto.target)] = _Held(veto, until_s)
         self._held = held
+        kept = saved.get("kept") or ()
+        self._kept = {k for k in held if list(k) in kept}
 
     def _expire(self) -> None:
         now_s = self._clock()
@@ -180,18 +257,21 @@ class Vetoes:
             self._save()
 
     def _save(self) -> None:
-        rows = [
-            {
-                "kind": h.veto.kind,
-                "target": h.veto.target,
-                "reason": h.veto.reason,
-                "requested_by": h.veto.requested_by,
-                "since_wall_s": h.veto.since_wall_s,
-                "until_wall_s": h.veto.until_wall_s,
-            }
-            for h in self._held.values()
-        ]
-        self._journal.set_fact(VETO_FACT, {"vetoes": rows}, self._wall_clock())
+        rows = [veto_row(h.veto) for h in self._held.values()]
+        kept = [list(k) for k in sorted(self._kept & self._held.keys())]
+        self._journal.set_fact(VETO_FACT, {"vetoes": rows, "kept": kept}, self._wall_clock())
+
+
+def veto_row(veto: Veto) -> dict[str, object]:
+    """A veto as the journal and the Deployment's kept vetoes store it."""
+    return {
+        "kind": veto.kind,
+        "target": veto.target,
+        "reason": veto.reason,
+        "requested_by": veto.requested_by,
+        "since_wall_s": veto.since_wall_s,
+        "until_wall_s": veto.until_wall_s,
+    }
 
 
 def _target(instance: str | None, incident_id: str | None) -> tuple[Kind, str]:

@@ -2,7 +2,7 @@
 
 Core kinds with kubernetes-validate (strict), the HTTPRoute with the Gateway API's published
 schema, the sidecar's kvpilot.yaml with `kvpilot config check`, and what each overlay is
-for: the state on a claim, the Service's selector against the canary's labels as the
+for: the state the pod's own, the Service's selector against the canary's labels as the
 runtime builds them, the route's stable backend.
 """
 
@@ -43,8 +43,8 @@ OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}  # prometheus-operator's; 
 GATEWAY_KINDS = {"HTTPRoute"}
 KINDS = {
     "base": CORE_KINDS - {"PersistentVolumeClaim"} | OPERATOR_KINDS,
-    "tuning": CORE_KINDS | OPERATOR_KINDS,
-    "tuning-gateway": CORE_KINDS | OPERATOR_KINDS | GATEWAY_KINDS,
+    "tuning": CORE_KINDS - {"PersistentVolumeClaim"} | OPERATOR_KINDS,
+    "tuning-gateway": CORE_KINDS - {"PersistentVolumeClaim"} | OPERATOR_KINDS | GATEWAY_KINDS,
 }
 # The names the runtime's `tuning.canary.gateway` settings use.
 HTTPROUTE, STABLE_SERVICE, CANARY_SERVICE = "vllm", "vllm", "vllm-kvpilot-canary"
@@ -236,17 +236,16 @@ def test_other_services_keep_canaries_out(layer: str) -> None:
 
 
 @pytest.mark.parametrize("layer", ["tuning", "tuning-gateway"])
-def test_tuning_state_lives_on_a_claim_for_one_replica(layer: str) -> None:
+def test_tuning_state_is_the_pods_own_for_any_number_of_replicas(layer: str) -> None:
+    """No ReadWriteOnce claim that replicas on other nodes cannot mount: the state directory
+    is the pod's emptyDir, a promotion's handover goes through a ConfigMap, and the
+    Deployment keeps its replicas and rolling update."""
     docs = built(layer)
-    deployment = named(docs, "Deployment", "vllm")
-    spec = deployment["spec"]
-    # One agent per state directory and a ReadWriteOnce claim: the old pod goes first.
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    spec = named(docs, "Deployment", "vllm")["spec"]
+    assert "strategy" not in spec  # a rolling update, no Recreate for a claim's sake
     volumes = {v["name"]: v for v in spec["template"]["spec"]["volumes"]}
-    claim = volumes["state"]["persistentVolumeClaim"]["claimName"]
-    assert set(volumes["state"]) == {"name", "persistentVolumeClaim"}  # the emptyDir is gone
-    assert named(docs, "PersistentVolumeClaim", claim)["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert volumes["state"] == {"name": "state", "emptyDir": {}}
+    assert not of_kind(docs, "PersistentVolumeClaim")
     containers = {c["name"]: c for c in spec["template"]["spec"]["containers"]}
     mounts = {m["name"]: m for m in containers["kvpilot"]["volumeMounts"]}
     assert mounts["state"]["mountPath"] == STATE_DIR
@@ -254,6 +253,8 @@ def test_tuning_state_lives_on_a_claim_for_one_replica(layer: str) -> None:
     assert mounts["cache"] == {"name": "cache", "mountPath": "/cache", "readOnly": True}
     env = {e["name"]: e.get("value") for e in containers["kvpilot"]["env"]}
     assert env["HF_HOME"] == "/cache/huggingface"
+    sidecar = yaml.safe_load(named(docs, "ConfigMap", "kvpilot-config")["data"]["kvpilot.yaml"])
+    assert sidecar["runtime"]["kubernetes"]["handover"] == "configmap"
 
 
 def test_base_state_is_the_pods_own() -> None:
@@ -286,21 +287,6 @@ def test_canary_pods_stay_out_of_the_vllm_scrape_job(layer: str) -> None:
     assert drops == [{"action": "drop", "regex": "canary", "sourceLabels": [source]}]
     canary = _canary_pod_labels(named(built(layer), "Deployment", "vllm"))
     assert re.fullmatch(drops[0]["regex"], canary[objects.ROLE_LABEL])
-
-
-def test_the_canary_does_not_carry_the_sidecars_state_claim() -> None:
-    """The claim is ReadWriteOnce and bound where the stable pod runs: a canary pod that
-    names it is held to that volume's node or zone, and one GPU node may have no room."""
-    deployment = named(built("tuning"), "Deployment", "vllm")
-    stable = {**deployment, "metadata": {**deployment["metadata"], "uid": "0"}}
-    canary = objects.build_canary(
-        stable,
-        container="vllm",
-        command=objects.ContainerCommand(None, ("--model=candidate",)),
-        sidecar_container="kvpilot",
-    )
-    volumes = canary["spec"]["template"]["spec"].get("volumes") or []
-    assert not [v for v in volumes if "persistentVolumeClaim" in v]
 
 
 def test_the_canary_pages_settings_are_valid(tmp_path: Path) -> None:

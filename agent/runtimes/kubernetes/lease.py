@@ -25,10 +25,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kvpilot.agent.runtimes.base import RuntimeFailure
-from kvpilot.agent.runtimes.kubernetes.api import Conflict, NotFound, call, client_module
+from kvpilot.agent.runtimes.kubernetes.api import Conflict, call, client_module
+from kvpilot.agent.runtimes.kubernetes.lease_annotations import AnnotationChange, LeaseAnnotations
 
 log = logging.getLogger(__name__)
-RESOURCE = "leases.coordination.k8s.io"
+RESOURCE = "leases.coordination.k8s.io"  # a literal here: the RBAC test reads it from this module
 RELEASE_TRIES = 3
 LEASE_SUFFIX = "-kvpilot-tuner"
 DEFAULT_DURATION_S = 60
@@ -96,6 +97,7 @@ class DeploymentLease:
         self._api = client_module().CoordinationV1Api(api_client)
         self.namespace = namespace
         self.name = lease_name(deployment)
+        self._lease = LeaseAnnotations(api_client, namespace=namespace, name=self.name)
         self.identity = identity
         self.duration_s = duration_s
         self._wall_clock = wall_clock
@@ -112,17 +114,7 @@ class DeploymentLease:
         return f"Lease {self.namespace}/{self.name}"
 
     def _read(self) -> Any | None:
-        try:
-            return call(
-                self._api.read_namespaced_lease,
-                self.name,
-                self.namespace,
-                verb="get",
-                resource=RESOURCE,
-                what=self._what(),
-            )
-        except NotFound:
-            return None
+        return self._lease.read()
 
     def _spec(self, *, acquired_s: float, now_s: float, transitions: int) -> Any:
         client = client_module()
@@ -284,46 +276,21 @@ class DeploymentLease:
         """Set (None: remove) annotations on the Lease while it is ours or free, creating a
         free Lease when there is none; False when another tuner holds it (or took it while
         writing): only the holder speaks through its Lease."""
-        client = client_module()
-        current = self._read()
-        if current is None:
-            current = client.V1Lease(
-                api_version="coordination.k8s.io/v1",
-                kind="Lease",
-                metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
-                spec=client.V1LeaseSpec(lease_duration_seconds=self.duration_s),
+
+        def unless_held(current: Any | None) -> AnnotationChange | None:
+            holder = (
+                None if current is None or current.spec is None else current.spec.holder_identity
             )
-        holder = None if current.spec is None else current.spec.holder_identity
-        if holder not in (None, "", self.identity):
-            return False
-        kept = dict(current.metadata.annotations or {})
-        kept.update({k: v for k, v in changes.items() if v is not None})
-        for gone in (k for k, v in changes.items() if v is None):
-            kept.pop(gone, None)
-        current.metadata.annotations = kept
-        try:
-            if current.metadata.resource_version:
-                call(
-                    self._api.replace_namespaced_lease,
-                    self.name,
-                    self.namespace,
-                    current,
-                    verb="update",
-                    resource=RESOURCE,
-                    what=self._what(),
-                )
-            else:
-                call(
-                    self._api.create_namespaced_lease,
-                    self.namespace,
-                    current,
-                    verb="create",
-                    resource=RESOURCE,
-                    what=self._what(),
-                )
-        except Conflict:
-            return False
-        return True
+            if holder not in (None, "", self.identity):
+                return None
+            created = None if current is not None else self._free_spec()
+            return AnnotationChange(changes, spec=created)
+
+        return self._lease.edit(unless_held, tries=1)
+
+    def _free_spec(self) -> Any:
+        """The spec of a Lease created free, to carry annotations before any tuner holds it."""
+        return client_module().V1LeaseSpec(lease_duration_seconds=self.duration_s)
 
     def release_quietly(self) -> bool:
         """`release`, tried RELEASE_TRIES times over transient errors; a lease that cannot be

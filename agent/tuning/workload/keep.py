@@ -57,15 +57,7 @@ class WindowKeeper:
             return f"the kept window is unreadable ({exc}); it starts empty"
         if data is None:
             return "no kept window; it starts empty"
-        offset = self._wall() - self._clock()  # wall time = monotonic + offset
-        try:
-            first_wall, block, increases = _parse(data)
-        except (KeyError, TypeError, ValueError) as exc:
-            return f"the kept window is unreadable ({exc}); it starts empty"
-        now = self._clock()
-        moved = [dataclasses.replace(i, at_s=i.at_s - offset) for i in increases]
-        self._window.restore(moved, first_wall - offset, block, now)
-        return f"restored {self._window.requests()} requests of the kept window"
+        return restore_window(self._window, data, clock=self._clock, wall=self._wall)
 
     def maybe_save(self) -> None:
         """Save when the last save is `every_s` old (called after every tick)."""
@@ -91,6 +83,46 @@ class WindowKeeper:
             self._store.set_fact(WINDOW_FACT, data, self._wall())
         except Exception:  # a full disk, a locked database: the window lives on in memory
             log.exception("keeping the learned workload's window failed")
+
+
+def restore_window(
+    window: WorkloadWindow,
+    data: Any,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    wall: Callable[[], float] = time.time,
+) -> str:
+    """Read a kept window (`WindowKeeper`'s record or `window_summary`'s) back into `window`;
+    returns what happened, for the log."""
+    offset = wall() - clock()  # wall time = monotonic + offset
+    try:
+        first_wall, block, increases = _parse(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"the kept window is unreadable ({exc}); it starts empty"
+    now = clock()
+    moved = [dataclasses.replace(i, at_s=i.at_s - offset) for i in increases]
+    window.restore(moved, first_wall - offset, block, now)
+    return f"restored {window.requests()} requests of the kept window"
+
+
+def window_summary(
+    window: WorkloadWindow,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    wall: Callable[[], float] = time.time,
+) -> dict[str, Any] | None:
+    """The whole window as one increase, in the kept record's format: the shape a new
+    replica replays (not the samples: it ages out of the window all at once), or None."""
+    total, first = window.total(), window.first_s
+    if total is None or first is None:
+        return None
+    offset = wall() - clock()
+    return {
+        "format": FORMAT,
+        "first_wall_s": first + offset,
+        "block_size": window.block_size,
+        "minutes": [_increase_json(total, offset)],
+    }
 
 
 def _by_minute(increases: Sequence[Increase]) -> list[Increase]:

@@ -114,6 +114,19 @@ class WorkloadWindow:
         self._latest_s = kept[-1].at_s
         self._block_size = block_size
 
+    def total(self) -> Increase | None:
+        """All the window holds as one increase at its latest (its summary), or None."""
+        if not self._increases:
+            return None
+        return Increase(
+            at_s=self._increases[-1].at_s,
+            prompt=_summed(i.prompt for i in self._increases),
+            generation=_summed(i.generation for i in self._increases),
+            finished=sum(self._finished(i) for i in self._increases),
+            hits=sum(i.hits for i in self._increases),
+            queries=sum(i.queries for i in self._increases),
+        )
+
     def requests(self) -> int:
         """Requests finished within the window."""
         return round(sum(self._finished(i) for i in self._increases))

@@ -1,9 +1,9 @@
 """An Event for every fleet decision, on the pod and on its Deployment.
 
 `kubectl describe deployment` and `kubectl get events` then show what every replica decided
-and why: a restart planned, waiting, done, refused, failed. Written with the Event writer of
-recommend-only promotions (`recommend.announce`): a refused Event is logged, never raised.
-Blocking: call in a thread.
+and why: a restart planned, waiting, done, refused, failed; an operator's veto and its lift.
+Written with the Event writer of recommend-only promotions (`recommend.announce`): a refused
+Event is logged, never raised. Blocking: call in a thread.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ TRIAL_STARTED = "KvpilotTrialStarted"
 TRIAL_ENDED = "KvpilotTrialEnded"
 PROMOTED = "KvpilotPromoted"
 ROLLED_BACK = "KvpilotRolledBack"
+VETOED = "KvpilotVetoed"
+VETO_LIFTED = "KvpilotVetoLifted"
 WARNINGS = frozenset({RESTART_WAITING, RESTART_FAILED, RESTART_REFUSED, ROLLED_BACK})
 
 

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvpilot.agent.runtimes.kubernetes.api import Conflict, NotFound, call, client_module
-from kvpilot.agent.runtimes.kubernetes.lease import RESOURCE
+from kvpilot.agent.runtimes.kubernetes.api import client_module
+from kvpilot.agent.runtimes.kubernetes.lease_annotations import AnnotationChange, LeaseAnnotations
 
 HOLDERS_KEY = "kvpilot.dev/restart-holders"
 SUFFIX = "-kvpilot-restarts"
@@ -57,10 +57,10 @@ class RestartSlots:
     ) -> None:
         if slots < 1 or duration_s < 1:
             raise ValueError("a restart budget needs at least one slot and a 1 s duration")
-        self._api = client_module().CoordinationV1Api(api_client)
         self.namespace = namespace
         # `lease_name`, `noun`: the same slots for another budget (the namespace's canaries).
         self.name = lease_name or slots_name(deployment)
+        self._lease = LeaseAnnotations(api_client, namespace=namespace, name=self.name)
         self.noun = noun
         self.identity = identity
         self.slots = slots
@@ -69,22 +69,6 @@ class RestartSlots:
         self._wall_clock = wall_clock
         # holder -> (its renewal as last seen, when this observer first saw that renewal)
         self._seen: dict[str, tuple[float, float]] = {}
-
-    def _what(self) -> str:
-        return f"Lease {self.namespace}/{self.name}"
-
-    def _read(self) -> Any | None:
-        try:
-            return call(
-                self._api.read_namespaced_lease,
-                self.name,
-                self.namespace,
-                verb="get",
-                resource=RESOURCE,
-                what=self._what(),
-            )
-        except NotFound:
-            return None
 
     def _live(self, lease: Any | None) -> dict[str, dict[str, Any]]:
         """The holders whose claim has not run out on this observer's clock (ours always)."""
@@ -105,47 +89,18 @@ class RestartSlots:
                 live[holder] = claim
         return live
 
-    def _write(self, lease: Any | None, holders: dict[str, dict[str, Any]]) -> None:
-        client = client_module()
-        annotations = {HOLDERS_KEY: json.dumps(holders, sort_keys=True)}
-        spec = client.V1LeaseSpec(
+    def _change(self, holders: dict[str, dict[str, Any]]) -> AnnotationChange:
+        """The holders written: the annotation, and the spec that names them for people."""
+        spec = client_module().V1LeaseSpec(
             holder_identity=",".join(sorted(holders)) or None,
             lease_duration_seconds=self.duration_s,
         )
-        if lease is None:
-            body = client.V1Lease(
-                api_version="coordination.k8s.io/v1",
-                kind="Lease",
-                metadata=client.V1ObjectMeta(
-                    name=self.name, namespace=self.namespace, annotations=annotations
-                ),
-                spec=spec,
-            )
-            call(
-                self._api.create_namespaced_lease,
-                self.namespace,
-                body,
-                verb="create",
-                resource=RESOURCE,
-                what=self._what(),
-            )
-            return
-        lease.metadata.annotations = {**(lease.metadata.annotations or {}), **annotations}
-        lease.spec = spec
-        call(
-            self._api.replace_namespaced_lease,
-            self.name,
-            self.namespace,
-            lease,
-            verb="update",
-            resource=RESOURCE,
-            what=self._what(),
-        )
+        return AnnotationChange({HOLDERS_KEY: json.dumps(holders, sort_keys=True)}, spec)
 
     def look(self) -> SlotAnswer:
         """Whether a slot is free now (or ours), without taking it: one read, what a waiting
         replica asks at each poll before it asks anything dearer."""
-        live = self._live(self._read())
+        live = self._live(self._lease.read())
         others = tuple(sorted(h for h in live if h != self.identity))
         if self.identity not in live and len(live) >= self.slots:
             return SlotAnswer(False, others, self._held(live, others))
@@ -161,7 +116,7 @@ class RestartSlots:
 
     def try_take(self, why: str) -> SlotAnswer:
         """Take a free slot (or keep ours); when none is free, who holds them."""
-        lease = self._read()
+        lease = self._lease.read()
         live = self._live(lease)
         others = tuple(sorted(h for h in live if h != self.identity))
         if self.identity not in live and len(live) >= self.slots:
@@ -169,9 +124,7 @@ class RestartSlots:
         now = self._wall_clock()
         claim = live.get(self.identity) or {"since_wall_s": now, "why": why[:200]}
         live[self.identity] = {**claim, "renewed_wall_s": now}
-        try:
-            self._write(lease, live)
-        except Conflict:
+        if not self._lease.write(lease, self._change(live)):
             return SlotAnswer(False, others, "another replica changed the restart slots: again")
         return SlotAnswer(
             True, others, f"slot taken ({len(live)} of {self.slots} {self.noun} held)"
@@ -183,14 +136,12 @@ class RestartSlots:
 
     def give_back(self) -> None:
         """Free our slot, so the next replica need not wait for it to expire."""
-        for _ in range(3):
-            lease = self._read()
+
+        def without_us(lease: Any | None) -> AnnotationChange | None:
             live = self._live(lease)
             if self.identity not in live:
-                return
+                return None
             del live[self.identity]
-            try:
-                self._write(lease, live)
-                return
-            except Conflict:
-                continue
+            return self._change(live)
+
+        self._lease.edit(without_us, tries=3)
