@@ -33,7 +33,7 @@ from tuner_sim_run import BUDGET_S, LOOKS, WINDOW_SD, Strategy, Z, strategies
 
 GOAL_REGRET = 0.05
 GOAL_SHARE = 0.8
-PRODUCT = "bayesian"  # what `kvpilot tune` and scheduled tuning construct today
+PRODUCT = "bayes"  # tuning.suggester's default: what `kvpilot tune` and scheduled tuning run
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,8 +20,6 @@ end of the budget.
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import math
 import random
 import warnings
@@ -30,11 +28,17 @@ from dataclasses import dataclass, field
 
 from tuner_sim import BATCHED_RANGE, SEQS_RANGE, Config, Landscape
 
-import kvpilot.tuner.suggest as suggest_pkg
 from kvpilot.tuner.problem.constraints import batched_tokens_constraint
 from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult
 from kvpilot.tuner.problem.space import Candidate, Knob, KnobKind, SearchSpace
-from kvpilot.tuner.suggest import SearchExhausted
+from kvpilot.tuner.suggest import (
+    SUGGESTERS,
+    Knowledge,
+    KvPrior,
+    MemoryAxis,
+    SearchExhausted,
+    make_suggester,
+)
 
 START_S = 26.0
 FAILED_START_S = 26.0
@@ -158,26 +162,36 @@ def run_trials(
 Strategy = Callable[[Landscape, int, Callable[[Config], float]], RunRecord]
 
 
-def registered_suggesters() -> dict[str, type]:
-    """Every suggester class `kvpilot.tuner.suggest` exports that takes (space, seed=),
-    named by its class name without "Suggester", lower case (BayesianSuggester: bayesian)."""
-    found: dict[str, type] = {}
-    module = importlib.import_module(suggest_pkg.__name__)
-    for name in getattr(module, "__all__", ()):
-        cls = getattr(module, name, None)
-        if not (inspect.isclass(cls) and name.endswith("Suggester") and name != "Suggester"):
-            continue
-        params = inspect.signature(cls).parameters
-        if "seed" in params and next(iter(params), None) == "space":
-            found[name.removesuffix("Suggester").lower()] = cls
-    found.pop("grid", None)  # a fixed walk of the grid, not a search within a budget
-    return found
+def registered_suggesters() -> tuple[str, ...]:
+    """The names `tuning.suggester` accepts, as the product registers them; grid is left
+    out: a fixed walk of the grid, not a search within a budget."""
+    return tuple(name for name in SUGGESTERS if name != "grid")
 
 
-def suggester_strategy(cls: type) -> Strategy:
+def knowledge_of(ls: Landscape) -> Knowledge:
+    """What the product knows on this landscape before its first trial, the fields the agent
+    fills (`agent/tuning/study.py`): the stable side's flags, the planner's KV need (its
+    exact bytes per token times the tokens in flight at the batch the load needs: the true
+    knee errs against it by about 30 %), and the KV-budget knob's identity axis. No
+    observation: the product tells none yet."""
+    in_flight_tokens = ls.need * (ls.prompt_tokens + ls.output_tokens / 2)
+    return Knowledge(
+        prior=KvPrior.from_planner(ls.geometry, in_flight_tokens),
+        deployed={
+            "kv_cache_memory_bytes": ls.deployed.kv_bytes,
+            "max_num_seqs": ls.deployed.max_num_seqs,
+            "max_num_batched_tokens": ls.deployed.batched_tokens,
+        },
+        axis=MemoryAxis.identity(),
+    )
+
+
+def suggester_strategy(name: str) -> Strategy:
+    """The product's suggester `name`, built as the study builds it (`make_suggester` with
+    the landscape's knowledge)."""
+
     def run(ls: Landscape, seed: int, regret: Callable[[Config], float]) -> RunRecord:
-        space = space_of(ls)
-        suggester = cls(space, seed=seed)
+        suggester = make_suggester(name, space_of(ls), seed, knowledge_of(ls))
         asked: dict[Config, Candidate] = {}
 
         def ask() -> Config | None:
@@ -269,9 +283,7 @@ def optuna_strategy(kind: str) -> Strategy:
 
 def strategies() -> dict[str, Strategy]:
     """The anchors and every registered suggester of the product, by name."""
-    out: dict[str, Strategy] = {
-        name: suggester_strategy(cls) for name, cls in registered_suggesters().items()
-    }
+    out: dict[str, Strategy] = {name: suggester_strategy(name) for name in registered_suggesters()}
     out["auto_tune"] = auto_tune
     out["optuna-gp"] = optuna_strategy("gp")
     out["optuna-tpe"] = optuna_strategy("tpe")

@@ -430,7 +430,7 @@ def test_simulated_landscapes_are_independent_and_keep_the_product_objective() -
     asks = iter([cliff, None])
     record = run_trials(ls, lambda: next(asks), lambda *_: None, 0, lambda _c: 1.0)
     assert record.failed_starts == 1 and record.elapsed_s == FAILED_START_S
-    assert {"bayesian", "random"} <= set(registered_suggesters())
+    assert {"bayes", "random"} <= set(registered_suggesters())
 
 
 def test_quick_simulated_benchmark_reports_regret_floor_and_the_discrimination_verdict(
@@ -438,7 +438,7 @@ def test_quick_simulated_benchmark_reports_regret_floor_and_the_discrimination_v
 ) -> None:
     from tuner_sim_bench import report
 
-    assert report((0,), ("random", "bayesian"), 1, "bayesian") == 0
+    assert report((0,), ("random", "bayes"), 1, "bayes") == 0
     out = capsys.readouterr().out
     assert "noise floor" in out and "random search meets the goal on" in out
-    assert "bayesian" in out
+    assert "bayes" in out

@@ -16,11 +16,14 @@ from kvpilot.tuner.problem.ascent import highest_started, stepped
 from kvpilot.tuner.problem.objective import Slo, TrialResult, best_index
 from kvpilot.tuner.problem.space import Candidate, KnobKind, SearchSpace
 from kvpilot.tuner.rollout.canary import (
+    NotHeld,
     Phase,
+    Release,
     RolloutOutcome,
     RolloutSettings,
     Strategy,
     TrialRollout,
+    held_records,
 )
 from kvpilot.tuner.rollout.ports import Observer, RolloutJournal, TunerRuntime
 from kvpilot.tuner.suggest import SearchExhausted, Suggester, warm_start
@@ -118,6 +121,12 @@ class TuningSession:
         """Up to `trials` trials; raises TuningBlocked if a remediation runs at the start."""
         if self._runtime.remediation_in_progress():
             raise TuningBlocked("a remediation is in progress; tuning waits until it ends")
+        held = held_records(self._journal)
+        if held:  # one canary slot, and the held canary keeps it until a person decides
+            raise TuningBlocked(
+                f"trial {held[0].trial_id} is held for review (its canary left running): "
+                "promote it or roll it back first (kvpilot tuning release)"
+            )
         told = warm_start(self._suggester, self._space, history(self._store, self._fingerprint))
         outcomes: list[RolloutOutcome] = []
         stopped = f"ran {trials} trials"
@@ -154,6 +163,31 @@ class TuningSession:
             best_goodput(self._store, self._fingerprint, self._settings.slo),
         )
 
+    async def release(
+        self, trial_id: str, action: Release, *, by: str, reason: str
+    ) -> RolloutOutcome:
+        """A held trial released by a person (`TrialRollout.release`): promoted the way a pass
+        is, or rolled back. Raises NotHeld for a trial that is not held, LookupError for one
+        kvpilot does not know (a hold of an earlier study is this runtime's all the same)."""
+        record, trial = self._journal.get(trial_id), self._store.get(trial_id)
+        if record is None or trial is None:
+            raise LookupError(f"no trial {trial_id!r}")
+        if record.phase is not Phase.HELD:
+            raise NotHeld(record)
+        return await self._rollout().release(trial, record, action, by=by, reason=reason)
+
+    def _rollout(self) -> TrialRollout:
+        return TrialRollout(
+            self._runtime,
+            self._observer,
+            self._store,
+            self._journal,
+            self._settings,
+            wall_clock=self._wall,
+            on_phase=self._report,
+            deployed=deployed_result(self._store, self._fingerprint),
+        )
+
     async def _trial(self, candidate: Candidate) -> RolloutOutcome:
         trial = new_trial(
             self._new_id(),
@@ -164,17 +198,7 @@ class TuningSession:
         )
         self._store.add(trial)
         argv = candidate_argv(self._runtime.stable_argv(), self._space, candidate)
-        rollout = TrialRollout(
-            self._runtime,
-            self._observer,
-            self._store,
-            self._journal,
-            self._settings,
-            wall_clock=self._wall,
-            on_phase=self._report,
-            deployed=deployed_result(self._store, self._fingerprint),
-        )
-        outcome = await rollout.run(trial, argv, self._strategy)
+        outcome = await self._rollout().run(trial, argv, self._strategy)
         self._report(outcome.trial, outcome.record.phase)
         return outcome
 

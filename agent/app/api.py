@@ -27,7 +27,7 @@ from pydantic import (
 from starlette.requests import Request
 from starlette.routing import Route
 
-from kvpilot.agent.app.control_ports import ControlPorts
+from kvpilot.agent.app.control_ports import ControlPorts, HeldCanaries
 from kvpilot.agent.app.control_token import ControlToken, control_token
 from kvpilot.agent.app.json_render import JsonResponse, error_response
 from kvpilot.agent.app.request_body import BodyLimits, RequestRejected, read_json
@@ -37,9 +37,11 @@ from kvpilot.agent.mode import LiveMode, Mode, ModeSource
 from kvpilot.agent.runtimes import Runtime
 from kvpilot.agent.runtimes.kubernetes.values import RecommendsFlags
 from kvpilot.agent.runtimes.offloop import in_daemon_thread
+from kvpilot.agent.tuning.held import ReleaseRefused
 from kvpilot.agent.tuning.workload.as_json import workload_json
 from kvpilot.agent.tuning.workload.window import WorkloadWindow
 from kvpilot.collectors.secrets import mask, mask_argv, mask_text, mask_url
+from kvpilot.tuner.rollout.record import Release
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,8 @@ Handler = Callable[[Request], Awaitable[JsonResponse]]
 
 MAX_MATCHERS = 32
 MAX_PROBLEMS = 10
+MAX_TRIAL_ID = 64
+NOTHING_HELD = "no tuning here: nothing is held (tuning.schedule is not set)"
 MAX_LISTED_REMEDIATIONS = 500
 DEFAULT_LISTED_REMEDIATIONS = 20
 DEFAULT_LIMITS = BodyLimits()
@@ -93,6 +97,15 @@ class VetoRequest(BaseModel):
         if (self.instance is None) == (self.incident_id is None):
             raise ValueError("give exactly one of instance or incident_id")
         return self
+
+
+class ReleaseRequest(BaseModel):
+    """A held canary's release: promoted (the way a pass is) or rolled back, and why."""
+
+    model_config = _STRICT
+    action: Literal["promote", "rollback"]
+    reason: str = Field(min_length=1, max_length=500)
+    requested_by: str = Field("api", min_length=1, max_length=100)
 
 
 class ModeRequest(BaseModel):
@@ -369,6 +382,33 @@ def api_routes(
         )
         return JsonResponse({"instance": instance, "was_open": changed})
 
+    async def held(_: Request) -> JsonResponse:
+        """The trials held for review, oldest first."""
+        listed = [] if ports.held is None else ports.held.held()
+        return JsonResponse({"held": shown(listed)})
+
+    async def release(request: Request) -> JsonResponse:
+        """Promote or roll back a held trial: validated and checked here (404 unknown, 409 not
+        held or busy; a repeat answers 200 as it stands), then released in the background."""
+        trial_id = request.path_params["trial_id"]
+        body = ReleaseRequest.model_validate(await read_json(request, limits))
+        if len(trial_id) > MAX_TRIAL_ID:
+            return error_response(404, f"no trial {trial_id[:MAX_TRIAL_ID]!r}…")
+        if ports.held is None:
+            return error_response(404, NOTHING_HELD)
+        try:
+            repeat = ports.held.check(trial_id, Release(body.action))
+        except ReleaseRefused as exc:
+            return error_response(exc.status, str(exc))
+        if repeat is not None:
+            return JsonResponse({"release": shown(repeat)})
+        task = asyncio.get_running_loop().create_task(
+            _released(ports.held, trial_id, body), name=f"release-{trial_id}"
+        )
+        background.add(task)
+        task.add_done_callback(background.discard)
+        return JsonResponse({"accepted": True, "trial_id": trial_id, "action": body.action}, 202)
+
     return [
         Route("/api/v1/status", status),
         Route("/api/v1/alerts", alerts),
@@ -384,4 +424,18 @@ def api_routes(
         Route("/api/v1/mode", mode, methods=["GET"]),
         Route("/api/v1/mode", protected(set_mode), methods=["POST"]),
         Route("/api/v1/breakers/{instance}/reset", protected(reset_breaker), methods=["POST"]),
+        Route("/api/v1/tuning/held", held, methods=["GET"]),
+        Route("/api/v1/tuning/held/{trial_id}", protected(release), methods=["POST"]),
     ]
+
+
+async def _released(held: HeldCanaries, trial_id: str, body: ReleaseRequest) -> None:
+    """A release in the background: its outcome is audited; a failure is logged too."""
+    try:
+        done = await held.release(
+            trial_id, Release(body.action), by=body.requested_by, reason=body.reason
+        )
+    except Exception:
+        log.exception("releasing held trial %s (%s) failed", trial_id, body.action)
+        return
+    log.info("held trial %s released: %s (%s)", trial_id, done.phase.value, done.reason)

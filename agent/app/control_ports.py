@@ -1,5 +1,5 @@
-"""What the API (and the CLI's demo) reach of the running loop: three narrow interfaces, the
-alerts, remediation and the loop's status, instead of the loop's attributes."""
+"""What the API (and the CLI's demo) reach of the running loop: narrow interfaces (the
+alerts, remediation, the loop's status and the held canaries) instead of the loop's attributes."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from kvpilot.agent.remediation.trigger import RemediationOutcome
 from kvpilot.agent.remediation.vetoes import Veto
 from kvpilot.agent.runtimes import Runtime
 from kvpilot.agent.state.store import RemediationRecord
+from kvpilot.agent.tuning.held import HeldTrial, Released
+from kvpilot.tuner.rollout.record import Release
 
 
 class Alerts(Protocol):
@@ -81,6 +83,18 @@ class LoopStatus(Protocol):
     def outbox_backlog(self) -> int: ...
 
 
+class HeldCanaries(Protocol):
+    """Canaries held for a person's review (`agent.tuning.held.HeldTrials`)."""
+
+    def held(self) -> list[HeldTrial]: ...
+
+    def check(self, trial_id: str, action: Release) -> Released | None: ...
+
+    async def release(
+        self, trial_id: str, action: Release, *, by: str, reason: str
+    ) -> Released: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ControlPorts:
     """Everything the API reads or changes. The runtime is read off the event loop only."""
@@ -90,3 +104,4 @@ class ControlPorts:
     alerts: Alerts
     remediation: Remediation
     status: LoopStatus
+    held: HeldCanaries | None = None  # None: no tuning here, so nothing is ever held

@@ -364,6 +364,7 @@ def scheduled_tuning_of(
             else 0
         ),
         canary_turn=_canary_turn(tuner, config.runtime),
+        hold_timeout_s=config.tuning.hold_timeout_s if config.tuning.hold_inconclusive else None,
     )
 
 
@@ -442,6 +443,12 @@ def tick_settings(config: AgentConfig) -> TickSettings:
     )
 
 
-def control_ports(config: AgentConfig, sidecar: Sidecar) -> ControlPorts:
-    """What the API reaches of the running loop; the configuration masks its secrets."""
-    return ControlPorts(config, sidecar.runtime, sidecar.alerts, sidecar.remediator, sidecar)
+def control_ports(
+    config: AgentConfig, sidecar: Sidecar, tuning: ScheduledTuning | None = None
+) -> ControlPorts:
+    """What the API reaches of the running loop (the scheduled tuning's held canaries where
+    it holds them); the configuration masks its secrets."""
+    held = tuning.held if tuning is not None else None
+    return ControlPorts(
+        config, sidecar.runtime, sidecar.alerts, sidecar.remediator, sidecar, held=held
+    )

@@ -1,5 +1,6 @@
 """The operator's commands against a running agent's control API: `status`, `alerts`,
-`silence`, `veto`, `breaker` and `remediations`. Tables for people, `--json` for scripts.
+`silence`, `veto`, `breaker`, `remediations` and `tuning` (held canaries). Tables for
+people, `--json` for scripts.
 
 The agent's address is `--url` (default the agent's own default listener); in Kubernetes,
 forward the sidecar's port first: `kubectl port-forward -n NS pod/POD 8474`. Control
@@ -239,6 +240,7 @@ def register(app: typer.Typer) -> None:
     _register_veto(app)
     _register_breaker(app)
     _register_remediations(app)
+    _register_tuning(app)
 
 
 def _register_silence(app: typer.Typer) -> None:
@@ -479,3 +481,72 @@ def _register_remediations(app: typer.Typer) -> None:
             _print_json(made)
         else:
             print(f"queued: restart of {instance} (`kvpilot remediations list` follows it)")
+
+
+def _register_tuning(app: typer.Typer) -> None:
+    tuning_app = typer.Typer(
+        help="Canaries held for review (tuning.hold_inconclusive): list, promote, roll back.",
+        no_args_is_help=True,
+    )
+    app.add_typer(tuning_app, name="tuning")
+
+    @tuning_app.command("held")
+    def held(
+        url: Url = DEFAULT_AGENT_URL,
+        as_json: AsJson = False,
+        timeout: Timeout = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        """The trials whose canary is held for a person's review."""
+        body = _call(url, None, timeout, lambda c: c.get("/api/v1/tuning/held", "held canaries"))
+        if as_json:
+            _print_json(body)
+            return
+        Console().print(
+            _table(
+                "held canaries",
+                ["trial", "number", "values", "held since", "rolled back at", "reason"],
+                (
+                    (
+                        h.get("trial_id"),
+                        h.get("number"),
+                        _labels(h.get("values")),
+                        _when(h.get("held_since_wall_s")),
+                        _when(h.get("rolled_back_at_wall_s")),
+                        h.get("reason"),
+                    )
+                    for h in body.get("held") or []
+                ),
+            )
+        )
+
+    @tuning_app.command("release")
+    def release(
+        trial: Annotated[str, typer.Argument(help="The held trial's id (`tuning held`).")],
+        reason: Annotated[str, typer.Option("--reason", help="Why (kept in the audit).")],
+        promote: Annotated[
+            bool, typer.Option("--promote", help="Promote it, as a judge's pass would.")
+        ] = False,
+        rollback: Annotated[bool, typer.Option("--rollback", help="Stop it.")] = False,
+        url: Url = DEFAULT_AGENT_URL,
+        token_file: TokenFile = None,
+        as_json: AsJson = False,
+        timeout: Timeout = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        """Release a held canary: --promote (under the restart guards, then baked) or --rollback."""
+        if promote == rollback:
+            raise typer.BadParameter("give exactly one of --promote or --rollback")
+        action = "promote" if promote else "rollback"
+        body = {"action": action, "reason": reason, "requested_by": "cli"}
+        path = f"/api/v1/tuning/held/{quote(trial, safe='')}"
+        made = _call(
+            url, token_file, timeout, lambda c: c.post(path, "releasing held canaries", body)
+        )
+        if as_json:
+            _print_json(made)
+        elif made.get("accepted"):
+            print(
+                f"trial {trial}: {action} accepted; `kvpilot tuning held` shows it gone once done"
+            )
+        else:
+            done = made.get("release") or {}
+            print(f"trial {trial}: already {done.get('phase')} ({done.get('reason')})")

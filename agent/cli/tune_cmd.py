@@ -40,7 +40,13 @@ from kvpilot.agent.runtimes.probe import StartFailed
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.store import StateStore
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
-from kvpilot.agent.tuning.entry import Recovery, Tuner, run_tuning
+from kvpilot.agent.tuning.entry import (
+    Recovery,
+    Tuner,
+    TuningRefused,
+    refuse_unreachable,
+    run_tuning,
+)
 from kvpilot.agent.tuning.ground import Ground, GroundStore, argv_model, server_version
 from kvpilot.agent.tuning.local.adapter import (
     STABLE_FACT,
@@ -62,7 +68,7 @@ from kvpilot.agent.tuning.study import (
 )
 from kvpilot.agent.tuning.workload.record import remember_workload
 from kvpilot.tuner.report.table import trials_table
-from kvpilot.tuner.rollout.canary import Strategy
+from kvpilot.tuner.rollout.canary import Release, Strategy, held_records
 from kvpilot.tuner.session import SessionSummary, TuningBlocked, dry_run
 from kvpilot.tuner.suggest import BayesianSuggester
 
@@ -190,6 +196,13 @@ def tune(
     if study.strategy_reason is not None:
         console.print(study.strategy_reason, highlight=False, markup=False, soft_wrap=True)
     console.print(judging_line(tuning, windows is not None), highlight=False, soft_wrap=True)
+    try:
+        refuse_unreachable(study)  # before any server starts: such a run can only roll back
+    except TuningRefused as exc:
+        if not dry:
+            print(f"kvpilot tune: {exc}", file=sys.stderr)
+            raise typer.Exit(1) from None
+        console.print(f"warning: {exc}", highlight=False, markup=False, soft_wrap=True)
     db = open_state_or_exit(cfg.state_dir)
     try:
         if dry:
@@ -297,6 +310,7 @@ async def _run(
         left = f"the stable server {name!r} a killed kvpilot tune left running is this run's"
         console.print(f"{left}: stopped at its end", highlight=False, soft_wrap=True)
     signals = _Signals()
+    tuner: LocalTuner | None = None
     with signals.cancel(asyncio.current_task()):
         try:
             for done in await recover_at_startup(db, adapter):
@@ -323,6 +337,8 @@ async def _run(
                 raise
         finally:
             signals.stopping = True  # a later signal no longer cuts the clean-up short
+            if tuner is not None:
+                await roll_back_held(tuner, study, db, console)
             with contextlib.suppress(RuntimeFailure):
                 await adapter.aclose()
             end = await end_stable(
@@ -337,6 +353,22 @@ async def _run(
     if signals.received is not None:
         print(f"kvpilot tune: stopped by {signals.received.name}", file=sys.stderr)
         raise typer.Exit(128 + signals.received)
+
+
+async def roll_back_held(tuner: Tuner, study: Study, db: Database, console: Console) -> None:
+    """`kvpilot tune` stops the canary it started on its way out: a trial it held for review
+    would outlive its canary and block the next run. Rolled back, saying so (a hold waits for
+    a person only under `kvpilot run`, whose canary stays up)."""
+    why = "kvpilot tune stops its canary as it ends: a hold waits for review under kvpilot run"
+    for record in held_records(SqliteRolloutJournal(db)):
+        try:
+            done = await tuner.session(study).release(
+                record.trial_id, Release.ROLLBACK, by="kvpilot tune", reason=why
+            )
+        except Exception as exc:  # said; the canary still stops below
+            console.print(f"trial {record.trial_id} stays held: {type(exc).__name__}: {exc}")
+            continue
+        console.print(f"trial {record.trial_id} was held: {done.record.reason}", highlight=False)
 
 
 class _Signals:

@@ -25,6 +25,7 @@ from kvpilot.agent.config.notifiers import NotifierConfig, SlackNotifierConfig
 from kvpilot.agent.config.remediation import RemediationConfig
 from kvpilot.agent.config.runtime import RuntimeConfig
 from kvpilot.agent.config.tuning import TuningConfig
+from kvpilot.agent.config.tuning_reach import unreachable_tuning
 from kvpilot.agent.rules.config import RulesConfig, with_runtime_defaults
 from kvpilot.agent.strict_model import StrictModel
 from kvpilot.collectors.safe_files import MAX_TOKEN_FILE_BYTES, read_small_file
@@ -241,6 +242,10 @@ def config_warnings(config: AgentConfig) -> tuple[str, ...]:
                 f"runtime.instances[{instance.name}]: --api-key in argv is visible to "
                 "every user of the machine; set runtime.api_key instead"
             )
+
+    unreachable = unreachable_tuning(config.tuning)
+    if unreachable is not None:
+        notes.append(unreachable)
 
     api = config.api_listen()
     if api.host not in {"127.0.0.1", "::1", "localhost"}:

@@ -263,12 +263,29 @@ class TuningConfig(StrictModel):
         description="A canary still inconclusive after the last look is held (left running, "
         "the stable untouched) for a person's review instead of rolled back (parallel only).",
     )
+    hold_timeout_s: float = Field(
+        86400.0,
+        gt=0,
+        le=30 * 86400,
+        description="How long a held canary waits for a person (`kvpilot tuning release "
+        "TRIAL --promote|--rollback`) before it is rolled back, saying so; while one is held "
+        "no other trial starts.",
+    )
     error_margin_ratio: float = Field(
         0.005,
         gt=0,
         le=0.5,
         description="How many more failed requests a canary may have and pass: half a point "
         "by default. A rig of few requests (a CPU test, the demo) sets its own.",
+    )
+    preemption_margin_per_request: float | None = Field(
+        None,
+        gt=0,
+        le=10,
+        description="How many more preemptions per finished request a canary may have and "
+        "pass; unset: a fifth of the stable's, at least 0.01 replayed (with none on both sides "
+        "about 300 requests a side show it) and 0.1 on live traffic. A rig of few requests "
+        "(a CPU test, the demo) sets its own.",
     )
     latency_margin_ratio: float = Field(
         0.10,
@@ -303,8 +320,9 @@ class TuningConfig(StrictModel):
         "bayes",
         description="Who proposes the trials (tuner/suggest/registry.py): bayes, a Gaussian "
         "process; informed, bisection on the memory knob with failed starts as its cliff, "
-        "then max_num_seqs on a log ladder (the agent gives it neither the planner's KV "
-        "need nor the stable server's high-water mark yet); random; grid.",
+        "then max_num_seqs on a log ladder, given the planner's KV need of the workload, "
+        "the stable server's own flags and the memory knob's KV bytes (not yet the stable "
+        "server's KV high-water mark); random; grid.",
     )
     seed: int = Field(0, description="The suggester's seed.")
     retune: RetuneConfig = Field(

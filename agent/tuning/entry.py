@@ -1,10 +1,12 @@
 """One way into tuning, for `kvpilot tune`, the schedule and the pod alike: a `Tuner` (the
 local one, `agent.tuning.local`, or the pod's, `agent.tuning.pod`) gives the study, the lease,
 the recovery and the session of its runtime; `run_tuning` runs one session under the lease,
-after the recovery."""
+after the recovery. A run whose settings cannot pass even a canary equal to the stable is
+refused before anything starts (`TuningRefused`, with the reason)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -12,9 +14,11 @@ from typing import Protocol
 
 from kvpilot.agent.config.tuning import TuningConfig
 from kvpilot.agent.tuning.handover import Resumed
-from kvpilot.agent.tuning.study import Study
+from kvpilot.agent.tuning.study import Study, rollout_settings
+from kvpilot.tuner.judge.judgement import LIVE_METRICS, JudgeConfig
 from kvpilot.tuner.rollout.canary import Recovered
-from kvpilot.tuner.session import Progress, SessionSummary, TuningSession
+from kvpilot.tuner.rollout.reachable import Reachability, live_reachability, reachability
+from kvpilot.tuner.session import Progress, SessionSummary, TuningBlocked, TuningSession
 
 ShowProgress = Callable[[Progress], None]
 # A session's runner: given the session built for a progress callback, and the trials to run.
@@ -71,6 +75,32 @@ class Tuner(Protocol):
         ...
 
 
+class TuningRefused(TuningBlocked):
+    """The run's settings cannot pass even a canary equal to the stable: it could only roll
+    back or end inconclusive, so it is refused before any server starts."""
+
+
+def study_reachability(study: Study) -> Reachability:
+    """Whether an equal canary can pass the study's rollouts (`tuner.rollout.reachable`),
+    judged as its observer's samples are: replayed windows of the workload's requests, or
+    live traffic's one analysis of `canary.analysis_s` in intervals."""
+    canary = study.tuning.canary
+    if canary.traffic == "replay":
+        settings = rollout_settings(study, JudgeConfig())
+        requests = study.workload.num_requests
+        return reachability(settings, requests_per_window=requests, strategy=study.strategy)
+    settings = rollout_settings(study, JudgeConfig(metrics=LIVE_METRICS))
+    intervals = int(canary.analysis_s // canary.analysis_interval_s)
+    return live_reachability(settings, intervals=intervals)
+
+
+def refuse_unreachable(study: Study) -> None:
+    """TuningRefused, with the reason and what would do, when the study cannot pass."""
+    found = study_reachability(study)
+    if not found.passes:
+        raise TuningRefused(f"tuning refused: {found.reason}")
+
+
 async def _plainly(
     make: Callable[[ShowProgress | None], TuningSession], trials: int
 ) -> SessionSummary:
@@ -85,7 +115,9 @@ async def run_tuning(
     run: RunSession = _plainly,
 ) -> SessionSummary:
     """One tuning run: under the tuner's lease, the recovery (told to `on_recovered`), then
-    `study.tuning.trials` trials of a session (run by `run`, a progress display say)."""
+    `study.tuning.trials` trials of a session (run by `run`, a progress display say).
+    TuningRefused first, before the lease, when the study's settings cannot pass."""
+    await asyncio.to_thread(refuse_unreachable, study)  # CPU-bound: the loop keeps ticking
     async with tuner.lease():
         on_recovered(await tuner.recover(study))
         return await run(lambda show: tuner.session(study, on_progress=show), study.tuning.trials)

@@ -31,6 +31,7 @@ from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.trials import SqliteTrialStore
 from kvpilot.agent.tuning.canary_sweep import CanarySweep
 from kvpilot.agent.tuning.entry import Recovery, Tuner, run_tuning
+from kvpilot.agent.tuning.held import WATCH_EVERY_S, HeldTrials
 from kvpilot.agent.tuning.study import Study, StudyError, study_suggester
 from kvpilot.agent.tuning.workload.record import remember_workload
 from kvpilot.tuner.report.table import summary_line
@@ -91,9 +92,11 @@ class ScheduledTuning:
         on_close: Callable[[], None] = lambda: None,
         on_tuned: Callable[[], None] = lambda: None,
         sweep: CanarySweep | None = None,
+        held: HeldTrials | None = None,
         offset_s: int = 0,
     ) -> None:
         self.sweep = sweep  # canaries nobody attends, looked for between runs (the pod's)
+        self.held = held  # canaries held for review: listed, released, timed out
         # `offset_s`: this Deployment's place in the fleet's window (`stagger_offset_s`).
         self._trigger = StaggeredCron(CronTrigger.from_crontab(schedule, timezone=UTC), offset_s)
         self._run_once = run_once
@@ -120,6 +123,15 @@ class ScheduledTuning:
         )
         if self.sweep is not None:
             self.sweep.add_to(scheduler)
+        if self.held is not None:
+            scheduler.add_job(
+                self.held.watch_logged,
+                "interval",
+                seconds=WATCH_EVERY_S,
+                id="tuning-held",
+                max_instances=1,
+                coalesce=True,
+            )
 
     @property
     def running(self) -> bool:
@@ -206,6 +218,7 @@ def scheduled_tuning(
     sweep: bool = False,
     offset_s: int = 0,
     canary_turn: Callable[[], AbstractAsyncContextManager[None]] = contextlib.nullcontext,
+    hold_timeout_s: float | None = None,
 ) -> ScheduledTuning:
     """The sidecar's scheduled tuning of `tuner`'s stable server: each run studies the server
     as it is then (its vLLM version and the workload a replay sends are part of the study),
@@ -213,7 +226,9 @@ def scheduled_tuning(
     what an earlier run left open first; in the switch's dry-run mode a firing only plans,
     and while paused it is skipped. `sweep`: canaries nobody attends are looked for
     between runs too (the pod's, whose replicas may be evicted mid-trial). `canary_turn`:
-    held around each run (the namespace's cap on canaries: TuningBlocked when full)."""
+    held around each run (the namespace's cap on canaries: TuningBlocked when full).
+    `hold_timeout_s`: canaries held for review are watched and may be released (None: the
+    configuration holds none)."""
     name = tuner.name
 
     def audit(decision: str, reason: str) -> None:
@@ -278,9 +293,22 @@ def scheduled_tuning(
         how = f"; {study.strategy_reason}" if study.strategy_reason is not None else ""
         return summary_line(summary) + told + how
 
-    return ScheduledTuning(
+    scheduled: ScheduledTuning | None = None
+    held = (
+        HeldTrials(
+            tuner,
+            store,
+            hold_timeout_s=hold_timeout_s,
+            busy=lambda: scheduled is not None and scheduled.running,
+            guard=guard,
+        )
+        if hold_timeout_s is not None
+        else None
+    )
+    scheduled = ScheduledTuning(
         schedule,
         run_once,
+        held=held,
         on_tuned=on_tuned,
         remediation_in_progress=remediations.in_progress,
         audit=audit,
@@ -292,6 +320,7 @@ def scheduled_tuning(
             CanarySweep(sweep_once, guard=guard, busy=remediations.in_progress) if sweep else None
         ),
     )
+    return scheduled
 
 
 def _plan(study: Study, store: StateStore) -> str:

@@ -4,12 +4,14 @@ and the session that runs it. Shared by `kvpilot tune` and the agent's scheduled
 from __future__ import annotations
 
 import os
+import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvpilot.agent.config.tuning import CanaryConfig, TuningConfig
+from kvpilot.agent.config.tuning_reach import judged_metrics
 from kvpilot.agent.model_files import find_model_config
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
@@ -19,17 +21,15 @@ from kvpilot.agent.tuning.gpu_bounds import read_gpu as read_gpu
 from kvpilot.agent.tuning.observer import LoadObserver
 from kvpilot.agent.tuning.server import TunedServer
 from kvpilot.agent.tuning.workload.choice import WorkloadChoice, choose_workload
-from kvpilot.collectors.vllm_argv import flag_value, parse_server_argv, without_flags
+from kvpilot.collectors.vllm_argv import flag_value, has_flag, parse_server_argv, without_flags
 from kvpilot.tuner.judge.judgement import (
-    LATENCY_METRICS,
     LIVE_METRICS,
     JudgeConfig,
-    with_margin_ratios,
-    with_margins,
 )
-from kvpilot.tuner.load.generator import Workload
-from kvpilot.tuner.planner import FeasibleBounds, PlanInputs, feasible_bounds
+from kvpilot.tuner.load.generator import BucketLengths, LengthDist, TraceWorkload, Workload
+from kvpilot.tuner.planner import FeasibleBounds, Plan, PlanInputs, feasible_bounds, make_plan
 from kvpilot.tuner.problem.constraints import (
+    Value,
     batched_tokens_constraint,
     parse_constraint,
     planner_constraint,
@@ -41,7 +41,8 @@ from kvpilot.tuner.rollout.canary import RolloutSettings, Strategy
 from kvpilot.tuner.rollout.ports import Observer, RolloutJournal, TunerRuntime
 from kvpilot.tuner.session import Progress, TuningSession
 from kvpilot.tuner.suggest.base import Suggester
-from kvpilot.tuner.suggest.registry import make_suggester
+from kvpilot.tuner.suggest.prior import KvPrior, MemoryAxis
+from kvpilot.tuner.suggest.registry import Knowledge, make_suggester
 
 
 class StudyError(ValueError):
@@ -69,6 +70,7 @@ class Study:
     choice: WorkloadChoice | None = None  # where the workload came from, and why
     strategy: Strategy = Strategy.PARALLEL
     strategy_reason: str | None = None  # why trials do not run as configured
+    knowledge: Knowledge = field(default_factory=Knowledge)  # for suggesters that use it
 
     @property
     def model(self) -> str:
@@ -78,8 +80,9 @@ class Study:
 
 
 def study_suggester(study: Study) -> Suggester:
-    """The suggester `tuning.suggester` names, over the study's space and seed."""
-    return make_suggester(study.tuning.suggester, study.space, study.tuning.seed)
+    """The suggester `tuning.suggester` names, over the study's space and seed, told what
+    the study knows (the planner's KV need, the deployed flags, the memory axis)."""
+    return make_suggester(study.tuning.suggester, study.space, study.tuning.seed, study.knowledge)
 
 
 def require_server(server: TunedServer | None) -> TunedServer:
@@ -104,7 +107,7 @@ def build_study(
     `chosen`: the workload `choose_workload` chose; default: the trace or configured one."""
     argv = tuple(stable.argv)
     knob_name = _knob_name(argv, tuning, gpu)
-    bounds = _bounds(
+    bounds, plan = _bounds(
         argv, tuning, gpu if knob_name == "gpu_memory_utilization" else None, stable.model_config
     )
     space = SearchSpace(
@@ -151,6 +154,7 @@ def build_study(
         choice,
         strategy,
         why,
+        study_knowledge(space, argv, plan, workload, slo, gpu),
     )
 
 
@@ -177,11 +181,116 @@ def _fixed_args(argv: tuple[str, ...], space: SearchSpace) -> tuple[str, ...]:
     return without_flags(argv, [*valued, "--port"], bare)
 
 
+def study_knowledge(
+    space: SearchSpace,
+    argv: Sequence[str],
+    plan: Plan | None,
+    workload: Workload,
+    slo: Slo,
+    gpu: GpuMemory | None,
+) -> Knowledge:
+    """What the study knows before its first trial: the stable server's own values of the
+    searched knobs, the planner's KV need of the workload, and the memory knob's KV bytes."""
+    deployed = deployed_values(space, argv)
+    return Knowledge(
+        prior=_kv_prior(plan, workload, slo, deployed.get("max_num_seqs")),
+        deployed=deployed,
+        axis=_memory_axis(space.knobs[0].name, plan, gpu),
+    )
+
+
+def deployed_values(space: SearchSpace, argv: Sequence[str]) -> dict[str, Value]:
+    """The searched knobs' values as the stable argv sets them; a knob it leaves to vLLM's
+    default, or sets outside the space, is unknown (absent)."""
+    values: dict[str, Value] = {}
+    for knob in space.knobs:
+        value = _argv_value(knob, argv)
+        if value is not None and knob.contains(value):
+            values[knob.name] = value
+    return values
+
+
+def _argv_value(knob: Knob, argv: Sequence[str]) -> Value | None:
+    if knob.kind is KnobKind.FLAG:
+        if has_flag(argv, "--no-" + knob.flag.removeprefix("--")):
+            return False
+        return True if has_flag(argv, knob.flag) else None
+    text = flag_value(argv, knob.flag)
+    if text is None:
+        return None
+    if knob.kind is KnobKind.CHOICE:
+        return next((c for c in knob.choices if str(c) == text), None)
+    if knob.kind is KnobKind.INTEGER:  # vLLM's "8G" spellings stay unknown: plain digits
+        return int(text) if text.isdigit() else None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _memory_axis(knob: str, plan: Plan | None, gpu: GpuMemory | None) -> MemoryAxis | None:
+    """KV bytes along the memory knob: the identity for an explicit budget; for the
+    utilisation, the GPU's bytes less what the planner says is not KV (weights, activations,
+    CUDA graphs: estimates that start-up profiling corrects)."""
+    if knob == "kv_cache_memory_bytes":
+        return MemoryAxis.identity()
+    if plan is None or gpu is None:
+        return None
+    non_kv = plan.budget.weights_bytes + plan.budget.overheads.total_bytes
+    return MemoryAxis.for_utilization(gpu.total_bytes, non_kv)
+
+
+def _kv_prior(
+    plan: Plan | None, workload: Workload, slo: Slo, max_num_seqs: Value | None
+) -> KvPrior | None:
+    """The planner's KV need of the replayed load (None where it cannot say): requests in
+    flight times the tokens each holds (its prompt and half its output), in whole blocks.
+
+    Closed loop: the concurrency. Open loop, Little's law at the longest a request may live
+    while the SLO holds (its TTFT and every gap at their limits): an upper end, so the prior
+    errs toward more memory, where a first probe holds. Never more than max_num_seqs run."""
+    if plan is None:
+        return None
+    prompt, output = _mean_lengths(workload)
+    if workload.concurrency is not None:
+        requests = float(workload.concurrency)
+    else:
+        latency_s = slo.ttft_p95_s + output * slo.inter_token_p95_s
+        requests = (workload.rate_rps or 0.0) * latency_s
+    if isinstance(max_num_seqs, int) and not isinstance(max_num_seqs, bool):
+        requests = min(requests, float(max_num_seqs))
+    tokens = requests * (prompt + output / 2)
+    if not tokens > 0:
+        return None
+    return KvPrior.from_planner(plan.geometry, tokens)
+
+
+def _mean_lengths(workload: Workload) -> tuple[float, float]:
+    """The mean prompt and output tokens the workload sends."""
+    if isinstance(workload, TraceWorkload) and workload.arrivals:
+        return (
+            statistics.fmean(a[1] for a in workload.arrivals),
+            statistics.fmean(a[2] for a in workload.arrivals),
+        )
+    return _mean_length(workload.prompt_len), _mean_length(workload.output_len)
+
+
+def _mean_length(dist: LengthDist) -> float:
+    if isinstance(dist, BucketLengths):
+        weight = sum(w for _, _, w in dist.buckets)
+        return sum((lo + hi) / 2 * w for lo, hi, w in dist.buckets) / weight
+    if dist.choices:
+        return statistics.fmean(dist.choices)
+    return float(dist.low) if dist.high is None else (dist.low + dist.high) / 2
+
+
 def _bounds(
     argv: tuple[str, ...], tuning: TuningConfig, gpu: GpuMemory | None, configured: Path | None
-) -> FeasibleBounds:
+) -> tuple[FeasibleBounds, Plan | None]:
     """The planner's feasible region for the stable instance's model and flags; with `gpu`
-    the utilisation range, without it the range of an explicit KV budget."""
+    the utilisation range, without it the range of an explicit KV budget. Beside it the
+    planner's plan (KV geometry, non-KV memory) where it can make one: the suggester's
+    knowledge, which a study does without."""
     model = parse_server_argv(argv).model or ""
     try:
         config_json = find_model_config(
@@ -202,9 +311,13 @@ def _bounds(
             # Without a GPU the planner works from an explicit budget (the CPU build).
             kv_cache_memory_bytes=None if gpu else tuning.kv_max_bytes,
         )
-        return feasible_bounds(config_json, inputs)
+        bounds = feasible_bounds(config_json, inputs)
     except ValueError as exc:  # the planner's ConfigError and PlanError, a malformed flag
         raise StudyError(f"the planner cannot bound the search for {model!r}: {exc}") from exc
+    try:
+        return bounds, make_plan(config_json, inputs)
+    except ValueError:  # weights beyond the default utilisation: bounds, but no plan at it
+        return bounds, None
 
 
 def _knob_name(argv: tuple[str, ...], tuning: TuningConfig, gpu: GpuMemory | None) -> str:
@@ -317,10 +430,7 @@ def rollout_settings(study: Study, judge: JudgeConfig) -> RolloutSettings:
     return RolloutSettings(
         slo=study.slo,
         judge=JudgeConfig(
-            with_margin_ratios(
-                with_margins(judge.metrics, errors_ratio=t.error_margin_ratio),
-                **dict.fromkeys(LATENCY_METRICS, t.latency_margin_ratio),
-            ),
+            judged_metrics(t, judge.metrics),
             judge.alpha,
             judge.marginal_score_ratio,
         ),

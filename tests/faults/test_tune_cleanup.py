@@ -32,11 +32,15 @@ pytestmark = pytest.mark.slow
 
 EXIT_S = 60.0
 GONE_S = 10.0
+# Settings an equal canary can pass (a run that cannot is refused before anything starts):
+# five windows of 64 requests show a five-point error margin and the preemption margin.
 TUNING = {
     "trials": 1,
     "kv_max_bytes": 67_108_864,
     "max_num_seqs": 16,
-    "workload": {"requests": 4, "concurrency": 1, "prompt_len": 8, "output_len": 4},
+    "workload": {"requests": 64, "concurrency": 1, "prompt_len": 8, "output_len": 4},
+    "windows": 5,
+    "error_margin_ratio": 0.05,
 }
 
 

@@ -17,10 +17,11 @@ its flags. Only a judge's pass whose objective also beats the baseline promotes;
 still inconclusive at the last look is rolled back, or held for review (`hold_inconclusive`,
 parallel). The bake after a promotion observes `bake_windows` windows and reverts to the old
 flags when the judge shows them worse than the old ones' windows, or infeasible
-(`tuner.rollout.decide`). `recover` cleans up after a kvpilot that died mid-trial. On live
-traffic the observer may abort the analysis (`CanaryAborted`: the canary broke the SLO, its
-share already back on the stable instance): the trial is infeasible with the reason and the
-canary is removed.
+(`tuner.rollout.decide`). `recover` cleans up after a kvpilot that died mid-trial; a hold is
+final to it (its canary is meant to outlive the run), and only a person's `release` (promote
+or roll back) ends it. On live traffic the observer may abort the analysis (`CanaryAborted`:
+the canary broke the SLO, its share already back on the stable instance): the trial is
+infeasible with the reason and the canary is removed.
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ from kvpilot.tuner.rollout.ports import (
     TunerRuntime,
 )
 from kvpilot.tuner.rollout.record import STABLE_TOUCHED
+from kvpilot.tuner.rollout.record import NotHeld as NotHeld
 from kvpilot.tuner.rollout.record import Phase as Phase
+from kvpilot.tuner.rollout.record import Release as Release
 from kvpilot.tuner.rollout.record import RolloutRecord as RolloutRecord
 from kvpilot.tuner.rollout.record import Strategy as Strategy
 from kvpilot.tuner.rollout.settings import RolloutSettings as RolloutSettings
@@ -169,21 +172,48 @@ class TrialRollout:
             self._move(s, Phase.ROLLED_BACK)
             return
         self._move(s, Phase.PROMOTING)
-        await rt.stop_canary()
+        await self._promote_canary(s, f"promoted by trial {s.trial.number}")
+
+    async def _promote_canary(self, s: _Run, why: str, *, released: str | None = None) -> None:
+        """The canary's flags into the stable instance through the runtime's guards, then the
+        bake; `released`: the person's release, kept in every reason that follows."""
+        await self._runtime.stop_canary()
         try:
-            await rt.set_stable(
-                s.record.candidate_argv,
-                reason=f"promoted by trial {s.trial.number}",
-                ready_timeout_s=self._settings.ready_timeout_s,
+            await self._runtime.set_stable(
+                s.record.candidate_argv, reason=why, ready_timeout_s=self._settings.ready_timeout_s
             )
         except CandidateStartFailed as exc:
-            await self._revert(s, f"the promoted flags did not start: {exc}")
+            await self._revert(s, _joined(released, f"the promoted flags did not start: {exc}"))
             return
         except RestartRefused as exc:  # measured and better, yet not now: the stable stays
             s.refused = str(exc)
-            self._move(s, Phase.ROLLED_BACK, reason=f"not promoted: {exc}")
+            self._move(s, Phase.ROLLED_BACK, reason=_joined(released, f"not promoted: {exc}"))
             return
         await self._bake(s)
+
+    async def release(
+        self, trial: Trial, record: RolloutRecord, action: Release, *, by: str, reason: str
+    ) -> RolloutOutcome:
+        """A held canary released by a person. `promote` goes the way a pass goes (the canary
+        stopped, its flags into the stable instance through the runtime's guards, the bake;
+        the old stable's windows went with the run, so the bake holds the promoted flags to
+        the SLO alone); `rollback` stops the canary. Raises NotHeld unless `record` is held."""
+        if record.phase is not Phase.HELD:
+            raise NotHeld(record)
+        s = _Run(trial, record)
+        why = f"{action.words} by {by}: {reason}"
+        try:
+            if action is Release.PROMOTE:
+                self._move(s, Phase.PROMOTING, reason=why)
+                await self._promote_canary(s, why, released=why)
+            else:
+                self._move(s, Phase.ROLLING_BACK, reason=why)
+                await self._runtime.stop_canary()
+                self._move(s, Phase.ROLLED_BACK, reason=why)
+        except BaseException as exc:
+            await self._fail(s, exc)
+            raise
+        return RolloutOutcome(s.trial, s.record, None, s.refused)
 
     async def _sequential(self, s: _Run) -> None:
         rt, url = self._runtime, self._runtime.stable_url()
@@ -424,6 +454,15 @@ class TrialRollout:
     def _save_trial(self, trial: Trial) -> Trial:
         self._store.save(trial)
         return trial
+
+
+def _joined(*parts: str | None) -> str:
+    return "; ".join(p for p in parts if p)
+
+
+def held_records(journal: RolloutJournal) -> list[RolloutRecord]:
+    """The rollouts held for a person's review, oldest first (their canaries left running)."""
+    return [r for r in journal.records() if r.phase is Phase.HELD]
 
 
 @dataclass(slots=True)

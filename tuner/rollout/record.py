@@ -49,6 +49,8 @@ _FINAL = frozenset(
         Phase.ABORTED,
     }
 )
+# A person's release of a held canary starts one of these (`Release`).
+_LEAVES_HOLD = frozenset({Phase.PROMOTING, Phase.ROLLING_BACK})
 # Phases in which the stable instance may be serving flags other than its old ones.
 STABLE_TOUCHED = {
     Strategy.PARALLEL: frozenset({Phase.PROMOTING, Phase.BAKING, Phase.REVERTING}),
@@ -65,6 +67,29 @@ STABLE_TOUCHED = {
         }
     ),
 }
+
+
+class Release(StrEnum):
+    """A person's answer to a held canary (Argo Rollouts' `promote` and `abort`)."""
+
+    PROMOTE = "promote"
+    ROLLBACK = "rollback"
+
+    @property
+    def words(self) -> str:
+        """How the record's reason says it (and how a repeat of it is recognised)."""
+        return "released for promotion" if self is Release.PROMOTE else "released for rollback"
+
+
+class NotHeld(RuntimeError):
+    """Only a held rollout can be released; the message says where this one is."""
+
+    def __init__(self, record: RolloutRecord) -> None:
+        super().__init__(
+            f"trial {record.trial_id} is {record.phase.value}, not held"
+            + (f" ({record.reason})" if record.reason else "")
+        )
+        self.record = record
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +109,15 @@ class RolloutRecord:
     def at(
         self, phase: Phase, *, at_wall_s: float, reason: str | None = None, **changes: Any
     ) -> RolloutRecord:
-        """The record in a new phase; a final phase cannot be left."""
-        if self.phase.final:
+        """The record in a new phase; a final phase cannot be left, but for a hold's release
+        (a hold is final to recovery and to the run, which leave its canary running)."""
+        released = self.phase is Phase.HELD and phase in _LEAVES_HOLD
+        if self.phase.final and not released:
             raise ValueError(f"rollout {self.trial_id}: {self.phase} is final")
         return dataclasses.replace(
             self, phase=phase, updated_wall_s=at_wall_s, reason=reason or self.reason, **changes
         )
+
+    def released_as(self) -> Release | None:
+        """The release this record's rollout came from, as its reason says (None: none)."""
+        return next((r for r in Release if f"{r.words} by " in (self.reason or "")), None)

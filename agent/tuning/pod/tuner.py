@@ -46,7 +46,7 @@ from kvpilot.agent.tuning.study import (
 )
 from kvpilot.agent.tuning.workload.choice import WorkloadChoice
 from kvpilot.tuner.problem.objective import Slo
-from kvpilot.tuner.rollout.canary import RolloutSettings, recover
+from kvpilot.tuner.rollout.canary import RolloutSettings, held_records, recover
 from kvpilot.tuner.rollout.ports import Observer
 from kvpilot.tuner.session import TuningBlocked, TuningSession
 from kvpilot.tuner.trials import trial_from_dict, trial_to_dict
@@ -232,8 +232,10 @@ class PodTuner:
             record = journal.get(imported)
             if record is None or record.phase.final:
                 await asyncio.to_thread(self._map.delete)  # done with: nobody resumes it again
-        # What is left is nobody's: another pod's, evicted mid-trial, with its emptyDir.
-        swept = await self.adapter.sweep_orphaned_canary()
+        # What is left is nobody's: another pod's, evicted mid-trial, with its emptyDir; a
+        # canary held for a person's review is not (it waits for `kvpilot tuning release`).
+        held = held_records(journal)
+        swept = None if held else await self.adapter.sweep_orphaned_canary()
         return Recovery(tuple(resumed), tuple(recovered), swept, tuple(respectful.kept))
 
     def _trusted(self, found: HandedOver, study: Study) -> bool:

@@ -162,3 +162,15 @@ def test_no_agent_is_a_sentence_naming_port_forward() -> None:
     result = kvpilot("status", "--url", "http://127.0.0.1:9")
     assert result.exit_code == 1 and "port-forward" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_tuning_held_and_release_reach_the_agent_and_refuse_bad_input(
+    agent: ServedAgent, token_file: Path
+) -> None:
+    listed = kvpilot("tuning", "held", "--url", agent.url, "--json")
+    assert listed.exit_code == 0 and _json(listed) == {"held": []}
+    release = ("tuning", "release", "t1", "--reason", "r", "--url", agent.url)
+    both = kvpilot(*release, "--promote", "--rollback")
+    assert both.exit_code == 2 and "exactly one of --promote or --rollback" in both.output
+    refused = kvpilot(*release, "--rollback", "--token-file", str(token_file))
+    assert refused.exit_code == 1 and "nothing is held" in refused.stderr, refused.output

@@ -22,7 +22,7 @@ from tests.agent.remediation.remediation_helpers import Harness, remediation_con
 TINY = Path(__file__).resolve().parents[3] / "rig" / "models" / "tiny-llama"
 
 
-def scheduled(fake, tmp_path: Path, port: int):
+def scheduled(fake, tmp_path: Path, port: int, **tuning: object):
     config = validate_config(
         {
             "state_dir": str(tmp_path / "state"),
@@ -36,6 +36,7 @@ def scheduled(fake, tmp_path: Path, port: int):
                 "schedule": "0 3 * * *",
                 "trials": 2,
                 "memory_knob": "kv_cache_memory_bytes",
+                **tuning,
             },
         },
         warn=False,

@@ -4,6 +4,7 @@ GPU's memory (given here as NVML would report it: no GPU runs in this environmen
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from kvpilot.agent.tuning.study import (
     GpuMemory,
     StudyError,
     build_study,
+    deployed_values,
     read_gpu,
     rollout_settings,
     study_suggester,
@@ -22,7 +24,15 @@ from kvpilot.agent.tuning.study import (
 from kvpilot.rig.server import free_port
 from kvpilot.tuner.judge.judgement import DEFAULT_METRICS, LIVE_METRICS, JudgeConfig, MetricSpec
 from kvpilot.tuner.problem.space import KnobKind
-from kvpilot.tuner.suggest import BayesianSuggester, InformedSuggester, RandomSuggester
+from kvpilot.tuner.suggest import (
+    BayesianSuggester,
+    InformedSuggester,
+    Knowledge,
+    KvPrior,
+    MemoryAxis,
+    RandomSuggester,
+    make_suggester,
+)
 from tests.agent.sidecar_harness import agent_config, server_spec
 from tests.fakes.nvml import FakeGpu, FakeNvmlLibrary, installed
 
@@ -197,3 +207,63 @@ def test_the_latency_margin_reaches_every_latency_the_judge_counts(
     assert [margins[name][0] for name in ("ttft_s", "inter_token_s", "e2e_s")] == [0.5] * 3
     assert margins["goodput_tokens_per_s"][0] == 0.1  # goodput keeps its own
     assert margins["errors_ratio"][1] == 0.02
+    # Unset, the preemption margin is the judge's own: 0.01 a request replayed, 0.1 live.
+    assert margins["preemptions_per_request"][1] == (0.01 if metrics is DEFAULT_METRICS else 0.1)
+    tuning = tuning.model_copy(update={"preemption_margin_per_request": 0.05})
+    study = build_study(tuned_server(_config(tmp_path)), tuning, gpu=None)
+    judged = rollout_settings(study, JudgeConfig(metrics=metrics)).judge.metrics
+    assert {m.name: m.tolerance_abs for m in judged}["preemptions_per_request"] == 0.05
+
+
+def test_the_informed_suggester_is_told_the_planner_need_the_deployed_flags_and_the_axis(
+    tmp_path: Path,
+) -> None:
+    """CPU build: the KV-budget knob's axis is the identity; the need is the closed-loop
+    workload's requests in flight (16, capped at the deployed max_num_seqs of 8) times the
+    tokens each holds (384 prompt, half of 64 out), in blocks of 32 tokens of 32 KiB."""
+    config = _config(tmp_path, max_num_seqs=8)
+    tuning = TuningConfig.model_validate({"suggester": "informed", "seed": 3})
+    study = build_study(tuned_server(config), tuning, gpu=None)
+    blocks = math.ceil(8 * (384 + 64 / 2) / 32)
+    told = Knowledge(
+        prior=KvPrior(blocks * 32 * 1024),
+        deployed={"kv_cache_memory_bytes": 64 << 20, "max_num_seqs": 8},
+        axis=MemoryAxis.identity(),
+    )
+    assert study.knowledge == told
+    # What the study builds asks what a suggester told all of it asks, not a blind one.
+    first = study_suggester(study).ask()
+    assert first == make_suggester("informed", study.space, 3, told).ask()
+    assert first != make_suggester("informed", study.space, 3).ask()
+
+
+def test_on_a_gpu_the_utilisation_axis_is_the_gpu_less_what_the_planner_says_is_not_kv(
+    tmp_path: Path,
+) -> None:
+    """The axis agrees with the planner's own bounds: at the least utilisation the KV left
+    is one request of max_model_len (within the bound's rounding to 1e-4 of the GPU)."""
+    config = _config(
+        tmp_path,
+        kv_cache_memory_bytes=None,
+        extra_args=("--gpu-memory-utilization", "0.5"),
+    )
+    study = build_study(tuned_server(config), TuningConfig(), gpu=H100)
+    memory = study.space.knobs[0]
+    axis = study.knowledge.axis
+    assert axis is not None and axis.bytes_per_unit == 80 * GIB
+    one_request = 33 * 32 * 1024  # 32 blocks of 32 tokens and the null block
+    assert memory.low is not None
+    assert one_request <= axis.kv_bytes(memory.low) <= one_request + 1e-4 * 80 * GIB
+    assert study.knowledge.deployed == {"gpu_memory_utilization": 0.5}
+    assert study.knowledge.prior == KvPrior(math.ceil(16 * (384 + 64 / 2) / 32) * 32 * 1024)
+
+
+def test_the_deployed_flags_are_read_in_either_spelling_and_unknown_where_unusable(
+    tmp_path: Path,
+) -> None:
+    space = build_study(tuned_server(_config(tmp_path)), TuningConfig()).space
+    argv = ("vllm", "serve", "m", "--max-num-seqs=32", "--kv-cache-memory-bytes", "8388608")
+    assert deployed_values(space, argv) == {"max_num_seqs": 32, "kv_cache_memory_bytes": 8 << 20}
+    # Outside the space, unreadable, or left to vLLM's default: unknown, never a guess.
+    odd = ("vllm", "serve", "m", "--max-num-seqs", "4096", "--kv-cache-memory-bytes", "lots")
+    assert deployed_values(space, odd) == {}

@@ -1,0 +1,52 @@
+"""The simulated benchmark's harness builds the product's suggesters as the study does."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from kvpilot.tuner.suggest import SUGGESTERS, InformedSuggester, MemoryAxis
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from tuner_sim import DEV_SEEDS, draw_landscape
+from tuner_sim_run import (
+    config_of,
+    knowledge_of,
+    registered_suggesters,
+    space_of,
+    strategies,
+)
+
+
+def test_every_registered_search_is_a_strategy_by_its_configuration_name() -> None:
+    assert set(registered_suggesters()) == set(SUGGESTERS) - {"grid"}
+    assert set(registered_suggesters()) <= set(strategies())
+
+
+def test_the_landscape_knowledge_is_what_the_agent_would_give() -> None:
+    """The deployed flags lie in the space; the prior is the planner's estimate in whole
+    blocks (not the true knee, which errs against it); the KV knob's axis is the identity."""
+    ls = draw_landscape(DEV_SEEDS[0])
+    known = knowledge_of(ls)
+    space = space_of(ls)
+    assert all(space.knob(name).contains(value) for name, value in known.deployed.items())
+    assert known.deployed["kv_cache_memory_bytes"] == ls.deployed.kv_bytes
+    assert known.prior is not None and known.axis == MemoryAxis.identity()
+    block = ls.geometry.bytes_per_block
+    assert 0 <= known.prior.need_bytes - ls.planner_knee_bytes <= block
+    assert known.prior.need_bytes % block == 0
+
+
+def test_the_informed_strategy_asks_what_a_suggester_told_the_landscape_asks() -> None:
+    """Its first trial is a knowing suggester's first ask, not a blind one's (the harness
+    once built every suggester from the space and seed alone)."""
+    ls = draw_landscape(DEV_SEEDS[0])
+    known, space = knowledge_of(ls), space_of(ls)
+    record = strategies()["informed"](ls, 0, lambda _c: 0.0)
+    first = record.history[0][0]
+    told = InformedSuggester(
+        space, 0, prior=known.prior, deployed=known.deployed, axis=known.axis
+    ).ask()
+    assert first == config_of(told)
+    assert first != config_of(InformedSuggester(space, seed=0).ask())
