@@ -273,6 +273,9 @@ def api_routes(
             "last_actions": shown(ports.status.last_actions(10)),
             "outbox_backlog": ports.status.outbox_backlog(),
             "recommendations": recommendations,
+            "settings_from_deployment": shown(
+                dict(ports.from_deployment()) if ports.from_deployment is not None else {}
+            ),
         }
         return JsonResponse(body)
 

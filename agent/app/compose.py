@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -14,6 +15,7 @@ import httpx
 
 from kvpilot.agent.app.api import api_routes
 from kvpilot.agent.app.control_token import ControlToken
+from kvpilot.agent.app.deployment_settings import DeploymentSettings
 from kvpilot.agent.app.exposition import build_registry, sidecar_families, tuning_families
 from kvpilot.agent.app.fleet_keep import DeploymentKeeping
 from kvpilot.agent.app.fleet_start import take_over_kept_guards
@@ -26,9 +28,12 @@ from kvpilot.agent.app.lifecycle import (
     serve_and_tick,
 )
 from kvpilot.agent.app.parts import (
+    PodPlace,
     build_notifiers,
     build_runtime,
     control_ports,
+    deployment_settings,
+    pod_place,
     scheduled_tuning_of,
     server_of,
     tick_settings,
@@ -36,7 +41,7 @@ from kvpilot.agent.app.parts import (
 )
 from kvpilot.agent.app.reload import Reloader, reload_routes
 from kvpilot.agent.app.start_up import adopt_orphans, start_local
-from kvpilot.agent.config import AgentConfig
+from kvpilot.agent.config import AgentConfig, PodRuntimeConfig
 from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.remediation.oom.guard import OomGuard
 from kvpilot.agent.remediation.oom.range import planner_range
@@ -46,6 +51,7 @@ from kvpilot.agent.runtimes import LocalRuntime, Runtime, RuntimeFailure
 from kvpilot.agent.runtimes.kubernetes.pod import PodRuntime
 from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime
 from kvpilot.agent.runtimes.kubernetes.switch import SwitchWatch, read_layers
+from kvpilot.agent.runtimes.offloop import in_daemon_thread
 from kvpilot.agent.runtimes.probe import StartFailed
 from kvpilot.agent.state import StateError, StateStore, open_exclusive
 from kvpilot.agent.state.write_failures import WriteFailures
@@ -130,7 +136,11 @@ async def _run(
     timeout = httpx.Timeout(5.0, connect=2.0)
     async with httpx.AsyncClient(timeout=timeout) as client, contextlib.AsyncExitStack() as ends:
         store = ends.enter_context(_own_state_or_exit(config))  # closed after all the rest
-        runtime = _runtime_or_exit(config, promoted_argv(config, store, config_sha256))
+        place = _pod_place_or_exit(config)
+        annotated = deployment_settings(place) if place is not None else None
+        if annotated is not None:  # the Deployment's annotations over the shared ConfigMap
+            config = await in_daemon_thread(annotated.layer, config)
+        runtime = _runtime_or_exit(config, promoted_argv(config, store, config_sha256), place)
         # Each clean-up is owed from the moment its part exists (they run in reverse):
         # a failure while composing still stops a server adopted or started by then.
         ends.push_async_callback(runtime.aclose, drain_timeout_s=config.runtime.drain_timeout_s)
@@ -258,6 +268,7 @@ async def _run(
                 lambda cfgs: build_notifiers(cfgs, client, external_url),
                 audit=store,
                 mode=remediator.mode,
+                layer=_layer_of(annotated),
             )
         own = sidecar_families(sidecar.counters, reloader)
 
@@ -272,7 +283,7 @@ async def _run(
         token = ControlToken(config.api.token, config.api.token_file)
         stale_after_s = max(10.0, 5 * config.interval_s)
         control_routes = [
-            *api_routes(control_ports(config, sidecar, tuning), token, window=learned),
+            *api_routes(control_ports(config, sidecar, tuning, annotated), token, window=learned),
             *(reload_routes(reloader, token) if reloader else ()),
         ]
         sock, control_sock = listeners
@@ -347,13 +358,39 @@ def _no_marks(name: str) -> frozenset[str]:
     return frozenset()
 
 
-def _runtime_or_exit(config: AgentConfig, promoted: dict[str, tuple[str, ...]]) -> Runtime:
+def _runtime_or_exit(
+    config: AgentConfig, promoted: dict[str, tuple[str, ...]], place: PodPlace | None = None
+) -> Runtime:
     """The configured runtime, or one plain message (the pod runtime's namespace or API
     server not found) and exit 1, before anything listens."""
     try:
-        return build_runtime(config, promoted)
+        return build_runtime(config, promoted, place)
     except RuntimeFailure as exc:
         raise SystemExit(f"kvpilot: {exc}") from None
+
+
+def _pod_place_or_exit(config: AgentConfig) -> PodPlace | None:
+    """The pod runtime's place (its Deployment), None for the other runtimes; or one plain
+    message and exit 1, as `_runtime_or_exit`."""
+    if not isinstance(config.runtime, PodRuntimeConfig):
+        return None
+    try:
+        return pod_place(config.runtime, os.environ)
+    except RuntimeFailure as exc:
+        raise SystemExit(f"kvpilot: {exc}") from None
+
+
+def _layer_of(
+    settings: DeploymentSettings | None,
+) -> Callable[[AgentConfig], Awaitable[AgentConfig]] | None:
+    """A reload's step that lays the Deployment's settings over the file's again."""
+    if settings is None:
+        return None
+
+    async def layer(shared: AgentConfig) -> AgentConfig:
+        return await in_daemon_thread(settings.layer, shared)
+
+    return layer
 
 
 def _own_state_or_exit(config: AgentConfig) -> StateStore:

@@ -3,7 +3,7 @@ alerts, remediation, the loop's status and the held canaries) instead of the loo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -105,3 +105,5 @@ class ControlPorts:
     remediation: Remediation
     status: LoopStatus
     held: HeldCanaries | None = None  # None: no tuning here, so nothing is ever held
+    # The settings in force taken from the Deployment's annotations (path -> annotation text).
+    from_deployment: Callable[[], Mapping[str, str]] | None = None

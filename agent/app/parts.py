@@ -8,12 +8,14 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
 import httpx
 
 from kvpilot.agent.app.control_ports import ControlPorts
+from kvpilot.agent.app.deployment_settings import DeploymentSettings
 from kvpilot.agent.config import (
     AgentConfig,
     AlertmanagerNotifierConfig,
@@ -45,6 +47,7 @@ from kvpilot.agent.runtimes import (
     RuntimeFailure,
 )
 from kvpilot.agent.runtimes.kubernetes.api import make_api_client, pod_name, pod_namespace
+from kvpilot.agent.runtimes.kubernetes.fleet.decision_events import DecisionEvents
 from kvpilot.agent.runtimes.kubernetes.fleet.gate import pod_gate
 from kvpilot.agent.runtimes.kubernetes.fleet.owner import owning_deployment
 from kvpilot.agent.runtimes.kubernetes.handover_configmap import HandoverConfigMap
@@ -73,9 +76,12 @@ log = logging.getLogger(__name__)
 
 
 def build_runtime(
-    config: AgentConfig, argv_overrides: Mapping[str, tuple[str, ...]] | None = None
+    config: AgentConfig,
+    argv_overrides: Mapping[str, tuple[str, ...]] | None = None,
+    place: PodPlace | None = None,
 ) -> Runtime:
-    """The configured runtime; `argv_overrides` replaces instances' argv (promoted flags)."""
+    """The configured runtime; `argv_overrides` replaces instances' argv (promoted flags);
+    `place` is the pod runtime's, where it was found already (`pod_place`)."""
     overrides = argv_overrides or {}
     runtime = config.runtime
     if isinstance(runtime, LocalRuntimeConfig):
@@ -109,7 +115,7 @@ def build_runtime(
         )
     if isinstance(runtime, PodRuntimeConfig):
         # Runtime's `kind` is a Literal; KubernetesRuntime declares it as a plain string.
-        return cast(Runtime, build_pod_runtime(config, runtime, os.environ))
+        return cast(Runtime, build_pod_runtime(config, runtime, os.environ, place=place))
     assert isinstance(runtime, ProcessRuntimeConfig)
     return ProcessRuntime([_process_target(runtime)])
 
@@ -131,23 +137,59 @@ def _process_target(runtime: ProcessRuntimeConfig | PodRuntimeConfig) -> Process
     )
 
 
+@dataclass(frozen=True, slots=True)
+class PodPlace:
+    """Where the pod runtime's sidecar runs: its API client, namespace, Deployment, pod."""
+
+    api_client: object
+    namespace: str
+    deployment: str
+    pod: str | None  # None: the pod's name is unknown (no downward API)
+
+
+def pod_place(
+    runtime: PodRuntimeConfig, environ: Mapping[str, str], *, api_client: object | None = None
+) -> PodPlace:
+    """The pod runtime's place: the Deployment configured or found from ownerReferences.
+    RuntimeFailure when the namespace or the API server's configuration cannot be found."""
+    k8s = runtime.kubernetes
+    namespace = k8s.namespace or pod_namespace(environ)
+    client = api_client if api_client is not None else make_api_client(k8s.api_url)
+    identity = pod_name(environ)
+    deployment = k8s.deployment or _own_deployment(client, namespace, identity)
+    return PodPlace(client, namespace, deployment, identity)
+
+
+def deployment_settings(place: PodPlace) -> DeploymentSettings:
+    """The Deployment's settings annotations over the shared configuration, for its pod."""
+    events = None
+    if place.pod is not None:
+        events = DecisionEvents(
+            place.api_client, namespace=place.namespace, deployment=place.deployment, pod=place.pod
+        )
+    return DeploymentSettings(
+        place.api_client, namespace=place.namespace, deployment=place.deployment, events=events
+    )
+
+
 def build_pod_runtime(
     config: AgentConfig,
     runtime: PodRuntimeConfig,
     environ: Mapping[str, str],
     *,
     api_client: object | None = None,
+    place: PodPlace | None = None,
 ) -> PodRuntime:
     """The pod runtime: vLLM beside the sidecar restarted by signal (the process runtime),
     the Deployment changed through the API (canaries, promotions, the tuning Lease).
-    RuntimeFailure when the namespace or the API server's configuration cannot be found."""
+    RuntimeFailure as `pod_place` says, unless `place` is given (found already)."""
     k8s = runtime.kubernetes
-    namespace = k8s.namespace or pod_namespace(environ)
-    client = api_client if api_client is not None else make_api_client(k8s.api_url)
-    identity = pod_name(environ)
+    if place is None:
+        place = pod_place(runtime, environ, api_client=api_client)
+    client, namespace, identity = place.api_client, place.namespace, place.pod
     target = KubernetesTarget(
         namespace=namespace,
-        deployment=k8s.deployment or _own_deployment(client, namespace, identity),
+        deployment=place.deployment,
         container=k8s.container,
         sidecar_container=k8s.sidecar_container,
         port=runtime.port,
@@ -444,11 +486,21 @@ def tick_settings(config: AgentConfig) -> TickSettings:
 
 
 def control_ports(
-    config: AgentConfig, sidecar: Sidecar, tuning: ScheduledTuning | None = None
+    config: AgentConfig,
+    sidecar: Sidecar,
+    tuning: ScheduledTuning | None = None,
+    settings: DeploymentSettings | None = None,
 ) -> ControlPorts:
     """What the API reaches of the running loop (the scheduled tuning's held canaries where
-    it holds them); the configuration masks its secrets."""
+    it holds them, the settings taken from the Deployment); the configuration masks its
+    secrets."""
     held = tuning.held if tuning is not None else None
     return ControlPorts(
-        config, sidecar.runtime, sidecar.alerts, sidecar.remediator, sidecar, held=held
+        config,
+        sidecar.runtime,
+        sidecar.alerts,
+        sidecar.remediator,
+        sidecar,
+        held=held,
+        from_deployment=(lambda: settings.from_deployment) if settings is not None else None,
     )

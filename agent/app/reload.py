@@ -5,7 +5,9 @@ running configuration stays. The notifiers change in place (the outbox keeps wha
 queued and new notifications go to the new ones), and so do the rules (from the next tick)
 and `remediation.dry_run` (the live switch's configuration layer, `kvpilot.agent.mode`).
 Every other section applies when kvpilot restarts, and the reload says which of them
-changed. Each reload is audited.
+changed. Each reload is audited. On the pod runtime the Deployment's settings annotations
+are laid over the file's configuration again (`layer`), so `kubectl annotate` and a reload
+apply them as an edit of the file would.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -70,9 +72,11 @@ class Reloader:
         *,
         audit: StateStore,
         mode: LiveMode | None = None,
+        layer: Callable[[AgentConfig], Awaitable[AgentConfig]] | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._load = load
+        self._layer = layer  # the Deployment's settings over the file's; never raises
         self._mode = mode
         self._running = running
         self._loop = loop
@@ -90,6 +94,8 @@ class Reloader:
                 return self._refused(tuple(exc.problems))
             except OSError as exc:
                 return self._refused((f"cannot read: {exc.strerror or exc}",))
+            if self._layer is not None:
+                new = await self._layer(new)
             return self._apply(new)
 
     def _apply(self, new: AgentConfig) -> ReloadResult:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 # reload (3: its loader, the running configuration, the new one), config_warnings,
-# secret_values, needed_extras, `config check`'s summary
-WHOLE_CONFIG_READERS = 7
+# secret_values, needed_extras, `config check`'s summary, and the per-Deployment settings
+# laid over the whole (3: the merge, the Deployment's layer, the reload's layering step)
+WHOLE_CONFIG_READERS = 10
 
 
 def test_the_whole_configuration_stays_in_composition() -> None:

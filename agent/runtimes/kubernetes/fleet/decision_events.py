@@ -30,7 +30,10 @@ PROMOTED = "KvpilotPromoted"
 ROLLED_BACK = "KvpilotRolledBack"
 VETOED = "KvpilotVetoed"
 VETO_LIFTED = "KvpilotVetoLifted"
-WARNINGS = frozenset({RESTART_WAITING, RESTART_FAILED, RESTART_REFUSED, ROLLED_BACK})
+SETTINGS_REFUSED = "KvpilotSettingsRefused"  # the Deployment's settings annotations
+WARNINGS = frozenset(
+    {RESTART_WAITING, RESTART_FAILED, RESTART_REFUSED, ROLLED_BACK, SETTINGS_REFUSED}
+)
 
 
 class DecisionEvents:
