@@ -327,6 +327,10 @@ def test_sequential_canary_switches_the_one_instance_and_promotes(study) -> None
         assert outcome.record.strategy is Strategy.SEQUENTIAL
         assert Phase.OBSERVING_BASELINE in phases
         assert phases.index(Phase.OBSERVING_BASELINE) < phases.index(Phase.STARTING)
+        # A-B-A: back to the stable flags and observed again before the promotion's restart.
+        returned = phases.index(Phase.RETURNING)
+        assert returned < phases.index(Phase.OBSERVING_BASELINE_AFTER)
+        assert phases.index(Phase.OBSERVING_BASELINE_AFTER) < phases.index(Phase.PROMOTING)
         _check_promoted(outcome, runtime, db, stable.main_pid)
     finally:
         asyncio.run(runtime.aclose(drain_timeout_s=5.0))

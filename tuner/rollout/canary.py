@@ -5,23 +5,25 @@ Phases (`Phase`), each saved to the journal before the step it names begins:
     parallel:   planned -> starting -> warming -> observing -> judging
                 -> rolling_back -> rolled_back | held (the canary left for review)
                 -> promoting -> baking -> promoted | reverting -> reverted
-    sequential: planned -> observing_baseline -> starting -> warming -> observing -> judging
-                -> (as parallel; promotion is already live, so it bakes at once)
+    sequential: planned -> observing_baseline -> starting -> warming -> observing
+                -> returning -> observing_baseline_after -> judging -> (as parallel)
+                | (clearly worse) judging -> rolling_back -> rolled_back
 
 `parallel` runs the candidate beside the stable instance, both under the same workload.
-`sequential` measures the one instance's recent window, switches it to the candidate and
-measures again at the same load. Windows are observed up to each of the judge's sequential
-looks (`judge.sequential`) and the rollout stops at the first that decides. A candidate that
-does not start is infeasible with vLLM's reason and the stable instance keeps (or gets back)
-its flags. Only a judge's pass whose objective also beats the baseline promotes; a canary
-still inconclusive at the last look is rolled back, or held for review (`hold_inconclusive`,
-parallel). The bake after a promotion observes `bake_windows` windows and reverts to the old
-flags when the judge shows them worse than the old ones' windows, or infeasible
-(`tuner.rollout.decide`). `recover` cleans up after a kvpilot that died mid-trial; a hold is
-final to it (its canary is meant to outlive the run), and only a person's `release` (promote
-or roll back) ends it. On live traffic the observer may abort the analysis (`CanaryAborted`:
-the canary broke the SLO, its share already back on the stable instance): the trial is
-infeasible with the reason and the canary is removed.
+`sequential` measures the one instance, switches it to the candidate, measures again at the
+same load, switches back and measures once more (A-B-A: see `_sequential`). Windows are
+observed up to each of the judge's sequential looks (`judge.sequential`) and the rollout
+stops at the first that decides. A candidate that does not start is infeasible with vLLM's
+reason and the stable instance keeps (or gets back) its flags. Only a judge's pass whose
+objective also beats the baseline promotes; a canary still inconclusive at the last look is
+rolled back, or held for review (`hold_inconclusive`, parallel). The bake after a promotion
+observes `bake_windows` windows and reverts to the old flags when the judge shows them worse
+than the old ones' windows, or infeasible (`tuner.rollout.decide`). `recover` cleans up
+after a kvpilot that died mid-trial; a hold is final to it (its canary is meant to outlive
+the run), and only a person's `release` (promote or roll back) ends it. On live traffic the
+observer may abort the analysis (`CanaryAborted`: the canary broke the SLO, its share
+already back on the stable instance): the trial is infeasible with the reason and the canary
+is removed.
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ from kvpilot.tuner.judge.judgement import Classification, Judgement
 from kvpilot.tuner.judge.sequential import Look, LookDecision, judge_look
 from kvpilot.tuner.judge.windows import Window, judge_windows
 from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult, evaluate
+from kvpilot.tuner.rollout.bracket import bracketing, drift_widened
 from kvpilot.tuner.rollout.decide import WindowGoodputs, pooled
 from kvpilot.tuner.rollout.decide import bake_degradation as bake_degradation  # re-exported
 from kvpilot.tuner.rollout.decide import promotion_decision as promotion_decision
 from kvpilot.tuner.rollout.foreign import ForeignTraffic, foreign_reason
+from kvpilot.tuner.rollout.intervals import interval_look, judges_intervals
 from kvpilot.tuner.rollout.ports import (
     CanaryAborted,
     CandidateStartFailed,
@@ -216,11 +220,27 @@ class TrialRollout:
         return RolloutOutcome(s.trial, s.record, None, s.refused)
 
     async def _sequential(self, s: _Run) -> None:
+        """A-B-A: the one instance observed with the stable flags (A), restarted with the
+        candidate's (B), observed, restarted back and observed again (A), window k of each
+        phase sending the same prompts. Candidate window k is judged paired against the
+        stable's windows k before and after it made one (`bracket.bracketing`): it sits
+        midway between them in time, so a drift linear in time (the hour's traffic, the
+        device's temperature) cancels, where one side after the other would read it as the
+        candidate's effect. B stops at the first look that shows it no worse than the
+        windows before it (the pass the windows after it must confirm), or at the last look;
+        A after it observes up to the looks B reached and stops at the first that decides.
+
+        The cost: a pass takes three restarts (to B, back to A, and the promotion's to B
+        again) where one side after the other took one; the restart back is needed anyway
+        when the candidate does not pass, and a clearly bad candidate stops early with it
+        alone: shown worse than the windows before it beyond the margins widened by
+        `sequential_drift_ratio`, it is judged against those and rolled back, with no
+        second A. The promotion's restart goes through the runtime's guards, and a refusal
+        leaves the stable flags serving with the candidate measured (`_promote_canary`)."""
         rt, url = self._runtime, self._runtime.stable_url()
         self._move(s, Phase.OBSERVING_BASELINE)
-        # Window k of the baseline and of the candidate send the same prompts.
-        baselines = [
-            await self._observe_one(s, url, prompts=f"{s.trial.trial_id} {k}")
+        before = [
+            await self._observe_one(s, url, prompts=_prompts(s, k))
             for k in range(self._settings.windows)
         ]
         self._move(s, Phase.STARTING)
@@ -245,30 +265,81 @@ class TrialRollout:
         self._move(s, Phase.WARMING)
         s.warmup = await self._observer.warm([url])
         self._move(s, Phase.OBSERVING)
-        canaries: list[Observation] = []
-        for at in self._settings.look_plan.looks:
-            while len(canaries) < at:
-                canaries.append(
-                    await self._observe_one(s, url, prompts=f"{s.trial.trial_id} {len(canaries)}")
-                )
-            look = self._look(baselines, canaries, paired=False)
-            if look.decision is not LookDecision.CONTINUE:
-                break
-        # A hold needs a canary beside the stable: here the candidate is the only instance.
-        if not self._judge(s, baselines, canaries, look.judgement, paired=False):
+        canaries, clearly_worse = await self._observe_candidate(s, url, before)
+        if clearly_worse is not None:
+            self._judge(s, before, canaries, clearly_worse.judgement, paired=False)
             self._move(s, Phase.ROLLING_BACK)
             await self._restore_stable(s, f"trial {s.trial.number} rolled back")
             self._move(s, Phase.ROLLED_BACK)
             return
-        self._move(s, Phase.PROMOTING)  # the candidate already serves: nothing to restart
-        await self._bake(s)
+        self._move(s, Phase.RETURNING)
+        await self._restore_stable(s, f"trial {s.trial.number}: the stable flags observed again")
+        self._move(s, Phase.OBSERVING_BASELINE_AFTER)
+        await self._observer.warm([url])  # restarted as the candidate was: warmed alike
+        look, after = await self._observe_after(s, url, before, canaries)
+        bracketing_windows = _bracketing(before, after, self._settings)
+        judged = canaries[: len(after)]
+        # A hold needs a canary beside the stable: here the candidate is the only instance.
+        promote = self._judge(s, bracketing_windows, judged, look.judgement, paired=True)
+        s.baselines = tuple(after)  # the bake's reference: the stable's latest windows
+        if not promote:
+            self._move(s, Phase.ROLLING_BACK)  # the stable flags serve again already
+            await self._restore_stable(s, f"trial {s.trial.number} rolled back")
+            self._move(s, Phase.ROLLED_BACK)
+            return
+        self._move(s, Phase.PROMOTING)
+        await self._promote_canary(s, f"promoted by trial {s.trial.number}")
+
+    async def _observe_candidate(
+        self, s: _Run, url: str, before: Sequence[Observation]
+    ) -> tuple[list[Observation], Look | None]:
+        """B's windows up to the first look that passes against the windows before it, or
+        the last; with the look that shows the candidate clearly worse, if one did."""
+        settings = self._settings
+        widened = drift_widened(settings.judge, settings.sequential_drift_ratio)
+        limits = settings.slo.judge_limits()
+        canaries: list[Observation] = []
+        for at in settings.look_plan.looks:
+            while len(canaries) < at:
+                canaries.append(await self._observe_one(s, url, prompts=_prompts(s, len(canaries))))
+            windows = [Window(c.samples, b.samples) for c, b in zip(canaries, before, strict=False)]
+            shown = judge_look(windows, settings.look_plan, widened, limits, paired=False)
+            if shown.decision is LookDecision.FAIL:
+                return canaries, self._look(before, canaries, paired=False)
+            if self._look(before, canaries, paired=False).decision is LookDecision.PASS:
+                break
+        return canaries, None
+
+    async def _observe_after(
+        self,
+        s: _Run,
+        url: str,
+        before: Sequence[Observation],
+        canaries: Sequence[Observation],
+    ) -> tuple[Look, list[Observation]]:
+        """The stable's windows after the candidate, up to the first of the looks B reached
+        that decides; that look and those windows."""
+        looks = [at for at in self._settings.look_plan.looks if at <= len(canaries)]
+        after: list[Observation] = []
+        for at in looks:
+            while len(after) < at:
+                after.append(await self._observe_one(s, url, prompts=_prompts(s, len(after))))
+            look = self._look(
+                _bracketing(before, after, self._settings), canaries[:at], paired=True
+            )
+            if look.decision is not LookDecision.CONTINUE:
+                break
+        return look, after
 
     # --- steps shared by both ---------------------------------------------------------
 
     def _look(
         self, baselines: Sequence[Observation], canaries: Sequence[Observation], *, paired: bool
     ) -> Look:
-        """The judge at the look the canary's windows reach (against as many baseline ones)."""
+        """The judge at the look the canary's windows reach (against as many baseline ones);
+        a live analysis by its intervals, the two sides' of the same ticks paired."""
+        if judges_intervals(canaries):
+            return interval_look(baselines, canaries, self._settings)
         windows = [Window(c.samples, b.samples) for c, b in zip(canaries, baselines, strict=False)]
         limits = self._settings.slo.judge_limits()
         return judge_look(
@@ -454,6 +525,20 @@ class TrialRollout:
     def _save_trial(self, trial: Trial) -> Trial:
         self._store.save(trial)
         return trial
+
+
+def _bracketing(
+    before: Sequence[Observation], after: Sequence[Observation], settings: RolloutSettings
+) -> list[Observation]:
+    """The stable's windows k before and after the candidate's, made one, for each k after
+    it so far."""
+    pairs = zip(before, after, strict=False)
+    return [bracketing(b, a, settings.judge.metrics) for b, a in pairs]
+
+
+def _prompts(s: _Run, window: int) -> str:
+    """Window k's prompts: the same in each phase of a sequential canary."""
+    return f"{s.trial.trial_id} {window}"
 
 
 def _joined(*parts: str | None) -> str:

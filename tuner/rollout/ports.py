@@ -18,6 +18,7 @@ from kvpilot.tuner.trials import TrialStore, Warmup
 __all__ = [
     "CanaryAborted",
     "CandidateStartFailed",
+    "IntervalSamples",
     "Observation",
     "Observer",
     "RolloutJournal",
@@ -112,6 +113,19 @@ class PassThroughRuntime:
 
 
 @dataclass(frozen=True, slots=True)
+class IntervalSamples:
+    """One interval of a live analysis on one side: the judge's samples between the scrape
+    ticks `start_tick` and `end_tick`. Both pods are scraped on the same ticks, so the two
+    sides' intervals of the same ticks ran under the same conditions (the arrivals, the
+    load) and are judged as a pair; a failed scrape makes one interval span two ticks, and it
+    has no pair."""
+
+    start_tick: int
+    end_tick: int
+    samples: Mapping[str, Samples]
+
+
+@dataclass(frozen=True, slots=True)
 class Observation:
     """One instance's window: the objective's measurement and the judge's samples per metric."""
 
@@ -120,6 +134,9 @@ class Observation:
     samples: Mapping[str, Samples] = field(default_factory=dict)
     traffic: str | None = None  # live traffic: the share each side received, in words
     foreign: ForeignRequests | None = None  # None: not counted (live traffic, no counter)
+    # Live traffic: the window's samples interval by interval, judged paired with the other
+    # side's intervals of the same ticks; None: not an analysis of intervals (replay).
+    intervals: tuple[IntervalSamples, ...] | None = None
 
 
 class Observer(Protocol):

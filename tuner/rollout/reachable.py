@@ -3,10 +3,12 @@ run spends its trials, restarts and GPU time.
 
 The best case is a canary equal to the stable: each window the same latencies and goodput on
 both sides, no errors, no preemptions, the configured requests a window. It is judged as the
-rollout judges (`judge_look` at each look of the plan, paired for a parallel canary and
-unpaired for a sequential one, the configured metrics, margins and alpha). A run whose best
-case passes at no look can only roll back or end inconclusive: it is refused, with the
-judge's reason and what would make it reachable (the fewest `tuning.windows` that pass, the
+rollout judges (`judge_look` at each look of the plan, paired: a parallel canary's windows
+run at the same time, a sequential one's candidate windows are paired with the stable's
+before and after them (A-B-A, `tuner.rollout.bracket`); the configured metrics, margins and
+alpha; the sequential baseline's doubled requests are not counted: a little stricter). A
+run whose best case passes at no look can only roll back or end inconclusive: it is refused,
+with the judge's reason and what would make it reachable (the fewest `tuning.windows` that pass, the
 error margin it would need).
 
 Identical values would not be the best case but a degenerate one: the rank tests treat ties
@@ -29,10 +31,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvpilot.tuner.judge.evidence import Counts, Samples
-from kvpilot.tuner.judge.judgement import JudgeConfig, with_margins
+from kvpilot.tuner.judge.judgement import Classification, JudgeConfig, Judgement, with_margins
 from kvpilot.tuner.judge.sequential import Look, LookDecision, judge_look
 from kvpilot.tuner.judge.vocabulary import MetricKind, MetricSpec, MetricVerdict, Verdict
-from kvpilot.tuner.judge.windows import Window
+from kvpilot.tuner.judge.windows import MIN_WINDOWS, Window
 from kvpilot.tuner.rollout.record import Strategy
 from kvpilot.tuner.rollout.settings import RolloutSettings
 
@@ -68,7 +70,7 @@ class Reachability:
     def reason(self) -> str:
         """In an operator's words: what stops the best case, and what would let it pass."""
         if self.requests_per_window is not None:
-            how = "paired windows (parallel)" if self.paired else "unpaired windows (sequential)"
+            how = "paired windows" if self.paired else "unpaired windows"
             load = f"{self.requests_per_window} requests a window, {how}"
         else:
             load = f"live traffic, {self.intervals} intervals of one analysis"
@@ -113,7 +115,7 @@ def reachability(
     up to seconds where it lies far beyond the configured windows)."""
     if requests_per_window < 1:
         raise ValueError(f"a window sends at least one request, not {requests_per_window}")
-    paired = strategy is Strategy.PARALLEL
+    paired = strategy in (Strategy.PARALLEL, Strategy.SEQUENTIAL)  # both judge paired
     look = best_look(settings, requests_per_window=requests_per_window, paired=paired)
     found = Reachability(
         look.decision is LookDecision.PASS,
@@ -134,15 +136,27 @@ def reachability(
 
 
 def live_reachability(settings: RolloutSettings, *, intervals: int) -> Reachability:
-    """Whether an equal canary can pass a live analysis of `intervals` intervals a side (one
-    window, as the live observer gives it; errors and preemptions given ample requests)."""
+    """Whether an equal canary can pass a live analysis of `intervals` intervals a side,
+    judged as the rollout judges it (`tuner.rollout.intervals`): each interval pair one
+    window of one sample, paired, and fewer than MIN_WINDOWS pairs never judged; errors and
+    preemptions given ample requests."""
     if intervals < 1:
         raise ValueError(f"an analysis holds at least one interval, not {intervals}")
+    if intervals < MIN_WINDOWS:
+        judgement = Judgement(
+            Classification.INCONCLUSIVE,
+            0.0,
+            (),
+            f"{intervals} intervals, fewer than the {MIN_WINDOWS} a paired judgement needs",
+        )
+        look = Look(intervals, settings.judge.alpha, judgement, LookDecision.INCONCLUSIVE)
+        return Reachability(False, look, (judgement.reason,), None, True, intervals=intervals)
+    counts = _AMPLE_REQUESTS // intervals
     windows = [
-        _window(settings.judge.metrics, k, settings.windows, intervals, counts=_AMPLE_REQUESTS)
-        for k in range(settings.windows)
+        _window(settings.judge.metrics, k, intervals, 1, counts=counts) for k in range(intervals)
     ]
-    look = _first_pass(windows, settings, paired=True)
+    plan, limits = settings.look_plan, settings.slo.judge_limits()
+    look = judge_look(windows, plan, settings.judge, limits, paired=True)
     passes = look.decision is LookDecision.PASS
     blockers = _blockers(look, settings.judge.metrics)
     return Reachability(passes, look, blockers, None, paired=True, intervals=intervals)

@@ -20,6 +20,9 @@ class Phase(StrEnum):
     STARTING = "starting"
     WARMING = "warming"
     OBSERVING = "observing"
+    # Sequential: the stable flags restarted back, then observed again after the candidate.
+    RETURNING = "returning"
+    OBSERVING_BASELINE_AFTER = "observing_baseline_after"
     JUDGING = "judging"
     PROMOTING = "promoting"
     BAKING = "baking"
@@ -59,6 +62,7 @@ STABLE_TOUCHED = {
             Phase.STARTING,
             Phase.WARMING,
             Phase.OBSERVING,
+            Phase.RETURNING,  # the restart back may not have happened
             Phase.JUDGING,
             Phase.PROMOTING,
             Phase.BAKING,

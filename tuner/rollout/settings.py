@@ -53,6 +53,10 @@ class RolloutSettings:
     # did not send (users' traffic on the serving instance) is observed again, left out of
     # the judgement.
     max_foreign_share: float = 0.02
+    # A sequential canary stops before the stable's windows after it only when shown worse
+    # than the latencies' and goodput's margins widened by this factor (the drift one phase
+    # may bring, which only the windows after it cancel): a clearly bad candidate.
+    sequential_drift_ratio: float = 0.25
 
     def __post_init__(self) -> None:
         if self.windows < 1:
@@ -63,6 +67,8 @@ class RolloutSettings:
             raise ValueError("max_cumulative_loss_ratio must be in [0, 1)")
         if not 0 <= self.max_foreign_share < 1:
             raise ValueError("max_foreign_share must be in [0, 1)")
+        if not self.sequential_drift_ratio >= 0:
+            raise ValueError("sequential_drift_ratio must be at least 0")
 
     @property
     def look_plan(self) -> LookPlan:

@@ -12,6 +12,9 @@ which vLLM's API server exports) plus requests the engine finished with `error`,
 answer. An engine error in a request that is not streamed may count twice: an upper bound,
 the safe side for a canary. Goodput is the generation-token rate divided by the share of the
 traffic the pod received, and 0 in an interval whose p95s break the SLO.
+
+The judge pairs the two pods' intervals of the same scrape ticks (`interval_samples`): they
+shared the arrivals and the load, which a busy interval brings to both.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from kvpilot.collectors.promtext import scan
 from kvpilot.collectors.vllm_parse import EngineSample, VllmScrape, parse_vllm_metrics
 from kvpilot.tuner.judge.evidence import Counts, Samples
 from kvpilot.tuner.problem.objective import Slo
+from kvpilot.tuner.rollout.ports import IntervalSamples
 
 _HTTP = "http_requests_total"
 _FINISHED = "vllm:request_success_total"
@@ -235,6 +239,21 @@ def judge_samples(
     judged["errors_ratio"] = Counts(failed, answered) if errors_known else ()
     judged["preemptions_per_request"] = Counts(preempted, finished) if preemptions_known else ()
     return judged
+
+
+def interval_samples(
+    ticks: Sequence[int], readings: Sequence[PodReading], share_ratio: float, slo: Slo
+) -> tuple[IntervalSamples, ...]:
+    """The judge's samples interval by interval (`judge_samples` of each alone), each with
+    the scrape ticks it spans; `ticks[i]` is the tick `readings[i]` was taken on. A failed
+    scrape's gap makes one interval of two ticks: the other side has no interval like it."""
+    taken = list(zip(ticks, readings, strict=True))
+    return tuple(
+        IntervalSamples(
+            start, end, judge_samples([interval(older, newer)], [newer], share_ratio, slo)
+        )
+        for (start, older), (end, newer) in pairwise(taken)
+    )
 
 
 def _hist_delta(engine: EngineSample, old: EngineSample | None, field: str) -> Histogram | None:

@@ -6,18 +6,19 @@ each pod is judged from its own /metrics (see `live_intervals` for the figures).
 the stable pod over the same analysis window, which starts once the canary is warm (as cold
 as the canary: both are measured from the same moment, on the same traffic mix; a fresh
 baseline pod would need a third server). `observe` scrapes both pods every
-`analysis_interval_s` for `analysis_s`; a canary interval that breaks the SLO's latency or
-error limits, or preemptions per request above the SLO's over the analysis so far (once it
-holds enough finished requests to say), or a canary that restarted (its counters went back
-to zero) or whose /metrics did not answer CANARY_UNANSWERED_LIMIT scrapes running, or whose
-container the kubelet restarted since the warm-up began (`restarts`: the pods'
-`restartCount`, which sees a crash the counters hide) is a crash: it is not judged on the
-readings that survived; the traffic goes back to the stable pod at once and `CanaryAborted`
-is raised. With one URL (the bake,
-after a promotion) it waits `warmup_s`, then watches the stable pod for `bake_s`: the rolling
-update has just replaced that pod, its caches are as cold as a canary's were, and the users
-who queued during the update arrive at once. Each observation states the share each side was
-given and the share of finished requests each side served.
+`analysis_interval_s` for `analysis_s`, on the same ticks, and gives the judge each
+side's intervals (`Observation.intervals`: the two sides' intervals of the same ticks are
+judged as pairs). A canary interval that breaks the SLO's latency or error limits, or
+preemptions per request above the SLO's over the analysis so far (once it holds enough
+finished requests to say), or a canary that restarted (its counters went back to zero) or
+whose /metrics did not answer CANARY_UNANSWERED_LIMIT scrapes running, or whose container
+the kubelet restarted since the warm-up began (`restarts`: the pods' `restartCount`, which
+sees a crash the counters hide) is a crash: it is not judged on the readings that survived;
+the traffic goes back to the stable pod at once and `CanaryAborted` is raised. With one URL
+(the bake, after a promotion) it waits `warmup_s`, then watches the stable pod for `bake_s`:
+the rolling update has just replaced that pod, its caches are as cold as a canary's were,
+and the users who queued during the update arrive at once. Each observation states the
+share each side was given and the share of finished requests each side served.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from kvpilot.agent.runtimes.base import RuntimeFailure
 from kvpilot.agent.runtimes.kubernetes.traffic import Shares, TrafficSplit
 from kvpilot.agent.tuning.pod.live_intervals import (
     PodReading,
+    interval_samples,
     intervals,
     judge_samples,
     preemption_breach,
@@ -120,6 +122,8 @@ class LiveTrafficObserver:
         count = max(1, round(self._canary.analysis_s / self._canary.analysis_interval_s))
         stable: list[PodReading] = []
         canary: list[PodReading] = []
+        stable_ticks: list[int] = []  # the tick of each reading kept: the intervals' pairs
+        canary_ticks: list[int] = []
         unanswered = 0  # the canary's scrapes in a row that got no answer
         first, self._restarts_from = self._restarts_from, None
         async with ScrapeClient() as client:
@@ -129,7 +133,7 @@ class LiveTrafficObserver:
                     self._read(client, canary_url),
                     self._restart_count(),
                 )
-                _append(stable, got_stable)
+                _append(stable, stable_ticks, tick, got_stable)
                 unanswered = unanswered + 1 if isinstance(got_canary, Unanswered) else 0
                 breach = _restart_breach(first, restarts)
                 first = restarts if first is None else first
@@ -137,7 +141,7 @@ class LiveTrafficObserver:
                     pass
                 elif unanswered >= CANARY_UNANSWERED_LIMIT:
                     breach = f"the canary's /metrics did not answer {unanswered} times running"
-                elif _append(canary, got_canary) and len(canary) >= 2:
+                elif _append(canary, canary_ticks, tick, got_canary) and len(canary) >= 2:
                     (last,) = intervals(canary[-2:])
                     breach = last.slo_breach(self._slo) or preemption_breach(
                         intervals(canary), self._slo
@@ -153,8 +157,8 @@ class LiveTrafficObserver:
                     )
         said = _traffic_statement(shares, stable, canary)
         return (
-            self._observation(stable_url, stable, shares.stable_percent, said),
-            self._observation(canary_url, canary, shares.canary_percent, said),
+            self._observation(stable_url, stable, stable_ticks, shares.stable_percent, said),
+            self._observation(canary_url, canary, canary_ticks, shares.canary_percent, said),
         )
 
     async def _bake(self, url: str) -> Observation:
@@ -166,11 +170,13 @@ class LiveTrafficObserver:
         await self._sleep(self._canary.warmup_s)
         count = max(1, round(self._canary.bake_s / self._canary.analysis_interval_s))
         readings: list[PodReading] = []
+        ticks: list[int] = []
         async with ScrapeClient() as client:
-            async for _ in self._ticks(count):
-                _append(readings, await self._read(client, url))
+            async for tick in self._ticks(count):
+                _append(readings, ticks, tick, await self._read(client, url))
         said = f"bake after a {self._canary.warmup_s:g} s warm-up: {describe(shares)}"
-        return self._observation(url, readings, shares.stable_percent, said)
+        # No intervals: the bake has no side running beside it to pair them with.
+        return self._observation(url, readings, None, shares.stable_percent, said)
 
     async def _ticks(self, count: int) -> AsyncIterator[int]:
         """Ticks 0..count, `analysis_interval_s` apart from the first (not drifting with the
@@ -183,8 +189,15 @@ class LiveTrafficObserver:
             yield tick
 
     def _observation(
-        self, url: str, readings: list[PodReading], percent: float, said: str
+        self,
+        url: str,
+        readings: list[PodReading],
+        ticks: list[int] | None,
+        percent: float,
+        said: str,
     ) -> Observation:
+        """The side's window; `ticks`: its readings' scrape ticks, for the judge's pairs of
+        intervals (None: not judged by intervals)."""
         share = percent / 100.0
         scrapes = tuple(r.scrape for r in readings)
         measurement = Measurement(
@@ -193,7 +206,8 @@ class LiveTrafficObserver:
             traffic_share_ratio=share,
         )
         samples = judge_samples(intervals(readings), readings, share, self._slo)
-        return Observation(url, measurement, samples, traffic=said)
+        by_interval = None if ticks is None else interval_samples(ticks, readings, share, self._slo)
+        return Observation(url, measurement, samples, traffic=said, intervals=by_interval)
 
     # --- one scrape ---------------------------------------------------------------------
 
@@ -252,11 +266,13 @@ def _restart_breach(first: int | None, now: int | None) -> str | None:
     )
 
 
-def _append(readings: list[PodReading], got: PodReading | str) -> bool:
-    """Keeps a reading (a failed one is left out, so the next interval spans the gap)."""
+def _append(readings: list[PodReading], ticks: list[int], tick: int, got: PodReading | str) -> bool:
+    """Keeps a reading and its tick (a failed one is left out, so the next interval spans
+    the gap, and is paired with no interval of the other side)."""
     if isinstance(got, str):
         return False
     readings.append(got)
+    ticks.append(tick)
     return True
 
 

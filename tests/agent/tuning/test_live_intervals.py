@@ -6,11 +6,13 @@ import pytest
 
 from kvpilot.agent.tuning.pod.live_intervals import (
     interval,
+    interval_samples,
     intervals,
     judge_samples,
     preemption_breach,
     read_pod,
 )
+from kvpilot.tuner.judge.evidence import Counts
 from kvpilot.tuner.problem.objective import Slo
 from tests.agent.tuning.test_live_observer import PodScript, Step
 
@@ -69,3 +71,20 @@ def test_preemptions_per_request_breach_over_the_analysis_not_one_interval() -> 
     calm = PodScript([Step(10, preemptions=1)])
     calm_readings = [reading(calm.render(), 2.0 * i) for i in range(4)]
     assert preemption_breach(intervals(calm_readings), slo) is None  # 0.1: within the limit
+
+
+def test_each_interval_keeps_the_ticks_it_spans_and_its_own_samples() -> None:
+    pod = PodScript([Step(2, ttft_s=0.1), Step(4, ttft_s=0.3, preemptions=1), Step(3)])
+    texts = [pod.render() for _ in range(4)]
+    # The scrape at tick 2 failed: its reading is missing, the next interval spans 1-3.
+    kept = [reading(texts[0], 0.0), reading(texts[1], 10.0), reading(texts[3], 30.0)]
+
+    first, gap = interval_samples([0, 1, 3], kept, 0.5, SLO)
+
+    assert (first.start_tick, first.end_tick, gap.start_tick, gap.end_tick) == (0, 1, 1, 3)
+    assert first.samples["ttft_s"] == pytest.approx((0.1,))
+    assert first.samples["errors_ratio"] == Counts(0.0, 2.0)
+    # Both steps in one mean: (4 x 0.3 + 3 x 0.05) / 7 requests.
+    assert gap.samples["ttft_s"] == pytest.approx(((4 * 0.3 + 3 * 0.05) / 7,))
+    assert gap.samples["preemptions_per_request"] == Counts(1.0, 7.0)
+    assert gap.samples["goodput_tokens_per_s"] == pytest.approx((70 / 20.0 / 0.5,))

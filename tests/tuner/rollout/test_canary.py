@@ -287,12 +287,22 @@ async def test_sequential_promotes_in_place_and_rolls_back_in_place() -> None:
     rig = Rig()
     good = await rig.rollout().run(rig.trial(1), GOOD, Strategy.SEQUENTIAL)
     assert good.promoted and rig.runtime.argv == GOOD
-    assert rig.runtime.calls == [("set_stable", GOOD, Phase.STARTING)]
-    assert rig.observer.windows == [STABLE, GOOD, GOOD]
+    # A-B-A: to the candidate, back for the windows after it, and the promotion's restart.
+    assert [c for c in rig.runtime.calls if c[0] == "set_stable"] == [
+        ("set_stable", GOOD, Phase.STARTING),
+        ("set_stable", STABLE, Phase.RETURNING),
+        ("set_stable", GOOD, Phase.PROMOTING),
+    ]
+    assert rig.observer.windows == [STABLE, GOOD, STABLE, GOOD]  # A, B, A, the bake
+    calls = len(rig.runtime.calls)
     bad = await rig.rollout().run(rig.trial(2), BAD, Strategy.SEQUENTIAL)
     assert bad.record.phase is Phase.ROLLED_BACK
     assert rig.runtime.argv == GOOD  # the flags it had before this trial
-    assert rig.runtime.calls[-1] == ("set_stable", GOOD, Phase.ROLLING_BACK)
+    # Clearly worse: rolled back at once, no windows after it.
+    assert rig.runtime.calls[calls:] == [
+        ("set_stable", BAD, Phase.STARTING),
+        ("set_stable", GOOD, Phase.ROLLING_BACK),
+    ]
 
 
 async def test_rollbacks_are_marked_as_restores_and_new_flags_are_not() -> None:

@@ -99,16 +99,15 @@ def test_the_rigs_settings_are_reachable() -> None:
             assert found.passes, found.reason
 
 
-def test_a_parallel_canary_is_judged_paired_and_a_sequential_one_unpaired() -> None:
-    # Five windows at alpha 0.01: five paired windows reach p = 1/32 at best (signed rank),
-    # five against five unpaired p = 1/252 (Mann-Whitney U, completely separated); 128
-    # requests a window show the preemption margin at that alpha.
+def test_parallel_and_sequential_canaries_are_both_judged_paired() -> None:
+    # Five windows at alpha 0.01: five paired windows reach p = 1/32 at best (signed rank);
+    # the sequential canary's are paired too (A-B-A: each with the stable's before and after
+    # it), so neither passes, where five against five unpaired would (p = 1/252).
     settings = _settings(5, error_margin=0.05, alpha=0.01)
     parallel = reachability(settings, requests_per_window=128, strategy=Strategy.PARALLEL)
     sequential = reachability(settings, requests_per_window=128, strategy=Strategy.SEQUENTIAL)
-    assert sequential.passes, sequential.reason
-    assert not parallel.passes
-    assert "paired windows (parallel)" in parallel.reason
+    assert not parallel.passes and not sequential.passes
+    assert "paired windows" in parallel.reason and "paired windows" in sequential.reason
     assert "ttft_s: 5 samples a side show it within its margin at p=0.031 at best" in (
         parallel.reason
     )
@@ -144,6 +143,10 @@ def test_live_traffic_is_judged_over_the_analysis_intervals() -> None:
     assert "live traffic, 5 intervals of one analysis" in found.reason
     assert "a longer canary.analysis_s" in found.reason
     assert found.windows_needed is None  # windows are not what live traffic sets
+    # Judged as the rollout judges live traffic: intervals paired, fewer than five never.
+    few = live_reachability(live, intervals=4)
+    assert not few.passes and "fewer than the 5 a paired judgement needs" in few.reason
+    assert live_reachability(live, intervals=5).passes  # five pairs reach p = 1/32
 
 
 def test_a_window_without_requests_is_refused() -> None:

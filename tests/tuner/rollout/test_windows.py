@@ -53,12 +53,15 @@ async def test_a_parallel_canary_better_in_every_window_is_promoted_on_paired_wi
     assert errors.canary_count == 60 * MIN_WINDOWS  # every window's requests, counted
 
 
-async def test_a_sequential_canary_is_judged_on_windows_one_side_after_the_other() -> None:
+async def test_a_sequential_canary_is_judged_paired_with_the_stables_windows_around_it() -> None:
     rig = Rig()
     outcome = await rig.rollout(windows=MIN_WINDOWS).run(rig.trial(), GOOD, Strategy.SEQUENTIAL)
     assert outcome.promoted, outcome.record.reason
-    assert f"medians of {MIN_WINDOWS} and {MIN_WINDOWS} windows" in (outcome.record.reason or "")
-    assert rig.observer.windows == [STABLE] * MIN_WINDOWS + [GOOD] * MIN_WINDOWS + [GOOD]
+    assert f"median of {MIN_WINDOWS} paired windows" in (outcome.record.reason or "")
+    # A, B, A again (window k of each sends the same prompts), then the bake's one.
+    assert rig.observer.windows == (
+        [STABLE] * MIN_WINDOWS + [GOOD] * MIN_WINDOWS + [STABLE] * MIN_WINDOWS + [GOOD]
+    )
 
 
 async def test_one_lucky_window_promotes_alone_but_not_among_five() -> None:
