@@ -2,6 +2,8 @@
 
 The study is the fingerprint's: the suggester first hears every measured trial of it (from
 earlier runs too), trial numbers continue, and the best so far covers the whole history.
+The suggester is told each trial's goodput relative to its concurrent baseline's
+(`told_result`), at warm start and live alike; the stored trials keep what was measured.
 A run never starts, and stops between trials, while a remediation is in progress.
 """
 
@@ -13,7 +15,8 @@ from dataclasses import dataclass
 
 from kvpilot.collectors.vllm_argv import without_flags
 from kvpilot.tuner.problem.ascent import highest_started, stepped
-from kvpilot.tuner.problem.objective import Slo, TrialResult, best_index
+from kvpilot.tuner.problem.constraints import Value
+from kvpilot.tuner.problem.objective import Slo, TrialResult, best_index, relative_result
 from kvpilot.tuner.problem.space import Candidate, KnobKind, SearchSpace
 from kvpilot.tuner.rollout.canary import (
     NotHeld,
@@ -27,7 +30,7 @@ from kvpilot.tuner.rollout.canary import (
 )
 from kvpilot.tuner.rollout.ports import Observer, RolloutJournal, TunerRuntime
 from kvpilot.tuner.suggest import SearchExhausted, Suggester, warm_start
-from kvpilot.tuner.trials import Trial, TrialStore, history, new_trial, next_number
+from kvpilot.tuner.trials import Trial, TrialState, TrialStore, history, new_trial, next_number
 
 
 class TuningBlocked(RuntimeError):
@@ -85,6 +88,51 @@ def deployed_result(store: TrialStore, fingerprint: str) -> TrialResult | None:
     return next((t.baseline for t in store.trials(fingerprint) if t.baseline is not None), None)
 
 
+# The states of a trial whose result the objective gave (`trials.history`'s).
+_MEASURED = (TrialState.COMPLETE, TrialState.INFEASIBLE)
+
+
+def baseline_goodput(trial: Trial, journal: RolloutJournal | None) -> float | None:
+    """The stable server's goodput in the trial's own windows: the trial's stored baseline,
+    else its rollout record's (a trial stored before the baseline was kept on it)."""
+    if trial.baseline is not None:
+        return trial.baseline.goodput_tokens_per_s
+    record = journal.get(trial.trial_id) if journal is not None else None
+    return record.baseline_goodput_tokens_per_s if record is not None else None
+
+
+def told_result(
+    trial: Trial, journal: RolloutJournal | None, *, relative: bool
+) -> TrialResult | None:
+    """What the suggester is told of a trial, at warm start and live alike: a measured one's
+    result relative to its concurrent baseline (`relative_result`), or as measured where the
+    study is told absolute goodput (`told_history`); None: not told."""
+    if trial.result is None or trial.state not in _MEASURED:
+        return None
+    if not relative:
+        return trial.result
+    return relative_result(trial.result, baseline_goodput(trial, journal))
+
+
+def told_history(
+    store: TrialStore, fingerprint: str, journal: RolloutJournal | None = None
+) -> tuple[bool, list[tuple[dict[str, Value], TrialResult]]]:
+    """Whether the study is told relative goodput, and its measured trials as told. Absolute
+    only where it has measured trials and none has a baseline figure: one model fitted to
+    two scales is wrong, so such a study keeps its scale until a trial with one is measured,
+    and from then on a feasible trial without one is left out."""
+    measured = [
+        t for t in store.trials(fingerprint) if t.result is not None and t.state in _MEASURED
+    ]
+    relative = not measured or any(baseline_goodput(t, journal) is not None for t in measured)
+    told: list[tuple[dict[str, Value], TrialResult]] = []
+    for trial in measured:
+        result = told_result(trial, journal, relative=relative)
+        if result is not None:
+            told.append((dict(trial.values), result))
+    return relative, told
+
+
 class TuningSession:
     """Runs trials of one study against one runtime."""
 
@@ -127,7 +175,8 @@ class TuningSession:
                 f"trial {held[0].trial_id} is held for review (its canary left running): "
                 "promote it or roll it back first (kvpilot tuning release)"
             )
-        told = warm_start(self._suggester, self._space, history(self._store, self._fingerprint))
+        relative, past_told = told_history(self._store, self._fingerprint, self._journal)
+        told = warm_start(self._suggester, self._space, past_told)
         outcomes: list[RolloutOutcome] = []
         stopped = f"ran {trials} trials"
         for _ in range(trials):
@@ -148,8 +197,9 @@ class TuningSession:
             candidate, _ = stepped(self._space, candidate, highest)
             outcome = await self._trial(candidate)
             outcomes.append(outcome)
-            if outcome.trial.result is not None:
-                self._suggester.tell(candidate, outcome.trial.result)
+            result = told_result(outcome.trial, self._journal, relative=relative)
+            if result is not None:
+                self._suggester.tell(candidate, result)
             if outcome.refused is not None:  # the next trial would meet the same guard
                 stopped = f"stopped: the safe-restart path refused a restart: {outcome.refused}"
                 break
@@ -223,9 +273,10 @@ def dry_run(
     trials: int,
     *,
     initial_points: int,
+    journal: RolloutJournal | None = None,
 ) -> tuple[int, list[PlannedTrial]]:
     """The candidates a run would try first (no results told between them), with reasons."""
-    told = warm_start(suggester, space, history(store, fingerprint))
+    told = warm_start(suggester, space, told_history(store, fingerprint, journal)[1])
     planned: list[PlannedTrial] = []
     for i in range(trials):
         try:

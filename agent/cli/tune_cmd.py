@@ -64,13 +64,13 @@ from kvpilot.agent.tuning.study import (
     build_study,
     read_gpu,
     require_server,
+    study_suggester,
     with_version,
 )
 from kvpilot.agent.tuning.workload.record import remember_workload
 from kvpilot.tuner.report.table import trials_table
 from kvpilot.tuner.rollout.canary import Release, Strategy, held_records
 from kvpilot.tuner.session import SessionSummary, TuningBlocked, dry_run
-from kvpilot.tuner.suggest import BayesianSuggester
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="The agent's YAML file.")]
 tune_app = typer.Typer(help="Tune vLLM's memory knobs with canary rollouts.")
@@ -211,11 +211,12 @@ def tune(
                 study = with_version(study, last.ground.vllm_version)
             told, planned = dry_run(
                 study.space,
-                BayesianSuggester(study.space, seed=tuning.seed),
+                study_suggester(study),  # the one `tuning.suggester` names
                 SqliteTrialStore(db),
                 study.fingerprint,
                 tuning.trials,
                 initial_points=len(study.space.knobs) + 2,
+                journal=SqliteRolloutJournal(db),
             )
             console.print(f"study {study.fingerprint}: {told} past trials told")
             for knob in study.space.knobs:

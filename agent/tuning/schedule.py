@@ -28,7 +28,7 @@ from apscheduler.triggers.cron import CronTrigger
 
 from kvpilot.agent.mode import Mode, ModeSetting
 from kvpilot.agent.state import StateStore
-from kvpilot.agent.state.trials import SqliteTrialStore
+from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.canary_sweep import CanarySweep
 from kvpilot.agent.tuning.entry import Recovery, Tuner, run_tuning
 from kvpilot.agent.tuning.held import WATCH_EVERY_S, HeldTrials
@@ -333,6 +333,7 @@ def _plan(study: Study, store: StateStore) -> str:
         study.fingerprint,
         tuning.trials,
         initial_points=len(study.space.knobs) + 2,
+        journal=SqliteRolloutJournal(store.db),
     )
     tried = "; ".join(p.candidate.describe() for p in planned)
     return f"dry-run: would try {tried} ({told} past trials told)"

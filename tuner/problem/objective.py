@@ -20,6 +20,8 @@ divided by the share of live traffic the instance received (`Measurement.traffic
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -208,6 +210,24 @@ def best_index(results: Sequence[TrialResult], slo: Slo) -> int | None:
         return (memory is None, float(memory or 0), -(results[i].goodput_tokens_per_s or 0.0))
 
     return min(near, key=key)
+
+
+def relative_result(
+    result: TrialResult, baseline_goodput_tokens_per_s: float | None
+) -> TrialResult | None:
+    """The trial as a suggester is told it: goodput as the ratio to the stable server's in
+    the same windows, so that the day's load (which sets both) cancels; outcome and memory
+    as measured, so feasibility and the memory tie-break are unchanged. Without a positive
+    baseline figure a feasible trial has no value on that scale: None (left out, as no
+    made-up value is told); an infeasible one stays infeasible, its goodput unknown."""
+    base = baseline_goodput_tokens_per_s
+    if base is None or not math.isfinite(base) or base <= 0:
+        if result.feasible:
+            return None
+        return dataclasses.replace(result, goodput_tokens_per_s=None)
+    goodput = result.goodput_tokens_per_s
+    ratio = goodput / base if goodput is not None else None
+    return dataclasses.replace(result, goodput_tokens_per_s=ratio)
 
 
 def server_kv_budget_bytes(scrapes: Sequence[VllmScrape]) -> int | None:

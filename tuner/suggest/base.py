@@ -66,7 +66,9 @@ def tell_observed(
 
 
 def objective_value(result: TrialResult) -> float | None:
-    """What the optimiser maximises: goodput of a feasible trial; None for infeasible ones."""
+    """What the optimiser maximises: goodput of a feasible trial (a tuning session tells it
+    as the ratio to the trial's concurrent baseline: `relative_result`); None for infeasible
+    ones."""
     if not result.feasible:
         return None
     return result.goodput_tokens_per_s
@@ -77,7 +79,9 @@ def warm_start(
     space: SearchSpace,
     history: Iterable[tuple[Mapping[str, Value], TrialResult]],
 ) -> int:
-    """Tell past (knob values, result) pairs that fit this space; returns how many were told."""
+    """Tell past (knob values, result) pairs that fit this space; returns how many were told.
+    The results are told as given: a session passes them as it tells live ones
+    (`kvpilot.tuner.session.told_history`)."""
     told = 0
     for values, result in history:
         try:

@@ -11,8 +11,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from kvpilot.agent.app.parts import tuned_server
 from kvpilot.agent.cli.main import app
 from kvpilot.agent.config import ConfigError, load_config
+from kvpilot.agent.tuning.study import build_study, study_suggester
 from kvpilot.rig.server import free_port
 from tests.agent.sidecar_harness import agent_config, server_spec
 
@@ -175,3 +177,14 @@ def test_the_windows_flag_is_in_the_help() -> None:
     assert result.exit_code == 0
     assert "--windows" in result.output
     assert "Replayed windows a side per trial, 1 to 256 [64]" in " ".join(result.output.split())
+
+
+def test_dry_run_plans_with_the_suggester_the_configuration_names(tmp_path: Path) -> None:
+    tuning = {"trials": 3, "max_num_seqs": 8, "kv_max_bytes": 8 << 20, "suggester": "grid"}
+    path = _config(tmp_path, tuning)
+    result = _tune("--config", str(path), "--dry-run")
+    assert result.exit_code == 0, result.output
+    config = load_config(path)
+    suggester = study_suggester(build_study(tuned_server(config), config.tuning, gpu=None))
+    expected = [dict(suggester.ask().values) for _ in range(3)]
+    assert _planned(result.output) == expected
