@@ -245,25 +245,32 @@ class DeploymentLease:
         return self._record(replaced)
 
     def renew(self) -> LeaseRecord:
-        """Extend our claim; LeaseLost if someone else holds the lease now."""
-        current = self._read()
-        holder = None if current is None or current.spec is None else current.spec.holder_identity
-        if current is None or holder != self.identity:
-            self.record = None
-            raise LeaseLost(f"{self._what()} is no longer ours (holder now: {holder!r})")
-        self._observed = None
-        spec = current.spec
-        acquired_s = _wall_s(spec.acquire_time) or self._wall_clock()
-        current.spec = self._spec(
-            acquired_s=acquired_s,
-            now_s=self._wall_clock(),
-            transitions=int(spec.lease_transitions or 0),
-        )
-        try:
-            return self._replace(current, verb="update")
-        except Conflict as exc:
-            self.record = None
-            raise LeaseLost(f"{self._what()} changed under us while renewing: {exc}") from exc
+        """Extend our claim; LeaseLost if someone else holds the lease now. A write that meets
+        another's change reads the Lease again: a new holder is named, and a Lease still ours
+        (an annotation written meanwhile) is renewed on that read, once."""
+        conflict: Conflict | None = None
+        for _ in range(2):
+            current = self._read()
+            holder = (
+                None if current is None or current.spec is None else current.spec.holder_identity
+            )
+            if current is None or holder != self.identity:
+                self.record = None
+                raise LeaseLost(f"{self._what()} is no longer ours (holder now: {holder!r})")
+            self._observed = None
+            spec = current.spec
+            acquired_s = _wall_s(spec.acquire_time) or self._wall_clock()
+            current.spec = self._spec(
+                acquired_s=acquired_s,
+                now_s=self._wall_clock(),
+                transitions=int(spec.lease_transitions or 0),
+            )
+            try:
+                return self._replace(current, verb="update")
+            except Conflict as exc:
+                conflict = exc
+        self.record = None
+        raise LeaseLost(f"{self._what()} changed under us while renewing: {conflict}")
 
     def annotations(self) -> dict[str, str]:
         """The Lease's annotations (where kvpilot vouches for a handover); {} when absent."""

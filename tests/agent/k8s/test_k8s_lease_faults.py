@@ -70,6 +70,36 @@ def test_a_release_that_meets_its_own_renewal_is_read_again_and_made(fake) -> No
     assert "holderIdentity" not in stored(fake)["spec"]  # given back, not left to lapse
 
 
+def test_a_renewal_that_meets_a_takeover_names_the_new_holder(fake) -> None:
+    """Pod C takes the Lease between this renewal's read and its write: the write conflicts,
+    and the Lease read again names who holds it now."""
+    clock = Clock()
+    a = lease(fake, "pod-a", clock)
+    a.acquire()
+    write = a._replace
+
+    def taken_first(current: object, *, verb: str) -> object:
+        fake.take_lease(NAMESPACE, a.name, "pod-c")
+        return write(current, verb=verb)
+
+    a._replace = taken_first  # type: ignore[method-assign]
+    with pytest.raises(LeaseLost, match="holder now: 'pod-c'"):
+        a.renew()
+
+
+def test_a_renewal_that_meets_an_annotation_is_made_on_a_second_read(fake) -> None:
+    clock = Clock()
+    a = lease(fake, "pod-a", clock)
+    a.acquire()
+    before = stored(fake)["metadata"]["resourceVersion"]
+    fake.fail("PUT", LEASE_PATH, 409)  # another write landed between the read and the write
+    assert a.renew().holder == "pod-a"
+    assert stored(fake)["metadata"]["resourceVersion"] != before
+    fake.fail("PUT", LEASE_PATH, 409, times=2)
+    with pytest.raises(LeaseLost, match="changed under us while renewing"):
+        a.renew()
+
+
 def test_a_release_that_finds_another_holder_leaves_the_lease_alone(fake) -> None:
     clock = Clock()
     a = lease(fake, "pod-a", clock)
