@@ -62,15 +62,15 @@ from kvpilot.agent.tuning.study import (
     Study,
     StudyError,
     build_study,
+    planned_trials,
     read_gpu,
     require_server,
-    study_suggester,
     with_version,
 )
 from kvpilot.agent.tuning.workload.record import remember_workload
 from kvpilot.tuner.report.table import trials_table
 from kvpilot.tuner.rollout.canary import Release, Strategy, held_records
-from kvpilot.tuner.session import SessionSummary, TuningBlocked, dry_run
+from kvpilot.tuner.session import SessionSummary, TuningBlocked
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="The agent's YAML file.")]
 tune_app = typer.Typer(help="Tune vLLM's memory knobs with canary rollouts.")
@@ -209,15 +209,7 @@ def tune(
             last = GroundStore(db).load(study.stable.name)  # the study of the last run's vLLM
             if pod is None and last is not None and last.ground.vllm_version is not None:
                 study = with_version(study, last.ground.vllm_version)
-            told, planned = dry_run(
-                study.space,
-                study_suggester(study),  # the one `tuning.suggester` names
-                SqliteTrialStore(db),
-                study.fingerprint,
-                tuning.trials,
-                initial_points=len(study.space.knobs) + 2,
-                journal=SqliteRolloutJournal(db),
-            )
+            told, planned = planned_trials(study, db)
             console.print(f"study {study.fingerprint}: {told} past trials told")
             for knob in study.space.knobs:
                 span = knob.choices or (knob.low, knob.high)

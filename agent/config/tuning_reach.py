@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvpilot.agent.config.tuning import TuningConfig
+from kvpilot.agent.config.tuning import CanaryConfig, TuningConfig
 from kvpilot.tuner.judge.judgement import (
     DEFAULT_METRICS,
     LATENCY_METRICS,
@@ -58,12 +58,32 @@ def tuning_reachability(tuning: TuningConfig) -> Reachability:
         judge=JudgeConfig(metrics),
         windows=tuning.windows if replay else 1,
     )
-    if replay:
+    return traffic_reachability(
+        settings,
+        canary,
+        requests_per_window=tuning.workload.requests,
+        strategy=Strategy(tuning.strategy),
+        search_windows=False,  # seconds at every load: `kvpilot tune` searches them
+    )
+
+
+def traffic_reachability(
+    settings: RolloutSettings,
+    canary: CanaryConfig,
+    *,
+    requests_per_window: int,
+    strategy: Strategy,
+    search_windows: bool = True,
+) -> Reachability:
+    """Whether an equal canary can pass under `settings`, judged as the canary's traffic is:
+    replayed windows of `requests_per_window`, or live traffic's one analysis of
+    `canary.analysis_s` in intervals. The configuration's check and a run's share it."""
+    if canary.traffic == "replay":
         return reachability(
             settings,
-            requests_per_window=tuning.workload.requests,
-            strategy=Strategy(tuning.strategy),
-            search_windows=False,  # seconds at every load: `kvpilot tune` searches them
+            requests_per_window=requests_per_window,
+            strategy=strategy,
+            search_windows=search_windows,
         )
     intervals = int(canary.analysis_s // canary.analysis_interval_s)
     return live_reachability(settings, intervals=intervals)

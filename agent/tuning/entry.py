@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kvpilot.agent.config.tuning import TuningConfig
+from kvpilot.agent.config.tuning_reach import traffic_reachability
 from kvpilot.agent.tuning.handover import Resumed
 from kvpilot.agent.tuning.study import Study, rollout_settings
-from kvpilot.tuner.judge.judgement import LIVE_METRICS, JudgeConfig
+from kvpilot.tuner.judge.judgement import DEFAULT_METRICS, LIVE_METRICS, JudgeConfig
 from kvpilot.tuner.rollout.canary import Recovered
-from kvpilot.tuner.rollout.reachable import Reachability, live_reachability, reachability
+from kvpilot.tuner.rollout.reachable import Reachability
 from kvpilot.tuner.session import Progress, SessionSummary, TuningBlocked, TuningSession
 
 ShowProgress = Callable[[Progress], None]
@@ -85,13 +86,13 @@ def study_reachability(study: Study) -> Reachability:
     judged as its observer's samples are: replayed windows of the workload's requests, or
     live traffic's one analysis of `canary.analysis_s` in intervals."""
     canary = study.tuning.canary
-    if canary.traffic == "replay":
-        settings = rollout_settings(study, JudgeConfig())
-        requests = study.workload.num_requests
-        return reachability(settings, requests_per_window=requests, strategy=study.strategy)
-    settings = rollout_settings(study, JudgeConfig(metrics=LIVE_METRICS))
-    intervals = int(canary.analysis_s // canary.analysis_interval_s)
-    return live_reachability(settings, intervals=intervals)
+    metrics = DEFAULT_METRICS if canary.traffic == "replay" else LIVE_METRICS
+    return traffic_reachability(
+        rollout_settings(study, JudgeConfig(metrics=metrics)),
+        canary,
+        requests_per_window=study.workload.num_requests,
+        strategy=study.strategy,
+    )
 
 
 def refuse_unreachable(study: Study) -> None:

@@ -28,14 +28,13 @@ from apscheduler.triggers.cron import CronTrigger
 
 from kvpilot.agent.mode import Mode, ModeSetting
 from kvpilot.agent.state import StateStore
-from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.canary_sweep import CanarySweep
 from kvpilot.agent.tuning.entry import Recovery, Tuner, run_tuning
 from kvpilot.agent.tuning.held import WATCH_EVERY_S, HeldTrials
-from kvpilot.agent.tuning.study import Study, StudyError, study_suggester
+from kvpilot.agent.tuning.study import Study, StudyError, planned_trials
 from kvpilot.agent.tuning.workload.record import remember_workload
 from kvpilot.tuner.report.table import summary_line
-from kvpilot.tuner.session import TuningBlocked, dry_run
+from kvpilot.tuner.session import TuningBlocked
 
 log = logging.getLogger(__name__)
 
@@ -325,15 +324,6 @@ def scheduled_tuning(
 
 def _plan(study: Study, store: StateStore) -> str:
     """What a run would try, under remediation.dry_run."""
-    tuning = study.tuning
-    told, planned = dry_run(
-        study.space,
-        study_suggester(study),
-        SqliteTrialStore(store.db),
-        study.fingerprint,
-        tuning.trials,
-        initial_points=len(study.space.knobs) + 2,
-        journal=SqliteRolloutJournal(store.db),
-    )
+    told, planned = planned_trials(study, store.db)
     tried = "; ".join(p.candidate.describe() for p in planned)
     return f"dry-run: would try {tried} ({told} past trials told)"

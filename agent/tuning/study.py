@@ -39,7 +39,7 @@ from kvpilot.tuner.problem.objective import Slo
 from kvpilot.tuner.problem.space import Knob, KnobKind, SearchSpace, optional_knob
 from kvpilot.tuner.rollout.canary import RolloutSettings, Strategy
 from kvpilot.tuner.rollout.ports import Observer, RolloutJournal, TunerRuntime
-from kvpilot.tuner.session import Progress, TuningSession
+from kvpilot.tuner.session import PlannedTrial, Progress, TuningSession, dry_run
 from kvpilot.tuner.suggest.base import Suggester
 from kvpilot.tuner.suggest.prior import KvPrior, MemoryAxis
 from kvpilot.tuner.suggest.registry import Knowledge, make_suggester
@@ -83,6 +83,20 @@ def study_suggester(study: Study) -> Suggester:
     """The suggester `tuning.suggester` names, over the study's space and seed, told what
     the study knows (the planner's KV need, the deployed flags, the memory axis)."""
     return make_suggester(study.tuning.suggester, study.space, study.tuning.seed, study.knowledge)
+
+
+def planned_trials(study: Study, db: Database) -> tuple[int, list[PlannedTrial]]:
+    """What a run of the study would try first, its past trials told as a run tells them
+    (a dry run: `kvpilot tune --dry-run`, the schedule under the switch's dry-run mode)."""
+    return dry_run(
+        study.space,
+        study_suggester(study),
+        SqliteTrialStore(db),
+        study.fingerprint,
+        study.tuning.trials,
+        initial_points=len(study.space.knobs) + 2,
+        journal=SqliteRolloutJournal(db),
+    )
 
 
 def require_server(server: TunedServer | None) -> TunedServer:
