@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvpilot.collectors.promtext import parse_samples  # noqa: E402
-from kvpilot.rig.server import ServerSpec, build_argv, free_port  # noqa: E402
+from kvpilot.rig.server import ServerSpec, build_argv, free_kvpool_port, free_port  # noqa: E402
 from kvpilot.tuner.load.generator import LengthDist, Workload, run_load  # noqa: E402
 
 KV_BYTES = 64 * 32 * 1024  # 63 usable blocks of 32 tokens: the load below preempts
@@ -225,7 +225,9 @@ def main() -> None:
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="kvpilot-detection-"))
     arrivals = Arrivals()
-    spec = ServerSpec(port=free_port(), kvpool_port=free_port(), kv_cache_memory_bytes=KV_BYTES)
+    spec = ServerSpec(
+        port=free_port(), kvpool_port=free_kvpool_port(), kv_cache_memory_bytes=KV_BYTES
+    )
     agent_port = free_port()
     processes: list[subprocess.Popen] = []
     try:

@@ -28,7 +28,7 @@ import httpx
 from kvpilot.collectors.kvpool.blocks import count_blocks
 from kvpilot.collectors.kvpool.plugin import EngineHandle
 from kvpilot.collectors.kvpool.server import PartErrors
-from kvpilot.rig.server import ServerSpec, VllmServer, free_port
+from kvpilot.rig.server import ServerSpec, VllmServer, free_kvpool_port, free_port
 from kvpilot.tuner.load.generator import LengthDist, Workload, percentile, run_load
 
 
@@ -108,7 +108,7 @@ def load(rounds: int, workload: Workload, extra_args: tuple[str, ...]) -> None:
         for with_plugin in (False, True):
             spec = ServerSpec(
                 port=free_port(),
-                kvpool_port=free_port() if with_plugin else None,
+                kvpool_port=free_kvpool_port() if with_plugin else None,
                 plugin_enabled=with_plugin,
                 extra_args=extra_args,
             )

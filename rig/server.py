@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from kvpilot.collectors.kvpool.listen_address import ALLOCATOR_PORT_OFFSET
 from kvpilot.collectors.kvpool.listen_address import PORT_ENV as KVPOOL_PORT_ENV
 from kvpilot.collectors.procfs import live_group_members
 from kvpilot.collectors.safe_files import open_no_follow
@@ -44,6 +45,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def free_kvpool_port(host: str = "127.0.0.1", tries: int = 50) -> int:
+    """A port for the kvpool plugin whose first worker's port (`ALLOCATOR_PORT_OFFSET`
+    above it, where the CPU worker serves its ledger) was free a moment ago too: a worker
+    port taken by another socket leaves the engine without a ledger."""
+    for _ in range(tries):
+        port = free_port(host)
+        worker = port + ALLOCATOR_PORT_OFFSET
+        if worker > 65535:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, worker))
+            except OSError:
+                continue
+        return port
+    raise OSError(f"no free kvpool port with a free worker port after {tries} tries")
 
 
 @dataclass(frozen=True, slots=True)

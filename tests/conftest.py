@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvpilot.rig.server import ServerSpec, VllmServer, free_port
+from kvpilot.rig.server import ServerSpec, VllmServer, free_kvpool_port, free_port
 
 # Tiny-llama KV cost: 2 layers * 2 (K and V) * 2 KV heads * 64 head dim * 2 bytes = 1 KiB a
 # token, so a 32-token block is 32 KiB.
@@ -76,7 +76,7 @@ class ServerPool:
         while len(self._servers) >= self.keep:
             oldest = next(iter(self._servers))
             self._servers.pop(oldest).stop()
-        spec = dataclasses.replace(template, port=free_port(), kvpool_port=free_port())
+        spec = dataclasses.replace(template, port=free_port(), kvpool_port=free_kvpool_port())
         server = VllmServer(spec)
         server.start()
         try:

@@ -19,7 +19,13 @@ import httpx
 import yaml
 
 from kvpilot.collectors.procfs import list_processes, read_environ
-from kvpilot.rig.server import ServerSpec, build_argv, free_port, live_group_members
+from kvpilot.rig.server import (
+    ServerSpec,
+    build_argv,
+    free_kvpool_port,
+    free_port,
+    live_group_members,
+)
 from kvpilot.tuner.load.generator import LengthDist, LoadReport, Workload, run_load
 
 T = TypeVar("T")
@@ -209,7 +215,7 @@ def control(agent: AgentProcess, path: str, body: dict[str, Any], token: str | N
 
 
 def server_spec(**overrides: Any) -> ServerSpec:
-    base = {"port": free_port(), "kvpool_port": free_port(), "shutdown_timeout_s": 5}
+    base = {"port": free_port(), "kvpool_port": free_kvpool_port(), "shutdown_timeout_s": 5}
     return ServerSpec(**{**base, **overrides})
 
 

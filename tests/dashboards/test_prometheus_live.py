@@ -134,6 +134,26 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             process.wait(timeout=10)
 
 
+def _why_not_exported(server: VllmServer, agent_url: str, folder: Path) -> str:
+    """What the agent exported and what failed, the plugin's lines in vLLM's log (a worker
+    port that could not be bound says so there) and the agent's log."""
+    exported = _metrics(agent_url).splitlines()
+    shown = [
+        line
+        for line in exported
+        if line.startswith(("kvpilot_collector_errors_total", "kvpilot_memory_ledger_bytes"))
+    ]
+    plugin = [line for line in server.log_tail(200_000).splitlines() if "kvpool" in line]
+    return (
+        "agent never exported the NVML, kvpool and ledger figures\n"
+        + "\n".join(shown or ["(no collector errors exported)"])
+        + "\nvLLM's kvpool lines:\n"
+        + "\n".join(plugin[-20:])
+        + "\nagent log:\n"
+        + (folder / "agent.log").read_text(errors="replace")[-3000:]
+    )
+
+
 def _metrics(url: str) -> str:
     try:
         return httpx.get(f"{url}/metrics", timeout=5).text
@@ -149,16 +169,19 @@ def live(server_pool, tmp_path_factory) -> Iterator[Live]:
     prometheus: PrometheusServer | None = None
     dcgm = _serve(DCGM_PAYLOAD)
     try:
+        # The ledger comes from the worker's own port, which the engine publishes: waited
+        # for too, so that a panel of it is judged on figures the agent had to give.
         wait_for(
-            lambda: (
-                "kvpilot_gpu_process_memory_bytes{" in _metrics(agent_url)
-                and "kvpilot_kvpool_blocks{" in _metrics(agent_url)
+            lambda: all(
+                f"{family}{{" in _metrics(agent_url)
+                for family in (
+                    "kvpilot_gpu_process_memory_bytes",
+                    "kvpilot_kvpool_blocks",
+                    "kvpilot_memory_ledger_bytes",
+                )
             ),
             120,
-            lambda: (
-                "agent never exported NVML and kvpool figures; log:\n"
-                + (folder / "agent.log").read_text(errors="replace")[-4000:]
-            ),
+            lambda: _why_not_exported(server, agent_url, folder),
         )
         rules_file = folder / "kvpilot.rules.yaml"
         # Sized to this Prometheus's one-second scrapes, as `kvpilot rules` is told to.

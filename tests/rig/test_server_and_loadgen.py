@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import socket
 
 import httpx
 import pytest
 
+from kvpilot.collectors.kvpool.listen_address import ALLOCATOR_PORT_OFFSET
+from kvpilot.rig import server as rig_server
 from kvpilot.rig.server import (
     ServerSpec,
     ServerStartError,
@@ -17,6 +20,21 @@ from kvpilot.rig.server import (
     live_group_members,
 )
 from kvpilot.tuner.load.generator import LengthDist, Workload, percentile, plan_requests, run_load
+
+
+def test_a_kvpool_port_is_chosen_with_its_worker_port_free(monkeypatch) -> None:
+    # The worker serves its ledger ALLOCATOR_PORT_OFFSET above the plugin's port: a port
+    # whose worker port another socket holds is passed over.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        offered = iter([taken - ALLOCATOR_PORT_OFFSET, rig_server.free_port()])
+        monkeypatch.setattr(rig_server, "free_port", lambda host="127.0.0.1": next(offered))
+        chosen = rig_server.free_kvpool_port()
+    assert chosen != taken - ALLOCATOR_PORT_OFFSET
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", chosen + ALLOCATOR_PORT_OFFSET))  # free: binds
 
 
 def test_workload_is_drawn_from_its_seed() -> None:

@@ -37,7 +37,7 @@ from kvpilot.agent.tick.sidecar import Sidecar
 from kvpilot.agent.tuning.schedule import ScheduledTuning
 from kvpilot.collectors.kvpool.client import KvPoolScrape
 from kvpilot.collectors.vllm_metrics import VllmScrape
-from kvpilot.rig.server import free_port
+from kvpilot.rig.server import free_kvpool_port, free_port
 from kvpilot.tuner.load.generator import run_load
 
 log = logging.getLogger("kvpilot.demo")
@@ -387,7 +387,7 @@ async def _run_demo(settings: DemoSettings) -> list[str]:
                 demo_config(
                     listen_port=settings.listen_port,
                     server_port=server_port,
-                    kvpool_port=free_port(),
+                    kvpool_port=free_kvpool_port(),
                     canary_port=free_port(),
                     state_dir=state_dir,
                     webhook_url=receiver.url,

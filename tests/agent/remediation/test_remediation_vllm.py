@@ -17,7 +17,7 @@ from kvpilot.agent.remediation import (
 )
 from kvpilot.agent.runtimes import LocalInstanceSpec, LocalRuntime
 from kvpilot.collectors.procfs import read_resident_memory
-from kvpilot.rig.server import ServerSpec, build_argv, build_env, free_port
+from kvpilot.rig.server import ServerSpec, build_argv, build_env, free_kvpool_port, free_port
 from tests.fakes.remediation_journal import MemoryJournal
 
 pytestmark = pytest.mark.slow
@@ -38,7 +38,7 @@ def test_preflight_reads_the_real_server_and_a_manual_restart_gives_a_new_pid(
                     ("HF_HUB_OFFLINE", "1"),
                     ("VLLM_CPU_OMP_THREADS_BIND", env["VLLM_CPU_OMP_THREADS_BIND"]),
                 ),
-                kvpool_port=free_port(),
+                kvpool_port=free_kvpool_port(),
             )
         ],
         tmp_path / "logs",

@@ -32,7 +32,14 @@ from kvpilot.agent.runtimes import (
 from kvpilot.agent.runtimes.drain import wait_for
 from kvpilot.agent.runtimes.probe import wait_ready
 from kvpilot.collectors.procfs import ProcRef, is_alive, read_proc
-from kvpilot.rig.server import ServerSpec, build_argv, build_env, free_port, stop_process_group
+from kvpilot.rig.server import (
+    ServerSpec,
+    build_argv,
+    build_env,
+    free_kvpool_port,
+    free_port,
+    stop_process_group,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +76,7 @@ class Harness:
 def _spec() -> ServerSpec:
     return ServerSpec(
         port=free_port(),
-        kvpool_port=free_port(),
+        kvpool_port=free_kvpool_port(),
         kv_cache_memory_bytes=16 * 1024 * 1024,
         # Room to drain on a busy two-core box; an idle server still stops at once.
         shutdown_timeout_s=30,

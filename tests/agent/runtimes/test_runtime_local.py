@@ -15,7 +15,14 @@ import pytest
 from kvpilot.agent.model import Instance
 from kvpilot.agent.runtimes import LocalInstanceSpec, LocalRuntime
 from kvpilot.collectors.procfs import read_environ, read_proc
-from kvpilot.rig.server import KVPOOL_PORT_ENV, ServerSpec, build_argv, build_env, free_port
+from kvpilot.rig.server import (
+    KVPOOL_PORT_ENV,
+    ServerSpec,
+    build_argv,
+    build_env,
+    free_kvpool_port,
+    free_port,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +49,7 @@ def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Started]:
     served_name = f"tiny$(touch {marker})"
     spec = ServerSpec(
         port=free_port(),
-        kvpool_port=free_port(),
+        kvpool_port=free_kvpool_port(),
         kv_cache_memory_bytes=16 * 1024 * 1024,
         shutdown_timeout_s=5,
         api_key=API_KEY,
