@@ -35,6 +35,7 @@ from kvpilot.tuner.suggest import (
     SUGGESTERS,
     Knowledge,
     KvPrior,
+    LoadShape,
     MemoryAxis,
     SearchExhausted,
     make_suggester,
@@ -172,9 +173,13 @@ def knowledge_of(ls: Landscape) -> Knowledge:
     """What the product knows on this landscape before its first trial, the fields the agent
     fills (`agent/tuning/study.py`): the stable side's flags, the planner's KV need (its
     exact bytes per token times the tokens in flight at the batch the load needs: the true
-    knee errs against it by about 30 %), and the KV-budget knob's identity axis. No
-    observation: the product tells none yet."""
+    knee errs against it by about 30 %), the KV-budget knob's identity axis, and the load's
+    shape as the study computes it for an open-loop load: Little's law at the inter-token
+    SLO's limit (the replayed rate times the output times the SLO's gap; the simulator has
+    no TTFT limit), an upper end of the batch the load needs (here 1.0-2.7x it), and the
+    planner's KV bytes a request holds. No observation: the product tells none yet."""
     in_flight_tokens = ls.need * (ls.prompt_tokens + ls.output_tokens / 2)
+    requests = ls.target_rps * ls.output_tokens * ls.itl_slo_s
     return Knowledge(
         prior=KvPrior.from_planner(ls.geometry, in_flight_tokens),
         deployed={
@@ -183,6 +188,7 @@ def knowledge_of(ls: Landscape) -> Knowledge:
             "max_num_batched_tokens": ls.deployed.batched_tokens,
         },
         axis=MemoryAxis.identity(),
+        load=LoadShape.from_planner(ls.geometry, requests, ls.prompt_tokens, ls.output_tokens),
     )
 
 

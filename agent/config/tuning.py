@@ -319,10 +319,13 @@ class TuningConfig(StrictModel):
     suggester: Literal["bayes", "informed", "random", "grid"] = Field(
         "bayes",
         description="Who proposes the trials (tuner/suggest/registry.py): bayes, a Gaussian "
-        "process; informed, bisection on the memory knob with failed starts as its cliff, "
-        "then max_num_seqs on a log ladder, given the planner's KV need of the workload, "
-        "the stable server's own flags and the memory knob's KV bytes (not yet the stable "
-        "server's KV high-water mark); random; grid.",
+        "process; informed, where the planner knows the workload's shape and the memory "
+        "knob's KV bytes and the space has max_num_seqs, the batch the load needs first "
+        "(Little's law on the workload, bisected at ample memory), then the least memory "
+        "that holds it, max_num_batched_tokens two prompts beside a decode token of every "
+        "sequence; otherwise bisection on the memory knob with failed starts as its cliff, "
+        "then max_num_seqs on a log ladder (not yet the stable server's KV high-water mark); "
+        "random; grid.",
     )
     seed: int = Field(0, description="The suggester's seed.")
     retune: RetuneConfig = Field(

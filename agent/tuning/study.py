@@ -3,6 +3,7 @@ and the session that runs it. Shared by `kvpilot tune` and the agent's scheduled
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -41,7 +42,7 @@ from kvpilot.tuner.rollout.canary import RolloutSettings, Strategy
 from kvpilot.tuner.rollout.ports import Observer, RolloutJournal, TunerRuntime
 from kvpilot.tuner.session import PlannedTrial, Progress, TuningSession, dry_run
 from kvpilot.tuner.suggest.base import Suggester
-from kvpilot.tuner.suggest.prior import KvPrior, MemoryAxis
+from kvpilot.tuner.suggest.prior import KvPrior, LoadShape, MemoryAxis
 from kvpilot.tuner.suggest.registry import Knowledge, make_suggester
 
 
@@ -210,6 +211,7 @@ def study_knowledge(
         prior=_kv_prior(plan, workload, slo, deployed.get("max_num_seqs")),
         deployed=deployed,
         axis=_memory_axis(space.knobs[0].name, plan, gpu),
+        load=_load_shape(plan, workload, slo),
     )
 
 
@@ -258,25 +260,42 @@ def _kv_prior(
     plan: Plan | None, workload: Workload, slo: Slo, max_num_seqs: Value | None
 ) -> KvPrior | None:
     """The planner's KV need of the replayed load (None where it cannot say): requests in
-    flight times the tokens each holds (its prompt and half its output), in whole blocks.
-
-    Closed loop: the concurrency. Open loop, Little's law at the longest a request may live
-    while the SLO holds (its TTFT and every gap at their limits): an upper end, so the prior
-    errs toward more memory, where a first probe holds. Never more than max_num_seqs run."""
+    flight (`_requests_in_flight`) times the tokens each holds (its prompt and half its
+    output), in whole blocks. Never more than max_num_seqs run."""
     if plan is None:
         return None
     prompt, output = _mean_lengths(workload)
-    if workload.concurrency is not None:
-        requests = float(workload.concurrency)
-    else:
-        latency_s = slo.ttft_p95_s + output * slo.inter_token_p95_s
-        requests = (workload.rate_rps or 0.0) * latency_s
+    requests = _requests_in_flight(workload, slo)
     if isinstance(max_num_seqs, int) and not isinstance(max_num_seqs, bool):
         requests = min(requests, float(max_num_seqs))
     tokens = requests * (prompt + output / 2)
     if not tokens > 0:
         return None
     return KvPrior.from_planner(plan.geometry, tokens)
+
+
+def _load_shape(plan: Plan | None, workload: Workload, slo: Slo) -> LoadShape | None:
+    """The replayed load as the planner sees it: the requests in flight (not capped by the
+    deployed max_num_seqs: the batch the load needs is what the search is after), the KV
+    bytes each holds and the mean prompt; None where the planner or the load cannot say."""
+    if plan is None:
+        return None
+    prompt, output = _mean_lengths(workload)
+    requests = _requests_in_flight(workload, slo)
+    if not (requests > 0 and prompt > 0 and math.isfinite(requests)):
+        return None
+    return LoadShape.from_planner(plan.geometry, requests, prompt, output)
+
+
+def _requests_in_flight(workload: Workload, slo: Slo) -> float:
+    """Closed loop: the concurrency. Open loop, Little's law at the longest a request may
+    live while the SLO holds (its TTFT and every gap at their limits): an upper end, so an
+    estimate errs toward more memory and more sequences, where a first probe holds."""
+    if workload.concurrency is not None:
+        return float(workload.concurrency)
+    _, output = _mean_lengths(workload)
+    latency_s = slo.ttft_p95_s + output * slo.inter_token_p95_s
+    return (workload.rate_rps or 0.0) * latency_s
 
 
 def _mean_lengths(workload: Workload) -> tuple[float, float]:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kvpilot.tuner.suggest import SUGGESTERS, InformedSuggester, MemoryAxis
+from kvpilot.tuner.suggest import (
+    SUGGESTERS,
+    InformedSuggester,
+    KneeSuggester,
+    MemoryAxis,
+    make_suggester,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -36,6 +42,14 @@ def test_the_landscape_knowledge_is_what_the_agent_would_give() -> None:
     block = ls.geometry.bytes_per_block
     assert 0 <= known.prior.need_bytes - ls.planner_knee_bytes <= block
     assert known.prior.need_bytes % block == 0
+    # The load as the study computes it for an open loop: Little's law at the inter-token
+    # SLO's limit, an upper end of the batch the load needs, and the planner's bytes.
+    assert known.load is not None
+    assert known.load.requests_in_flight == ls.target_rps * ls.output_tokens * ls.itl_slo_s
+    assert known.load.requests_in_flight >= ls.need
+    per_request = ls.geometry.bytes_per_token * (ls.prompt_tokens + ls.output_tokens / 2)
+    assert known.load.kv_bytes_per_request == per_request
+    assert known.load.prompt_tokens == ls.prompt_tokens
 
 
 def test_the_informed_strategy_asks_what_a_suggester_told_the_landscape_asks() -> None:
@@ -45,8 +59,7 @@ def test_the_informed_strategy_asks_what_a_suggester_told_the_landscape_asks() -
     known, space = knowledge_of(ls), space_of(ls)
     record = strategies()["informed"](ls, 0, lambda _c: 0.0)
     first = record.history[0][0]
-    told = InformedSuggester(
-        space, 0, prior=known.prior, deployed=known.deployed, axis=known.axis
-    ).ask()
-    assert first == config_of(told)
+    knowing = make_suggester("informed", space, 0, known)
+    assert isinstance(knowing, KneeSuggester)  # it knows the load's shape
+    assert first == config_of(knowing.ask())
     assert first != config_of(InformedSuggester(space, seed=0).ask())

@@ -17,7 +17,8 @@ from kvpilot.tuner.suggest.base import (
 from kvpilot.tuner.suggest.bayes import BayesianSuggester
 from kvpilot.tuner.suggest.grid import GridSuggester, row_major_order
 from kvpilot.tuner.suggest.informed import InformedSuggester, ScreeningHint
-from kvpilot.tuner.suggest.prior import KvPrior, MemoryAxis, tokens_in_flight
+from kvpilot.tuner.suggest.knee import KneeSuggester
+from kvpilot.tuner.suggest.prior import KvPrior, LoadShape, MemoryAxis, tokens_in_flight
 from kvpilot.tuner.suggest.random_search import RandomSuggester
 from kvpilot.tuner.suggest.registry import SUGGESTERS, Knowledge, make_suggester
 
@@ -26,8 +27,10 @@ __all__ = [
     "BayesianSuggester",
     "GridSuggester",
     "InformedSuggester",
+    "KneeSuggester",
     "Knowledge",
     "KvPrior",
+    "LoadShape",
     "MemoryAxis",
     "Observing",
     "RandomSuggester",

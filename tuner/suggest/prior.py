@@ -89,3 +89,34 @@ class MemoryAxis:
 
     def value_for(self, kv_bytes: float) -> float:
         return (kv_bytes + self.offset_bytes) / self.bytes_per_unit
+
+
+@dataclass(frozen=True, slots=True)
+class LoadShape:
+    """The replayed load as the planner sees it: the requests in flight (Little's law on the
+    learned load, an estimate), the KV bytes each holds (the planner's exact bytes per token
+    times its prompt and half its output) and its mean prompt, in tokens."""
+
+    requests_in_flight: float
+    kv_bytes_per_request: float
+    prompt_tokens: float
+    error_ratio: float = DEFAULT_PRIOR_ERROR_RATIO  # how far the KV bytes may err
+
+    def __post_init__(self) -> None:
+        for name in ("requests_in_flight", "kv_bytes_per_request", "prompt_tokens"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a positive number, not {value}")
+        if not 0 <= self.error_ratio < 1:
+            raise ValueError(f"error_ratio must be in [0, 1), not {self.error_ratio}")
+
+    @classmethod
+    def from_planner(
+        cls,
+        geometry: KvGeometry,
+        requests_in_flight: float,
+        prompt_tokens: float,
+        output_tokens: float,
+    ) -> LoadShape:
+        per_request = geometry.bytes_per_token * (prompt_tokens + output_tokens / 2)
+        return cls(requests_in_flight, per_request, prompt_tokens)

@@ -1,7 +1,10 @@
 """Suggesters by name: what the tuning config's `suggester` choice and the benchmarks pick.
 
 Every factory takes the space, a seed and what the caller knows (the planner's prior, the
-deployed flags, the memory axis); suggesters that use none of it ignore it.
+deployed flags, the memory axis, the load's shape); suggesters that use none of it ignore it.
+`informed` searches the batch first, then the memory (`KneeSuggester`) where it knows the
+load's shape and the memory knob's KV bytes and the space has max_num_seqs; otherwise it
+bisects the memory at the deployed flags (`InformedSuggester`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from kvpilot.tuner.suggest.base import Suggester
 from kvpilot.tuner.suggest.bayes import BayesianSuggester
 from kvpilot.tuner.suggest.grid import GridSuggester
 from kvpilot.tuner.suggest.informed import InformedSuggester
-from kvpilot.tuner.suggest.prior import KvPrior, MemoryAxis
+from kvpilot.tuner.suggest.knee import KneeSuggester, knee_applies
+from kvpilot.tuner.suggest.prior import KvPrior, LoadShape, MemoryAxis
 from kvpilot.tuner.suggest.random_search import RandomSuggester
 
 
@@ -26,12 +30,19 @@ class Knowledge:
     prior: KvPrior | None = None
     deployed: Mapping[str, Value] = field(default_factory=dict)
     axis: MemoryAxis | None = None
+    load: LoadShape | None = None
 
 
 SuggesterFactory = Callable[[SearchSpace, int, Knowledge], Suggester]
 
 
 def _informed(space: SearchSpace, seed: int, known: Knowledge) -> Suggester:
+    if (
+        known.load is not None
+        and known.axis is not None
+        and knee_applies(space, known.load, known.axis)
+    ):
+        return KneeSuggester(space, load=known.load, axis=known.axis, deployed=known.deployed)
     return InformedSuggester(
         space, seed, prior=known.prior, deployed=known.deployed, axis=known.axis
     )

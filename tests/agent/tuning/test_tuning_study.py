@@ -26,9 +26,10 @@ from kvpilot.tuner.judge.judgement import DEFAULT_METRICS, LIVE_METRICS, JudgeCo
 from kvpilot.tuner.problem.space import KnobKind
 from kvpilot.tuner.suggest import (
     BayesianSuggester,
-    InformedSuggester,
+    KneeSuggester,
     Knowledge,
     KvPrior,
+    LoadShape,
     MemoryAxis,
     RandomSuggester,
     make_suggester,
@@ -186,7 +187,8 @@ def test_the_gpu_is_read_once_and_quietly(caplog: pytest.LogCaptureFixture) -> N
 
 @pytest.mark.parametrize(
     ("name", "kind"),
-    [("bayes", BayesianSuggester), ("informed", InformedSuggester), ("random", RandomSuggester)],
+    # informed searches the batch, then the memory, where it knows the load's shape (here)
+    [("bayes", BayesianSuggester), ("informed", KneeSuggester), ("random", RandomSuggester)],
 )
 def test_the_study_runs_the_suggester_the_configuration_names(
     tmp_path: Path, name: str, kind: type
@@ -220,7 +222,9 @@ def test_the_informed_suggester_is_told_the_planner_need_the_deployed_flags_and_
 ) -> None:
     """CPU build: the KV-budget knob's axis is the identity; the need is the closed-loop
     workload's requests in flight (16, capped at the deployed max_num_seqs of 8) times the
-    tokens each holds (384 prompt, half of 64 out), in blocks of 32 tokens of 32 KiB."""
+    tokens each holds (384 prompt, half of 64 out), in blocks of 32 tokens of 32 KiB. The
+    load's shape keeps the 16 requests uncapped: the batch the load needs is what the
+    search is after."""
     config = _config(tmp_path, max_num_seqs=8)
     tuning = TuningConfig.model_validate({"suggester": "informed", "seed": 3})
     study = build_study(tuned_server(config), tuning, gpu=None)
@@ -229,6 +233,7 @@ def test_the_informed_suggester_is_told_the_planner_need_the_deployed_flags_and_
         prior=KvPrior(blocks * 32 * 1024),
         deployed={"kv_cache_memory_bytes": 64 << 20, "max_num_seqs": 8},
         axis=MemoryAxis.identity(),
+        load=LoadShape(16.0, 1024 * (384 + 64 / 2), 384.0),
     )
     assert study.knowledge == told
     # What the study builds asks what a suggester told all of it asks, not a blind one.

@@ -1,0 +1,207 @@
+"""The knee search on a synthetic vLLM: the batch first at ample memory, then the memory at
+the least batch; the start limit, the inter-token limit, the prefill step, and when it
+applies."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from kvpilot.tuner.problem.constraints import batched_tokens_constraint
+from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult
+from kvpilot.tuner.problem.space import Candidate, Knob, KnobKind, SearchSpace
+from kvpilot.tuner.problem.startup_errors import StartupFailure, StartupFailureKind
+from kvpilot.tuner.suggest import (
+    InformedSuggester,
+    KneeSuggester,
+    Knowledge,
+    LoadShape,
+    MemoryAxis,
+    SearchExhausted,
+    make_suggester,
+)
+from kvpilot.tuner.suggest.knee import knee_applies
+
+MIB = 1 << 20
+GOODPUT = 1000.0  # tokens per second when the load is served in full
+
+
+def space(batched: bool = True) -> SearchSpace:
+    knobs = [
+        Knob("kv_cache_memory_bytes", KnobKind.INTEGER, 16 * MIB, 16384 * MIB, log_scale=True),
+        Knob("max_num_seqs", KnobKind.INTEGER, 1, 512, log_scale=True),
+    ]
+    if batched:
+        knobs.append(Knob("max_num_batched_tokens", KnobKind.INTEGER, 512, 16384, log_scale=True))
+    return SearchSpace(tuple(knobs), constraints=(batched_tokens_constraint(),))
+
+
+@dataclass(frozen=True)
+class Vllm:
+    """A load that needs `need` sequences of `seq_mib` each; capacity falls as the square of
+    the KV budget below what the batch holds, above `itl_limit` sequences the inter-token
+    gap breaks the SLO, and a budget above `cliff_mib` fails to start."""
+
+    need: int = 40
+    seq_mib: float = 100.0
+    itl_limit: int = 10_000
+    cliff_mib: float = 12_000.0
+
+    def __call__(self, candidate: Candidate) -> TrialResult:
+        memory = float(candidate["kv_cache_memory_bytes"])
+        seqs = int(candidate["max_num_seqs"])  # type: ignore[call-overload]
+        if memory > self.cliff_mib * MIB:
+            failure = StartupFailure(StartupFailureKind.OUT_OF_MEMORY, "CUDA out of memory", None)
+            return TrialResult(
+                TrialOutcome.FAILED_TO_START, None, int(memory), "oom", startup_failure=failure
+            )
+        held = memory / (self.seq_mib * MIB)  # sequences the budget holds
+        usable = min(seqs, self.need)
+        served = usable / self.need * min(1.0, held / usable) ** 2
+        if seqs > self.itl_limit:
+            served = min(served, 0.8 * self.itl_limit / seqs)
+        if served >= 1.0:
+            return TrialResult(TrialOutcome.FEASIBLE, GOODPUT, int(memory), None)
+        return TrialResult(TrialOutcome.SLO_BROKEN, GOODPUT * served, int(memory), "SLO")
+
+
+def load(requests: float = 52.0, seq_mib: float = 100.0, prompt: float = 1000.0) -> LoadShape:
+    return LoadShape(requests, seq_mib * MIB, prompt)
+
+
+def run(
+    suggester: KneeSuggester, vllm: Callable[[Candidate], TrialResult], trials: int = 30
+) -> list[tuple[Candidate, TrialResult]]:
+    history = []
+    for _ in range(trials):
+        try:
+            candidate = suggester.ask()
+        except SearchExhausted:
+            break
+        result = vllm(candidate)
+        history.append((candidate, result))
+        suggester.tell(candidate, result)
+    return history
+
+
+def least_held(history: list[tuple[Candidate, TrialResult]]) -> Candidate:
+    held = [c for c, r in history if r.feasible]
+    return min(held, key=lambda c: float(c["kv_cache_memory_bytes"]))
+
+
+def test_it_finds_the_batch_then_the_least_memory_that_holds_it() -> None:
+    vllm = Vllm(need=40, seq_mib=100.0)
+    suggester = KneeSuggester(space(), load=load(requests=52), axis=MemoryAxis.identity())
+    history = run(suggester, vllm)
+    best = least_held(history)
+    assert 40 <= int(best["max_num_seqs"]) <= 44  # type: ignore[call-overload]
+    assert float(best["kv_cache_memory_bytes"]) <= 40 * 100 * MIB * 1.1
+    # The first probe: the estimated batch at memory that holds it if the planner errs.
+    first, _ = history[0]
+    assert first["max_num_seqs"] == 52
+    assert float(first["kv_cache_memory_bytes"]) >= 52 * 100 * MIB * 1.3
+    assert len(history) <= 12  # two bisections, not a walk
+
+
+def test_an_estimate_short_of_the_batch_is_raised_where_more_served_more() -> None:
+    vllm = Vllm(need=40, seq_mib=100.0)
+    suggester = KneeSuggester(space(), load=load(requests=20), axis=MemoryAxis.identity())
+    history = run(suggester, vllm)
+    asked = [int(c["max_num_seqs"]) for c, _ in history]  # type: ignore[call-overload]
+    # Downward first (the estimate is an upper end), then up past it when fewer served less.
+    assert asked[:3] == [20, 13, 30]
+    assert 40 <= int(least_held(history)["max_num_seqs"]) <= 44  # type: ignore[call-overload]
+
+
+def test_past_the_inter_token_limit_it_looks_below_not_above() -> None:
+    # 52 sequences break the inter-token SLO where 40 would hold: more would not help.
+    vllm = Vllm(need=40, seq_mib=100.0, itl_limit=45)
+    suggester = KneeSuggester(space(), load=load(requests=52), axis=MemoryAxis.identity())
+    history = run(suggester, vllm)
+    asked = [int(c["max_num_seqs"]) for c, _ in history]  # type: ignore[call-overload]
+    assert asked[0] == 52 and asked[1] < 52
+    assert max(asked) == 52  # never more sequences than a miss that served less
+    assert 40 <= int(least_held(history)["max_num_seqs"]) <= 45  # type: ignore[call-overload]
+
+
+def test_a_failed_start_is_tried_again_below_it_and_never_above() -> None:
+    vllm = Vllm(need=40, seq_mib=100.0, cliff_mib=6000.0)
+    suggester = KneeSuggester(space(), load=load(requests=52), axis=MemoryAxis.identity())
+    history = run(suggester, vllm)
+    failed = [
+        float(c["kv_cache_memory_bytes"])
+        for c, r in history
+        if r.outcome is TrialOutcome.FAILED_TO_START
+    ]
+    assert failed, "the first probe's ample memory lies above the start limit"
+    after = history[len(failed) :]
+    assert all(float(c["kv_cache_memory_bytes"]) < min(failed) for c, _ in after)
+    assert least_held(history)
+
+
+def test_it_never_asks_more_memory_than_the_deployed_side_runs_with() -> None:
+    deployed = {"kv_cache_memory_bytes": 5000 * MIB, "max_num_seqs": 256}
+    suggester = KneeSuggester(
+        space(), load=load(requests=52), axis=MemoryAxis.identity(), deployed=deployed
+    )
+    history = run(suggester, Vllm(need=40, seq_mib=100.0))
+    assert all(float(c["kv_cache_memory_bytes"]) <= 5000 * MIB for c, _ in history)
+    assert not any(r.outcome is TrialOutcome.FAILED_TO_START for _, r in history)
+
+
+def test_a_step_prefills_two_prompts_beside_a_decode_token_of_every_sequence() -> None:
+    suggester = KneeSuggester(
+        space(), load=load(requests=52, prompt=3000), axis=MemoryAxis.identity()
+    )
+    first = suggester.ask()
+    assert first["max_num_batched_tokens"] == 2 * 3000 + 52
+    short = KneeSuggester(space(), load=load(requests=600, prompt=10), axis=MemoryAxis.identity())
+    candidate = short.ask()  # never fewer tokens than sequences: vLLM refuses that
+    assert int(candidate["max_num_batched_tokens"]) >= int(candidate["max_num_seqs"])  # type: ignore[call-overload]
+
+
+def test_converged_it_says_so() -> None:
+    suggester = KneeSuggester(space(), load=load(requests=40), axis=MemoryAxis.identity())
+    history = run(suggester, Vllm(need=40, seq_mib=100.0), trials=50)
+    assert len(history) < 50
+    with pytest.raises(SearchExhausted, match=r"converged|held"):
+        suggester.ask()
+
+
+def test_a_utilisation_knob_is_searched_through_its_kv_axis() -> None:
+    gpu = 80 * 1024 * MIB
+    utilisation = SearchSpace(
+        (
+            Knob("gpu_memory_utilization", KnobKind.REAL, 0.3, 0.95),
+            Knob("max_num_seqs", KnobKind.INTEGER, 1, 512, log_scale=True),
+        )
+    )
+    axis = MemoryAxis.for_utilization(gpu, 20 * 1024 * MIB)
+    suggester = KneeSuggester(utilisation, load=load(requests=52), axis=axis)
+    first = suggester.ask()
+    kv = axis.kv_bytes(float(first["gpu_memory_utilization"]))
+    assert kv == pytest.approx(52 * 100 * MIB * 1.3 * 1.1, rel=0.01)
+
+
+def test_informed_searches_the_knee_only_where_it_knows_enough() -> None:
+    known = Knowledge(axis=MemoryAxis.identity(), load=load())
+    assert isinstance(make_suggester("informed", space(), 0, known), KneeSuggester)
+    # Without the load's shape, the memory's KV bytes, or max_num_seqs: memory bisection.
+    no_load = Knowledge(axis=MemoryAxis.identity())
+    assert isinstance(make_suggester("informed", space(), 0, no_load), InformedSuggester)
+    memory_only = SearchSpace(space().knobs[:1])
+    assert not knee_applies(memory_only, load(), MemoryAxis.identity())
+    assert isinstance(make_suggester("informed", memory_only, 0, known), InformedSuggester)
+    assert not knee_applies(space(), load(), None)
+
+
+@pytest.mark.parametrize(
+    "bad", [{"requests_in_flight": 0}, {"kv_bytes_per_request": -1}, {"prompt_tokens": math.inf}]
+)
+def test_a_load_shape_is_refused_where_it_cannot_be_one(bad: dict) -> None:
+    fields = {"requests_in_flight": 4.0, "kv_bytes_per_request": 1.0, "prompt_tokens": 8.0}
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        LoadShape(**{**fields, **bad})
