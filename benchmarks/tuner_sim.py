@@ -190,7 +190,7 @@ class Landscape:
         high = (self.free_bytes - t * self.activation_bytes_per_token) // block
         goal = self.target_rps * margin
         ok &= high >= 1
-        ok &= self._capacity(high * block, s, t) >= goal
+        ok &= self._capacity(np.maximum(high, 1) * block, s, t) >= goal  # high < 1: refused above
         if not ok.any():
             return None
         low = np.zeros_like(high)  # infeasible at low, feasible at high, where ok
@@ -198,7 +198,7 @@ class Landscape:
             if (high - low <= 1)[ok].all():
                 break
             mid = (low + high) // 2
-            good = self._capacity(mid * block, s, t) >= goal
+            good = self._capacity(np.maximum(mid, 0) * block, s, t) >= goal
             high = np.where(ok & good, mid, high)
             low = np.where(ok & ~good, mid, low)
         return int(high[ok].min())

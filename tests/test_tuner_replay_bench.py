@@ -399,9 +399,10 @@ def test_a_tight_landscape_is_its_burst_traffic_under_a_tighter_inter_token_limi
 
 
 def test_simulated_landscapes_are_independent_and_keep_the_product_objective() -> None:
-    """Dev and test seeds draw different landscapes; the knee errs against the planner; the
-    least feasible KV is a real boundary (one block less no longer holds the target); a
-    failed start costs its seconds; the registered suggesters are strategies by name."""
+    """Dev and test seeds draw different landscapes; the knee errs against the planner and
+    the chunk knee against two prompts a step; the least feasible KV is a real boundary
+    (one block less no longer holds the target); a failed start costs its seconds; the
+    registered suggesters are strategies by name."""
     from tuner_sim import DEV_SEEDS, TEST_SEEDS, Config, draw_landscape
     from tuner_sim_run import FAILED_START_S, registered_suggesters, run_trials
 
@@ -410,6 +411,8 @@ def test_simulated_landscapes_are_independent_and_keep_the_product_objective() -
     assert {ls.target_rps for ls in dev}.isdisjoint(ls.target_rps for ls in test)
     errors = [ls.need * ls.seq_bytes / ls.planner_knee_bytes for ls in dev]
     assert min(errors) < 0.9 and max(errors) > 1.1  # the planner's estimate is not the truth
+    chunks = [ls.chunk_knee_tokens / (2 * ls.prompt_tokens) for ls in dev]
+    assert min(chunks) < 0.9 and max(chunks) > 1.1  # nor is two prompts a step
     ls = dev[0]
     least = ls.least_feasible_blocks()
     assert least is not None
