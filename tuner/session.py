@@ -29,7 +29,7 @@ from kvpilot.tuner.rollout.canary import (
     held_records,
 )
 from kvpilot.tuner.rollout.ports import Observer, RolloutJournal, TunerRuntime
-from kvpilot.tuner.suggest import SearchExhausted, Suggester, warm_start
+from kvpilot.tuner.suggest import Explaining, SearchExhausted, Suggester, warm_start
 from kvpilot.tuner.trials import Trial, TrialState, TrialStore, history, new_trial, next_number
 
 
@@ -283,7 +283,9 @@ def dry_run(
             candidate = suggester.ask()
         except SearchExhausted:
             break
-        if told + i < initial_points:
+        if isinstance(suggester, Explaining):
+            why = suggester.explain(candidate)
+        elif told + i < initial_points:
             why = "initial point: stratified over the planner's safe region"
         else:
             why = (

@@ -216,6 +216,11 @@ def tune(
                 console.print(f"  searching {knob.name} over {span}", highlight=False)
             for i, plan in enumerate(planned, 1):
                 console.print(f"{i}. {plan.candidate.describe()}  [dim]{plan.why}[/dim]")
+            if len(planned) < study.tuning.trials:
+                console.print(
+                    f"(the other {study.tuning.trials - len(planned)} follow from what these show)",
+                    highlight=False,
+                )
             return
         if pod is None:
             run = _run(

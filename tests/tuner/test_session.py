@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from kvpilot.tuner.problem.space import Knob, KnobKind, SearchSpace
+from kvpilot.tuner.problem.space import Candidate, Knob, KnobKind, SearchSpace
 from kvpilot.tuner.rollout.canary import Phase, RolloutSettings, Strategy
 from kvpilot.tuner.session import (
     Progress,
@@ -149,3 +149,12 @@ def test_dry_run_plans_without_touching_the_runtime() -> None:
     assert [p.candidate["kv_cache_memory_bytes"] for p in planned] == [1024, 1048576]
     assert planned[0].why.startswith("initial point") and "model-guided" in planned[1].why
     assert rig.runtime.calls == [] and rig.store.trials() == [] and rig.runtime.argv == STABLE
+
+
+def test_a_dry_run_gives_the_reasons_a_suggester_gives() -> None:
+    class Explained(GridSuggester):
+        def explain(self, candidate: Candidate) -> str:
+            return f"because {candidate['kv_cache_memory_bytes']}"
+
+    _, planned = dry_run(SPACE, Explained(SPACE), Rig().store, "study", 2, initial_points=1)
+    assert [p.why for p in planned] == ["because 1024", "because 1048576"]

@@ -6,6 +6,7 @@ when it first builds a model.
 """
 
 from kvpilot.tuner.suggest.base import (
+    Explaining,
     Observing,
     SearchExhausted,
     ServerObservation,
@@ -25,6 +26,7 @@ from kvpilot.tuner.suggest.registry import SUGGESTERS, Knowledge, make_suggester
 __all__ = [
     "SUGGESTERS",
     "BayesianSuggester",
+    "Explaining",
     "GridSuggester",
     "InformedSuggester",
     "KneeSuggester",

@@ -53,6 +53,13 @@ class Observing(Protocol):
     def observe(self, candidate: Candidate, observation: ServerObservation) -> None: ...
 
 
+@runtime_checkable
+class Explaining(Protocol):
+    """A suggester that says why it asked a candidate (what a dry run prints)."""
+
+    def explain(self, candidate: Candidate) -> str: ...
+
+
 def tell_observed(
     suggester: Suggester,
     candidate: Candidate,

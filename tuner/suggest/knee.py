@@ -106,8 +106,11 @@ class KneeSuggester:
         self._ample = (1 + load.error_ratio) * (1 + ample_margin_ratio)
         self._told: list[_Told] = []
         self._asked: set[Candidate] = set()
+        self._why: dict[Candidate, str] = {}
+        self._told_candidates: set[Candidate] = set()
 
     def tell(self, candidate: Candidate, result: TrialResult) -> None:
+        self._told_candidates.add(candidate)
         values = candidate.as_dict()
         self._told.append(
             _Told(round(_number(values[SEQS])), _number(values[self._memory.name]), result)
@@ -118,7 +121,9 @@ class KneeSuggester:
         if seqs is not None:
             candidate = self._candidate(seqs, self._memory_for(seqs, self._ample))
             if candidate is not None:
-                return self._take(candidate)
+                return self._take(candidate, self._why_batch(seqs))
+        if self._pending():
+            raise SearchExhausted("the next probe follows from what the last one shows")
         best = self._least_held_seqs()
         if best is None:
             raise SearchExhausted("no batch held the SLO below the start limit")
@@ -130,7 +135,23 @@ class KneeSuggester:
         candidate = self._candidate(best, memory)
         if candidate is None:
             raise SearchExhausted(f"converged: max_num_seqs {best}, nothing untried between")
-        return self._take(candidate)
+        why = f"the memory at max_num_seqs {best}, the least batch that held"
+        return self._take(candidate, why)
+
+    def explain(self, candidate: Candidate) -> str:
+        return self._why.get(candidate, "not asked by this search")
+
+    def _why_batch(self, seqs: int) -> str:
+        if not self._told:
+            return (
+                f"the batch the load needs ({self._load.requests_in_flight:.3g} requests in "
+                "flight) at memory that holds it if the planner errs"
+            )
+        return f"max_num_seqs {seqs} at memory that holds it: bracketing the batch"
+
+    def _pending(self) -> bool:
+        """Whether a candidate was asked and its result not told yet."""
+        return bool(self._asked - self._told_candidates)
 
     # --- the batch ---------------------------------------------------------------------
 
@@ -321,8 +342,9 @@ class KneeSuggester:
         value = self._deployed.get(knob.name)
         return value if value is not None and knob.contains(value) else knob.from_unit(0.5)
 
-    def _take(self, candidate: Candidate) -> Candidate:
+    def _take(self, candidate: Candidate, why: str) -> Candidate:
         self._asked.add(candidate)
+        self._why[candidate] = why
         return candidate
 
 

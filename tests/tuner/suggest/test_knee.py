@@ -163,6 +163,18 @@ def test_a_step_prefills_two_prompts_beside_a_decode_token_of_every_sequence() -
     assert int(candidate["max_num_batched_tokens"]) >= int(candidate["max_num_seqs"])  # type: ignore[call-overload]
 
 
+def test_it_says_why_and_waits_for_a_result_before_the_next_probe() -> None:
+    suggester = KneeSuggester(space(), load=load(requests=52), axis=MemoryAxis.identity())
+    first = suggester.ask()
+    assert "52 requests in flight" in suggester.explain(first)
+    # A dry run asks without telling: the next probe follows from this one's result.
+    with pytest.raises(SearchExhausted, match="follows from what the last one shows"):
+        suggester.ask()
+    suggester.tell(first, Vllm(need=40)(first))
+    second = suggester.ask()
+    assert second != first and "bracketing the batch" in suggester.explain(second)
+
+
 def test_converged_it_says_so() -> None:
     suggester = KneeSuggester(space(), load=load(requests=40), axis=MemoryAxis.identity())
     history = run(suggester, Vllm(need=40, seq_mib=100.0), trials=50)
