@@ -163,7 +163,7 @@ class KneeSuggester:
             if t.result.outcome is not TrialOutcome.FAILED_TO_START and self._was_ample(t)
         ]
         if not probes:
-            start = self._clamp_seqs(math.ceil(self._load.requests_in_flight))
+            start = self._snap_seqs(math.ceil(self._load.requests_in_flight))
             return None if self._tried_seqs(start) else start
         held = [t.seqs for t in probes if t.result.feasible]
         if not held:
@@ -183,9 +183,9 @@ class KneeSuggester:
             aimed = math.ceil(low / ratio * (1 + _AIM))
             if aimed >= high:
                 return None  # the least that held is about what the load needs
-            if aimed > low and not self._tried_seqs(self._clamp_seqs(aimed)):
-                return self._clamp_seqs(aimed)
-        middle = self._clamp_seqs(round(math.sqrt(low * high)))
+            if aimed > low and not self._tried_seqs(self._snap_seqs(aimed)):
+                return self._snap_seqs(aimed)
+        middle = self._snap_seqs(round(math.sqrt(low * high)))
         return self._untried(min(max(middle, low + 1), high - 1), below=high)
 
     def _toward_best(self, misses: list[_Told]) -> int | None:
@@ -209,7 +209,7 @@ class KneeSuggester:
 
     def _untried(self, seqs: int, *, above: int = 0, below: int | None = None) -> int | None:
         """`seqs` as the knob takes it, if strictly inside (above, below) and not tried."""
-        value = self._clamp_seqs(seqs)
+        value = self._snap_seqs(seqs)
         inside = value > above and (below is None or value < below)
         return value if inside and not self._tried_seqs(value) else None
 
@@ -236,7 +236,8 @@ class KneeSuggester:
             for t in self._told
         )
 
-    def _clamp_seqs(self, seqs: int) -> int:
+    def _snap_seqs(self, seqs: int) -> int:
+        """`seqs` as the knob takes it (at least 1, within its range and levels)."""
         value = self._seqs.from_unit(self._seqs.to_unit(max(1, seqs)))
         return int(value)
 
