@@ -331,3 +331,20 @@ def parse_server_argv(argv: Sequence[str]) -> ServerArgs:
         shutdown_timeout_s=_int_flag(argv, "--shutdown-timeout"),
         served_model_name=flag_value(argv, "--served-model-name"),
     )
+
+
+_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_human_int(text: str) -> int | None:
+    """vLLM's `human_readable_int`: `1k` = 1000, `1K` = 1024, plain digits; None otherwise."""
+    text = text.strip()
+    match = _HUMAN_INT.fullmatch(text)
+    if match:
+        number, suffix = match.groups()
+        if suffix in _DECIMAL:
+            return int(float(number) * _DECIMAL[suffix])
+        return int(number) * _BINARY[suffix] if number.isdigit() else None
+    return int(text) if text.isdigit() else None

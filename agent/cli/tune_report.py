@@ -14,7 +14,6 @@ from rich.console import Console
 from kvpilot.agent.app.parts import tuned_server
 from kvpilot.agent.cli.config_load import load_or_exit, open_state_or_exit
 from kvpilot.agent.config.tuning import TuningConfig
-from kvpilot.agent.remediation.preflight import parse_human_int
 from kvpilot.agent.state.db import Database
 from kvpilot.agent.state.store import StateStore
 from kvpilot.agent.state.trials import SqliteTrialStore
@@ -22,7 +21,7 @@ from kvpilot.agent.tuning.promoted import PROMOTED_FACT, live_argv
 from kvpilot.agent.tuning.server import TunedServer
 from kvpilot.agent.tuning.study import StudyError, build_study, read_gpu, require_server
 from kvpilot.agent.tuning.workload.record import ReplayedWorkload, last_workload
-from kvpilot.collectors.vllm_argv import flag_value
+from kvpilot.collectors.vllm_argv import flag_value, parse_human_int
 from kvpilot.tuner.problem.constraints import Value
 from kvpilot.tuner.problem.space import KnobKind, SearchSpace
 from kvpilot.tuner.report.html import ReportContext, write_report

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,13 +33,10 @@ from kvpilot.collectors.procfs import (
     read_mem_available_bytes,
     read_resident_memory,
 )
-from kvpilot.collectors.vllm_argv import flag_value
+from kvpilot.collectors.vllm_argv import flag_value, parse_human_int
 
 # CPU servers: weights, activations and the runtime beside the KV pool.
 CPU_RUNTIME_MARGIN_BYTES = 1024**3
-_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
-_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,18 +56,6 @@ class MemoryCheck:
 
 
 # -- reading figures ---------------------------------------------------------------------
-
-
-def parse_human_int(text: str) -> int | None:
-    """vLLM's `human_readable_int`: `1k` = 1000, `1K` = 1024, plain digits; None otherwise."""
-    text = text.strip()
-    match = _HUMAN_INT.fullmatch(text)
-    if match:
-        number, suffix = match.groups()
-        if suffix in _DECIMAL:
-            return int(float(number) * _DECIMAL[suffix])
-        return int(number) * _BINARY[suffix] if number.isdigit() else None
-    return int(text) if text.isdigit() else None
 
 
 def _label(cache_config: Labels | None, name: str) -> str | None:

@@ -22,7 +22,13 @@ from kvpilot.agent.tuning.gpu_bounds import read_gpu as read_gpu
 from kvpilot.agent.tuning.observer import LoadObserver
 from kvpilot.agent.tuning.server import TunedServer
 from kvpilot.agent.tuning.workload.choice import WorkloadChoice, choose_workload
-from kvpilot.collectors.vllm_argv import flag_value, has_flag, parse_server_argv, without_flags
+from kvpilot.collectors.vllm_argv import (
+    flag_value,
+    has_flag,
+    parse_human_int,
+    parse_server_argv,
+    without_flags,
+)
 from kvpilot.tuner.judge.judgement import (
     LIVE_METRICS,
     JudgeConfig,
@@ -236,8 +242,8 @@ def _argv_value(knob: Knob, argv: Sequence[str]) -> Value | None:
         return None
     if knob.kind is KnobKind.CHOICE:
         return next((c for c in knob.choices if str(c) == text), None)
-    if knob.kind is KnobKind.INTEGER:  # vLLM's "8G" spellings stay unknown: plain digits
-        return int(text) if text.isdigit() else None
+    if knob.kind is KnobKind.INTEGER:  # digits, or vLLM's human spellings ("8G", "1k")
+        return parse_human_int(text)
     try:
         return float(text)
     except ValueError:

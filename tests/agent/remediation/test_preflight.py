@@ -8,15 +8,11 @@ from pathlib import Path
 
 from kvpilot.agent.model import labels_of
 from kvpilot.agent.remediation import MemoryPreflight
-from kvpilot.agent.remediation.preflight import (
-    check_gpu,
-    kv_budget_bytes,
-    parse_human_int,
-)
+from kvpilot.agent.remediation.preflight import check_gpu, kv_budget_bytes
 from kvpilot.collectors.errors import SourceError
 from kvpilot.collectors.gpu_samples import GpuProcess, GpuSample, NvmlSnapshot
 from kvpilot.collectors.procfs import read_mem_available_bytes, read_resident_memory
-from kvpilot.collectors.vllm_argv import flag_value
+from kvpilot.collectors.vllm_argv import flag_value, parse_human_int
 
 from .remediation_helpers import make_instance
 

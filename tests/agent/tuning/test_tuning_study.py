@@ -269,6 +269,8 @@ def test_the_deployed_flags_are_read_in_either_spelling_and_unknown_where_unusab
     space = build_study(tuned_server(_config(tmp_path)), TuningConfig()).space
     argv = ("vllm", "serve", "m", "--max-num-seqs=32", "--kv-cache-memory-bytes", "8388608")
     assert deployed_values(space, argv) == {"max_num_seqs": 32, "kv_cache_memory_bytes": 8 << 20}
+    human = ("vllm", "serve", "m", "--max_num_seqs", "32", "--kv-cache-memory-bytes=8M")
+    assert deployed_values(space, human) == {"max_num_seqs": 32, "kv_cache_memory_bytes": 8 << 20}
     # Outside the space, unreadable, or left to vLLM's default: unknown, never a guess.
     odd = ("vllm", "serve", "m", "--max-num-seqs", "4096", "--kv-cache-memory-bytes", "lots")
     assert deployed_values(space, odd) == {}
