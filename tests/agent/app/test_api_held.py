@@ -18,16 +18,12 @@ from pydantic import SecretStr
 from rich.console import Console
 
 from kvpilot.agent.app.api import api_routes
-from kvpilot.agent.app.parts import build_runtime, control_ports, tick_settings
+from kvpilot.agent.app.parts import build_runtime, control_ports
 from kvpilot.agent.cli.tune_cmd import roll_back_held
 from kvpilot.agent.config import AgentConfig
-from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
-from kvpilot.agent.tick.sidecar import Sidecar
-from kvpilot.agent.tick.watched import WatchedServers
 from kvpilot.agent.tuning.held import HeldTrials, ReleaseRefused
-from kvpilot.collectors.nvml import NvmlCollector
 from kvpilot.tuner.rollout.canary import (
     Phase,
     Release,
@@ -38,6 +34,7 @@ from kvpilot.tuner.rollout.canary import (
 from kvpilot.tuner.session import TuningSession
 from kvpilot.tuner.suggest import GridSuggester
 from kvpilot.tuner.trials import new_trial
+from tests.agent.quiet_sidecar import quiet_sidecar
 from tests.tuner.rollout.test_canary import RIG, SLO, STABLE, InMemoryTunerRuntime, ScriptedObserver
 from tests.tuner.rollout.test_held_release import HOLD
 from tests.tuner.test_session import SPACE
@@ -135,14 +132,7 @@ async def api(tmp_path: Path) -> AsyncIterator[Api]:
     config.state_dir.mkdir(parents=True)
     with StateStore.open(config.state_dir) as store:
         runtime = build_runtime(config)
-        sidecar = Sidecar(
-            tick_settings(config),
-            store=store,
-            runtime=runtime,
-            notifiers={},
-            remediator=Remediator(runtime, store, config.remediation),
-            watched=WatchedServers(tick_settings(config), NvmlCollector(server_pids=frozenset)),
-        )
+        sidecar = quiet_sidecar(config, store, runtime)
         rig = HeldRig(store)
         await rig.hold()
         held = HeldTrials(rig, store, hold_timeout_s=3600.0, wall_clock=rig.wall)  # type: ignore[arg-type]

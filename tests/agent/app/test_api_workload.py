@@ -15,16 +15,13 @@ from pydantic import SecretStr
 from kvpilot.agent.app.api import api_routes
 from kvpilot.agent.app.exposition import build_registry
 from kvpilot.agent.app.http import build_app
-from kvpilot.agent.app.parts import build_runtime, control_ports, tick_settings
+from kvpilot.agent.app.parts import build_runtime, control_ports
 from kvpilot.agent.config import AgentConfig
-from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.tick.after import AfterTick
-from kvpilot.agent.tick.sidecar import Sidecar
-from kvpilot.agent.tick.watched import WatchedServers
 from kvpilot.agent.tuning.workload.as_json import shape_from_json
 from kvpilot.agent.tuning.workload.window import WorkloadWindow
-from kvpilot.collectors.nvml import NvmlCollector
+from tests.agent.quiet_sidecar import quiet_sidecar
 from tests.agent.vllm_bodies import metrics_server, recorded
 
 pytestmark = pytest.mark.anyio
@@ -52,15 +49,7 @@ async def _served(tmp_path: Path, bodies: list[str], learn: dict[str, Any]) -> A
         window = WorkloadWindow(config.tuning.learn.window_s)
         with StateStore.open(config.state_dir) as store:
             runtime = build_runtime(config)
-            sidecar = Sidecar(
-                tick_settings(config),
-                store=store,
-                runtime=runtime,
-                notifiers={},
-                remediator=Remediator(runtime, store, config.remediation),
-                watched=WatchedServers(tick_settings(config), NvmlCollector(server_pids=frozenset)),
-                after=AfterTick(learned=window),
-            )
+            sidecar = quiet_sidecar(config, store, runtime, after=AfterTick(learned=window))
             try:
                 for _ in bodies:
                     await sidecar.tick()

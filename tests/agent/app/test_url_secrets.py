@@ -15,17 +15,15 @@ import pytest
 from kvpilot.agent.app.api import api_routes
 from kvpilot.agent.app.exposition import build_registry
 from kvpilot.agent.app.http import build_app
-from kvpilot.agent.app.parts import build_runtime, control_ports, tick_settings
+from kvpilot.agent.app.parts import build_runtime, control_ports
 from kvpilot.agent.cli.config_cmd import summary
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.model import AlertEvent, Condition, labels_of
-from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.db import DB_FILENAME
 from kvpilot.agent.state.outbox import event_to_json
 from kvpilot.agent.tick.sidecar import Sidecar
-from kvpilot.agent.tick.watched import WatchedServers
-from kvpilot.collectors.nvml import NvmlCollector
+from tests.agent.quiet_sidecar import quiet_sidecar
 
 PASSWORD = "hunter2-pw"
 TOKEN = "q-t0ken-77"
@@ -66,14 +64,7 @@ async def agent(tmp_path: Path) -> AsyncIterator[Agent]:
     config.state_dir.mkdir(parents=True)
     with StateStore.open(config.state_dir) as store:
         runtime = build_runtime(config)
-        sidecar = Sidecar(
-            tick_settings(config),
-            store=store,
-            runtime=runtime,
-            notifiers={},
-            remediator=Remediator(runtime, store, config.remediation),
-            watched=WatchedServers(tick_settings(config), NvmlCollector(server_pids=frozenset)),
-        )
+        sidecar = quiet_sidecar(config, store, runtime)
         app = build_app(
             sidecar,
             build_registry(sidecar.watched.servers, lambda out: None),

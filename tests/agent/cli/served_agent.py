@@ -20,13 +20,11 @@ from pydantic import SecretStr
 from kvpilot.agent.app.api import api_routes
 from kvpilot.agent.app.exposition import build_registry
 from kvpilot.agent.app.http import build_app
-from kvpilot.agent.app.parts import build_runtime, control_ports, tick_settings
+from kvpilot.agent.app.parts import build_runtime, control_ports
 from kvpilot.agent.config import AgentConfig
-from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.tick.sidecar import Sidecar
-from kvpilot.agent.tick.watched import WatchedServers
-from kvpilot.collectors.nvml import NvmlCollector
+from tests.agent.quiet_sidecar import quiet_sidecar
 
 TOKEN = "operator-cli-token-7f3c"
 START_DEADLINE_S = 20.0
@@ -91,14 +89,7 @@ class ServedAgent:
         config.state_dir.mkdir(parents=True, exist_ok=True)
         with StateStore.open(config.state_dir) as store:
             runtime = build_runtime(config)
-            sidecar = Sidecar(
-                tick_settings(config),
-                store=store,
-                runtime=runtime,
-                notifiers={},
-                remediator=Remediator(runtime, store, config.remediation),
-                watched=WatchedServers(tick_settings(config), NvmlCollector(server_pids=frozenset)),
-            )
+            sidecar = quiet_sidecar(config, store, runtime)
             app = build_app(
                 sidecar,
                 build_registry(sidecar.watched.servers, lambda out: None),

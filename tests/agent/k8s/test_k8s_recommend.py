@@ -17,17 +17,15 @@ from kubernetes import client
 from kvpilot.agent.app.api import api_routes
 from kvpilot.agent.app.exposition import build_registry
 from kvpilot.agent.app.http import build_app
-from kvpilot.agent.app.parts import control_ports, tick_settings
+from kvpilot.agent.app.parts import control_ports
 from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.model import Action, AlertFacts
 from kvpilot.agent.remediation import Remediator, Trigger
 from kvpilot.agent.runtimes.kubernetes.recommend import EVENT_REASON
 from kvpilot.agent.runtimes.kubernetes.runtime import KubernetesRuntime
 from kvpilot.agent.state import StateStore
-from kvpilot.agent.tick.sidecar import Sidecar
-from kvpilot.agent.tick.watched import WatchedServers
-from kvpilot.collectors.nvml import NvmlCollector
 from tests.agent.k8s.conftest import NAMESPACE, base_deployment, make_runtime
+from tests.agent.quiet_sidecar import quiet_sidecar
 from tests.agent.remediation.remediation_helpers import remediation_config
 from tests.fakes.k8s_apiserver import FakeKubernetesApi
 from tests.fakes.remediation_journal import MemoryJournal
@@ -145,14 +143,7 @@ def test_the_status_shows_the_latest_recommendation(
 
     async def main() -> dict[str, Any]:
         with StateStore.open(config.state_dir) as store:
-            sidecar = Sidecar(
-                tick_settings(config),
-                store=store,
-                runtime=runtime,
-                notifiers={},
-                remediator=Remediator(runtime, store, config.remediation),
-                watched=WatchedServers(tick_settings(config), NvmlCollector(server_pids=frozenset)),
-            )
+            sidecar = quiet_sidecar(config, store, runtime)
             app = build_app(
                 sidecar,
                 build_registry(sidecar.watched.servers, lambda out: None),
