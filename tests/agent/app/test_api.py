@@ -19,11 +19,10 @@ from kvpilot.agent.app.exposition import build_registry
 from kvpilot.agent.app.http import build_app
 from kvpilot.agent.app.parts import build_runtime, control_ports
 from kvpilot.agent.app.request_body import BodyLimits
-from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.model import Condition, labels_of
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.tick.sidecar import Sidecar
-from tests.agent.quiet_sidecar import quiet_sidecar
+from tests.agent.quiet_sidecar import attach_config, quiet_sidecar
 
 TOKEN = "in-process-token-51ab"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -45,16 +44,7 @@ class Api:
 
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[Api]:
-    config = AgentConfig.model_validate(
-        {
-            "state_dir": str(tmp_path / "state"),
-            "runtime": {
-                "kind": "attach",
-                "servers": [{"name": "vllm", "url": "http://127.0.0.1:9"}],
-            },
-        }
-    )
-    config.state_dir.mkdir(parents=True)
+    config = attach_config(tmp_path)
     with StateStore.open(config.state_dir) as store:
         runtime = build_runtime(config)
         sidecar = quiet_sidecar(config, store, runtime)

@@ -20,7 +20,6 @@ from rich.console import Console
 from kvpilot.agent.app.api import api_routes
 from kvpilot.agent.app.parts import build_runtime, control_ports
 from kvpilot.agent.cli.tune_cmd import roll_back_held
-from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.state import StateStore
 from kvpilot.agent.state.trials import SqliteRolloutJournal, SqliteTrialStore
 from kvpilot.agent.tuning.held import HeldTrials, ReleaseRefused
@@ -34,7 +33,7 @@ from kvpilot.tuner.rollout.canary import (
 from kvpilot.tuner.session import TuningSession
 from kvpilot.tuner.suggest import GridSuggester
 from kvpilot.tuner.trials import new_trial
-from tests.agent.quiet_sidecar import quiet_sidecar
+from tests.agent.quiet_sidecar import attach_config, quiet_sidecar
 from tests.tuner.rollout.test_canary import RIG, SLO, STABLE, InMemoryTunerRuntime, ScriptedObserver
 from tests.tuner.rollout.test_held_release import HOLD
 from tests.tuner.test_session import SPACE
@@ -120,16 +119,7 @@ class Api:
 
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[Api]:
-    config = AgentConfig.model_validate(
-        {
-            "state_dir": str(tmp_path / "state"),
-            "runtime": {
-                "kind": "attach",
-                "servers": [{"name": "vllm", "url": "http://127.0.0.1:9"}],
-            },
-        }
-    )
-    config.state_dir.mkdir(parents=True)
+    config = attach_config(tmp_path)
     with StateStore.open(config.state_dir) as store:
         runtime = build_runtime(config)
         sidecar = quiet_sidecar(config, store, runtime)

@@ -19,7 +19,6 @@ from kvpilot.agent.app.control_ports import ControlPorts
 from kvpilot.agent.app.exposition import build_registry
 from kvpilot.agent.app.http import build_app
 from kvpilot.agent.app.parts import tick_settings
-from kvpilot.agent.config import AgentConfig
 from kvpilot.agent.remediation import Remediator
 from kvpilot.agent.runtimes.attach import AttachedServer, AttachRuntime
 from kvpilot.agent.runtimes.base import InstanceStatus
@@ -27,6 +26,7 @@ from kvpilot.agent.state import StateStore
 from kvpilot.agent.tick.sidecar import Sidecar
 from kvpilot.agent.tick.watched import WatchedServers
 from kvpilot.collectors.nvml import NvmlCollector
+from tests.agent.quiet_sidecar import attach_config
 
 pytestmark = pytest.mark.anyio
 
@@ -61,16 +61,7 @@ class Served:
 
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[Served]:
-    config = AgentConfig.model_validate(
-        {
-            "state_dir": str(tmp_path / "state"),
-            "runtime": {
-                "kind": "attach",
-                "servers": [{"name": "vllm", "url": "http://127.0.0.1:9"}],
-            },
-        }
-    )
-    config.state_dir.mkdir(parents=True)
+    config = attach_config(tmp_path)
     runtime = HangingRuntimeFake([AttachedServer(name="vllm", url="http://127.0.0.1:9")])
     with StateStore.open(config.state_dir) as store:
         remediator = Remediator(runtime, store, config.remediation)
