@@ -65,7 +65,11 @@ def judge(ls: Landscape, c: Config, rng: random.Random) -> Verdict:
     """The sequential decision rule on fresh windows (see the module docstring)."""
     if not ls.starts(c):
         return Verdict(False, False, 0, -math.inf)
-    truth = math.log(max(ls.capacity(c), 1e-9) / ls.target_rps)
+    return decide(math.log(max(ls.capacity(c), 1e-9) / ls.target_rps), rng)
+
+
+def decide(truth: float, rng: random.Random) -> Verdict:
+    """The judge on windows whose true log margin over the target is `truth`."""
     total, seen = 0.0, 0
     for look in LOOKS:
         while seen < look:
@@ -77,6 +81,21 @@ def judge(ls: Landscape, c: Config, rng: random.Random) -> Verdict:
         if mean + half < 0:
             return Verdict(True, False, seen, mean)
     return Verdict(True, False, seen, total / seen)
+
+
+def pass_share(margin: float, trials: int = 4000) -> float:
+    """How often the judge passes a configuration whose true log margin is `margin` (the
+    same windows for every margin, so the share never falls as the margin grows)."""
+    return sum(decide(margin, random.Random(trial)).passed for trial in range(trials)) / trials
+
+
+def margin_passed(share: float) -> float:
+    """The least log margin the judge passes in `share` of trials (to 0.0005)."""
+    low, high = 0.0, 0.2
+    while high - low > 0.0005:
+        middle = (low + high) / 2
+        low, high = (low, middle) if pass_share(middle) >= share else (middle, high)
+    return high
 
 
 def space_of(ls: Landscape) -> SearchSpace:

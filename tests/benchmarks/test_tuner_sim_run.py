@@ -63,3 +63,20 @@ def test_the_informed_strategy_asks_what_a_suggester_told_the_landscape_asks() -
     assert isinstance(knowing, KneeSuggester)  # it knows the load's shape
     assert first == config_of(knowing.ask())
     assert first != config_of(InformedSuggester(space, seed=0).ask())
+
+
+def test_the_judges_reach_is_the_margin_it_passes_in_80_percent_of_runs() -> None:
+    """The share of passes never falls as the margin grows; the 80 % margin sits above the
+    fixed-sample threshold at 64 windows; a landscape's reach is at or above its noise
+    floor (both regrets of the least configuration at a margin)."""
+    from tuner_sim_bench import noise_floor, reach
+    from tuner_sim_run import margin_passed, pass_share
+
+    shares = [pass_share(m, trials=800) for m in (-0.02, 0.0, 0.01, 0.02, 0.04, 0.08)]
+    assert shares == sorted(shares) and shares[0] < 0.05 and shares[-1] > 0.99
+    margin = margin_passed(0.8)
+    assert pass_share(margin) >= 0.8 > pass_share(margin - 0.001)
+    assert 0.0224 < margin < 0.04  # z * sd / sqrt(64) = 0.0224: half the time at 64 windows
+    ls = draw_landscape(DEV_SEEDS[0])
+    assert reach(ls, margin) >= noise_floor(ls) > 0
+    assert reach(ls, 0.0) == 0.0
