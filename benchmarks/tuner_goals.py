@@ -127,7 +127,7 @@ def report(ls: Landscape, checkpoints: Sequence[int], missing_optuna: str | None
     lines = [
         f"landscape {ls.name}: {ls.cells} cells, {ls.feasible} feasible; best {score.name} "
         f"{score.text(ls.top_score)} at {at(ls.top)}; memory-priced best "
-        f"{score.text(ls.best_score)} at {at(ls.best)}",
+        f"{score.text(ls.best_score)} at {at(ls.best)}; noise floor {ls.noise_floor:.3f}",
         "  "
         + f"{'strategy':<11}"
         + "".join(f"{f'regret@{k}':>10}" for k in checkpoints)
@@ -156,14 +156,15 @@ def summary(done: Sequence[Landscape], mirrors: bool, missing_optuna: str | None
     width = max(17, *(len(ls.name) for ls in done))  # a table's name may be its file's
     lines = [
         f"across {len(done)} landscape(s), mean regret at {GOAL_TRIALS} trials, one figure a "
-        "landscape, each against the memory-priced best of its own score"
+        "landscape, each against the memory-priced best of its own score, beside its noise "
+        "floor (what a search that measured every cell once pays to the table's noise)"
         + (
             "; a '-mirrored' landscape is a measured table with its KV axis reversed, the same "
             "measurements, counted as a landscape of its own in the tests below"
             if mirrors
             else ""
         ),
-        f"  {'landscape':<{width}} {'score':<9}"
+        f"  {'landscape':<{width}} {'score':<9}{'floor':>7}"
         + "".join(f"{n:>11}" for n in names)
         + "  goals 1 2 3",
     ]
@@ -172,7 +173,7 @@ def summary(done: Sequence[Landscape], mirrors: bool, missing_optuna: str | None
             {True: "met", False: "NOT", None: "n/a"}[g.met] for g in goals(ls, missing_optuna)
         )
         lines.append(
-            f"  {ls.name:<{width}} {ls.score_kind.name:<9}"
+            f"  {ls.name:<{width}} {ls.score_kind.name:<9}{ls.noise_floor:>7.3f}"
             + "".join(f"{ls.figures[n].mean_regret(GOAL_TRIALS):>11.3f}" for n in names)
             + f"  {marks}"
         )

@@ -12,6 +12,9 @@
   strategy saw; 1 when r is infeasible or nothing was recommended. Memory over the best
   counts as lost share: at an equal score, twice the best's KV budget is a regret of 0.5.
   "Within 95 %" is a regret of at most 0.05.
+* The noise floor: the mean regret of a search that measured every cell once (one drawn
+  ladder or window a cell, 200 draws) and made the memory-priced choice on what it saw:
+  what the noise alone costs. A table with one measurement a cell shows none (0).
 * Server starts: one a trial, plus auto_tune's descent.
 * Significance across landscapes, not seeds: each landscape gives one figure per strategy
   (its mean regret at 8 trials over the seeds), and a one-sided Wilcoxon signed-rank test
@@ -25,7 +28,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from tuner_noise import Key, NoisyTable
+from tuner_noise import Key, NoisyTable, draw
 from tuner_replay import GOODPUT, ScoreKind, Table
 from tuner_strategies import RUNNERS, Run, Trial
 
@@ -34,6 +37,7 @@ WITHIN_REGRET = 0.05
 GOAL_TRIALS = 8
 GOAL_SHARE = 0.80
 MIN_LANDSCAPES = 6
+FLOOR_DRAWS = 200
 
 
 def memory_priced(cells: Mapping[Key, tuple[float, bool]]) -> Key | None:
@@ -75,6 +79,21 @@ def regret(table: Table, best: Key, chosen: Key | None) -> float:
     return 1.0 - min(1.0, share, best[0] / chosen[0])
 
 
+def noise_floor(noisy: NoisyTable, draws: int = FLOOR_DRAWS) -> float:
+    """The mean regret of the memory-priced choice over one drawn window of every cell (see
+    the module docstring): a perfect search's regret against this table's noise."""
+    table: Table = {key: cell.truth for key, cell in noisy.items()}
+    best = best_of(table)
+    if best is None:
+        return 1.0
+    regrets = []
+    for seed in range(draws):
+        seen = {key: draw(cell, seed, key, 0) for key, cell in noisy.items()}
+        chosen = memory_priced({k: (d.score or 0.0, d.feasible) for k, d in seen.items()})
+        regrets.append(regret(table, best, chosen))
+    return statistics.fmean(regrets)
+
+
 @dataclass(frozen=True, slots=True)
 class Figures:
     """One strategy on one landscape, over the seeds."""
@@ -103,6 +122,7 @@ class Landscape:
     top_score: float
     figures: dict[str, Figures]
     score_kind: ScoreKind = GOODPUT
+    noise_floor: float = 0.0  # `noise_floor`: the regret the table's noise alone costs
 
 
 def _starts_to(run: Run, table: Table, best: Key, target: float) -> float:
@@ -153,6 +173,7 @@ def replay_landscape(
         top_score=feasible[top],
         figures=figures,
         score_kind=score_kind,
+        noise_floor=noise_floor(noisy),
     )
 
 

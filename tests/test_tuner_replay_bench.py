@@ -445,3 +445,19 @@ def test_quick_simulated_benchmark_reports_regret_floor_and_the_discrimination_v
     out = capsys.readouterr().out
     assert "noise floor" in out and "random search meets the goal on" in out
     assert "bayes" in out
+
+
+def test_the_noise_floor_is_what_a_search_of_every_cell_pays_to_the_noise() -> None:
+    """One window a cell: no noise, a floor of 0. Two ladders a cell where the small budget
+    sometimes reads within 5 % of the large one though its truth is not: a perfect search
+    picks it in some draws, and the floor is the mean of those regrets."""
+    exact = _noisy({(1024, 8): (90.0, True), (2048, 8): (100.0, True)})
+    assert regret.noise_floor(exact) == 0.0
+    small = noise.NoisyCell(
+        Cell(90.0, True, ""), (noise.Window(80.0, 1.0), noise.Window(99.0, 1.0))
+    )
+    large = noise.NoisyCell(Cell(100.0, True, ""), (noise.Window(100.0, 1.0),))
+    floor = regret.noise_floor({(1024, 8): small, (2048, 8): large})
+    # Picking (1024, 8) scores 1 - min(90 / 100, 2048 / 1024 capped at 1) = 0.1, about half
+    # the draws.
+    assert 0.02 < floor < 0.08
