@@ -169,6 +169,9 @@ def report(seeds: Sequence[int], names: Sequence[str], runs: int, product: str) 
         for other in ("random", "optuna-gp"):
             if other in names and other != product:
                 print(wilcoxon_line(other, means[product], means[other]))
+        if "random" in names and product != "random":
+            print(f"{product}, one-sided Wilcoxon on failed starts a run:")
+            print(wilcoxon_line("random", fails[product], fails["random"]))
     if "random" in names:
         verdict = "discriminates" if met["random"] <= 2 else "does not discriminate"
         print(f"random search meets the goal on {met['random']} of {len(seeds)}: {verdict}")

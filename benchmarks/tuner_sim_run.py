@@ -195,8 +195,9 @@ def knowledge_of(ls: Landscape) -> Knowledge:
     knee errs against it by about 30 %), the KV-budget knob's identity axis, and the load's
     shape as the study computes it for an open-loop load: Little's law at the inter-token
     SLO's limit (the replayed rate times the output times the SLO's gap; the simulator has
-    no TTFT limit), an upper end of the batch the load needs (here 1.0-2.7x it), and the
-    planner's KV bytes a request holds. No observation: the product tells none yet."""
+    no TTFT limit), an upper end of the batch the load needs (here 1.0-2.7x it), the
+    planner's KV bytes a request holds and the output tokens a second the load offers. No
+    observation: the product tells none yet."""
     in_flight_tokens = ls.need * (ls.prompt_tokens + ls.output_tokens / 2)
     requests = ls.target_rps * ls.output_tokens * ls.itl_slo_s
     return Knowledge(
@@ -207,7 +208,9 @@ def knowledge_of(ls: Landscape) -> Knowledge:
             "max_num_batched_tokens": ls.deployed.batched_tokens,
         },
         axis=MemoryAxis.identity(),
-        load=LoadShape.from_planner(ls.geometry, requests, ls.prompt_tokens, ls.output_tokens),
+        load=LoadShape.from_planner(
+            ls.geometry, requests, ls.prompt_tokens, ls.output_tokens, ls.target_rps
+        ),
     )
 
 

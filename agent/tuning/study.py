@@ -283,14 +283,17 @@ def _kv_prior(
 def _load_shape(plan: Plan | None, workload: Workload, slo: Slo) -> LoadShape | None:
     """The replayed load as the planner sees it: the requests in flight (not capped by the
     deployed max_num_seqs: the batch the load needs is what the search is after), the KV
-    bytes each holds and the mean prompt; None where the planner or the load cannot say."""
+    bytes each holds, the mean prompt and, for an open loop, the output tokens a second it
+    offers; None where the planner or the load cannot say."""
     if plan is None:
         return None
     prompt, output = _mean_lengths(workload)
     requests = _requests_in_flight(workload, slo)
     if not (requests > 0 and prompt > 0 and math.isfinite(requests)):
         return None
-    return LoadShape.from_planner(plan.geometry, requests, prompt, output)
+    rate = workload.rate_rps if workload.concurrency is None else None
+    rate = rate if rate is not None and math.isfinite(rate) else None
+    return LoadShape.from_planner(plan.geometry, requests, prompt, output, rate)
 
 
 def _requests_in_flight(workload: Workload, slo: Slo) -> float:

@@ -95,12 +95,15 @@ class MemoryAxis:
 class LoadShape:
     """The replayed load as the planner sees it: the requests in flight (Little's law on the
     learned load, an estimate), the KV bytes each holds (the planner's exact bytes per token
-    times its prompt and half its output) and its mean prompt, in tokens."""
+    times its prompt and half its output) and its mean prompt, in tokens; for an open loop,
+    the output tokens per second it offers (its rate times the mean output: the goodput of
+    a configuration that serves all of it), else None."""
 
     requests_in_flight: float
     kv_bytes_per_request: float
     prompt_tokens: float
     error_ratio: float = DEFAULT_PRIOR_ERROR_RATIO  # how far the KV bytes may err
+    offered_tokens_per_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("requests_in_flight", "kv_bytes_per_request", "prompt_tokens"):
@@ -109,6 +112,9 @@ class LoadShape:
                 raise ValueError(f"{name} must be a positive number, not {value}")
         if not 0 <= self.error_ratio < 1:
             raise ValueError(f"error_ratio must be in [0, 1), not {self.error_ratio}")
+        offered = self.offered_tokens_per_s
+        if offered is not None and not (offered > 0 and math.isfinite(offered)):
+            raise ValueError(f"offered_tokens_per_s must be a positive number, not {offered}")
 
     @classmethod
     def from_planner(
@@ -117,6 +123,8 @@ class LoadShape:
         requests_in_flight: float,
         prompt_tokens: float,
         output_tokens: float,
+        rate_rps: float | None = None,
     ) -> LoadShape:
         per_request = geometry.bytes_per_token * (prompt_tokens + output_tokens / 2)
-        return cls(requests_in_flight, per_request, prompt_tokens)
+        offered = rate_rps * output_tokens if rate_rps and output_tokens > 0 else None
+        return cls(requests_in_flight, per_request, prompt_tokens, offered_tokens_per_s=offered)

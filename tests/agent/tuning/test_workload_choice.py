@@ -148,3 +148,29 @@ def test_an_unreadable_trace_is_a_study_error(tmp_path: Path) -> None:
     tuning = TuningConfig.model_validate({"workload": {"trace": str(tmp_path / "gone.jsonl")}})
     with pytest.raises(StudyError, match=r"gone\.jsonl"):
         build_study(tuned_server(_config(tmp_path)), tuning)
+
+
+def test_an_open_loop_tells_the_suggester_what_the_load_offers(tmp_path: Path) -> None:
+    """The replayed rate times the mean output is the goodput of a configuration that
+    serves all of it: what a miss's share is read against before anything held. A closed
+    loop offers no rate: None."""
+    path = agent_config(
+        tmp_path,
+        spec=server_spec(),
+        rules={},
+        notifiers=[],
+        remediation={},
+        listen_port=free_port(),
+    )
+    config = load_config(path)
+    tuning = TuningConfig.model_validate({"suggester": "informed"})
+    choice = choose_workload(tuning, _shape(200))
+    study = build_study(tuned_server(config), tuning, gpu=None, chosen=choice)
+    load = study.knowledge.load
+    assert load is not None and choice.workload.rate_rps is not None
+    # 60-token answers fall in vLLM's bucket (50, 100], replayed uniform in 51-100.
+    assert choice.workload.rate_rps == pytest.approx(1.25)
+    assert load.offered_tokens_per_s == pytest.approx(1.25 * (51 + 100) / 2)
+    closed = build_study(tuned_server(config), tuning, gpu=None)
+    assert closed.knowledge.load is not None
+    assert closed.knowledge.load.offered_tokens_per_s is None

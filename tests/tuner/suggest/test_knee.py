@@ -23,7 +23,7 @@ from kvpilot.tuner.suggest import (
     SearchExhausted,
     make_suggester,
 )
-from kvpilot.tuner.suggest.knee import knee_applies
+from kvpilot.tuner.suggest.knee import _BatchFit, knee_applies
 
 MIB = 1 << 20
 GOODPUT = 1000.0  # tokens per second when the load is served in full
@@ -49,10 +49,13 @@ class Vllm:
     seq_mib: float = 100.0
     itl_limit: int = 10_000
     cliff_mib: float = 12_000.0
+    stall_tokens: int | None = None  # the inter-token limit binds only above this step
 
     def __call__(self, candidate: Candidate) -> TrialResult:
         memory = float(candidate["kv_cache_memory_bytes"])
         seqs = int(candidate["max_num_seqs"])  # type: ignore[call-overload]
+        tokens = int(candidate.as_dict().get("max_num_batched_tokens", 0))  # type: ignore[call-overload]
+        stalls = self.stall_tokens is None or tokens > self.stall_tokens
         if memory > self.cliff_mib * MIB:
             failure = StartupFailure(StartupFailureKind.OUT_OF_MEMORY, "CUDA out of memory", None)
             return TrialResult(
@@ -61,15 +64,20 @@ class Vllm:
         held = memory / (self.seq_mib * MIB)  # sequences the budget holds
         usable = min(seqs, self.need)
         served = usable / self.need * min(1.0, held / usable) ** 2
-        if seqs > self.itl_limit:
+        if seqs > self.itl_limit and stalls:
             served = min(served, 0.8 * self.itl_limit / seqs)
         if served >= 1.0:
             return TrialResult(TrialOutcome.FEASIBLE, GOODPUT, int(memory), None)
         return TrialResult(TrialOutcome.SLO_BROKEN, GOODPUT * served, int(memory), "SLO")
 
 
-def load(requests: float = 52.0, seq_mib: float = 100.0, prompt: float = 1000.0) -> LoadShape:
-    return LoadShape(requests, seq_mib * MIB, prompt)
+def load(
+    requests: float = 52.0,
+    seq_mib: float = 100.0,
+    prompt: float = 1000.0,
+    offered: float | None = GOODPUT,
+) -> LoadShape:
+    return LoadShape(requests, seq_mib * MIB, prompt, offered_tokens_per_s=offered)
 
 
 def run(
@@ -158,6 +166,9 @@ def test_a_step_prefills_two_prompts_beside_a_decode_token_of_every_sequence() -
     )
     first = suggester.ask()
     assert first["max_num_batched_tokens"] == 2 * 3000 + 52
+    # Never less than vLLM's own step for an online server.
+    chat = KneeSuggester(space(), load=load(requests=52, prompt=200), axis=MemoryAxis.identity())
+    assert chat.ask()["max_num_batched_tokens"] == 2048
     short = KneeSuggester(space(), load=load(requests=600, prompt=10), axis=MemoryAxis.identity())
     candidate = short.ask()  # never fewer tokens than sequences: vLLM refuses that
     assert int(candidate["max_num_batched_tokens"]) >= int(candidate["max_num_seqs"])  # type: ignore[call-overload]
@@ -211,9 +222,62 @@ def test_informed_searches_the_knee_only_where_it_knows_enough() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", [{"requests_in_flight": 0}, {"kv_bytes_per_request": -1}, {"prompt_tokens": math.inf}]
+    "bad",
+    [
+        {"requests_in_flight": 0},
+        {"kv_bytes_per_request": -1},
+        {"prompt_tokens": math.inf},
+        {"offered_tokens_per_s": 0.0},
+        {"offered_tokens_per_s": math.nan},
+    ],
 )
 def test_a_load_shape_is_refused_where_it_cannot_be_one(bad: dict) -> None:
     fields = {"requests_in_flight": 4.0, "kv_bytes_per_request": 1.0, "prompt_tokens": 8.0}
     with pytest.raises(ValueError, match=next(iter(bad))):
         LoadShape(**{**fields, **bad})
+
+
+def test_two_misses_fit_the_batch_and_the_next_probe_holds_with_room() -> None:
+    """Served share grows as batch / (a + b * batch) (each step reads the weights once and
+    every sequence's KV): the fit through two points gives it back, and the batch it asks
+    for serves the load with the margin asked."""
+    a, b = 30.0, 0.4
+
+    def share(s: float) -> float:
+        return s / (a + b * s)
+
+    fit = _BatchFit.through((20.0, share(20.0)), (40.0, share(40.0)))
+    assert fit.a == pytest.approx(a) and fit.b == pytest.approx(b)
+    batch = fit.batch_for(0.035)
+    assert batch is not None
+    assert share(batch) >= math.exp(0.035) > share(batch - 1)
+    assert _BatchFit(a, 1.2).batch_for(0.0) is None  # a share that never reaches the load
+
+
+def test_a_prefill_step_that_stalls_every_batch_is_halved() -> None:
+    """Above 4096 tokens a step stalls the decodes: 10 sequences serve a quarter of the load
+    and more serve less. Once fewer and more both served less, the step is halved (never
+    below vLLM's 2048) and the batch searched again there, where 40 hold."""
+    vllm = Vllm(need=40, seq_mib=100.0, itl_limit=10, stall_tokens=4096)
+    suggester = KneeSuggester(
+        space(), load=load(requests=12, prompt=3000), axis=MemoryAxis.identity()
+    )
+    history = run(suggester, vllm, trials=40)
+    steps = [int(c["max_num_batched_tokens"]) for c, _ in history]  # type: ignore[call-overload]
+    assert steps[0] == 2 * 3000 + 12 and min(steps) >= 2048
+    assert any(step <= 4096 for step in steps), "the step was never halved"
+    best = least_held(history)
+    assert int(best["max_num_batched_tokens"]) <= 4096  # type: ignore[call-overload]
+    assert 40 <= int(best["max_num_seqs"]) <= 46  # type: ignore[call-overload]
+
+
+def test_a_miss_that_came_close_keeps_the_step() -> None:
+    """Where the best miss served 90 % of what the load offers (38 sequences, 95 %), the
+    batch is searched on at the same step: the limit is near, not a stall."""
+    vllm = Vllm(need=40, seq_mib=100.0, itl_limit=38, stall_tokens=4096)
+    suggester = KneeSuggester(
+        space(), load=load(requests=38, prompt=3000), axis=MemoryAxis.identity()
+    )
+    history = run(suggester, vllm, trials=8)
+    steps = {int(c["max_num_batched_tokens"]) // 100 for c, _ in history}  # type: ignore[call-overload]
+    assert all(step >= 60 for step in steps)  # 2 * 3000 + seqs: never halved
