@@ -154,15 +154,7 @@ def test_an_open_loop_tells_the_suggester_what_the_load_offers(tmp_path: Path) -
     """The replayed rate times the mean output is the goodput of a configuration that
     serves all of it: what a miss's share is read against before anything held. A closed
     loop offers no rate: None."""
-    path = agent_config(
-        tmp_path,
-        spec=server_spec(),
-        rules={},
-        notifiers=[],
-        remediation={},
-        listen_port=free_port(),
-    )
-    config = load_config(path)
+    config = _config(tmp_path)
     tuning = TuningConfig.model_validate({"suggester": "informed"})
     choice = choose_workload(tuning, _shape(200))
     study = build_study(tuned_server(config), tuning, gpu=None, chosen=choice)
