@@ -240,10 +240,11 @@ class KneeSuggester:
         higher = [t.seqs for t in misses if t.seqs > best.seqs]
         ratio = self._served_ratio(best)
         near = ratio is not None and ratio >= _NEAR
-        if lower and higher and not near and self._can_halve(best):
-            # Fewer and more sequences both served less and none held: the inter-token
-            # limit binds at every batch, where the prefill step stalls the decodes. Halve
-            # the step and search the batch again from the best.
+        at_floor = best.seqs <= self._snap_seqs(1)  # no fewer sequences to try
+        if (lower or at_floor) and higher and not near and self._can_halve(best):
+            # Fewer (or none fewer) and more sequences both served less and none held: the
+            # inter-token limit binds at every batch, where the prefill step stalls the
+            # decodes. Halve the step and search the batch again from the best.
             self._chunk += 1
             return best.seqs
         if not lower:

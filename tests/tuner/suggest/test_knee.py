@@ -281,3 +281,24 @@ def test_a_miss_that_came_close_keeps_the_step() -> None:
     history = run(suggester, vllm, trials=8)
     steps = {int(c["max_num_batched_tokens"]) // 100 for c, _ in history}  # type: ignore[call-overload]
     assert all(step >= 60 for step in steps)  # 2 * 3000 + seqs: never halved
+
+
+def test_a_step_that_serves_most_at_one_sequence_is_halved_too() -> None:
+    """Above 4096 tokens every added sequence serves less, one the most: with no fewer to
+    try, the knob's floor bounds the best from below and the step is halved."""
+    smooth = Vllm(need=40, seq_mib=100.0)
+
+    def vllm(candidate: Candidate) -> TrialResult:
+        tokens = int(candidate["max_num_batched_tokens"])  # type: ignore[call-overload]
+        if tokens <= 4096:
+            return smooth(candidate)
+        seqs = int(candidate["max_num_seqs"])  # type: ignore[call-overload]
+        memory = int(candidate["kv_cache_memory_bytes"])  # type: ignore[call-overload]
+        return TrialResult(TrialOutcome.SLO_BROKEN, GOODPUT * 0.02 / seqs, memory, "SLO")
+
+    suggester = KneeSuggester(
+        space(), load=load(requests=12, prompt=3000), axis=MemoryAxis.identity()
+    )
+    history = run(suggester, vllm, trials=40)
+    assert any(int(c["max_num_batched_tokens"]) <= 4096 for c, _ in history)  # type: ignore[call-overload]
+    assert 40 <= int(least_held(history)["max_num_seqs"]) <= 46  # type: ignore[call-overload]
