@@ -151,8 +151,6 @@ class KneeSuggester:
             candidate = self._candidate(seqs, self._memory_for(seqs, self._ample))
             if candidate is not None:
                 return self._take(candidate, self._why_batch(seqs))
-        if self._pending():
-            raise SearchExhausted("the next probe follows from what the last one shows")
         best = self._least_held_seqs()
         if best is None:
             raise SearchExhausted("no batch held the SLO below the start limit")
