@@ -20,6 +20,7 @@ end of the budget.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import warnings
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 
 from tuner_sim import BATCHED_RANGE, SEQS_RANGE, Config, Landscape
 
+from kvpilot.agent.tuning.study import MEASURED_KV_ERROR_RATIO
 from kvpilot.tuner.problem.constraints import batched_tokens_constraint
 from kvpilot.tuner.problem.objective import TrialOutcome, TrialResult
 from kvpilot.tuner.problem.space import Candidate, Knob, KnobKind, SearchSpace
@@ -188,7 +190,13 @@ def registered_suggesters() -> tuple[str, ...]:
     return tuple(name for name in SUGGESTERS if name != "grid")
 
 
-def knowledge_of(ls: Landscape) -> Knowledge:
+# The learned window's measure of the KV a running request holds errs against the truth
+# by this log-normal spread: an assumption (gauges sampled each tick over the window, the
+# replay faster than the traffic measured), not a measurement.
+OBSERVED_KV_SD = 0.1
+
+
+def knowledge_of(ls: Landscape, seed: int = 0) -> Knowledge:
     """What the product knows on this landscape before its first trial, the fields the agent
     fills (`agent/tuning/study.py`): the stable side's flags, the planner's KV need (its
     exact bytes per token times the tokens in flight at the batch the load needs: the true
@@ -196,10 +204,22 @@ def knowledge_of(ls: Landscape) -> Knowledge:
     shape as the study computes it for an open-loop load: Little's law at the inter-token
     SLO's limit (the replayed rate times the output times the SLO's gap; the simulator has
     no TTFT limit), an upper end of the batch the load needs (here 1.0-2.7x it), the
-    planner's KV bytes a request holds and the output tokens a second the load offers. No
-    observation: the product tells none yet."""
+    planner's KV bytes a request holds and the output tokens a second the load offers. The
+    stable server's gauges measured the KV a running request holds (the learned window's
+    `kv_blocks_per_running`): the true bytes a sequence holds times a drawn error
+    (`OBSERVED_KV_SD`, seeded by the run), which the study tells in place of the planner's
+    with the band of a measurement."""
     in_flight_tokens = ls.need * (ls.prompt_tokens + ls.output_tokens / 2)
     requests = ls.target_rps * ls.output_tokens * ls.itl_slo_s
+    load = LoadShape.from_planner(
+        ls.geometry, requests, ls.prompt_tokens, ls.output_tokens, ls.target_rps
+    )
+    error = random.Random(f"kv:{ls.seed}:{seed}").gauss(0.0, OBSERVED_KV_SD)
+    measured = dataclasses.replace(
+        load,
+        kv_bytes_per_request=ls.seq_bytes * math.exp(error),
+        error_ratio=MEASURED_KV_ERROR_RATIO,
+    )
     return Knowledge(
         prior=KvPrior.from_planner(ls.geometry, in_flight_tokens),
         deployed={
@@ -208,9 +228,7 @@ def knowledge_of(ls: Landscape) -> Knowledge:
             "max_num_batched_tokens": ls.deployed.batched_tokens,
         },
         axis=MemoryAxis.identity(),
-        load=LoadShape.from_planner(
-            ls.geometry, requests, ls.prompt_tokens, ls.output_tokens, ls.target_rps
-        ),
+        load=measured,
     )
 
 
@@ -219,7 +237,7 @@ def suggester_strategy(name: str) -> Strategy:
     the landscape's knowledge)."""
 
     def run(ls: Landscape, seed: int, regret: Callable[[Config], float]) -> RunRecord:
-        suggester = make_suggester(name, space_of(ls), seed, knowledge_of(ls))
+        suggester = make_suggester(name, space_of(ls), seed, knowledge_of(ls, seed))
         asked: dict[Config, Candidate] = {}
 
         def ask() -> Config | None:

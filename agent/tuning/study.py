@@ -8,7 +8,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kvpilot.agent.config.tuning import CanaryConfig, TuningConfig
@@ -34,6 +34,7 @@ from kvpilot.tuner.judge.judgement import (
     JudgeConfig,
 )
 from kvpilot.tuner.load.generator import BucketLengths, LengthDist, TraceWorkload, Workload
+from kvpilot.tuner.load.learned import WorkloadShape
 from kvpilot.tuner.planner import FeasibleBounds, Plan, PlanInputs, feasible_bounds, make_plan
 from kvpilot.tuner.problem.constraints import (
     Value,
@@ -175,7 +176,7 @@ def build_study(
         choice,
         strategy,
         why,
-        study_knowledge(space, argv, plan, workload, slo, gpu),
+        study_knowledge(space, argv, plan, workload, slo, gpu, choice.shape),
     )
 
 
@@ -209,15 +210,18 @@ def study_knowledge(
     workload: Workload,
     slo: Slo,
     gpu: GpuMemory | None,
+    learned: WorkloadShape | None = None,
 ) -> Knowledge:
     """What the study knows before its first trial: the stable server's own values of the
-    searched knobs, the planner's KV need of the workload, and the memory knob's KV bytes."""
+    searched knobs, the planner's KV need of the workload, the memory knob's KV bytes, and
+    the load's shape (with the KV a running request held, where the learned window measured
+    it)."""
     deployed = deployed_values(space, argv)
     return Knowledge(
         prior=_kv_prior(plan, workload, slo, deployed.get("max_num_seqs")),
         deployed=deployed,
         axis=_memory_axis(space.knobs[0].name, plan, gpu),
-        load=_load_shape(plan, workload, slo),
+        load=_load_shape(plan, workload, slo, learned),
     )
 
 
@@ -280,11 +284,15 @@ def _kv_prior(
     return KvPrior.from_planner(plan.geometry, tokens)
 
 
-def _load_shape(plan: Plan | None, workload: Workload, slo: Slo) -> LoadShape | None:
+def _load_shape(
+    plan: Plan | None, workload: Workload, slo: Slo, learned: WorkloadShape | None = None
+) -> LoadShape | None:
     """The replayed load as the planner sees it: the requests in flight (not capped by the
     deployed max_num_seqs: the batch the load needs is what the search is after), the KV
     bytes each holds, the mean prompt and, for an open loop, the output tokens a second it
-    offers; None where the planner or the load cannot say."""
+    offers; None where the planner or the load cannot say. Where the learned window measured
+    the KV a running request held, that replaces the planner's estimate from the lengths
+    (prefix sharing and the real lengths included), with a narrower band."""
     if plan is None:
         return None
     prompt, output = _mean_lengths(workload)
@@ -293,7 +301,18 @@ def _load_shape(plan: Plan | None, workload: Workload, slo: Slo) -> LoadShape | 
         return None
     rate = workload.rate_rps if workload.concurrency is None else None
     rate = rate if rate is not None and math.isfinite(rate) else None
-    return LoadShape.from_planner(plan.geometry, requests, prompt, output, rate)
+    shape = LoadShape.from_planner(plan.geometry, requests, prompt, output, rate)
+    if learned is None or learned.kv_blocks_per_running is None:
+        return shape
+    block_tokens = learned.block_size or plan.geometry.block_size  # the server's own blocks
+    measured = learned.kv_blocks_per_running * block_tokens * plan.geometry.bytes_per_token
+    return replace(shape, kv_bytes_per_request=measured, error_ratio=MEASURED_KV_ERROR_RATIO)
+
+
+# How far the KV a running request held may err when the stable server measured it: the
+# gauges are sampled each tick over the learned window and the replay runs faster (more
+# queueing, other prefix hits) than the traffic measured. An assumption, not a measurement.
+MEASURED_KV_ERROR_RATIO = 0.15
 
 
 def _requests_in_flight(workload: Workload, slo: Slo) -> float:

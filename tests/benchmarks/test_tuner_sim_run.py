@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
+from kvpilot.agent.tuning.study import MEASURED_KV_ERROR_RATIO
 from kvpilot.tuner.suggest import (
     SUGGESTERS,
     InformedSuggester,
@@ -17,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from tuner_sim import DEV_SEEDS, draw_landscape
 from tuner_sim_run import (
+    OBSERVED_KV_SD,
     config_of,
     knowledge_of,
     registered_suggesters,
@@ -43,12 +46,17 @@ def test_the_landscape_knowledge_is_what_the_agent_would_give() -> None:
     assert 0 <= known.prior.need_bytes - ls.planner_knee_bytes <= block
     assert known.prior.need_bytes % block == 0
     # The load as the study computes it for an open loop: Little's law at the inter-token
-    # SLO's limit, an upper end of the batch the load needs, and the planner's bytes.
+    # SLO's limit, an upper end of the batch the load needs, what the load offers, and the
+    # KV a running request holds as the stable server measured it: the truth, not the
+    # planner's lengths, within a drawn error that changes with the run.
     assert known.load is not None
     assert known.load.requests_in_flight == ls.target_rps * ls.output_tokens * ls.itl_slo_s
     assert known.load.requests_in_flight >= ls.need
-    per_request = ls.geometry.bytes_per_token * (ls.prompt_tokens + ls.output_tokens / 2)
-    assert known.load.kv_bytes_per_request == per_request
+    assert known.load.offered_tokens_per_s == ls.target_rps * ls.output_tokens
+    measured = [knowledge_of(ls, seed).load for seed in range(20)]
+    errors = [math.log(m.kv_bytes_per_request / ls.seq_bytes) for m in measured if m]
+    assert len(set(errors)) == 20 and max(map(abs, errors)) < 4 * OBSERVED_KV_SD
+    assert known.load.error_ratio == MEASURED_KV_ERROR_RATIO
     assert known.load.prompt_tokens == ls.prompt_tokens
 
 

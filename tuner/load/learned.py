@@ -50,6 +50,9 @@ class WorkloadShape:
     requests: int
     window_s: float
     block_size: int | None = None
+    # The KV blocks a running request held, as the server's gauges measured it (blocks in
+    # use over requests running, sampled each scrape); None where the window did not sample.
+    kv_blocks_per_running: float | None = None
 
     def quantiles(self) -> dict[str, float | None]:
         """Median and 90th percentile of both lengths, for people."""

@@ -33,6 +33,7 @@ def shape_json(shape: WorkloadShape) -> dict[str, Any]:
         "rate_rps": shape.rate_rps,
         "prefix_hit_ratio": shape.prefix_hit_ratio,
         "block_size": shape.block_size,
+        "kv_blocks_per_running": shape.kv_blocks_per_running,
         "coarse_key": coarse_key(shape),
         "quantiles": shape.quantiles(),
         "prompt_tokens": histogram_json(shape.prompt_tokens),
@@ -85,6 +86,12 @@ def histogram_from_json(data: Any) -> Histogram:
     return Histogram(tuple(buckets), float(data["sum"]), float(data["count"]))
 
 
+def _positive(value: float) -> float:
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"kv_blocks_per_running must be a positive number, not {value}")
+    return value
+
+
 def shape_from_json(data: Any) -> WorkloadShape | None:
     """The `learned` part of a workload answer; None where the sidecar has learned nothing.
     ShapeJsonError when it is malformed."""
@@ -96,6 +103,7 @@ def shape_from_json(data: Any) -> WorkloadShape | None:
     try:
         ratio = learned["prefix_hit_ratio"]
         block = learned["block_size"]
+        kv = learned.get("kv_blocks_per_running")  # absent from older kvpilots' answers
         return WorkloadShape(
             prompt_tokens=histogram_from_json(learned["prompt_tokens"]),
             generation_tokens=histogram_from_json(learned["generation_tokens"]),
@@ -104,6 +112,7 @@ def shape_from_json(data: Any) -> WorkloadShape | None:
             requests=int(learned["requests"]),
             window_s=float(learned["window_s"]),
             block_size=None if block is None else int(block),
+            kv_blocks_per_running=None if kv is None else _positive(float(kv)),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ShapeJsonError(f"the learned shape is malformed: {exc!r}") from None

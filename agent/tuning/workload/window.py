@@ -5,6 +5,13 @@ kept (with the time it was seen): the window is the sum of the increases no olde
 `window_s`. A counter or histogram that went down is a restarted server, whose new value is
 the increase since it started (as Prometheus's `increase()` reads a reset), so a restart
 neither subtracts nor counts anything twice. An engine's first scrape only sets its base.
+
+Each scrape's gauges are sampled too: the KV blocks in use (`vllm:kv_cache_usage_perc` of
+the engine's blocks; prefix-cached blocks that could be evicted count as free, as in vLLM,
+and a block shared by several requests counts once) and the requests running. Their ratio
+over the window is the KV a running request holds, as the server measured it: what the
+tuner's planner otherwise estimates from lengths. The samples are not kept across a restart
+of kvpilot (a window restored from disk refills them within `MIN_GAUGE_SAMPLES` ticks).
 """
 
 from __future__ import annotations
@@ -44,6 +51,18 @@ def _hist_increase(newer: Histogram | None, older: Histogram | None) -> Histogra
     return delta(newer, older)
 
 
+MIN_GAUGE_SAMPLES = 3  # fewer samples of the running requests say nothing of their KV
+
+
+@dataclass(frozen=True, slots=True)
+class GaugeSample:
+    """One scrape's KV blocks in use and requests running, summed over its engines."""
+
+    at_s: float
+    blocks_used: int
+    running: int
+
+
 class WorkloadWindow:
     """The last `window_s` seconds of served traffic, fed one scrape at a time."""
 
@@ -53,6 +72,7 @@ class WorkloadWindow:
         self.window_s = window_s
         self._last: dict[EngineKey, EngineSample] = {}
         self._increases: deque[Increase] = deque()
+        self._gauges: deque[GaugeSample] = deque()
         self._first_s: float | None = None  # the oldest scrape the window still covers
         self._latest_s: float | None = None
         self._block_size: int | None = None
@@ -73,12 +93,17 @@ class WorkloadWindow:
                 self._increases.append(_increase(now, engine, before))
         for gone in set(self._last) - {e.key for e in scrape.engines}:
             del self._last[gone]  # back later: a new base, as after a restart
+        gauges = _gauges(now, scrape.engines)
+        if gauges is not None:
+            self._gauges.append(gauges)
         self._forget(now)
 
     def _forget(self, now: float) -> None:
         horizon = now - self.window_s
         while self._increases and self._increases[0].at_s <= horizon:
             self._increases.popleft()
+        while self._gauges and self._gauges[0].at_s <= horizon:
+            self._gauges.popleft()
         if self._first_s is not None and self._first_s < horizon:
             self._first_s = horizon
 
@@ -158,7 +183,31 @@ class WorkloadWindow:
             requests=served,
             window_s=covered,
             block_size=self._block_size,
+            kv_blocks_per_running=self.kv_blocks_per_running(),
         )
+
+    def kv_blocks_per_running(self) -> float | None:
+        """The KV blocks a running request held over the window (blocks in use over requests
+        running, each summed over the samples); None with fewer than `MIN_GAUGE_SAMPLES`
+        samples in which a request ran."""
+        busy = [g for g in self._gauges if g.running > 0]
+        if len(busy) < MIN_GAUGE_SAMPLES:
+            return None
+        return sum(g.blocks_used for g in busy) / sum(g.running for g in busy)
+
+
+def _gauges(now: float, engines: Iterable[EngineSample]) -> GaugeSample | None:
+    """The scrape's blocks in use and requests running, summed over its engines; None when
+    an engine reports either not (a sum that left one out would mislead)."""
+    used, running = 0, 0
+    for engine in engines:
+        if engine.blocks_total is None or engine.blocks_free is None:
+            return None
+        if engine.requests_running is None:
+            return None
+        used += max(0, engine.blocks_total - engine.blocks_free)
+        running += engine.requests_running
+    return GaugeSample(now, used, running)
 
 
 def _increase(now: float, engine: EngineSample, before: EngineSample) -> Increase:

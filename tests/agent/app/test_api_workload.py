@@ -91,8 +91,11 @@ async def test_the_learned_shape_beside_the_configured_one(tmp_path: Path) -> No
     }
     assert body["choice"]["source"] == "learned"
     assert body["choice"]["key"] == learned["coarse_key"]
+    # One of the two scrapes had requests running: too few samples to say their KV.
+    assert learned["kv_blocks_per_running"] is None
     shape = shape_from_json(body)  # what `kvpilot tune --sidecar-url` reads back
     assert shape is not None and shape.requests == 81 and shape.block_size == 32
+    assert shape.kv_blocks_per_running is None
 
 
 async def test_below_the_floor_it_says_the_configured_workload_is_used(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ coarse key only, so drift continues the study and a real change starts another."
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -10,12 +11,13 @@ import pytest
 from kvpilot.agent.app.parts import tuned_server
 from kvpilot.agent.config import load_config
 from kvpilot.agent.config.tuning import TuningConfig
-from kvpilot.agent.tuning.study import StudyError, build_study
+from kvpilot.agent.tuning.study import MEASURED_KV_ERROR_RATIO, StudyError, build_study
 from kvpilot.agent.tuning.workload.choice import choose_workload, configured_workload
 from kvpilot.agent.tuning.workload.window import WorkloadWindow
 from kvpilot.rig.server import free_port
 from kvpilot.tuner.load.generator import ShapedWorkload, TraceWorkload, Workload
 from kvpilot.tuner.measure.traces import workload_hash
+from kvpilot.tuner.suggest.prior import DEFAULT_PRIOR_ERROR_RATIO
 from tests.agent.sidecar_harness import agent_config, server_spec
 from tests.agent.tuning.workload_scrapes import served
 
@@ -166,3 +168,26 @@ def test_an_open_loop_tells_the_suggester_what_the_load_offers(tmp_path: Path) -
     closed = build_study(tuned_server(config), tuning, gpu=None)
     assert closed.knowledge.load is not None
     assert closed.knowledge.load.offered_tokens_per_s is None
+
+
+def test_the_kv_a_running_request_held_replaces_the_planners_estimate(
+    tmp_path: Path,
+) -> None:
+    """Where the learned window measured it (10 blocks of the server's 16 tokens, at the
+    planner's 1 KiB a token on this build), the search is told that, with the narrower band
+    of a measurement; without it, the planner's lengths and its band."""
+    config = _config(tmp_path)
+    tuning = TuningConfig.model_validate({"suggester": "informed"})
+    measured = dataclasses.replace(_shape(200), kv_blocks_per_running=10.0)
+    study = build_study(
+        tuned_server(config), tuning, gpu=None, chosen=choose_workload(tuning, measured)
+    )
+    load = study.knowledge.load
+    assert load is not None
+    assert load.kv_bytes_per_request == 10 * 16 * 1024
+    assert load.error_ratio == MEASURED_KV_ERROR_RATIO < DEFAULT_PRIOR_ERROR_RATIO
+    planned = build_study(
+        tuned_server(config), tuning, gpu=None, chosen=choose_workload(tuning, _shape(200))
+    ).knowledge.load
+    assert planned is not None and planned.error_ratio == DEFAULT_PRIOR_ERROR_RATIO
+    assert planned.kv_bytes_per_request != load.kv_bytes_per_request

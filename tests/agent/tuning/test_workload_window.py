@@ -3,6 +3,8 @@ restarted server (counters that went down) neither subtracts nor counts twice.""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -130,3 +132,40 @@ def test_restarts_anywhere_count_each_request_once(steps: list[tuple[int, bool]]
         if shape is not None:
             assert all(c >= 0 for _, c in shape.prompt_tokens.buckets)
             assert shape.prompt_tokens.count == expected
+
+
+def _busy(n: int, at_s: float, used: int | None, running: int | None, engine_id: str = "0"):  # type: ignore[no-untyped-def]
+    """An engine that finished `n` requests by `at_s`, with `used` of its 1000 KV blocks in
+    use and `running` requests running (None: the gauge is not exported)."""
+    sample = engine([300] * n, [60] * n, at_s=at_s, engine_id=engine_id)
+    free = None if used is None else 1000 - used
+    return dataclasses.replace(
+        sample, blocks_total=1000, blocks_free=free, requests_running=running
+    )
+
+
+def test_the_kv_a_running_request_held_is_blocks_in_use_over_requests_running() -> None:
+    """Summed over the samples in which a request ran (an idle scrape says nothing of a
+    request's KV); engines add up; fewer than three busy samples say nothing."""
+    window = WorkloadWindow(600)
+    window.observe(scrape(0.0, _busy(0, 0.0, used=0, running=0)))
+    window.observe(scrape(10.0, _busy(10, 10.0, used=200, running=10)))
+    window.observe(scrape(20.0, _busy(20, 20.0, used=330, running=11)))
+    assert window.kv_blocks_per_running() is None  # two busy samples
+    window.observe(scrape(30.0, _busy(30, 30.0, used=100, running=4), _busy(5, 30.0, 140, 6, "1")))
+    assert window.kv_blocks_per_running() == pytest.approx((200 + 330 + 240) / (10 + 11 + 10))
+    shape = window.shape()
+    assert shape is not None and shape.kv_blocks_per_running == window.kv_blocks_per_running()
+
+
+def test_a_scrape_without_the_gauges_is_not_sampled_and_old_samples_leave() -> None:
+    window = WorkloadWindow(60)
+    for i in range(3):
+        window.observe(scrape(10.0 * i, _busy(10 * i, 10.0 * i, used=None, running=5)))
+    assert window.kv_blocks_per_running() is None  # vLLM's usage gauge missing
+    for i in range(3, 6):
+        window.observe(scrape(10.0 * i, _busy(10 * i, 10.0 * i, used=50, running=5)))
+    assert window.kv_blocks_per_running() == pytest.approx(10.0)
+    for i in range(6, 13):  # samples older than the window's 60 s leave it
+        window.observe(scrape(10.0 * i, _busy(10 * i, 10.0 * i, used=80, running=4)))
+    assert window.kv_blocks_per_running() == pytest.approx(20.0)
