@@ -105,7 +105,9 @@ def choose_workload(
         return WorkloadChoice(configured, "configured", f"not learned: {exc}", shape=shape)
     key = coarse_key(shape)
     faster = f", replayed at {learn.headroom:g}x its rate" if learn.headroom != 1.0 else ""
-    reason = f"learned from {over}: {key}{faster}"
+    held = shape.kv_blocks_per_running
+    kv = f"; {held:.3g} KV blocks a running request" if held is not None else ""
+    reason = f"learned from {over}: {key}{faster}{kv}"
     return WorkloadChoice(learned, "learned", reason, key, shape, learn.headroom)
 
 

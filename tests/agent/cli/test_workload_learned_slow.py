@@ -76,3 +76,8 @@ def test_tune_learns_the_workload_from_a_serving_server(
     assert found, output
     assert FLOOR <= int(found.group(1)) <= SENT
     assert found.group(2).startswith("prompt 64/64 gen 4/4")  # the (20, 50] and (2, 5] buckets
+    # The KV a running request held, from vLLM's usage gauge over its blocks and the
+    # requests running: 27-45 tokens a request, in blocks of 32 tokens, one or two.
+    held = re.search(r"; ([\d.]+) KV blocks a running request", found.group(2))
+    assert held, output
+    assert 0.8 <= float(held.group(1)) <= 2.2

@@ -179,9 +179,9 @@ def test_the_kv_a_running_request_held_replaces_the_planners_estimate(
     config = _config(tmp_path)
     tuning = TuningConfig.model_validate({"suggester": "informed"})
     measured = dataclasses.replace(_shape(200), kv_blocks_per_running=10.0)
-    study = build_study(
-        tuned_server(config), tuning, gpu=None, chosen=choose_workload(tuning, measured)
-    )
+    choice = choose_workload(tuning, measured)
+    assert choice.reason.endswith("; 10 KV blocks a running request")  # said where it is used
+    study = build_study(tuned_server(config), tuning, gpu=None, chosen=choice)
     load = study.knowledge.load
     assert load is not None
     assert load.kv_bytes_per_request == 10 * 16 * 1024
