@@ -92,11 +92,7 @@ def measure_cell(ls: Landscape, strategy: Strategy, runs: int) -> tuple[Cell, fl
 
 def noise_floor(ls: Landscape) -> float:
     """The regret of the least configuration the judge passes half the time at 64 windows."""
-    least = ls.least_feasible_blocks()
-    floor = ls.least_feasible_blocks(math.exp(Z * WINDOW_SD / math.sqrt(LOOKS[-1])))
-    if least is None or floor is None:
-        return 1.0
-    return floor / least - 1
+    return reach(ls, Z * WINDOW_SD / math.sqrt(LOOKS[-1]))
 
 
 def reach(ls: Landscape, margin: float) -> float:

@@ -184,11 +184,7 @@ class KneeSuggester:
 
     def _next_seqs(self) -> int | None:
         """The next batch to probe at ample memory, or None once the bracket is closed."""
-        probes = [
-            t
-            for t in self._current()
-            if t.result.outcome is not TrialOutcome.FAILED_TO_START and self._was_ample(t)
-        ]
+        probes = self._ample_probes()
         if not probes:
             start = self._snap_seqs(math.ceil(self._load.requests_in_flight))
             return None if self._tried_seqs(start) else start
@@ -287,6 +283,14 @@ class KneeSuggester:
             for t in self._current()
         )
 
+    def _ample_probes(self) -> list[_Told]:
+        """The batch's probes at this prefill step: started, at memory that held the batch."""
+        return [
+            t
+            for t in self._current()
+            if t.result.outcome is not TrialOutcome.FAILED_TO_START and self._was_ample(t)
+        ]
+
     def _current(self) -> list[_Told]:
         """The trials at the prefill step now searched."""
         return [t for t in self._told if t.chunk == self._chunk]
@@ -359,14 +363,7 @@ class KneeSuggester:
         low, high = _KV_EXPONENT_RANGE
         exponent = min(max(measured, low), high) if math.isfinite(measured) else _KV_EXPONENT
         margin = _HOLD_MARGIN
-        ample_misses = [
-            t
-            for t in self._current()
-            if not t.result.feasible
-            and t.result.outcome is not TrialOutcome.FAILED_TO_START
-            and self._was_ample(t)
-        ]
-        batch = self._batch_fit(ample_misses)
+        batch = self._batch_fit([t for t in self._ample_probes() if not t.result.feasible])
         share = batch.share(seqs) if batch is not None else math.inf
         if share > 1:  # the batch's own margin at ample memory caps what KV can add
             margin = min(margin, math.log(share))

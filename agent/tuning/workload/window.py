@@ -201,12 +201,11 @@ def _gauges(now: float, engines: Iterable[EngineSample]) -> GaugeSample | None:
     an engine reports either not (a sum that left one out would mislead)."""
     used, running = 0, 0
     for engine in engines:
-        if engine.blocks_total is None or engine.blocks_free is None:
+        total, free, busy = engine.blocks_total, engine.blocks_free, engine.requests_running
+        if total is None or free is None or busy is None:
             return None
-        if engine.requests_running is None:
-            return None
-        used += max(0, engine.blocks_total - engine.blocks_free)
-        running += engine.requests_running
+        used += max(0, total - free)
+        running += busy
     return GaugeSample(now, used, running)
 
 
