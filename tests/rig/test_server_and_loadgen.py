@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import socket
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -29,7 +30,14 @@ def test_a_kvpool_port_is_chosen_with_its_worker_port_free(monkeypatch) -> None:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         taken = holder.getsockname()[1]
-        offered = iter([taken - ALLOCATOR_PORT_OFFSET, rig_server.free_port()])
+        kernels = rig_server.free_port
+
+        def offers() -> Iterator[int]:
+            yield taken - ALLOCATOR_PORT_OFFSET  # its worker port is the one held
+            while True:  # then the kernel's, as many as it takes (any may be taken too)
+                yield kernels()
+
+        offered = offers()
         monkeypatch.setattr(rig_server, "free_port", lambda host="127.0.0.1": next(offered))
         chosen = rig_server.free_kvpool_port()
     assert chosen != taken - ALLOCATOR_PORT_OFFSET
