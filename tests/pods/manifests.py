@@ -25,6 +25,10 @@ CHANGES = (
      "podman plays Deployments and ConfigMaps; RBAC, the Service, the ServiceMonitor and the "
      "rules need an API server: tests/dashboards/ checks them statically"),
     ("the Deployment is named per test (`rename`)", "two tests may play pods at once"),
+    ("every ConfigMap named per test, and the Deployment's references to it "
+     "(`configmaps_apart`); its podman volume removed after the pod (`podman.played`)",
+     "podman keeps a ConfigMap volume by the ConfigMap's name, across pods and after they go: "
+     "two pods played at once, or one after another, read each other's kvpilot.yaml"),
     ("image references: the kvpilot image built from the Dockerfile here, the Debian base "
      "for vLLM (`set_images`)",
      "no registry is reachable here, and no vLLM image needs building"),
@@ -307,6 +311,7 @@ class PodHere:
     init_pod: Doc
     volumes: list[str]
     filled: set[str]
+    config_maps: list[str]
 
 
 def pod_here(
@@ -337,4 +342,30 @@ def pod_here(
         edit(config)
 
     edit_config(docs, edit_all)
-    return PodHere(docs, init_pod, volumes, filled)
+    config_maps = configmaps_apart(docs, name)
+    return PodHere(docs, init_pod, volumes, filled, config_maps)
+
+
+def configmaps_apart(docs: list[Doc], prefix: str) -> list[str]:
+    """Every ConfigMap in `docs` renamed `prefix-NAME`, and every reference to it in the
+    Deployments' pods (volumes, projected sources, env and envFrom); returns the new names."""
+    renamed = {
+        doc["metadata"]["name"]: f"{prefix}-{doc['metadata']['name']}"
+        for doc in docs
+        if doc["kind"] == "ConfigMap"
+    }
+    for doc in docs:
+        if doc["kind"] == "ConfigMap":
+            doc["metadata"]["name"] = renamed[doc["metadata"]["name"]]
+        elif doc["kind"] == "Deployment":
+            spec = pod_spec(doc)
+            refs = [v.get("configMap") for v in spec.get("volumes", [])]
+            for volume in spec.get("volumes", []):
+                refs += [p.get("configMap") for p in volume.get("projected", {}).get("sources", [])]
+            for each in [*spec.get("initContainers", []), *spec["containers"]]:
+                refs += [e.get("valueFrom", {}).get("configMapKeyRef") for e in each.get("env", [])]
+                refs += [e.get("configMapRef") for e in each.get("envFrom", [])]
+            for ref in refs:
+                if ref is not None and ref.get("name") in renamed:
+                    ref["name"] = renamed[ref["name"]]
+    return list(renamed.values())

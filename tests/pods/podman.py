@@ -168,5 +168,9 @@ def played(here: Any, tmp: Path, name: str, *, uid: int) -> Iterator[PlayedPod]:
                 )
         pod_file = tmp / "pod.yaml"
         pod_file.write_text(yaml.safe_dump_all(here.docs, sort_keys=False))
-        with PlayedPod(pod_file, name) as pod:
-            yield pod
+        try:
+            with PlayedPod(pod_file, name) as pod:
+                yield pod
+        finally:  # podman keeps a ConfigMap's volume after the pod, by the ConfigMap's name
+            for config_map in here.config_maps:
+                podman("volume", "rm", "--force", config_map, check=False)
